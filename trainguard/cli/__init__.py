@@ -1,0 +1,17 @@
+"""trainguard's command line: the composition root that wires blocks, flows and the core.
+
+Command modules register on ``app``; heavy imports (Prefect, flows) happen inside the commands
+that need them, so ``trainguard classify`` starts fast and works without a Prefect server.
+"""
+
+from __future__ import annotations
+
+from trainguard.cli.app import app
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+__all__ = ["app", "main"]
