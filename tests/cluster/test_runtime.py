@@ -1,0 +1,114 @@
+"""The local-process container runtime, driven directly (no API server).
+
+Real processes, real signals, a real memory cgroup where this machine allows one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from kubesim import runtime
+
+CRI_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z (stdout|stderr) F (.*)$")
+
+
+def _launch(tmp_path: Path, code: str, **kw: object) -> runtime.Launch:
+    return runtime.Launch(
+        argv=(sys.executable, "-c", code), env={"PATH": "/usr/bin:/bin"},
+        cwd=tmp_path, log_path=tmp_path / "logs" / "0.log", **kw,  # type: ignore[arg-type]
+    )
+
+
+async def _run(launch: runtime.Launch, memory: runtime.MemoryControl | None = None) -> runtime.Exit:
+    memory = memory or runtime.MemoryControl(None, "watchdog")
+    container = await runtime.Container.start(launch, memory, "c1")
+    return await asyncio.wait_for(container.wait(), 20)
+
+
+def test_output_lands_in_a_cri_log_with_both_streams_and_the_exit_code(tmp_path: Path) -> None:
+    code = "import sys; print('hello'); print('oops', file=sys.stderr); sys.exit(3)"
+    result = asyncio.run(_run(_launch(tmp_path, code)))
+    assert (result.exit_code, result.signal, result.oom_killed) == (3, None, False)
+    lines = [CRI_LINE.match(x) for x in (tmp_path / "logs" / "0.log").read_text().splitlines()]
+    assert all(lines)
+    assert sorted((m.group(1), m.group(2)) for m in lines if m) == [
+        ("stderr", "oops"), ("stdout", "hello")]
+
+
+def test_a_signal_death_reports_128_plus_the_signal(tmp_path: Path) -> None:
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    result = asyncio.run(_run(_launch(tmp_path, code)))
+    assert (result.exit_code, result.signal) == (139, 11)
+
+
+def test_a_segfault_leaves_a_core_file_in_the_working_directory(tmp_path: Path) -> None:
+    pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
+    if pattern.startswith("|") or "/" in pattern:
+        pytest.skip(f"core_pattern {pattern!r} sends cores elsewhere, not to the cwd")
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    asyncio.run(_run(_launch(tmp_path, code)))
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("core")]
+
+
+def test_stop_sends_sigterm_and_a_handler_exits_143(tmp_path: Path) -> None:
+    code = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(143)))\n"
+            "print('ready', flush=True)\ntime.sleep(30)")
+
+    async def scenario() -> runtime.Exit:
+        memory = runtime.MemoryControl(None, "watchdog")
+        container = await runtime.Container.start(_launch(tmp_path, code), memory, "c1")
+        await _wait_for_log(tmp_path / "logs" / "0.log", "ready")
+        return await container.stop(5)
+
+    result = asyncio.run(scenario())
+    assert result.exit_code == 143
+    assert "got TERM" in (tmp_path / "logs" / "0.log").read_text()
+
+
+def test_stop_kills_a_process_that_ignores_sigterm_after_the_grace_period(tmp_path: Path) -> None:
+    code = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('ready', flush=True)\ntime.sleep(30)")
+
+    async def scenario() -> runtime.Exit:
+        memory = runtime.MemoryControl(None, "watchdog")
+        container = await runtime.Container.start(_launch(tmp_path, code), memory, "c1")
+        await _wait_for_log(tmp_path / "logs" / "0.log", "ready")
+        return await container.stop(0.3)
+
+    result = asyncio.run(scenario())
+    assert (result.exit_code, result.signal) == (137, signal.SIGKILL)
+
+
+GREEDY = "b = []\nwhile True:\n    b.append(bytearray(8 * 1024 * 1024))\n"
+
+
+def test_the_kernel_oom_kills_a_container_over_its_cgroup_limit(tmp_path: Path) -> None:
+    memory = runtime.MemoryControl.detect(f"kubesim-test-{tmp_path.name}")
+    if memory.mode == "watchdog":
+        pytest.skip("no writable memory cgroup on this machine")
+    try:
+        result = asyncio.run(_run(_launch(tmp_path, GREEDY, memory_limit_bytes=64 << 20), memory))
+    finally:
+        memory.close()
+    assert (result.exit_code, result.oom_killed) == (137, True)
+
+
+def test_the_rss_watchdog_oom_kills_when_no_cgroup_is_available(tmp_path: Path) -> None:
+    memory = runtime.MemoryControl(None, "watchdog")
+    result = asyncio.run(_run(_launch(tmp_path, GREEDY, memory_limit_bytes=64 << 20), memory))
+    assert (result.exit_code, result.oom_killed) == (137, True)
+
+
+async def _wait_for_log(path: Path, text: str) -> None:
+    for _ in range(200):
+        if path.exists() and text in path.read_text():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{text!r} never appeared in {path}")
