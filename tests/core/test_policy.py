@@ -1,0 +1,122 @@
+"""The retry policy as a pure function: budget, retryability, circuit breaker, resume point."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.core.policy import (
+    AttemptRecord,
+    Backoff,
+    CategoryOverride,
+    RetryPolicy,
+    backoff_seconds,
+    decide,
+)
+from trainguard.core.taxonomy import Category
+
+CKPTS = ("ckpt/step-30.json", "ckpt/step-20.json", "ckpt/step-10.json")
+
+
+def failed(attempt: int, category: Category, retryable: bool = True, fingerprint: str | None = None, **kw):
+    return AttemptRecord(attempt, category, retryable, fingerprint or f"fp-{attempt}", **kw)
+
+
+def test_a_retryable_failure_is_retried_from_the_newest_checkpoint_after_the_fixed_delay():
+    decision = decide(RetryPolicy(delay_seconds=5), [failed(1, Category.NCCL_ERROR)], CKPTS)
+    assert decision.retry and decision.next_attempt == 2
+    assert decision.delay_seconds == 5
+    assert decision.resume_from == "ckpt/step-30.json"
+    assert "nccl_error is retryable" in decision.reason
+
+
+@pytest.mark.parametrize(
+    "category",
+    [Category.CODE_ERROR, Category.CONFIG_ERROR, Category.DATA_ERROR, Category.CUDA_OOM, Category.DIVERGENCE],
+)
+def test_a_non_retryable_failure_is_never_retried(category):
+    decision = decide(RetryPolicy(), [failed(1, category, retryable=False)], CKPTS)
+    assert not decision.retry
+    assert f"{category.value} is not retryable" in decision.reason
+
+
+def test_the_budget_stops_the_run_after_max_attempts():
+    history = [failed(1, Category.PREEMPTED), failed(2, Category.NCCL_ERROR), failed(3, Category.TRANSIENT_IO)]
+    assert decide(RetryPolicy(), history[:2], CKPTS).retry
+    decision = decide(RetryPolicy(), history, CKPTS)
+    assert not decision.retry and "budget spent: 3 of 3" in decision.reason
+
+
+def test_the_same_signature_twice_in_a_row_trips_the_circuit_breaker():
+    history = [failed(1, Category.NCCL_ERROR, fingerprint="same"), failed(2, Category.NCCL_ERROR, fingerprint="same")]
+    decision = decide(RetryPolicy(max_attempts=5), history, CKPTS)
+    assert not decision.retry and "same failure signature repeated 2 times" in decision.reason
+
+
+def test_a_breaker_limit_of_zero_turns_the_signature_breaker_off():
+    history = [failed(n, Category.NCCL_ERROR, fingerprint="same") for n in (1, 2)]
+    assert decide(RetryPolicy(max_attempts=5, same_signature_limit=0), history, CKPTS).retry
+
+
+def test_an_attempt_that_resumed_and_made_no_checkpoint_progress_stops_the_run():
+    last = failed(2, Category.NCCL_ERROR, resumed_from="ckpt/step-30.json", newest_checkpoint="ckpt/step-30.json")
+    decision = decide(RetryPolicy(), [failed(1, Category.TRANSIENT_IO), last], CKPTS)
+    assert not decision.retry and "made no checkpoint progress" in decision.reason
+
+
+def test_a_preemption_without_progress_is_still_retried_because_the_platform_caused_it():
+    last = failed(2, Category.PREEMPTED, resumed_from="ckpt/step-30.json", newest_checkpoint="ckpt/step-30.json")
+    assert decide(RetryPolicy(), [failed(1, Category.NCCL_ERROR), last], CKPTS).retry
+
+
+def test_a_corrupted_checkpoint_resumes_from_the_one_before_it():
+    last = failed(2, Category.CHECKPOINT_CORRUPTED, resumed_from="ckpt/step-30.json", newest_checkpoint="ckpt/step-30.json")
+    decision = decide(RetryPolicy(require_checkpoint_progress=False), [failed(1, Category.PREEMPTED), last], CKPTS)
+    assert decision.retry and decision.resume_from == "ckpt/step-20.json"
+    assert "before the unreadable ckpt/step-30.json" in decision.reason
+
+
+def test_a_corrupted_only_checkpoint_restarts_from_scratch():
+    decision = decide(RetryPolicy(), [failed(1, Category.CHECKPOINT_CORRUPTED)], ("ckpt/step-10.json",))
+    assert decision.retry and decision.resume_from is None and "from scratch" in decision.reason
+
+
+def test_a_user_override_makes_a_category_non_retryable_and_says_so():
+    policy = RetryPolicy(overrides={Category.NCCL_ERROR: CategoryOverride(retryable=False)})
+    decision = decide(policy, [failed(1, Category.NCCL_ERROR)], CKPTS)
+    assert not decision.retry and "not retryable" in decision.reason
+
+
+def test_a_user_override_can_make_a_default_non_retryable_category_retryable():
+    policy = RetryPolicy(overrides={Category.CUDA_OOM: CategoryOverride(retryable=True)})
+    assert decide(policy, [failed(1, Category.CUDA_OOM, retryable=False)], CKPTS).retry
+
+
+def test_native_crash_is_retried_once_by_default():
+    assert decide(RetryPolicy(), [failed(1, Category.NATIVE_CRASH)], CKPTS).retry
+    decision = decide(RetryPolicy(), [failed(1, Category.NATIVE_CRASH), failed(2, Category.NATIVE_CRASH)], CKPTS)
+    assert not decision.retry and "2 of 2" in decision.reason
+
+
+def test_exponential_backoff_doubles_up_to_its_cap():
+    policy = RetryPolicy(backoff=Backoff.EXPONENTIAL, delay_seconds=10, max_delay_seconds=25)
+    assert [backoff_seconds(policy, n, Category.NCCL_ERROR) for n in (1, 2, 3)] == [10, 20, 25]
+
+
+def test_unschedulable_waits_longer_by_default():
+    assert backoff_seconds(RetryPolicy(delay_seconds=5), 1, Category.UNSCHEDULABLE) == 60
+
+
+def test_gpu_faults_ask_the_next_attempt_to_avoid_the_node():
+    decision = decide(RetryPolicy(), [failed(1, Category.GPU_FAULT, node="gpu-node-7")], CKPTS)
+    assert decision.avoid_nodes == ("gpu-node-7",)
+
+
+def test_success_is_never_retried():
+    decision = decide(RetryPolicy(), [AttemptRecord(1, None, False)], CKPTS)
+    assert not decision.retry and "succeeded" in decision.reason
+
+
+@pytest.mark.parametrize("kwargs", [{"max_attempts": 0}, {"delay_seconds": -1}, {"same_signature_limit": -1}])
+def test_an_impossible_policy_is_refused(kwargs):
+    with pytest.raises(ValueError):
+        RetryPolicy(**kwargs)

@@ -1,0 +1,52 @@
+"""Run specs: valid ones become policies, bad ones give one line naming the field and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.core.spec import SpecError, load_spec, parse_spec
+from trainguard.core.taxonomy import Category
+
+GOOD = {"name": "tiny-run", "command": "python train.py --steps 10", "retry": {"max_attempts": 4}}
+
+
+def test_a_string_command_is_split_like_a_shell_would():
+    assert parse_spec(GOOD).command == ["python", "train.py", "--steps", "10"]
+
+
+def test_retry_settings_become_the_core_policy_with_overrides():
+    spec = parse_spec({**GOOD, "retry": {"overrides": {"cuda_oom": {"retryable": True}}}})
+    policy = spec.retry.to_policy()
+    assert policy.overrides[Category.CUDA_OOM].retryable is True
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "hint"),
+    [
+        ({**GOOD, "retry": {"max_attempts": -1}}, "retry.max_attempts", "greater than or equal to 1"),
+        ({"name": "tiny-run"}, "command", "required"),
+        ({**GOOD, "command": []}, "command", "at least 1"),
+        ({**GOOD, "retry": {"overrides": {"cosmic_rays": {"retryable": True}}}}, "retry.overrides.cosmic_rays", "cuda_oom"),
+        ({**GOOD, "name": "Has Spaces"}, "name", "lowercase letters"),
+        ({**GOOD, "comand": ["x"]}, "comand", "unknown field"),
+    ],
+)
+def test_a_bad_spec_names_the_field_and_the_fix_in_one_line(data, field, hint):
+    with pytest.raises(SpecError) as caught:
+        parse_spec(data, "run.yaml")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"run.yaml: {field}")
+    assert hint in message
+
+
+def test_a_yaml_syntax_error_names_the_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\ncommand: [python\n")
+    with pytest.raises(SpecError, match=r"bad.yaml: line \d+"):
+        load_spec(path)
+
+
+def test_a_missing_spec_file_says_what_to_pass(tmp_path):
+    with pytest.raises(SpecError, match="no such file"):
+        load_spec(tmp_path / "nope.yaml")

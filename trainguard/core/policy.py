@@ -1,0 +1,211 @@
+"""The retry policy: given what the attempts of a run did, decide whether another attempt can help.
+
+Pure functions over frozen values: no Prefect, no clock, no I/O. The flow asks `decide`, the state
+hooks (and the notebook driver) only carry the decision out, so one policy serves every driver.
+What *kind* of failure an attempt had is `triage`'s business; this module only weighs the
+taxonomy category, the user's overrides, the budget and the circuit breaker.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from trainguard.core.taxonomy import INFO, Category
+
+
+class Backoff(str, enum.Enum):
+    """How the wait before the next attempt grows."""
+
+    FIXED = "fixed"
+    EXPONENTIAL = "exponential"
+
+
+@dataclass(frozen=True)
+class CategoryOverride:
+    """A user's (or the default) change to how one category is retried; None keeps the policy's value."""
+
+    retryable: bool | None = None
+    max_attempts: int | None = None
+    delay_seconds: float | None = None
+
+
+# Platform failures happen to the run, not because of it: no checkpoint progress says nothing
+# about whether the next attempt will get further.
+PROGRESS_EXEMPT = frozenset({Category.PREEMPTED, Category.NODE_FAILURE, Category.UNSCHEDULABLE})
+
+# The taxonomy's "retry once" categories and the one that wants a longer wait.
+DEFAULT_OVERRIDES: Mapping[Category, CategoryOverride] = MappingProxyType(
+    {
+        Category.NATIVE_CRASH: CategoryOverride(max_attempts=2),
+        Category.UNKNOWN: CategoryOverride(max_attempts=2),
+        Category.UNSCHEDULABLE: CategoryOverride(delay_seconds=60.0),
+    }
+)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a run is retried. Defaults follow the rules of thumb: 3 attempts, short fixed backoff."""
+
+    max_attempts: int = 3
+    backoff: Backoff = Backoff.FIXED
+    delay_seconds: float = 10.0
+    max_delay_seconds: float = 300.0
+    same_signature_limit: int = 2
+    require_checkpoint_progress: bool = True
+    overrides: Mapping[Category, CategoryOverride] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.delay_seconds < 0 or self.max_delay_seconds < 0:
+            raise ValueError("delay_seconds and max_delay_seconds must not be negative")
+        if self.same_signature_limit < 0:
+            raise ValueError("same_signature_limit must not be negative (0 turns the breaker off)")
+
+    def override_for(self, category: Category) -> CategoryOverride:
+        """The user's override for `category`, falling back field by field to the default one."""
+        user = self.overrides.get(category, CategoryOverride())
+        default = DEFAULT_OVERRIDES.get(category, CategoryOverride())
+        return CategoryOverride(
+            retryable=user.retryable if user.retryable is not None else default.retryable,
+            max_attempts=user.max_attempts if user.max_attempts is not None else default.max_attempts,
+            delay_seconds=user.delay_seconds if user.delay_seconds is not None else default.delay_seconds,
+        )
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """What the policy needs to know of one finished attempt."""
+
+    attempt: int
+    category: Category | None  # None: the attempt succeeded
+    retryable: bool
+    fingerprint: str = ""
+    resumed_from: str | None = None
+    newest_checkpoint: str | None = None  # newest checkpoint when the attempt ended
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    """The outcome of `decide`; `reason` is always a sentence a person can act on."""
+
+    retry: bool
+    reason: str
+    next_attempt: int | None = None
+    delay_seconds: float = 0.0
+    resume_from: str | None = None
+    avoid_nodes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form, for flow results, events and reports."""
+        return {
+            "retry": self.retry,
+            "reason": self.reason,
+            "next_attempt": self.next_attempt,
+            "delay_seconds": self.delay_seconds,
+            "resume_from": self.resume_from,
+            "avoid_nodes": list(self.avoid_nodes),
+        }
+
+
+def backoff_seconds(policy: RetryPolicy, failed_attempt: int, category: Category) -> float:
+    """The wait before the attempt after `failed_attempt` (1-based)."""
+    override = policy.override_for(category).delay_seconds
+    base = policy.delay_seconds if override is None else override
+    if policy.backoff is Backoff.FIXED:
+        return base
+    return float(min(base * 2 ** (failed_attempt - 1), max(policy.max_delay_seconds, base)))
+
+
+def decide(
+    policy: RetryPolicy, history: Sequence[AttemptRecord], checkpoints: Sequence[str] = ()
+) -> RetryDecision:
+    """Decide whether the run gets another attempt after the last one in `history`.
+
+    Args:
+        policy: the run's retry policy.
+        history: every finished attempt of the run, oldest first; the last one is being decided on.
+        checkpoints: the run's checkpoints as they are now, newest first.
+
+    Returns:
+        The decision, with the reason, the wait, the checkpoint to resume from and nodes to avoid.
+    """
+    if not history:
+        raise ValueError("decide needs at least the attempt that just finished")
+    last = history[-1]
+    if last.category is None:
+        return RetryDecision(False, f"attempt {last.attempt} succeeded")
+    refusal = _refusal(policy, history)
+    if refusal:
+        return RetryDecision(False, refusal)
+    resume_from, resume_note = _resume_point(last, checkpoints)
+    delay = backoff_seconds(policy, last.attempt, last.category)
+    avoid = _nodes_to_avoid(history)
+    reason = (
+        f"{last.category.value} is retryable: attempt {last.attempt + 1} of "
+        f"{_budget(policy, last.category)} in {delay:g}s, {resume_note}"
+    )
+    return RetryDecision(True, reason, last.attempt + 1, delay, resume_from, avoid)
+
+
+def _retryable(policy: RetryPolicy, record: AttemptRecord) -> bool:
+    assert record.category is not None
+    override = policy.override_for(record.category).retryable
+    return record.retryable if override is None else override
+
+
+def _budget(policy: RetryPolicy, category: Category) -> int:
+    override = policy.override_for(category).max_attempts
+    return policy.max_attempts if override is None else min(override, policy.max_attempts)
+
+
+def _refusal(policy: RetryPolicy, history: Sequence[AttemptRecord]) -> str | None:
+    """Why there must be no further attempt, or None when one may follow."""
+    last = history[-1]
+    assert last.category is not None
+    category = last.category.value
+    if not _retryable(policy, last):
+        return f"{category} is not retryable: the same attempt would fail again"
+    budget = _budget(policy, last.category)
+    if last.attempt >= budget:
+        return f"attempt budget spent: {last.attempt} of {budget} attempts used ({category})"
+    limit = policy.same_signature_limit
+    recent = history[-limit:] if limit else ()
+    if limit and len(recent) == limit and len({r.fingerprint for r in recent}) == 1 and last.fingerprint:
+        return (
+            f"circuit breaker: the same failure signature repeated {limit} times in a row "
+            f"({category}, fingerprint {last.fingerprint[:12]})"
+        )
+    if policy.require_checkpoint_progress and last.category not in PROGRESS_EXEMPT:
+        if last.resumed_from is not None and last.newest_checkpoint == last.resumed_from:
+            return (
+                f"circuit breaker: attempt {last.attempt} resumed from {last.resumed_from} "
+                f"and made no checkpoint progress before failing ({category})"
+            )
+    return None
+
+
+def _resume_point(last: AttemptRecord, checkpoints: Sequence[str]) -> tuple[str | None, str]:
+    if not checkpoints:
+        return None, "starting from scratch (no checkpoint yet)"
+    if last.category is not Category.CHECKPOINT_CORRUPTED:
+        return checkpoints[0], f"resuming from the newest checkpoint {checkpoints[0]}"
+    bad = last.resumed_from or checkpoints[0]
+    older = list(checkpoints[checkpoints.index(bad) + 1 :]) if bad in checkpoints else list(checkpoints[1:])
+    if not older:
+        return None, f"starting from scratch: {bad} is unreadable and no older checkpoint exists"
+    return older[0], f"resuming from {older[0]}, the checkpoint before the unreadable {bad}"
+
+
+def _nodes_to_avoid(history: Sequence[AttemptRecord]) -> tuple[str, ...]:
+    nodes: list[str] = []
+    for record in history:
+        if record.category is not None and record.node and INFO[record.category].avoid_node:
+            if record.node not in nodes:
+                nodes.append(record.node)
+    return tuple(nodes)
