@@ -1,0 +1,92 @@
+"""The simulated cluster's configuration: nodes, image runtimes, clock scale.
+
+A frozen, JSON-serialisable value: the fixture writes it to a file and the server subprocess
+reads it back. How nodes or images behave belongs to the node side, not here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One simulated node: its capacity, labels and taints."""
+
+    name: str
+    gpus: int = 0
+    cpu: str = "16"
+    memory: str = "64Gi"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # Each taint as the API spells it: {"key": ..., "value": ..., "effect": "NoSchedule"}.
+    taints: tuple[Mapping[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class HostPython:
+    """Run the container's command with this interpreter standing in for python/python3."""
+
+    executable: str
+
+
+@dataclass(frozen=True)
+class Host:
+    """Run the container's command on the host as it is."""
+
+
+ImageRuntime = HostPython | Host
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything the server process needs to build the cluster."""
+
+    root: Path
+    nodes: tuple[NodeSpec, ...] = (NodeSpec("node-1"),)
+    # Image glob -> runtime; empty means every image runs on the host as it is.
+    images: Mapping[str, ImageRuntime] = field(default_factory=dict)
+    time_scale: float = 1.0
+    history: int = 10000
+
+    def to_json(self) -> str:
+        """Serialise for the server subprocess."""
+        return json.dumps({
+            "root": str(self.root),
+            "nodes": [{"name": n.name, "gpus": n.gpus, "cpu": n.cpu, "memory": n.memory,
+                       "labels": dict(n.labels), "taints": [dict(t) for t in n.taints]}
+                      for n in self.nodes],
+            "images": {glob: _runtime_json(rt) for glob, rt in self.images.items()},
+            "time_scale": self.time_scale,
+            "history": self.history,
+        })
+
+    @classmethod
+    def from_json(cls, text: str) -> SimConfig:
+        """The inverse of to_json."""
+        raw = json.loads(text)
+        return cls(
+            root=Path(raw["root"]),
+            nodes=tuple(NodeSpec(n["name"], n["gpus"], n["cpu"], n["memory"], n["labels"],
+                                 tuple(n["taints"])) for n in raw["nodes"]),
+            images={glob: _runtime_from(rt) for glob, rt in raw["images"].items()},
+            time_scale=raw["time_scale"],
+            history=raw["history"],
+        )
+
+
+def _runtime_json(runtime: ImageRuntime) -> dict[str, Any]:
+    if isinstance(runtime, HostPython):
+        return {"kind": "HostPython", "executable": runtime.executable}
+    return {"kind": "Host"}
+
+
+def _runtime_from(raw: dict[str, Any]) -> ImageRuntime:
+    if raw["kind"] == "HostPython":
+        return HostPython(raw["executable"])
+    if raw["kind"] == "Host":
+        return Host()
+    raise ValueError(f"images: unknown runtime kind {raw['kind']!r}; use HostPython or Host")
