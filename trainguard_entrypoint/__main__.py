@@ -1,0 +1,220 @@
+"""``python -m trainguard_entrypoint``: parse the options, then snapshot, run, post-mortem, report.
+
+Options can come from the command line or, so a Kubernetes manifest can set them, from
+``TRAINGUARD_*`` environment variables. Only the order of the steps and their error handling live
+here; each step is in its own module. Whatever fails around the command is recorded in the crash
+report's ``problems`` and never changes the exit status, which is the command's (128+N for signal N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from trainguard_entrypoint.checkpoints import list_checkpoints
+from trainguard_entrypoint.coredumps import CorePolicy, collect_core_files, enable_core_dumps, signal_name
+from trainguard_entrypoint.files import utc_now_iso, write_json_atomic
+from trainguard_entrypoint.report import AttemptFacts, build_crash_report, write_crash_report
+from trainguard_entrypoint.snapshot import host_facts, snapshot_environment, snapshot_gpu
+from trainguard_entrypoint.tee import ChildResult, SignalForwarder, run_command
+
+PROG = "trainguard-entrypoint"
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+T = TypeVar("T")
+ORIGINAL_PYTHONPATH = "TRAINGUARD_ORIGINAL_PYTHONPATH"
+
+
+class UsageError(Exception):
+    """An option is missing or malformed; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """The entrypoint's parsed options."""
+
+    workspace: Path
+    run_id: str
+    attempt: int
+    checkpoint_dir: Path | None
+    log_file: Path
+    gpu_timeout_seconds: float
+    command: tuple[str, ...]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, usage=f"{PROG} --workspace DIR --run-id R --attempt N [--checkpoint-dir D] [--log-file F] -- COMMAND [ARGS...]")
+    parser.add_argument("--workspace", help="attempt folder (env TRAINGUARD_WORKSPACE)")
+    parser.add_argument("--run-id", help="run id (env TRAINGUARD_RUN_ID)")
+    parser.add_argument("--attempt", help="attempt number from 1 (env TRAINGUARD_ATTEMPT)")
+    parser.add_argument("--checkpoint-dir", help="checkpoint folder (env TRAINGUARD_CHECKPOINT_DIR)")
+    parser.add_argument("--log-file", help="log file (default WORKSPACE/logs/train-R-attempt-N.log)")
+    parser.add_argument("--gpu-timeout-seconds", help="limit per nvidia-smi call (env TRAINGUARD_GPU_TIMEOUT_SECONDS, default 20)")
+    return parser
+
+
+def _pick(value: str | None, environ: Mapping[str, str], name: str) -> str | None:
+    return value if value not in (None, "") else (environ.get(name) or None)
+
+
+def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
+    """Parse ``argv`` (without the program name), falling back to ``TRAINGUARD_*`` variables.
+
+    Raises:
+        UsageError: One line naming the missing or malformed option and how to fix it.
+    """
+    if "--" not in argv:
+        raise UsageError("no command: put the training command after '--', e.g. -- python train.py")
+    split = list(argv).index("--")
+    command = tuple(argv[split + 1 :])
+    if not command:
+        raise UsageError("no command after '--': give the training command, e.g. -- python train.py")
+    args = _parser().parse_args(list(argv[:split]))
+    workspace = _pick(args.workspace, environ, "TRAINGUARD_WORKSPACE")
+    run_id = _pick(args.run_id, environ, "TRAINGUARD_RUN_ID")
+    attempt_text = _pick(args.attempt, environ, "TRAINGUARD_ATTEMPT")
+    if workspace is None:
+        raise UsageError("--workspace is required (or set TRAINGUARD_WORKSPACE): the attempt folder")
+    if run_id is None or not _RUN_ID.fullmatch(run_id) or ".." in run_id:
+        raise UsageError(f"--run-id {run_id!r} is missing or not a safe name (or set TRAINGUARD_RUN_ID): use letters, digits, '.', '_' or '-'")
+    if attempt_text is None or not attempt_text.isdigit() or int(attempt_text) < 1:
+        raise UsageError(f"--attempt {attempt_text!r} is missing or invalid (or set TRAINGUARD_ATTEMPT): give a whole number from 1")
+    timeout_text = _pick(args.gpu_timeout_seconds, environ, "TRAINGUARD_GPU_TIMEOUT_SECONDS") or "20"
+    try:
+        gpu_timeout = float(timeout_text)
+    except ValueError:
+        raise UsageError(f"--gpu-timeout-seconds {timeout_text!r} is not a number: give seconds, e.g. 20") from None
+    attempt = int(attempt_text)
+    checkpoint_dir = _pick(args.checkpoint_dir, environ, "TRAINGUARD_CHECKPOINT_DIR")
+    root = Path(workspace).absolute()
+    log_file = Path(args.log_file).absolute() if args.log_file else root / "logs" / f"train-{run_id}-attempt-{attempt}.log"
+    return Options(root, run_id, attempt, Path(checkpoint_dir).absolute() if checkpoint_dir else None,
+                   log_file, gpu_timeout, command)
+
+
+def child_environment(options: Options, environ: Mapping[str, str]) -> dict[str, str]:
+    """What the command sees: our environment plus where the attempt lives, output unbuffered."""
+    env = dict(environ)
+    # A launcher that had to put trainguard on PYTHONPATH to start us leaves the command's own here.
+    if ORIGINAL_PYTHONPATH in env:
+        original = env.pop(ORIGINAL_PYTHONPATH)
+        if original:
+            env["PYTHONPATH"] = original
+        else:
+            env.pop("PYTHONPATH", None)
+    env.update(
+        TRAINGUARD_RUN_ID=options.run_id,
+        TRAINGUARD_ATTEMPT=str(options.attempt),
+        TRAINGUARD_WORKSPACE=str(options.workspace),
+        PYTHONUNBUFFERED="1",  # progress must reach the log while it happens, not at exit
+    )
+    if options.checkpoint_dir is not None:
+        env["TRAINGUARD_CHECKPOINT_DIR"] = str(options.checkpoint_dir)
+    return env
+
+
+def _guard(problems: list[str], step: str, action: Callable[[], T]) -> T | None:
+    try:
+        return action()
+    except Exception as exc:  # a failed snapshot step is evidence, not a reason to stop
+        problems.append(f"{step}: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _before(options: Options, env: Mapping[str, str], problems: list[str]) -> CorePolicy | None:
+    snap = options.workspace / "snapshot"
+    for folder in (options.workspace / "logs", options.workspace / "coredumps", snap):
+        _guard(problems, f"create {folder}", lambda: folder.mkdir(parents=True, exist_ok=True))
+    policy = _guard(problems, "enable core dumps", enable_core_dumps)
+    _guard(problems, "snapshot/env.json", lambda: snapshot_environment(snap / "env.json", env))
+    host = _guard(problems, "host facts", host_facts) or {}
+    if policy is not None:
+        host["core_dumps"] = {"kept": policy.disabled_reason is None, "reason": policy.disabled_reason}
+    _guard(problems, "snapshot/host.json", lambda: write_json_atomic(snap / "host.json", host))
+    _guard(problems, "snapshot/gpu-before",
+           lambda: snapshot_gpu(snap / "gpu-before", env, timeout_seconds=options.gpu_timeout_seconds))
+    return policy
+
+
+def _run(options: Options, env: Mapping[str, str], forwarder: SignalForwarder) -> ChildResult:
+    if forwarder.received:
+        first = forwarder.received[0]
+        return ChildResult(None, 128 + first, first, False, f"received {signal_name(first)} before the command started; not started")
+    return run_command(options.command, env=env, log_path=options.log_file, forwarder=forwarder)
+
+
+def _cores(policy: CorePolicy | None, result: ChildResult, options: Options, not_before: float) -> tuple[list[str], str | None]:
+    if result.pid is None:
+        return [], f"the command never started ({result.start_error})"
+    if policy is None:
+        return [], "core dump settings could not be read (see problems)"
+    return collect_core_files(
+        policy, pid=result.pid, cwd=Path.cwd(), signal_number=result.signal, exit_code=result.exit_code,
+        core_dumped=result.core_dumped, dest=options.workspace / "coredumps", not_before=not_before,
+    )
+
+
+def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalForwarder) -> int:
+    """Snapshot, run the command, keep cores, write the crash report, snapshot the GPU again."""
+    problems: list[str] = []
+    env = child_environment(options, environ)
+    policy = _before(options, env, problems)
+    started_at, started_wall, started = utc_now_iso(), time.time(), time.monotonic()
+    result = _run(options, env, forwarder)
+    facts = AttemptFacts(options.run_id, options.attempt, options.command, started_at, utc_now_iso(),
+                         time.monotonic() - started, options.log_file)
+    kept = _guard(problems, "core dumps", lambda: _cores(policy, result, options, started_wall))
+    cores, core_reason = kept or ([], "collecting core files failed (see problems)")
+    checkpoints = None
+    if (checkpoint_dir := options.checkpoint_dir) is not None:
+        checkpoints = _guard(problems, "checkpoint listing", lambda: list_checkpoints(checkpoint_dir))
+    report = build_crash_report(facts, result, core_files=cores, core_absent_reason=core_reason,
+                                checkpoints=checkpoints, received_signals=forwarder.received, problems=problems)
+    report_path = options.workspace / "crash-report.json"
+    _guard(problems, "crash report", lambda: write_crash_report(report_path, report))
+    _guard(problems, "snapshot/gpu-after",
+           lambda: snapshot_gpu(options.workspace / "snapshot" / "gpu-after", env, timeout_seconds=options.gpu_timeout_seconds))
+    _say(f"command ended: {_describe(result)}; crash report: {report_path}")
+    return result.exit_code
+
+
+def _describe(result: ChildResult) -> str:
+    if result.start_error:
+        return f"exit code {result.exit_code} ({result.start_error})"
+    if result.signal is not None:
+        core = ", core dumped" if result.core_dumped else ""
+        return f"exit code {result.exit_code} (killed by {signal_name(result.signal)}{core})"
+    return f"exit code {result.exit_code}"
+
+
+def _say(message: str) -> None:
+    try:
+        print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass  # a closed stderr must not change the exit status
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Run the entrypoint; return the command's exit status (2 for a usage error)."""
+    environ = dict(os.environ if environ is None else environ)
+    forwarder = SignalForwarder()
+    forwarder.install()  # early, so a SIGTERM during the snapshots is not lost
+    try:
+        try:
+            options = parse_options(sys.argv[1:] if argv is None else argv, environ)
+        except UsageError as exc:
+            _say(f"error: {exc}")
+            return 2
+        return run_attempt(options, environ, forwarder)
+    finally:
+        forwarder.restore()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Core dumps: let the command dump core, then find the core file and keep it with the attempt.
+
+Where the kernel writes a core is decided by ``/proc/sys/kernel/core_pattern``: a relative pattern
+(``core``, ``core.%p``) means the crashed process's cwd, an absolute one a fixed folder, and a
+pattern starting with ``|`` hands the core to a program outside our reach. This module reads that
+policy, raises ``RLIMIT_CORE`` and explains, in one line, whenever no core is kept.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import resource
+import shutil
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+CORE_PATTERN_PATH = Path("/proc/sys/kernel/core_pattern")
+CORE_USES_PID_PATH = Path("/proc/sys/kernel/core_uses_pid")
+
+# Signals whose default action is to terminate with a core dump (signal(7), "Core").
+CORE_SIGNALS = frozenset(
+    int(s) for s in (
+        signal.SIGQUIT, signal.SIGILL, signal.SIGTRAP, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE,
+        signal.SIGSEGV, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSYS,
+    )
+)
+
+_SPECIFIER = re.compile(r"%(.)")
+
+
+@dataclass(frozen=True)
+class CorePolicy:
+    """How this process's children dump core, as far as we can tell from inside the container."""
+
+    pattern: str | None
+    uses_pid: bool
+    soft_limit: int
+    hard_limit: int
+    disabled_reason: str | None  # why no core can be kept at all, whatever the crash
+
+    @property
+    def pipes_to_handler(self) -> bool:
+        """Whether cores go to a handler program (systemd-coredump, apport) instead of a file."""
+        return bool(self.pattern and self.pattern.startswith("|"))
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def enable_core_dumps() -> CorePolicy:
+    """Raise ``RLIMIT_CORE`` to its hard limit for this process and its children; describe the policy."""
+    reason: str | None = None
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
+            soft = hard
+    except (OSError, ValueError) as exc:
+        soft = hard = 0
+        reason = f"RLIMIT_CORE could not be raised ({exc}); the kernel writes no core"
+    pattern = _read(CORE_PATTERN_PATH)
+    uses_pid = _read(CORE_USES_PID_PATH) == "1"
+    if reason is not None:
+        pass
+    elif hard == 0:
+        reason = "the RLIMIT_CORE hard limit is 0, so the kernel writes no core; allow core dumps in the container runtime (ulimit -c unlimited)"
+    elif pattern is None:
+        reason = f"cannot read {CORE_PATTERN_PATH}, so where cores go is unknown"
+    elif pattern.startswith("|"):
+        reason = f"core_pattern pipes cores to a handler outside this container ({pattern}); look for the core there"
+    elif pattern == "":
+        reason = "core_pattern is empty, so the kernel writes no core"
+    return CorePolicy(pattern, uses_pid, soft, hard, reason)
+
+
+def core_glob(policy: CorePolicy, *, pid: int, cwd: Path, signal_number: int | None) -> str:
+    """The glob that matches the core file the kernel wrote for process ``pid``."""
+    assert policy.pattern is not None
+    known = {"p": str(pid), "u": str(os.getuid()), "g": str(os.getgid()), "%": "%"}
+    if signal_number is not None:
+        known["s"] = str(signal_number)
+    parts: list[str] = []
+    last = 0
+    for match in _SPECIFIER.finditer(policy.pattern):
+        parts.append(glob.escape(policy.pattern[last : match.start()]))
+        value = known.get(match.group(1))
+        parts.append(glob.escape(value) if value is not None else "*")
+        last = match.end()
+    parts.append(glob.escape(policy.pattern[last:]))
+    text = "".join(parts)
+    if policy.uses_pid and "%p" not in policy.pattern:
+        text += f".{pid}"  # core_uses_pid appends the pid when the pattern lacks %p
+    base = Path(glob.escape(str(cwd)))
+    return text if text.startswith("/") else str(base / text)
+
+
+def _no_core_reason(policy: CorePolicy, signal_number: int | None, exit_code: int | None) -> str | None:
+    if signal_number is None:
+        return f"the command exited with code {exit_code}; cores are only dumped when a process dies of a signal such as SIGSEGV or SIGABRT"
+    if signal_number not in CORE_SIGNALS:
+        return f"{signal_name(signal_number)} does not produce a core dump"
+    return policy.disabled_reason
+
+
+def collect_core_files(
+    policy: CorePolicy, *, pid: int, cwd: Path, signal_number: int | None, exit_code: int | None,
+    core_dumped: bool, dest: Path, not_before: float,
+) -> tuple[list[str], str | None]:
+    """Move the core file(s) of process ``pid`` into ``dest``; return their names, or why there are none.
+
+    Args:
+        policy: From `enable_core_dumps`.
+        pid: The crashed process.
+        cwd: Its working directory, where a relative core_pattern puts the core.
+        signal_number: The signal that killed it, or None if it exited.
+        exit_code: Its exit code when it exited.
+        core_dumped: Whether the kernel reported a core dump (``WCOREDUMP``).
+        dest: The attempt's ``coredumps`` folder.
+        not_before: Epoch seconds when the command started; older files are someone else's cores.
+    """
+    reason = _no_core_reason(policy, signal_number, exit_code)
+    if reason is not None:
+        return [], reason
+    pattern = core_glob(policy, pid=pid, cwd=cwd, signal_number=signal_number)
+    found = [p for p in glob.glob(pattern) if _is_fresh_file(p, not_before)]
+    if not found:
+        if not core_dumped:
+            return [], f"the kernel dumped no core for {signal_name(signal_number)} (check RLIMIT_CORE, the process's dumpable flag and core_pattern {policy.pattern!r})"
+        return [], f"the kernel reported a core dump but no file matched {pattern!r}"
+    dest.mkdir(parents=True, exist_ok=True)
+    moved: list[str] = []
+    problems: list[str] = []
+    for source in sorted(found):
+        target = _free_name(dest, Path(source).name)
+        try:
+            shutil.move(source, target)
+            moved.append(target.name)
+        except OSError as exc:
+            problems.append(f"cannot move {source} to {target}: {exc.strerror or exc}")
+    return moved, ("; ".join(problems) or None) if not moved else None
+
+
+def _is_fresh_file(path: str, not_before: float) -> bool:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return False
+    # one second of slack: some filesystems store mtime with coarse granularity
+    return os.path.isfile(path) and stat.st_mtime >= not_before - 1.0
+
+
+def _free_name(folder: Path, name: str) -> Path:
+    target = folder / name
+    counter = 1
+    while target.exists():
+        target = folder / f"{name}.{counter}"
+        counter += 1
+    return target
+
+
+def signal_name(number: int | None) -> str | None:
+    """``SIGSEGV`` for 11, or ``signal N`` for a number Python has no name for; None for None."""
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
