@@ -1,0 +1,80 @@
+"""Where the kernel writes a core, read from core_pattern, and why a core is sometimes not kept."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from trainguard_entrypoint.coredumps import CorePolicy, collect_core_files, core_glob
+
+
+def _policy(pattern: str | None, *, uses_pid: bool = False, reason: str | None = None) -> CorePolicy:
+    return CorePolicy(pattern=pattern, uses_pid=uses_pid, soft_limit=-1, hard_limit=-1, disabled_reason=reason)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "uses_pid", "expected"),
+    [
+        ("core", False, "/work/cwd/core"),
+        ("core", True, "/work/cwd/core.4242"),
+        ("core.%p", True, "/work/cwd/core.4242"),
+        ("cores/core.%e.%p.%t", False, "/work/cwd/cores/core.*.4242.*"),
+        ("/var/crash/core.%e.%p", False, "/var/crash/core.*.4242"),
+        ("/var/crash/core-%s-%%", False, "/var/crash/core-11-%"),
+        ("core[1]", False, "/work/cwd/core[[]1]"),
+    ],
+)
+def test_the_core_glob_follows_core_pattern(pattern: str, uses_pid: bool, expected: str) -> None:
+    got = core_glob(_policy(pattern, uses_pid=uses_pid), pid=4242, cwd=Path("/work/cwd"), signal_number=11)
+
+    assert got == expected
+
+
+def test_a_core_written_by_the_pattern_is_moved_into_coredumps(tmp_path: Path) -> None:
+    cwd, dest = tmp_path / "cwd", tmp_path / "coredumps"
+    cwd.mkdir()
+    (cwd / "core.77").write_bytes(b"ELF core")
+    (cwd / "core.78").write_bytes(b"another process's core")
+
+    names, reason = collect_core_files(_policy("core.%p"), pid=77, cwd=cwd, signal_number=11, exit_code=139,
+                                       core_dumped=True, dest=dest, not_before=0.0)
+
+    assert (names, reason) == (["core.77"], None)
+    assert (dest / "core.77").read_bytes() == b"ELF core"
+    assert (cwd / "core.78").exists()
+
+
+def test_a_core_older_than_the_attempt_is_not_taken_for_this_crash(tmp_path: Path) -> None:
+    (tmp_path / "core").write_bytes(b"from last week")
+    os.utime(tmp_path / "core", (1_000_000, 1_000_000))
+
+    names, reason = collect_core_files(_policy("core"), pid=5, cwd=tmp_path, signal_number=6, exit_code=134,
+                                       core_dumped=False, dest=tmp_path / "dumps", not_before=2_000_000.0)
+
+    assert names == []
+    assert reason is not None and "the kernel dumped no core for SIGABRT" in reason
+
+
+def test_a_piped_core_pattern_explains_where_the_core_went(tmp_path: Path) -> None:
+    reason = "core_pattern pipes cores to a handler outside this container (|/usr/lib/systemd/systemd-coredump %P); look for the core there"
+    names, got = collect_core_files(_policy("|/usr/lib/systemd/systemd-coredump %P", reason=reason), pid=5,
+                                    cwd=tmp_path, signal_number=11, exit_code=139, core_dumped=True,
+                                    dest=tmp_path / "dumps", not_before=0.0)
+
+    assert (names, got) == ([], reason)
+
+
+def test_a_second_core_with_the_same_name_does_not_overwrite_the_first(tmp_path: Path) -> None:
+    cwd, dest = tmp_path / "cwd", tmp_path / "coredumps"
+    cwd.mkdir()
+    dest.mkdir()
+    (dest / "core").write_bytes(b"first")
+    (cwd / "core").write_bytes(b"second")
+
+    names, _ = collect_core_files(_policy("core"), pid=9, cwd=cwd, signal_number=11, exit_code=139,
+                                  core_dumped=True, dest=dest, not_before=0.0)
+
+    assert names == ["core.1"]
+    assert (dest / "core").read_bytes() == b"first"
