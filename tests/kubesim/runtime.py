@@ -234,7 +234,7 @@ class Container:
     async def _watch_rss(self, limit_bytes: int) -> None:
         log.warning("kubesim: container %s memory limit enforced by RSS watchdog", self.launch.name)
         while self.proc.returncode is None:
-            if _group_rss_bytes(self.pid) > limit_bytes:
+            if group_rss_bytes(self.pid) > limit_bytes:
                 self.oom_kill()
                 return
             await asyncio.sleep(_WATCHDOG_PERIOD_SECONDS)
@@ -293,7 +293,7 @@ async def _remove_cgroup(group: Path) -> None:
     log.warning("kubesim: could not remove cgroup %s", group)
 
 
-def _group_rss_bytes(pgid: int) -> int:
+def group_rss_bytes(pgid: int) -> int:
     total = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -1,0 +1,177 @@
+"""Wiring of the node-side controllers, and the node/pod faults the control API calls.
+
+What belongs here: `start(store, config)` (node objects, one kubelet per node, scheduler,
+job controller, node lifecycle) and the fault entry points `oom_kill`, `evict`, `preempt`,
+`partition`, `crash`, `heal`, `delete_node`. Each raises LookupError with a one-line message
+naming what was not found, which the control API answers as 404.
+
+What does not: the behaviour itself (kubelet.py, scheduler.py, jobs.py, nodes.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubesim import runtime
+from kubesim.config import SimConfig
+from kubesim.jobs import JobController
+from kubesim.kubelet import Kubelet, PodWorker
+from kubesim.nodes import NodeLifecycle, node_object
+from kubesim.scheduler import Scheduler, preempt_victim
+from kubesim.store import AlreadyExists, Store
+
+log = logging.getLogger("kubesim.controllers")
+
+
+@dataclass
+class Cluster:
+    """The node side of one running simulation."""
+
+    store: Store
+    config: SimConfig
+    memory: runtime.MemoryControl
+    kubelets: dict[str, Kubelet] = field(default_factory=dict)
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    background: set[asyncio.Future[Any]] = field(default_factory=set)
+
+
+_clusters: dict[int, Cluster] = {}
+
+
+def start(store: Store, config: SimConfig) -> list[asyncio.Task[None]]:
+    """Register the nodes and start every node-side controller as an asyncio task."""
+    memory = runtime.MemoryControl.detect()
+    cluster = Cluster(store, config, memory)
+    _clusters[id(store)] = cluster
+    for index, spec in enumerate(config.nodes, start=1):
+        try:
+            store.create("nodes", node_object(spec, index))
+        except AlreadyExists:
+            pass
+        kubelet = Kubelet(store, spec, config, memory, index)
+        cluster.kubelets[spec.name] = kubelet
+        cluster.tasks[f"kubelet/{spec.name}"] = asyncio.ensure_future(kubelet.run())
+    cluster.tasks["scheduler"] = asyncio.ensure_future(Scheduler(store).run())
+    cluster.tasks["job-controller"] = asyncio.ensure_future(
+        JobController(store, config.time_scale).run())
+    cluster.tasks["node-lifecycle"] = asyncio.ensure_future(
+        NodeLifecycle(store, config, cluster.kubelets).run())
+    if memory.mode == "watchdog":
+        for spec in config.nodes:
+            store.record_event(store.get("nodes", None, spec.name) or {}, "MemoryLimitsEmulated",
+                               "no writable memory cgroup: limits enforced by an RSS watchdog",
+                               type="Warning", component="kubelet", host=spec.name)
+    return list(cluster.tasks.values())
+
+
+def shutdown(store: Store | None = None) -> None:
+    """Kill every container process and remove the cgroups (server shutdown)."""
+    for key, cluster in list(_clusters.items()):
+        if store is not None and key != id(store):
+            continue
+        for kubelet in cluster.kubelets.values():
+            kubelet.kill_all()
+        for task in cluster.tasks.values():
+            task.cancel()
+        cluster.memory.close()
+        _clusters.pop(key, None)
+
+
+def set_api_url(url: str, store: Store | None = None) -> None:
+    """Tell containers where the API is (KUBERNETES_SERVICE_HOST/PORT)."""
+    for cluster in _cluster_list(store):
+        for kubelet in cluster.kubelets.values():
+            kubelet.api_url = url
+
+
+def _cluster_list(store: Store | None) -> list[Cluster]:
+    if store is not None:
+        return [c for k, c in _clusters.items() if k == id(store)]
+    return list(_clusters.values())
+
+
+def _cluster(store: Store | None) -> Cluster:
+    found = _cluster_list(store)
+    if not found:
+        raise LookupError("kubesim controllers are not running")
+    return found[0]
+
+
+def _worker(store: Store, namespace: str, pod: str) -> PodWorker:
+    for kubelet in _cluster(store).kubelets.values():
+        worker = kubelet.find(namespace, pod)
+        if worker is not None:
+            return worker
+    raise LookupError(f'pod "{pod}" in namespace "{namespace}" is not running on any node')
+
+
+def _spawn(cluster: Cluster, coro: Any) -> None:
+    task = asyncio.ensure_future(coro)
+    cluster.background.add(task)
+    task.add_done_callback(cluster.background.discard)
+
+
+def oom_kill(store: Store, namespace: str, pod: str, container: str | None = None) -> dict[str, Any]:
+    """Kill a running container as the kernel OOM killer would: 137, reason OOMKilled."""
+    worker = _worker(store, namespace, pod)
+    running = [c for c in worker.containers if c.instance is not None
+               and (container is None or c.name == container)]
+    if not running:
+        raise LookupError(f'container "{container or "(any)"}" of pod "{pod}" is not running')
+    running[0].instance.oom_kill()  # type: ignore[union-attr]
+    return {"namespace": namespace, "pod": pod, "container": running[0].name}
+
+
+def evict(store: Store, namespace: str, pod: str, resource: str = "memory") -> dict[str, Any]:
+    """Node-pressure eviction by the kubelet: phase Failed, reason Evicted, 137."""
+    worker = _worker(store, namespace, pod)
+    _spawn(_cluster(store), worker.evict(resource))
+    return {"namespace": namespace, "pod": pod, "resource": resource}
+
+
+def preempt(store: Store, namespace: str, pod: str, grace_seconds: int | None = None) -> dict[str, Any]:
+    """The scheduler preempts this pod for a higher-priority one (DisruptionTarget, delete)."""
+    if preempt_victim(store, namespace, pod, grace_seconds=grace_seconds) is None:
+        raise LookupError(f'pods "{pod}" not found')
+    return {"namespace": namespace, "pod": pod}
+
+
+def _kubelet(node: str, store: Store | None) -> Kubelet:
+    kubelet = _cluster(store).kubelets.get(node)
+    if kubelet is None:
+        raise LookupError(f'nodes "{node}" not found')
+    return kubelet
+
+
+def partition(node: str, store: Store | None = None) -> dict[str, Any]:
+    """Cut the node off: heartbeats and status writes stop, its processes keep running."""
+    _kubelet(node, store).connected = False
+    return {"node": node, "state": "partitioned"}
+
+
+def crash(node: str, store: Store | None = None) -> dict[str, Any]:
+    """The node dies: every container process is killed and heartbeats stop."""
+    kubelet = _kubelet(node, store)
+    kubelet.connected = False
+    kubelet.kill_all()
+    kubelet.workers.clear()
+    return {"node": node, "state": "crashed"}
+
+
+def heal(node: str, store: Store | None = None) -> dict[str, Any]:
+    """Reconnect the node: heartbeats resume and the kubelet resyncs its pods."""
+    kubelet = _kubelet(node, store)
+    kubelet.connected = True
+    for pod in kubelet.store.list("pods", field_selector=f"spec.nodeName={node}"):
+        kubelet.sync(pod)
+    return {"node": node, "state": "healthy"}
+
+
+def delete_node(node: str, store: Store | None = None) -> dict[str, Any]:
+    """Crash the node and delete its Node object, so pod GC fails and removes its pods."""
+    crash(node, store)
+    _kubelet(node, store).store.remove("nodes", None, node)
+    return {"node": node, "state": "deleted"}

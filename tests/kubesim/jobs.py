@@ -1,0 +1,312 @@
+"""The Job controller and the TTL-after-finished controller (Kubernetes 1.32 behaviour).
+
+What belongs here: creating pods from the template (ownerReference, job-tracking finalizer,
+`SuccessfulCreate`), recreation back-off, counting terminal pods once (the finalizer goes
+when counted), backoffLimit (OnFailure restarts included), podFailurePolicy
+(FailJob/Ignore/Count on exit codes and pod conditions), activeDeadlineSeconds, the two-step
+FailureTarget -> Failed and SuccessCriteriaMet -> Complete conditions, suspend, and deleting a
+finished Job after ttlSecondsAfterFinished. Texts follow pkg/controller/job.
+
+What does not: running pods (kubelet.py) or cascading deletes (gc.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime
+from typing import Any
+
+from kubesim import admission
+from kubesim.deletion import delete_object
+from kubesim.errors import ApiError
+from kubesim.store import Store, timestamp
+
+COMPONENT = "job-controller"
+TRACKING = "batch.kubernetes.io/job-tracking"
+BACKOFF_START_SECONDS = 10.0
+BACKOFF_MAX_SECONDS = 360.0
+_TICK_SECONDS = 0.1
+MESSAGES = {
+    "BackoffLimitExceeded": "Job has reached the specified backoff limit",
+    "DeadlineExceeded": "Job was active longer than specified deadline",
+}
+_TERMINAL = ("Succeeded", "Failed")
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _condition(job: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    for cond in job.get("status", {}).get("conditions") or []:
+        if cond["type"] == ctype and cond["status"] == "True":
+            return dict(cond)
+    return None
+
+
+def _add_condition(status: dict[str, Any], ctype: str, reason: str, message: str) -> None:
+    now = timestamp()
+    conds = [c for c in status.get("conditions") or [] if c["type"] != ctype]
+    conds.append({"type": ctype, "status": "True", "reason": reason, "message": message,
+                  "lastProbeTime": now, "lastTransitionTime": now})
+    status["conditions"] = conds
+
+
+def match_pod_failure_policy(job: dict[str, Any], pod: dict[str, Any]) -> tuple[str, str] | None:
+    """(action, FailJob message) of the first rule matching a failed pod, or None."""
+    rules = (job["spec"].get("podFailurePolicy") or {}).get("rules") or []
+    meta = pod["metadata"]
+    where = f"{meta['namespace']}/{meta['name']}"
+    for index, rule in enumerate(rules):
+        on_codes = rule.get("onExitCodes")
+        if on_codes:
+            hit = _exit_code_match(pod, on_codes)
+            if hit is not None:
+                return rule["action"], (f"Container {hit[0]} for pod {where} failed with exit "
+                                        f"code {hit[1]} matching FailJob rule at index {index}")
+        for pattern in rule.get("onPodConditions") or []:
+            for cond in pod.get("status", {}).get("conditions") or []:
+                if cond["type"] == pattern["type"] and cond["status"] == pattern.get("status", "True"):
+                    return rule["action"], (f"Pod {where} has condition {cond['type']} "
+                                            f"matching FailJob rule at index {index}")
+    return None
+
+
+def _exit_code_match(pod: dict[str, Any], rule: dict[str, Any]) -> tuple[str, int] | None:
+    status = pod.get("status", {})
+    for statuses in (status.get("containerStatuses"), status.get("initContainerStatuses")):
+        for cs in statuses or []:
+            if rule.get("containerName") and cs["name"] != rule["containerName"]:
+                continue
+            code = ((cs.get("state") or {}).get("terminated") or {}).get("exitCode")
+            if code is None or code == 0:
+                continue
+            inside = code in rule.get("values", [])
+            if inside == (rule.get("operator", "In") == "In"):
+                return cs["name"], int(code)
+    return None
+
+
+class JobController:
+    """Reconciles every Job on each job/pod change and on a short tick (deadlines, back-off)."""
+
+    def __init__(self, store: Store, time_scale: float) -> None:
+        self.store = store
+        self.time_scale = time_scale
+        self._not_before: dict[str, float] = {}
+
+    async def run(self) -> None:
+        queue = self.store.subscribe()
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(queue.get(), _TICK_SECONDS)
+                except TimeoutError:
+                    pass
+                while not queue.empty():
+                    queue.get_nowait()
+                self.sync_all()
+        finally:
+            self.store.unsubscribe(queue)
+
+    def sync_all(self) -> None:
+        for job in self.store.list("jobs"):
+            try:
+                self.sync(job)
+            except ApiError as exc:  # a racing delete: the next pass sees the new state
+                if exc.code != 404:
+                    raise
+
+    def pods_of(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        uid = job["metadata"]["uid"]
+        return [p for p in self.store.list("pods", job["metadata"]["namespace"])
+                if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])]
+
+    def sync(self, job: dict[str, Any]) -> None:
+        if _condition(job, "Complete") or _condition(job, "Failed"):
+            self._release(job, self.pods_of(job))
+            self._expire(job)
+            return
+        if job["metadata"].get("deletionTimestamp"):
+            return
+        pods = self.pods_of(job)
+        status = dict(job.get("status") or {})
+        status.setdefault("startTime", timestamp())
+        newly_failed = self._count(job, pods, status)
+        verdict = self._verdict(job, pods, status, newly_failed)
+        active = [p for p in pods if p["status"].get("phase") not in _TERMINAL
+                  and not p["metadata"].get("deletionTimestamp")]
+        if verdict is None and _condition(job, "FailureTarget") is None:
+            if int(status.get("succeeded", 0)) >= int(job["spec"].get("completions") or 1):
+                verdict = ("CompletionsReached", "Reached expected number of succeeded pods")
+            elif job["spec"].get("suspend"):
+                self._suspend(job, active, status)
+            else:
+                self._create(job, active, pods, status)
+        self._finish(job, pods, status, verdict)
+
+    def _count(self, job: dict[str, Any], pods: list[dict[str, Any]],
+               status: dict[str, Any]) -> list[dict[str, Any]]:
+        """Count terminal pods once, dropping their tracking finalizer; returns new failures."""
+        failed: list[dict[str, Any]] = []
+        for pod in pods:
+            phase = pod["status"].get("phase")
+            if phase not in _TERMINAL or TRACKING not in (pod["metadata"].get("finalizers") or []):
+                continue
+            if phase == "Succeeded":
+                status["succeeded"] = int(status.get("succeeded", 0)) + 1
+            else:
+                match = match_pod_failure_policy(job, pod)
+                if match is None or match[0] != "Ignore":
+                    status["failed"] = int(status.get("failed", 0)) + 1
+                    failed.append(pod)
+                    self._not_before[job["metadata"]["uid"]] = time.time() + self._backoff(
+                        int(status["failed"]))
+            self._strip_finalizer(pod)
+        return failed
+
+    def _backoff(self, failures: int) -> float:
+        seconds = min(BACKOFF_START_SECONDS * 2 ** max(failures - 1, 0), BACKOFF_MAX_SECONDS)
+        return seconds * self.time_scale
+
+    def _strip_finalizer(self, pod: dict[str, Any]) -> None:
+        def strip(obj: dict[str, Any]) -> None:
+            fins = [f for f in obj["metadata"].get("finalizers") or [] if f != TRACKING]
+            if fins:
+                obj["metadata"]["finalizers"] = fins
+            else:
+                obj["metadata"].pop("finalizers", None)
+
+        self.store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], strip)
+
+    def _verdict(self, job: dict[str, Any], pods: list[dict[str, Any]], status: dict[str, Any],
+                 newly_failed: list[dict[str, Any]]) -> tuple[str, str] | None:
+        target = _condition(job, "FailureTarget")
+        if target is not None:
+            return target["reason"], target["message"]
+        for pod in newly_failed:
+            match = match_pod_failure_policy(job, pod)
+            if match is not None and match[0] == "FailJob":
+                return "PodFailurePolicy", match[1]
+        spec = job["spec"]
+        limit = int(spec.get("backoffLimit", 6))
+        if int(status.get("failed", 0)) > limit or self._past_limit_on_failure(job, pods, limit):
+            return "BackoffLimitExceeded", MESSAGES["BackoffLimitExceeded"]
+        deadline = spec.get("activeDeadlineSeconds")
+        if deadline is not None and time.time() - _epoch(status["startTime"]) >= int(deadline):
+            return "DeadlineExceeded", MESSAGES["DeadlineExceeded"]
+        return None
+
+    def _past_limit_on_failure(self, job: dict[str, Any], pods: list[dict[str, Any]],
+                               limit: int) -> bool:
+        # pastBackoffLimitOnFailure: OnFailure restarts of active pods count against the limit.
+        if job["spec"]["template"]["spec"].get("restartPolicy") != "OnFailure":
+            return False
+        restarts = sum(int(cs.get("restartCount", 0)) for p in pods
+                       if p["status"].get("phase") not in _TERMINAL
+                       for cs in (p["status"].get("containerStatuses") or [])
+                       + (p["status"].get("initContainerStatuses") or []))
+        return restarts > 0 if limit == 0 else restarts >= limit
+
+    def _create(self, job: dict[str, Any], active: list[dict[str, Any]],
+                pods: list[dict[str, Any]], status: dict[str, Any]) -> None:
+        spec = job["spec"]
+        replace_terminating = spec.get("podReplacementPolicy") != "Failed"
+        busy = len(active) + (0 if replace_terminating else len(
+            [p for p in pods if p["metadata"].get("deletionTimestamp")
+             and p["status"].get("phase") not in _TERMINAL]))
+        wanted = min(int(spec.get("parallelism", 1)),
+                     int(spec.get("completions") or 1) - int(status.get("succeeded", 0)))
+        if busy >= wanted or time.time() < self._not_before.get(job["metadata"]["uid"], 0):
+            return
+        for _ in range(wanted - busy):
+            self._create_pod(job)
+
+    def _create_pod(self, job: dict[str, Any]) -> None:
+        meta, template = job["metadata"], job["spec"]["template"]
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {**template.get("metadata", {}), "generateName": f"{meta['name']}-",
+                            "namespace": meta["namespace"], "finalizers": [TRACKING],
+                            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                                 "name": meta["name"], "uid": meta["uid"],
+                                                 "controller": True,
+                                                 "blockOwnerDeletion": True}]},
+               "spec": dict(template.get("spec", {}))}
+        pod["metadata"].pop("name", None)
+        admission.default("pods", pod)
+        created = self.store.create("pods", pod)
+        self.store.record_event(job, "SuccessfulCreate",
+                                f"Created pod: {created['metadata']['name']}",
+                                component=COMPONENT)
+
+    def _delete_pods(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        for pod in pods:
+            meta = pod["metadata"]
+            if meta.get("deletionTimestamp") or pod["status"].get("phase") in _TERMINAL:
+                continue
+            delete_object(self.store, "pods", meta["namespace"], meta["name"])
+            self.store.record_event(job, "SuccessfulDelete", f"Deleted pod: {meta['name']}",
+                                    component=COMPONENT)
+
+    def _suspend(self, job: dict[str, Any], active: list[dict[str, Any]],
+                 status: dict[str, Any]) -> None:
+        self._delete_pods(job, active)
+        if not any(c["type"] == "Suspended" for c in status.get("conditions") or []):
+            _add_condition(status, "Suspended", "JobSuspended", "Job suspended")
+            self.store.record_event(job, "Suspended", "Job suspended", component=COMPONENT)
+
+    def _finish(self, job: dict[str, Any], pods: list[dict[str, Any]], status: dict[str, Any],
+                verdict: tuple[str, str] | None) -> None:
+        if verdict is not None:
+            reason, message = verdict
+            success = reason == "CompletionsReached"
+            first, final = ("SuccessCriteriaMet", "Complete") if success else (
+                "FailureTarget", "Failed")
+            if not any(c["type"] == first for c in status.get("conditions") or []):
+                _add_condition(status, first, reason, message)
+            self._delete_pods(job, pods)
+            if not [p for p in pods if p["status"].get("phase") not in _TERMINAL]:
+                _add_condition(status, final, reason, message)
+                if success:
+                    status["completionTime"] = timestamp()
+                    self.store.record_event(job, "Completed", "Job completed",
+                                            component=COMPONENT)
+                else:
+                    self.store.record_event(job, reason, message, type="Warning",
+                                            component=COMPONENT)
+        self._write_status(job, pods, status)
+
+    def _write_status(self, job: dict[str, Any], pods: list[dict[str, Any]],
+                      status: dict[str, Any]) -> None:
+        live = [p for p in pods if p["status"].get("phase") not in _TERMINAL]
+        status["active"] = len([p for p in live if not p["metadata"].get("deletionTimestamp")])
+        status["terminating"] = len(live) - status["active"]
+        status["ready"] = len([p for p in live if any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in p["status"].get("conditions") or [])])
+        status.setdefault("failed", 0)
+        status.setdefault("succeeded", 0)
+        status["uncountedTerminatedPods"] = {}
+
+        def put(obj: dict[str, Any]) -> None:
+            obj["status"] = status
+
+        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], put)
+
+    def _release(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        """A finished Job still drops the tracking finalizer of pods that end later."""
+        for pod in pods:
+            if TRACKING in (pod["metadata"].get("finalizers") or []) and (
+                    pod["status"].get("phase") in _TERMINAL):
+                self._strip_finalizer(pod)
+
+    def _expire(self, job: dict[str, Any]) -> None:
+        ttl = job["spec"].get("ttlSecondsAfterFinished")
+        done = _condition(job, "Complete") or _condition(job, "Failed")
+        if ttl is None or done is None or job["metadata"].get("deletionTimestamp"):
+            return
+        if time.time() - _epoch(done["lastTransitionTime"]) >= int(ttl):
+            meta = job["metadata"]
+            delete_object(self.store, "jobs", meta["namespace"], meta["name"],
+                          propagation="Background")

@@ -1,0 +1,466 @@
+"""The kubelet of one simulated node: pods bound to it run as local processes.
+
+What belongs here: the per-node sync loop (which pods are ours), the pod worker (admission,
+container loops with restartPolicy and back-off, status reporting with the kubelet's reasons
+and messages, termination on deletion, pressure eviction, OOM kills on request) and the
+kubelet's events. Messages follow pkg/kubelet (kuberuntime_container.go, pod_workers.go,
+eviction/helpers.go) of Kubernetes 1.32.
+
+What does not: spawning processes (runtime.py), deriving env/argv/volumes (workload.py),
+node heartbeats and node conditions (nodes.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kubesim import runtime, workload
+from kubesim.config import NodeSpec, SimConfig
+from kubesim.store import Store, timestamp
+
+log = logging.getLogger("kubesim.kubelet")
+
+BACKOFF_START_SECONDS = 10.0
+BACKOFF_MAX_SECONDS = 300.0
+_KUBELET_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+
+
+def involved(pod: dict[str, Any]) -> dict[str, Any]:
+    """The part of a pod an Event's involvedObject is built from."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}
+
+
+def pod_ref(pod: dict[str, Any]) -> str:
+    meta = pod["metadata"]
+    return f"{meta['name']}_{meta['namespace']}({meta['uid']})"
+
+
+class Kubelet:
+    """Runs the pods bound to one node."""
+
+    def __init__(self, store: Store, node: NodeSpec, config: SimConfig,
+                 memory: runtime.MemoryControl, index: int) -> None:
+        self.store, self.node, self.config, self.memory = store, node, config, memory
+        self.name = node.name
+        self.index = index
+        self.connected = True  # False while partitioned: status writes are lost
+        self.api_url = ""  # set by the server once it listens
+        self.workers: dict[str, PodWorker] = {}
+        self._next_ip = 2
+
+    def scaled(self, seconds: float) -> float:
+        return seconds * self.config.time_scale
+
+    def allocate_ip(self) -> str:
+        self._next_ip += 1
+        return f"10.244.{self.index}.{self._next_ip % 250 + 2}"
+
+    def free_gpus(self) -> list[int]:
+        used = {g for w in self.workers.values() if not w.finished for g in w.gpus}
+        return [i for i in range(self.node.gpus) if i not in used]
+
+    def event(self, pod: dict[str, Any], reason: str, message: str, *, warning: bool = False,
+              container: str | None = None) -> None:
+        if not self.connected:
+            return
+        self.store.record_event(
+            involved(pod), reason, message, type="Warning" if warning else "Normal",
+            component="kubelet", host=self.name,
+            field_path=f"spec.containers{{{container}}}" if container else None)
+
+    async def run(self) -> None:
+        queue = self.store.subscribe()
+        try:
+            for pod in self.store.list("pods", field_selector=f"spec.nodeName={self.name}"):
+                self.sync(pod)
+            while True:
+                event_type, resource, obj = await queue.get()
+                if resource != "pods" or obj.get("spec", {}).get("nodeName") != self.name:
+                    continue
+                if event_type == "DELETED":
+                    self.forget(obj)
+                elif self.connected:
+                    self.sync(obj)
+        finally:
+            self.store.unsubscribe(queue)
+
+    def sync(self, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        worker = self.workers.get(uid)
+        if worker is None:
+            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                if pod["metadata"].get("deletionTimestamp"):
+                    finalize_deletion(self, pod)
+                return
+            worker = self.workers[uid] = PodWorker(self, pod)
+            worker.start()
+        worker.update(pod)
+
+    def forget(self, pod: dict[str, Any]) -> None:
+        """The pod object is gone: stop what is left and delete its files (evidence loss)."""
+        worker = self.workers.pop(pod["metadata"]["uid"], None)
+        if worker is not None:
+            worker.abandon()
+        shutil.rmtree(pod_dir(self.config.root, pod), ignore_errors=True)
+
+    def find(self, namespace: str, name: str) -> PodWorker | None:
+        for worker in self.workers.values():
+            meta = worker.pod["metadata"]
+            if (meta["namespace"], meta["name"]) == (namespace, name):
+                return worker
+        return None
+
+    def kill_all(self) -> None:
+        """A node crash: every container process dies at once."""
+        for worker in self.workers.values():
+            worker.abandon()
+
+
+def finalize_deletion(kubelet: Kubelet, pod: dict[str, Any]) -> None:
+    """The containers are gone: the kubelet's grace-0 delete lets the API drop the object
+    (at once, or when the last finalizer goes)."""
+    if not kubelet.connected or pod["metadata"].get("deletionGracePeriodSeconds") == 0:
+        return
+    meta = pod["metadata"]
+
+    def final(obj: dict[str, Any]) -> None:
+        obj["metadata"]["deletionGracePeriodSeconds"] = 0
+
+    kubelet.store.mutate("pods", meta["namespace"], meta["name"], final)
+
+
+def pod_dir(root: Path, pod: dict[str, Any]) -> Path:
+    meta = pod["metadata"]
+    return root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+
+
+class ContainerState:
+    """What the kubelet knows of one container, in containerStatuses terms."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.name: str = spec["name"]
+        self.state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
+        self.last_state: dict[str, Any] = {}
+        self.restart_count = 0
+        self.container_id: str | None = None
+        self.instance: runtime.Container | None = None
+        self.done = False
+        self.exit_code: int | None = None
+
+    def status(self) -> dict[str, Any]:
+        image = self.spec.get("image", "")
+        running = "running" in self.state
+        out: dict[str, Any] = {
+            "name": self.name, "image": image, "ready": running, "started": running,
+            "restartCount": self.restart_count, "state": self.state,
+            "lastState": self.last_state,
+            "imageID": f"{image}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
+                       if self.container_id else "",
+        }
+        if self.container_id:
+            out["containerID"] = self.container_id
+        return out
+
+
+class PodWorker:
+    """Drives one pod from admission to termination."""
+
+    def __init__(self, kubelet: Kubelet, pod: dict[str, Any]) -> None:
+        self.kubelet = kubelet
+        self.pod = pod
+        self.containers = [ContainerState(c) for c in pod["spec"].get("containers", [])]
+        self.gpus: list[int] = []
+        self.ip = ""
+        self.finished = False
+        self.deleting = asyncio.Event()
+        self.evicted: dict[str, str] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._sleepers: set[asyncio.Future[None]] = set()
+
+    @property
+    def dir(self) -> Path:
+        return pod_dir(self.kubelet.config.root, self.pod)
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    def update(self, pod: dict[str, Any]) -> None:
+        self.pod = pod
+        if pod["metadata"].get("deletionTimestamp") and not self.deleting.is_set():
+            self.deleting.set()
+            self._wake()
+            if self.finished:
+                finalize_deletion(self.kubelet, pod)
+
+    def _wake(self) -> None:
+        for sleeper in list(self._sleepers):
+            sleeper.cancel()
+
+    async def evict(self, resource: str) -> None:
+        """Pressure eviction: kill the containers now and fail the pod with reason Evicted."""
+        from kubesim import podstatus
+
+        self.evicted = podstatus.eviction_message(self, resource)
+        self._wake()
+        self.kubelet.event(self.pod, "Evicted", self.evicted, warning=True)
+        await self.stop_containers(0, announce=False)
+        self.publish()
+
+    def abandon(self) -> None:
+        for c in self.containers:
+            if c.instance is not None:
+                c.instance.signal(9)
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        try:
+            self._admit()
+            watcher = asyncio.ensure_future(self.watch_deletion())
+            await asyncio.gather(*(self._container_loop(c) for c in self.containers))
+            watcher.cancel()
+            await self._terminate()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("kubesim kubelet: pod worker for %s crashed", pod_ref(self.pod))
+
+    def _admit(self) -> None:
+        want = int(workload.requests_of(self.pod).get("nvidia.com/gpu", 0))
+        self.gpus = self.kubelet.free_gpus()[:want]
+        self.ip = self.kubelet.allocate_ip()
+        self.started_at = timestamp()
+        self.publish()
+
+    # -- container lifecycle -------------------------------------------------------------------
+
+    async def _container_loop(self, c: ContainerState) -> None:
+        policy = self.pod["spec"].get("restartPolicy", "Always")
+        backoff = BACKOFF_START_SECONDS
+        while not self.deleting.is_set() and self.evicted is None:
+            code = await self._run_once(c)
+            if code is None:
+                if not await self._sleep(backoff):
+                    break
+                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+                continue
+            if self.deleting.is_set() or self.evicted is not None:
+                break
+            if policy == "Never" or (policy == "OnFailure" and code == 0):
+                break
+            c.restart_count += 1
+            c.last_state, c.state = {"terminated": c.state["terminated"]}, {"waiting": {
+                "reason": "CrashLoopBackOff",
+                "message": f"back-off {int(backoff)}s restarting failed container={c.name} "
+                           f"pod={pod_ref(self.pod)}"}}
+            self.publish()
+            self.kubelet.event(self.pod, "BackOff", f"Back-off restarting failed container "
+                               f"{c.name} in pod {pod_ref(self.pod)}", warning=True,
+                               container=c.name)
+            if not await self._sleep(backoff):
+                break
+            backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+        c.done = True
+
+    async def _sleep(self, seconds: float) -> bool:
+        """A back-off wait that deletion cuts short; False when the pod is going away."""
+        sleeper = asyncio.ensure_future(asyncio.sleep(self.kubelet.scaled(seconds)))
+        self._sleepers.add(sleeper)
+        try:
+            await sleeper
+        except asyncio.CancelledError:
+            if not sleeper.cancelled():
+                raise
+        finally:
+            self._sleepers.discard(sleeper)
+        return not self.deleting.is_set() and self.evicted is None
+
+    async def _run_once(self, c: ContainerState) -> int | None:
+        """One container instance; its exit code, or None when it could not start."""
+        launch = self._prepare(c)
+        if launch is None:
+            return None
+        c.container_id = f"kubesim://{uuid.uuid4().hex}{uuid.uuid4().hex}"
+        self._keep_two_logs(c)
+        try:
+            c.instance = await runtime.Container.start(launch, self.kubelet.memory,
+                                                       c.container_id[-12:])
+        except OSError as exc:
+            return self._start_failed(c, str(exc))
+        self.kubelet.event(self.pod, "Created", f"Created container: {c.name}", container=c.name)
+        self.kubelet.event(self.pod, "Started", f"Started container {c.name}", container=c.name)
+        c.state = {"running": {"startedAt": timestamp(c.instance.started_at.timestamp())}}
+        self.publish()
+        result = await c.instance.wait()
+        c.instance = None
+        c.exit_code = result.exit_code
+        c.state = {"terminated": self._terminated(c, result)}
+        self.publish()
+        return result.exit_code
+
+    def _prepare(self, c: ContainerState) -> runtime.Launch | None:
+        spec, pod, kubelet = c.spec, self.pod, self.kubelet
+        image = spec.get("image", "")
+        image_runtime = workload.resolve_image(kubelet.config.images, image)
+        if image_runtime is None:
+            self._pull_failed(c, image)
+            return None
+        self._pulled(c, image)
+        container_dir = self.dir / c.name
+        container_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            folders = workload.prepare_volumes(kubelet.store, pod, self.dir, kubelet.config.root)
+            mounts = workload.mount_map(spec, folders, container_dir)
+            env = workload.build_env(kubelet.store, pod, spec, self._extra_env(mounts))
+            env = {k: workload.rewrite(v, mounts) for k, v in env.items()}
+            argv = workload.build_argv(spec, image_runtime, env, mounts)
+        except workload.ConfigError as exc:
+            c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
+            kubelet.event(pod, "Failed", f"Error: {exc}", warning=True, container=c.name)
+            self.publish()
+            return None
+        except workload.StartError as exc:
+            self._start_failed(c, str(exc))
+            return None
+        work = spec.get("workingDir")
+        cwd = Path(workload.rewrite(work, mounts)) if work else container_dir / "rootfs"
+        cwd.mkdir(parents=True, exist_ok=True)
+        limit = ((spec.get("resources") or {}).get("limits") or {}).get("memory")
+        return runtime.Launch(
+            argv=argv, env=env, cwd=cwd, name=c.name,
+            log_path=container_dir / f"{c.restart_count}.log",
+            memory_limit_bytes=int(workload.quantity(limit)) if limit else None)
+
+    def _extra_env(self, mounts: dict[str, Path]) -> dict[str, str]:
+        extra = workload.mount_env(mounts)
+        if self.kubelet.api_url:
+            host, _, port = self.kubelet.api_url.rsplit("/", 1)[-1].rpartition(":")
+            extra.update({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port})
+        if self.gpus:
+            devices = ",".join(str(g) for g in self.gpus)
+            extra.update({"NVIDIA_VISIBLE_DEVICES": devices, "CUDA_VISIBLE_DEVICES": devices})
+        return extra
+
+    def _pulled(self, c: ContainerState, image: str) -> None:
+        if c.spec.get("imagePullPolicy") == "Always":
+            self.kubelet.event(self.pod, "Pulling", f'Pulling image "{image}"', container=c.name)
+            self.kubelet.event(self.pod, "Pulled", f'Successfully pulled image "{image}" in 1ms '
+                               f"(1ms including waiting). Image size: 0 bytes.", container=c.name)
+        else:
+            self.kubelet.event(self.pod, "Pulled", f'Container image "{image}" already present '
+                               "on machine", container=c.name)
+
+    def _pull_failed(self, c: ContainerState, image: str) -> None:
+        ev = self.kubelet.event
+        waiting = c.state.get("waiting", {}).get("reason")
+        if waiting in ("ErrImagePull", "ImagePullBackOff"):
+            c.state = {"waiting": {"reason": "ImagePullBackOff",
+                                   "message": f'Back-off pulling image "{image}"'}}
+            ev(self.pod, "BackOff", f'Back-off pulling image "{image}"', container=c.name)
+            ev(self.pod, "Failed", "Error: ImagePullBackOff", warning=True, container=c.name)
+            self.publish()
+            return
+        reason = (f'failed to pull and unpack image "{image}": failed to resolve reference '
+                  f'"{image}": {image}: not found')
+        c.state = {"waiting": {"reason": "ErrImagePull", "message": reason}}
+        ev(self.pod, "Pulling", f'Pulling image "{image}"', container=c.name)
+        ev(self.pod, "Failed", f'Failed to pull image "{image}": {reason}', warning=True,
+           container=c.name)
+        ev(self.pod, "Failed", "Error: ErrImagePull", warning=True, container=c.name)
+        self.publish()
+
+    def _start_failed(self, c: ContainerState, message: str) -> int:
+        now = timestamp()
+        c.state = {"terminated": {"exitCode": 128, "reason": "StartError", "message": message,
+                                  "startedAt": "1970-01-01T00:00:00Z", "finishedAt": now,
+                                  "containerID": c.container_id}}
+        self.kubelet.event(self.pod, "Failed", f"Error: {message}", warning=True,
+                           container=c.name)
+        c.exit_code = 128
+        self.publish()
+        return 128
+
+    def _terminated(self, c: ContainerState, result: runtime.Exit) -> dict[str, Any]:
+        reason = "OOMKilled" if result.oom_killed else (
+            "Completed" if result.exit_code == 0 else "Error")
+        out: dict[str, Any] = {
+            "exitCode": result.exit_code, "reason": reason,
+            "startedAt": timestamp(result.started_at.timestamp()),
+            "finishedAt": timestamp(result.finished_at.timestamp()),
+            "containerID": c.container_id}
+        if result.signal is not None:
+            out["signal"] = result.signal
+        message = self._termination_message(c, result.exit_code)
+        if message:
+            out["message"] = message
+        return out
+
+    def _termination_message(self, c: ContainerState, exit_code: int) -> str:
+        container_dir = self.dir / c.name
+        with contextlib.suppress(OSError):
+            text = (container_dir / "termination-log").read_text()[:4096]
+            if text:
+                return text
+        policy = c.spec.get("terminationMessagePolicy", "File")
+        if policy != "FallbackToLogsOnError" or exit_code == 0:
+            return ""
+        try:
+            lines = (container_dir / f"{c.restart_count}.log").read_text().splitlines()
+        except OSError:
+            return ""
+        # kubelet: the last 80 lines, at most 2 KiB, message part of each CRI line only.
+        tail = "\n".join(line.split(" ", 3)[-1] for line in lines[-80:])
+        return tail[-2048:]
+
+    def _keep_two_logs(self, c: ContainerState) -> None:
+        # Only the current and the previous instance's logs survive, as on a real node.
+        stale = self.dir / c.name / f"{c.restart_count - 2}.log"
+        with contextlib.suppress(OSError):
+            stale.unlink()
+        with contextlib.suppress(OSError):
+            (self.dir / c.name / "termination-log").unlink()
+
+    # -- termination ---------------------------------------------------------------------------
+
+    async def stop_containers(self, grace_seconds: float, *, announce: bool = True) -> None:
+        stops = []
+        for c in self.containers:
+            if c.instance is not None:
+                if announce:
+                    self.kubelet.event(self.pod, "Killing", f"Stopping container {c.name}",
+                                       container=c.name)
+                stops.append(c.instance.stop(self.kubelet.scaled(grace_seconds)))
+        await asyncio.gather(*stops)
+
+    async def _terminate(self) -> None:
+        """All container loops ended: report the terminal phase, then let the object go."""
+        self.finished = True
+        self.publish()
+        if self.deleting.is_set():
+            finalize_deletion(self.kubelet, self.pod)
+
+    async def watch_deletion(self) -> None:
+        await self.deleting.wait()
+        grace = self.pod["metadata"].get("deletionGracePeriodSeconds")
+        if grace is None:
+            grace = self.pod["spec"].get("terminationGracePeriodSeconds", 30)
+        await self.stop_containers(float(grace))
+
+    def publish(self) -> None:
+        """Write the pod status derived from the container states (lost while partitioned)."""
+        if not self.kubelet.connected:
+            return
+        from kubesim import podstatus  # a sibling module keeps this one under 400 lines
+
+        meta = self.pod["metadata"]
+        status = podstatus.build(self)
+        self.kubelet.store.mutate("pods", meta["namespace"], meta["name"],
+                                  lambda pod: podstatus.apply(pod, status))

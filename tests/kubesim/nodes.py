@@ -1,0 +1,214 @@
+"""Node objects and the node lifecycle: heartbeats, NotReady, taint eviction, pod GC.
+
+What belongs here: creating the Node objects from the configuration, each kubelet's
+heartbeat, the node lifecycle controller (missed heartbeats -> conditions Unknown and the
+unreachable taints), the taint manager (NoExecute taints evict pods after their
+tolerationSeconds) and pod GC (pods on a node that no longer exists fail and go). Texts
+follow pkg/controller/nodelifecycle, tainteviction and podgc of Kubernetes 1.32.
+
+What does not: running pods (kubelet.py) or placing them (scheduler.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime
+from typing import Any
+
+from kubesim.config import NodeSpec, SimConfig
+from kubesim.kubelet import Kubelet
+from kubesim.scheduler import tolerates
+from kubesim.store import Store, timestamp
+
+HEARTBEAT_SECONDS = 10.0
+MONITOR_GRACE_SECONDS = 40.0
+UNREACHABLE = "node.kubernetes.io/unreachable"
+_CONDITIONS = (("MemoryPressure", "KubeletHasSufficientMemory",
+                "kubelet has sufficient memory available"),
+               ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+               ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"))
+
+
+def node_object(spec: NodeSpec, index: int) -> dict[str, Any]:
+    """The Node a kubelet registers for itself."""
+    now = timestamp()
+    capacity = {"cpu": spec.cpu, "memory": spec.memory, "pods": "110",
+                "ephemeral-storage": "100Gi"}
+    if spec.gpus:
+        capacity["nvidia.com/gpu"] = str(spec.gpus)
+    conds = [{"type": t, "status": "False", "reason": r, "message": m,
+              "lastHeartbeatTime": now, "lastTransitionTime": now} for t, r, m in _CONDITIONS]
+    conds.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
+                  "message": "kubelet is posting ready status", "lastHeartbeatTime": now,
+                  "lastTransitionTime": now})
+    labels = {"kubernetes.io/hostname": spec.name, "kubernetes.io/os": "linux",
+              "kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
+              "beta.kubernetes.io/arch": "amd64", **spec.labels}
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": spec.name, "labels": labels},
+        "spec": {"podCIDR": f"10.244.{index}.0/24", "podCIDRs": [f"10.244.{index}.0/24"],
+                 **({"taints": [dict(t) for t in spec.taints]} if spec.taints else {})},
+        "status": {
+            "capacity": capacity, "allocatable": dict(capacity), "conditions": conds,
+            "addresses": [{"type": "InternalIP", "address": f"10.0.0.{index + 10}"},
+                          {"type": "Hostname", "address": spec.name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"machineID": f"kubesim{index:024d}", "systemUUID": f"kubesim-{index}",
+                         "bootID": f"kubesim-boot-{index}", "kernelVersion": "6.1.0-kubesim",
+                         "osImage": "kubesim", "containerRuntimeVersion": "kubesim://0",
+                         "kubeletVersion": "v1.32.4-kubesim",
+                         "kubeProxyVersion": "v1.32.4-kubesim", "operatingSystem": "linux",
+                         "architecture": "amd64"},
+        },
+    }
+
+
+def _seconds_since(stamp: str | None) -> float:
+    if not stamp:
+        return 0.0
+    return time.time() - datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+class NodeLifecycle:
+    """Heartbeats for connected kubelets; NotReady, taints, eviction and GC for the rest."""
+
+    def __init__(self, store: Store, config: SimConfig, kubelets: dict[str, Kubelet]) -> None:
+        self.store, self.config, self.kubelets = store, config, kubelets
+
+    def scaled(self, seconds: float) -> float:
+        return seconds * self.config.time_scale
+
+    async def run(self) -> None:
+        period = max(self.scaled(HEARTBEAT_SECONDS), 0.05)
+        while True:
+            for name, kubelet in self.kubelets.items():
+                if kubelet.connected:
+                    self.heartbeat(name)
+            self.monitor()
+            self.evict_tainted()
+            self.collect_orphans()
+            await asyncio.sleep(min(period, max(self.scaled(MONITOR_GRACE_SECONDS) / 4, 0.05)))
+
+    def heartbeat(self, name: str) -> None:
+        now = timestamp()
+
+        def beat(node: dict[str, Any]) -> None:
+            for cond in node["status"]["conditions"]:
+                cond["lastHeartbeatTime"] = now
+                if cond["status"] == "Unknown":  # the kubelet is back: it reports afresh
+                    healthy = node_object(self._spec(name), 0)["status"]["conditions"]
+                    fresh = next(c for c in healthy if c["type"] == cond["type"])
+                    cond.update(fresh, lastHeartbeatTime=now, lastTransitionTime=now)
+            taints = [t for t in node["spec"].get("taints") or [] if t["key"] != UNREACHABLE]
+            node["spec"]["taints"] = taints
+            if not taints:
+                node["spec"].pop("taints")
+
+        self.store.mutate("nodes", None, name, beat)
+
+    def _spec(self, name: str) -> NodeSpec:
+        return next(n for n in self.config.nodes if n.name == name)
+
+    def monitor(self) -> None:
+        """Nodes whose kubelet stopped posting: conditions Unknown and unreachable taints."""
+        for node in self.store.list("nodes"):
+            ready = next((c for c in node["status"].get("conditions") or []
+                          if c["type"] == "Ready"), None)
+            if ready is None or ready["status"] == "Unknown":
+                continue
+            if _seconds_since(ready.get("lastHeartbeatTime")) < self.scaled(MONITOR_GRACE_SECONDS):
+                continue
+            self._mark_unknown(node["metadata"]["name"])
+
+    def _mark_unknown(self, name: str) -> None:
+        now = timestamp()
+
+        def unknown(node: dict[str, Any]) -> None:
+            for cond in node["status"]["conditions"]:
+                cond.update(status="Unknown", reason="NodeStatusUnknown",
+                            message="Kubelet stopped posting node status.",
+                            lastTransitionTime=now)
+            taints = node["spec"].setdefault("taints", [])
+            for effect in ("NoSchedule", "NoExecute"):
+                taint = {"key": UNREACHABLE, "effect": effect, "timeAdded": now}
+                if not any(t["key"] == UNREACHABLE and t["effect"] == effect for t in taints):
+                    taints.append(taint if effect == "NoExecute" else
+                                  {"key": UNREACHABLE, "effect": effect})
+
+        node = self.store.mutate("nodes", None, name, unknown)
+        if node is None:
+            return
+        self.store.record_event(node, "NodeNotReady",
+                                f"Node {name} status is now: NodeNotReady",
+                                component="node-controller")
+        for pod in self.store.list("pods", field_selector=f"spec.nodeName={name}"):
+            self.store.record_event({"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]},
+                                    "NodeNotReady", "Node is not ready", type="Warning",
+                                    component="node-controller")
+            self.store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"],
+                              _pod_not_ready)
+
+    def evict_tainted(self) -> None:
+        """The taint manager: pods not tolerating a NoExecute taint (long enough) go."""
+        for node in self.store.list("nodes"):
+            taints = [t for t in (node["spec"].get("taints") or []) if t["effect"] == "NoExecute"]
+            if not taints:
+                continue
+            for pod in self.store.list("pods", field_selector=f"spec.nodeName={node['metadata']['name']}"):
+                if pod["metadata"].get("deletionTimestamp"):
+                    continue
+                if any(self._must_go(pod, t) for t in taints):
+                    self._taint_evict(pod)
+
+    def _must_go(self, pod: dict[str, Any], taint: dict[str, Any]) -> bool:
+        if not tolerates(pod, taint):
+            return True
+        for tol in pod["spec"].get("tolerations") or []:
+            if tol.get("key") in (taint["key"], None) and tol.get("tolerationSeconds") is not None:
+                return _seconds_since(taint.get("timeAdded")) >= self.scaled(tol["tolerationSeconds"])
+        return False
+
+    def _taint_evict(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        self.store.record_event({"apiVersion": "v1", "kind": "Pod", "metadata": meta},
+                                "TaintManagerEviction",
+                                f"Marking for deletion Pod {meta['namespace']}/{meta['name']}",
+                                component="taint-eviction-controller")
+        grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        self.store.mutate("pods", meta["namespace"], meta["name"], lambda p: _disrupt(
+            p, "DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint", grace))
+
+    def collect_orphans(self) -> None:
+        """Pod GC: pods bound to a node that no longer exists fail and are force-deleted."""
+        names = {n["metadata"]["name"] for n in self.store.list("nodes")}
+        for pod in self.store.list("pods"):
+            node = pod["spec"].get("nodeName")
+            if not node or node in names or pod["metadata"].get("deletionGracePeriodSeconds") == 0:
+                continue
+
+            def gc(p: dict[str, Any]) -> None:
+                _disrupt(p, "DeletionByPodGC", "PodGC: node no longer exists", 0)
+                if p["status"].get("phase") not in ("Succeeded", "Failed"):
+                    p["status"]["phase"] = "Failed"
+
+            self.store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], gc)
+
+
+def _pod_not_ready(pod: dict[str, Any]) -> None:
+    now = timestamp()
+    for cond in pod.setdefault("status", {}).get("conditions") or []:
+        if cond["type"] in ("Ready", "ContainersReady") and cond["status"] != "False":
+            cond.update(status="False", lastTransitionTime=now)
+            if cond["type"] == "Ready":
+                cond["reason"] = "NodeNotReady"  # kubelet/status: no message for NodeNotReady
+
+
+def _disrupt(pod: dict[str, Any], reason: str, message: str, grace: int) -> None:
+    conds = pod.setdefault("status", {}).setdefault("conditions", [])
+    conds[:] = [c for c in conds if c["type"] != "DisruptionTarget"] + [{
+        "type": "DisruptionTarget", "status": "True", "reason": reason, "message": message,
+        "lastProbeTime": None, "lastTransitionTime": timestamp()}]
+    pod["metadata"].setdefault("deletionTimestamp", timestamp())
+    pod["metadata"]["deletionGracePeriodSeconds"] = grace

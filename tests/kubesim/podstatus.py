@@ -1,0 +1,112 @@
+"""The pod status a kubelet reports, derived from its container states.
+
+What belongs here: phase, the kubelet-owned conditions (with lastTransitionTime kept while a
+condition's status does not change), containerStatuses, IPs, and the pressure-eviction
+message (pkg/kubelet/eviction/helpers.go). Conditions other components own (PodScheduled,
+DisruptionTarget) are kept as they are in the stored object.
+
+What does not: when the states change (kubelet.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kubesim import runtime
+from kubesim.store import timestamp
+
+if TYPE_CHECKING:
+    from kubesim.kubelet import PodWorker
+
+_OWNED = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+
+
+def phase(worker: PodWorker) -> str:
+    """The pod phase, as pkg/kubelet's getPhase decides it for these states."""
+    if worker.evicted is not None:
+        return "Failed"
+    if worker.finished:
+        codes = [c.exit_code for c in worker.containers]
+        return "Succeeded" if codes and all(code == 0 for code in codes) else "Failed"
+    started = any("running" in c.state or "terminated" in c.state or c.restart_count
+                  for c in worker.containers)
+    return "Running" if started else "Pending"
+
+
+def build(worker: PodWorker) -> dict[str, Any]:
+    """The status fields the kubelet owns."""
+    current = phase(worker)
+    unready = [c.name for c in worker.containers if "running" not in c.state]
+    terminal = current in ("Succeeded", "Failed")
+    ready_reason = "PodCompleted" if terminal else "ContainersNotReady"
+    ready = ("True", None, None) if not unready and not terminal else (
+        "False", ready_reason,
+        None if terminal else f"containers with unready status: [{' '.join(unready)}]")
+    sandbox = "False" if terminal else "True"
+    host_ip = f"10.0.0.{worker.kubelet.index + 10}"
+    status: dict[str, Any] = {
+        "phase": current,
+        "conditions": {
+            "PodReadyToStartContainers": (sandbox, None, None),
+            "Initialized": ("True", None, None),
+            "ContainersReady": ready,
+            "Ready": ready,
+        },
+        "hostIP": host_ip, "hostIPs": [{"ip": host_ip}],
+        "podIP": worker.ip, "podIPs": [{"ip": worker.ip}] if worker.ip else [],
+        "startTime": worker.started_at,
+        "containerStatuses": [c.status() for c in worker.containers],
+    }
+    if worker.evicted is not None:
+        status["reason"], status["message"] = "Evicted", worker.evicted
+    return status
+
+
+def apply(pod: dict[str, Any], built: dict[str, Any]) -> None:
+    """Merge a built status into the stored pod (the `mutate` callback)."""
+    status = pod.setdefault("status", {})
+    old = {c["type"]: c for c in status.get("conditions") or []}
+    now = timestamp()
+    for ctype, (value, reason, message) in built["conditions"].items():
+        prev = old.get(ctype)
+        cond: dict[str, Any] = {"type": ctype, "status": value, "lastProbeTime": None,
+                                "lastTransitionTime": prev["lastTransitionTime"]
+                                if prev and prev.get("status") == value else now}
+        if reason:
+            cond["reason"] = reason
+        if message:
+            cond["message"] = message
+        old[ctype] = cond
+    if built.get("reason") == "Evicted":
+        prev = old.get("DisruptionTarget")
+        old["DisruptionTarget"] = {
+            "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+            "message": built["message"], "lastProbeTime": None,
+            "lastTransitionTime": prev["lastTransitionTime"] if prev else now}
+    order = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady",
+             "PodScheduled"]
+    status["conditions"] = sorted(
+        old.values(), key=lambda c: order.index(c["type"]) if c["type"] in order else -1)
+    for key, value in built.items():
+        if key != "conditions":
+            status[key] = value
+
+
+def eviction_message(worker: PodWorker, resource: str) -> str:
+    """The kubelet's eviction message, naming the container using the most memory."""
+    heaviest, usage, request = "", 0, "0"
+    for c in worker.containers:
+        used = runtime.group_rss_bytes(c.instance.pid) if c.instance is not None else 0
+        if used >= usage:
+            req = ((c.spec.get("resources") or {}).get("requests") or {}).get(resource, "0")
+            heaviest, usage, request = c.name, used, str(req)
+    available = "48Mi"
+    message = (f"The node was low on resource: {resource}. Threshold quantity: 100Mi, "
+               f"available: {available}. ")
+    if heaviest:
+        message += (f"Container {heaviest} was using {usage // 1024}Ki, request is {request}, "
+                    f"has larger consumption of {resource}. ")
+    return message
+
+
+

@@ -1,0 +1,206 @@
+"""The default scheduler: binds pending pods to nodes that fit them.
+
+What belongs here: fit (node Ready and schedulable, nodeSelector, NoSchedule/NoExecute taints
+against tolerations, cpu/memory/nvidia.com/gpu/pods requests against allocatable minus the
+non-terminal pods already there), binding with the `Scheduled` event, and the
+`Unschedulable` condition plus `FailedScheduling` event in the scheduler's own words
+(pkg/scheduler/framework/types.go FitError.Error, 1.32), and victim handling for preemption.
+
+What does not: running pods (kubelet.py) or node health (nodes.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from decimal import Decimal
+from typing import Any
+
+from kubesim import workload
+from kubesim.store import Store, timestamp
+
+COMPONENT = "default-scheduler"
+_NOT_HELPFUL = "Preemption is not helpful for scheduling"
+_NO_VICTIMS = "No preemption victims found for incoming pod"
+
+
+def tolerates(pod: dict[str, Any], taint: dict[str, Any]) -> bool:
+    """Whether one of the pod's tolerations matches the taint (v1 helper semantics)."""
+    for tol in pod.get("spec", {}).get("tolerations") or []:
+        if tol.get("effect") and tol["effect"] != taint.get("effect"):
+            continue
+        if tol.get("operator") == "Exists":
+            if not tol.get("key") or tol["key"] == taint.get("key"):
+                return True
+        elif tol.get("key") == taint.get("key") and tol.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def _allocatable(node: dict[str, Any]) -> dict[str, Decimal]:
+    raw = node.get("status", {}).get("allocatable") or {}
+    return {k: workload.quantity(v) for k, v in raw.items()}
+
+
+def _used(pods: list[dict[str, Any]], node_name: str) -> dict[str, Decimal]:
+    used: Counter[str] = Counter()
+    for pod in pods:
+        if pod["spec"].get("nodeName") != node_name:
+            continue
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for key, val in workload.requests_of(pod).items():
+            used[key] += val  # type: ignore[assignment]
+        used["pods"] += 1
+    return dict(used)
+
+
+def failures(pod: dict[str, Any], node: dict[str, Any], pods: list[dict[str, Any]]) -> list[str]:
+    """Why the pod does not fit the node, in FailedScheduling words; empty when it fits."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return ["node(s) were unschedulable"]
+    labels = node["metadata"].get("labels") or {}
+    selector = pod["spec"].get("nodeSelector") or {}
+    if any(labels.get(k) != v for k, v in selector.items()):
+        return ["node(s) didn't match Pod's node affinity/selector"]
+    for taint in spec.get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(pod, taint):
+            return [f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"]
+    alloc, used = _allocatable(node), _used(pods, node["metadata"]["name"])
+    wanted = {**workload.requests_of(pod), "pods": Decimal(1)}
+    return [f"Insufficient {key}" for key, amount in sorted(wanted.items())
+            if amount > 0 and used.get(key, Decimal(0)) + amount > alloc.get(key, Decimal(0))]
+
+
+def fit_error(n_nodes: int, reasons: dict[str, list[str]]) -> str:
+    """`0/N nodes are available: ...` with the preemption post-filter's summary."""
+    counts = Counter(r for rs in reasons.values() for r in rs)
+    head = ", ".join(f"{n} {r}" for r, n in sorted(counts.items()))
+    helpful = Counter(
+        _NO_VICTIMS if all(r.startswith("Insufficient") for r in rs) else _NOT_HELPFUL
+        for rs in reasons.values())
+    tail = ", ".join(f"{n} {r}" for r, n in sorted(helpful.items()))
+    return (f"0/{n_nodes} nodes are available: {head}. "
+            f"preemption: 0/{n_nodes} nodes are available: {tail}.")
+
+
+class Scheduler:
+    """Schedules on every pod or node change."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._reported: dict[str, str] = {}
+
+    async def run(self) -> None:
+        queue = self.store.subscribe()
+        try:
+            self.schedule_all()
+            while True:
+                _, resource, _ = await queue.get()
+                while not queue.empty():  # coalesce a burst of changes into one pass
+                    queue.get_nowait()
+                if resource in ("pods", "nodes"):
+                    self.schedule_all()
+        finally:
+            self.store.unsubscribe(queue)
+
+    def schedule_all(self) -> None:
+        pods = self.store.list("pods")
+        nodes = [n for n in self.store.list("nodes") if _ready(n)]
+        all_nodes = self.store.list("nodes")
+        pending = sorted((p for p in pods if not p["spec"].get("nodeName")
+                          and not p["metadata"].get("deletionTimestamp")
+                          and p["spec"].get("schedulerName", COMPONENT) == COMPONENT),
+                         key=lambda p: (-(p["spec"].get("priority") or 0),
+                                        p["metadata"]["creationTimestamp"]))
+        for pod in pending:
+            reasons = {n["metadata"]["name"]: failures(pod, n, pods) for n in nodes}
+            for node in all_nodes:
+                if not _ready(node):
+                    reasons[node["metadata"]["name"]] = [_not_ready_reason(node)]
+            fitting = sorted(name for name, rs in reasons.items() if not rs)
+            if fitting:
+                pod["spec"]["nodeName"] = fitting[0]
+                self._bind(pod, fitting[0])
+            else:
+                self._unschedulable(pod, fit_error(len(all_nodes), reasons))
+
+    def _bind(self, pod: dict[str, Any], node: str) -> None:
+        meta = pod["metadata"]
+
+        def bind(obj: dict[str, Any]) -> None:
+            obj["spec"]["nodeName"] = node
+            _set_condition(obj, "True", None, None)
+
+        self.store.mutate("pods", meta["namespace"], meta["name"], bind)
+        self.store.record_event(
+            {"apiVersion": "v1", "kind": "Pod", "metadata": meta}, "Scheduled",
+            f"Successfully assigned {meta['namespace']}/{meta['name']} to {node}",
+            component=COMPONENT)
+        self._reported.pop(meta["uid"], None)
+
+    def _unschedulable(self, pod: dict[str, Any], message: str) -> None:
+        meta = pod["metadata"]
+        self.store.mutate("pods", meta["namespace"], meta["name"],
+                          lambda obj: _set_condition(obj, "False", "Unschedulable", message))
+        if self._reported.get(meta["uid"]) != message:
+            self._reported[meta["uid"]] = message
+            self.store.record_event({"apiVersion": "v1", "kind": "Pod", "metadata": meta},
+                                    "FailedScheduling", message, type="Warning",
+                                    component=COMPONENT)
+
+
+def _ready(node: dict[str, Any]) -> bool:
+    for cond in node.get("status", {}).get("conditions") or []:
+        if cond["type"] == "Ready":
+            return bool(cond["status"] == "True")
+    return False
+
+
+def _not_ready_reason(node: dict[str, Any]) -> str:
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint["key"].startswith("node.kubernetes.io/"):
+            return f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
+    return "node(s) were not ready"
+
+
+def _set_condition(pod: dict[str, Any], status: str, reason: str | None,
+                   message: str | None) -> None:
+    conds = pod.setdefault("status", {}).setdefault("conditions", [])
+    prev = next((c for c in conds if c["type"] == "PodScheduled"), None)
+    cond: dict[str, Any] = {"type": "PodScheduled", "status": status, "lastProbeTime": None,
+                            "lastTransitionTime": prev["lastTransitionTime"]
+                            if prev and prev["status"] == status else timestamp()}
+    if reason:
+        cond["reason"] = reason
+    if message:
+        cond["message"] = message
+    pod["status"]["conditions"] = [c for c in conds if c["type"] != "PodScheduled"] + [cond]
+    pod["status"].setdefault("phase", "Pending")
+
+
+def preempt_victim(store: Store, namespace: str, name: str, preemptor_uid: str = "",
+                   grace_seconds: int | None = None) -> dict[str, Any] | None:
+    """Mark a pod as preempted and delete it gracefully, as the scheduler's preemption does."""
+    pod = store.get("pods", namespace, name)
+    if pod is None:
+        return None
+    node = pod["spec"].get("nodeName", "")
+    message = f"{COMPONENT}: preempting to accommodate a higher priority pod"
+    grace = grace_seconds if grace_seconds is not None else pod["spec"].get(
+        "terminationGracePeriodSeconds", 30)
+
+    def mark(obj: dict[str, Any]) -> None:
+        conds = obj.setdefault("status", {}).setdefault("conditions", [])
+        conds[:] = [c for c in conds if c["type"] != "DisruptionTarget"] + [{
+            "type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+            "message": message, "lastProbeTime": None, "lastTransitionTime": timestamp()}]
+        obj["metadata"]["deletionTimestamp"] = timestamp()
+        obj["metadata"]["deletionGracePeriodSeconds"] = grace
+
+    store.record_event({"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]},
+                       "Preempted", f"Preempted by pod {preemptor_uid or 'unknown'} on node {node}",
+                       component=COMPONENT)
+    return store.mutate("pods", namespace, name, mark)
+
+

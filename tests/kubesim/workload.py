@@ -1,0 +1,262 @@
+"""What a kubelet derives from a pod spec before it starts a container.
+
+What belongs here: resource quantities, the image map (glob -> how to run), the command
+line, the container environment (value, fieldRef, resourceFieldRef, secretKeyRef,
+configMapKeyRef, envFrom, service and GPU variables), volume folders and the mount map.
+
+Mounts: containers run on the host without a mount namespace (bind mounts at arbitrary
+absolute paths would need those paths to exist on the host), so each mount is exposed as
+`KUBESIM_MOUNT_<PATH>` and `KUBESIM_MOUNTS` (JSON), and every command word, env value and
+workingDir that starts with a mountPath is rewritten to the local folder. That rewrite is
+less faithful than a real bind mount and is documented as such.
+
+What does not: process handling (runtime.py) and pod status (kubelet.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import json
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from kubesim.store import Store
+
+_SUFFIXES = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+}
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
+_BASE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+class ConfigError(Exception):
+    """The pod's env cannot be built: the kubelet reports CreateContainerConfigError."""
+
+
+class StartError(Exception):
+    """The command cannot be started: the kubelet reports StartError (exit 128)."""
+
+
+def quantity(value: object) -> Decimal:
+    """Parse a Kubernetes resource quantity ("500m", "1Gi", "2") into a Decimal."""
+    match = _QUANTITY.match(str(value).strip())
+    if not match or match.group(2) not in ("", *_SUFFIXES):
+        raise ValueError(f"quantities must match the regular expression "
+                         f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$', got {value!r}")
+    return Decimal(match.group(1)) * Decimal(_SUFFIXES.get(match.group(2), 1))
+
+
+def requests_of(pod: Mapping[str, Any]) -> dict[str, Decimal]:
+    """Effective requests of a pod: sum over containers, limits implying requests."""
+    total: dict[str, Decimal] = {}
+    for c in pod.get("spec", {}).get("containers", []):
+        res = c.get("resources") or {}
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        for key, val in merged.items():
+            total[key] = total.get(key, Decimal(0)) + quantity(val)
+    for c in pod.get("spec", {}).get("initContainers", []) or []:
+        res = c.get("resources") or {}
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        for key, val in merged.items():
+            total[key] = max(total.get(key, Decimal(0)), quantity(val))
+    return total
+
+
+def resolve_image(images: Mapping[str, Any], image: str) -> Any | None:
+    """The runtime an image name maps to; None when the image cannot be "pulled"."""
+    if not images:
+        return {"kind": "Host"}
+    for pattern, runtime in images.items():
+        if fnmatch.fnmatchcase(image, pattern):
+            return runtime
+    return None
+
+
+def _executable(image_runtime: Any) -> str | None:
+    if isinstance(image_runtime, Mapping):
+        return image_runtime.get("executable")
+    return getattr(image_runtime, "executable", None)
+
+
+def build_argv(container: Mapping[str, Any], image_runtime: Any,
+               env: Mapping[str, str], mounts: Mapping[str, Path]) -> tuple[str, ...]:
+    """The command line: command + args with $(VAR) expanded and mount paths rewritten."""
+    words = [*(container.get("command") or []), *(container.get("args") or [])]
+    if not words:
+        raise StartError("no command specified: kubesim images have no entrypoint; "
+                         "set command or args in the container spec")
+    words = [rewrite(_expand(str(w), env), mounts) for w in words]
+    executable = _executable(image_runtime)
+    if executable and re.fullmatch(r"python(3(\.\d+)?)?", os.path.basename(words[0])):
+        words[0] = executable
+    if shutil.which(words[0], path=env.get("PATH")) is None:
+        raise StartError(
+            f'failed to create containerd task: failed to create shim task: OCI runtime '
+            f'create failed: runc create failed: unable to start container process: exec: '
+            f'"{words[0]}": executable file not found in $PATH: unknown')
+    return tuple(words)
+
+
+def _expand(text: str, env: Mapping[str, str]) -> str:
+    # Kubernetes expands $(VAR) from the container env and leaves unknown references as is.
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: env.get(m.group(1), m.group(0)), text)
+
+
+def rewrite(text: str, mounts: Mapping[str, Path]) -> str:
+    """Replace a leading mountPath by the local folder that stands for it."""
+    for mount_path in sorted(mounts, key=len, reverse=True):
+        if text == mount_path or text.startswith(mount_path.rstrip("/") + "/"):
+            return str(mounts[mount_path]) + text[len(mount_path.rstrip("/")):]
+        for sep in ("=", ":"):
+            head, found, tail = text.partition(sep + mount_path)
+            if found and (tail == "" or tail.startswith("/")):
+                return head + sep + str(mounts[mount_path]) + tail
+    return text
+
+
+def build_env(store: Store, pod: Mapping[str, Any], container: Mapping[str, Any],
+              extra: Mapping[str, str]) -> dict[str, str]:
+    """The container's environment; raises ConfigError for a missing Secret/ConfigMap key."""
+    ns = pod["metadata"]["namespace"]
+    env = {k: os.environ[k] for k in _BASE_ENV_KEYS if k in os.environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.update({"HOME": "/root", "HOSTNAME": pod["metadata"]["name"], **extra})
+    for source in container.get("envFrom") or []:
+        env.update(_env_from(store, ns, source))
+    for item in container.get("env") or []:
+        value = _env_value(store, pod, container, item)
+        if value is not None:
+            env[item["name"]] = _expand(value, env)
+    return env
+
+
+def _env_from(store: Store, ns: str, source: Mapping[str, Any]) -> dict[str, str]:
+    prefix = source.get("prefix", "")
+    for kind, resource in (("configMapRef", "configmaps"), ("secretRef", "secrets")):
+        ref = source.get(kind)
+        if ref is None:
+            continue
+        data = _data(store, resource, ns, ref["name"], ref.get("optional", False))
+        return {prefix + k: v for k, v in (data or {}).items()}
+    return {}
+
+
+def _data(store: Store, resource: str, ns: str, name: str, optional: bool) -> dict[str, str] | None:
+    obj = store.get(resource, ns, name)
+    if obj is None:
+        if optional:
+            return None
+        raise ConfigError(f'{resource[:-1]} "{name}" not found')
+    data = dict(obj.get("data") or {})
+    if resource == "secrets":
+        data = {k: base64.b64decode(v).decode() for k, v in data.items()}
+        data.update(obj.get("stringData") or {})
+    return data
+
+
+def _env_value(store: Store, pod: Mapping[str, Any], container: Mapping[str, Any],
+               item: Mapping[str, Any]) -> str | None:
+    if "valueFrom" not in item:
+        return str(item.get("value", ""))
+    source = item["valueFrom"]
+    ns = pod["metadata"]["namespace"]
+    if "fieldRef" in source:
+        return field_ref(pod, source["fieldRef"]["fieldPath"])
+    if "resourceFieldRef" in source:
+        return _resource_field(container, source["resourceFieldRef"])
+    for kind, resource, label in (("secretKeyRef", "secrets", "Secret"),
+                                  ("configMapKeyRef", "configmaps", "ConfigMap")):
+        ref = source.get(kind)
+        if ref is None:
+            continue
+        data = _data(store, resource, ns, ref["name"], ref.get("optional", False))
+        if data is None or ref["key"] not in data:
+            if ref.get("optional", False):
+                return None
+            raise ConfigError(f"couldn't find key {ref['key']} in {label} {ns}/{ref['name']}")
+        return data[ref["key"]]
+    return ""
+
+
+def field_ref(pod: Mapping[str, Any], path: str) -> str:
+    """Resolve a downward-API fieldPath against the pod."""
+    meta, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
+    match = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
+    if match:
+        return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
+    simple = {
+        "metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace"),
+        "metadata.uid": meta.get("uid"), "spec.nodeName": spec.get("nodeName"),
+        "spec.serviceAccountName": spec.get("serviceAccountName"),
+        "status.podIP": status.get("podIP"), "status.hostIP": status.get("hostIP"),
+    }
+    return str(simple.get(path) or "")
+
+
+def _resource_field(container: Mapping[str, Any], ref: Mapping[str, Any]) -> str:
+    kind, _, name = ref["resource"].partition(".")
+    value = ((container.get("resources") or {}).get(kind) or {}).get(name)
+    if value is None:
+        return "0"
+    divisor = quantity(ref.get("divisor", "1"))
+    return str(int(-(-quantity(value) // divisor)))
+
+
+def prepare_volumes(store: Store, pod: Mapping[str, Any], pod_dir: Path,
+                    root: Path) -> dict[str, Path]:
+    """Create the local folder behind each pod volume; returns volume name -> folder."""
+    ns = pod["metadata"]["namespace"]
+    folders: dict[str, Path] = {}
+    for volume in pod.get("spec", {}).get("volumes") or []:
+        name = volume["name"]
+        if "persistentVolumeClaim" in volume:
+            # One folder per claim that outlives pods: checkpoints survive attempts.
+            path = root / "pvc" / ns / volume["persistentVolumeClaim"]["claimName"]
+        elif "hostPath" in volume:
+            path = root / "host" / volume["hostPath"]["path"].lstrip("/")
+        else:
+            path = pod_dir / "volumes" / name
+        path.mkdir(parents=True, exist_ok=True)
+        for kind, resource, key in (("configMap", "configmaps", "name"),
+                                    ("secret", "secrets", "secretName")):
+            if kind in volume:
+                ref = volume[kind]
+                data = _data(store, resource, ns, ref[key], ref.get("optional", False))
+                for fname, content in (data or {}).items():
+                    (path / fname).write_text(content)
+        folders[name] = path
+    return folders
+
+
+def mount_map(container: Mapping[str, Any], folders: Mapping[str, Path],
+              container_dir: Path) -> dict[str, Path]:
+    """mountPath -> local path for one container, plus its termination-message file."""
+    mounts: dict[str, Path] = {}
+    for mount in container.get("volumeMounts") or []:
+        base = folders.get(mount["name"])
+        if base is None:
+            continue
+        local = base / mount["subPath"] if mount.get("subPath") else base
+        local.mkdir(parents=True, exist_ok=True)
+        mounts[mount["mountPath"]] = local
+    term_path = container.get("terminationMessagePath", "/dev/termination-log")
+    mounts[term_path] = container_dir / "termination-log"
+    return mounts
+
+
+def mount_env(mounts: Mapping[str, Path]) -> dict[str, str]:
+    """The documented variables through which a container finds its mounts."""
+    env = {"KUBESIM_MOUNTS": json.dumps({k: str(v) for k, v in mounts.items()})}
+    for mount_path, local in mounts.items():
+        key = re.sub(r"[^A-Za-z0-9]", "_", mount_path.strip("/")).upper()
+        env[f"KUBESIM_MOUNT_{key}"] = str(local)
+    return env
