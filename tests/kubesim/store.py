@@ -100,7 +100,7 @@ class Store:
         if key in self._objects:
             raise AlreadyExists.of(resource, meta["name"])
         obj["apiVersion"], obj["kind"] = res.api_version, res.kind
-        meta["uid"] = str(uuid.uuid4())
+        meta.setdefault("uid", str(uuid.uuid4()))  # admission may pre-assign it (Job selectors)
         meta.setdefault("creationTimestamp", timestamp())
         if resource in _GENERATION_KINDS:
             meta["generation"] = 1

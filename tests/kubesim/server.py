@@ -1,0 +1,198 @@
+"""The server process: the aiohttp app, its middleware, and the cluster's start and stop.
+
+Builds the Store, seeds the system namespaces, routes discovery, the control API and resource
+paths, applies fault rules and logs every request, then starts the garbage collector and
+`kubesim.controllers` (when present). REST semantics live in rest.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from kubesim import discovery, gc, route
+from kubesim.config import SimConfig
+from kubesim.control import Control, controllers_module
+from kubesim.errors import ApiError, MethodNotAllowed, NotFound, status_for
+from kubesim.faults import Faults, Rule
+from kubesim.rest import Api, json_response
+from kubesim.store import Store
+
+log = logging.getLogger("kubesim.server")
+SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+_HEALTH = ("/healthz", "/readyz", "/livez")
+
+
+class Server:
+    """One simulated cluster's API: store, REST, control API and faults."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.store = Store(history=config.history)
+        self.faults = Faults()
+        self.api = Api(self.store, config)
+        self.control = Control(self.store, self.faults)
+        self.address = "127.0.0.1:0"
+        for name in SYSTEM_NAMESPACES:
+            self.api.create_object(route.parse("POST", "/api/v1/namespaces", {}),  # type: ignore[arg-type]
+                                   {"metadata": {"name": name}}, dry_run=False)
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self.dispatch)
+        return app
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.startswith("/_kubesim/"):
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return json_response(exc.status(), exc.code, exc.headers)
+        target = route.parse(request.method, request.path, request.query)
+        request["target"] = target
+        info = {"method": request.method, "path": request.path, "query": dict(request.query),
+                "verb": target.verb if target else None,
+                "resource": target.resource if target else None,
+                "namespace": target.namespace if target else None,
+                "name": target.name if target else None,
+                "subresource": target.sub if target else None}
+        rule = self.faults.match(info)
+        request["fault"] = rule
+        code = 500
+        try:
+            response = await self._answer(request, handler, rule)
+            code = response.status
+            return response
+        finally:
+            self.faults.log(info, code, rule)
+
+    async def _answer(self, request: web.Request, handler: Any,
+                      rule: Rule | None) -> web.StreamResponse:
+        try:
+            if rule is not None and rule.delay:
+                await asyncio.sleep(rule.delay)
+            if rule is not None and rule.status is not None:
+                headers = {"Retry-After": str(rule.retry_after if rule.retry_after is not None
+                                              else 1)} if rule.status == 429 else None
+                message = rule.message or f"kubesim fault rule {rule.id}"
+                return json_response(status_for(rule.status, message), rule.status, headers)
+            return await handler(request)  # type: ignore[no-any-return]
+        except ApiError as exc:
+            return json_response(exc.status(), exc.code, exc.headers)
+        except (web.HTTPException, asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:  # a kubesim bug: answer like the apiserver, log the trace
+            log.exception("internal error on %s %s", request.method, request.path)
+            return json_response(status_for(500, f"kubesim internal error: {exc!r}"), 500)
+
+    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        path = request.path.rstrip("/") or "/"
+        if path in _HEALTH:
+            return web.Response(text="ok")
+        if path.startswith("/_kubesim"):
+            return await self.control.handle(request)
+        document = self._discovery(path)
+        if document is not None:
+            return json_response(document)
+        target: route.Target | None = request.get("target")
+        if target is None:
+            raise NotFound("the server could not find the requested resource")
+        handlers = {"list": self.api.list, "watch": self.api.list, "get": self.api.get,
+                    "create": self.api.create, "update": self.api.update,
+                    "patch": self.api.patch, "delete": self.api.delete,
+                    "deletecollection": self.api.delete}
+        handler = handlers.get(target.verb)
+        if handler is None or (target.sub == "log" and request.method != "GET") or (
+                target.sub == "eviction" and request.method != "POST"):
+            raise MethodNotAllowed(f"the server does not allow this method on the requested "
+                                   f"resource")
+        return await handler(request, target)
+
+    def _discovery(self, path: str) -> dict[str, Any] | None:
+        parts = [p for p in path.split("/") if p]
+        if path == "/version":
+            return discovery.VERSION
+        if path == "/api":
+            return discovery.api_versions(self.address)
+        if path == "/apis":
+            return discovery.group_list()
+        if len(parts) == 2 and parts[0] == "api":
+            return discovery.resource_list("", parts[1])
+        if len(parts) == 2 and parts[0] == "apis":
+            return discovery.group(parts[1])
+        if len(parts) == 3 and parts[0] == "apis":
+            return discovery.resource_list(parts[1], parts[2])
+        return None
+
+
+def write_kubeconfig(path: Path, url: str) -> None:
+    """A kubeconfig for url, written atomically (the fixture waits for the file)."""
+    doc = {"apiVersion": "v1", "kind": "Config", "current-context": "kubesim", "preferences": {},
+           "clusters": [{"name": "kubesim", "cluster": {"server": url}}],
+           "users": [{"name": "kubesim", "user": {"token": "kubesim"}}],
+           "contexts": [{"name": "kubesim", "context": {"cluster": "kubesim", "user": "kubesim",
+                                                        "namespace": "default"}}]}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
+    os.replace(tmp, path)
+
+
+async def _start_controllers(server: Server, url: str) -> list[asyncio.Task[Any]]:
+    tasks: list[asyncio.Task[Any]] = [asyncio.create_task(gc.run(server.store), name="gc")]
+    module = controllers_module()
+    if module is None:
+        log.warning("kubesim.controllers is absent: no scheduler, kubelets or job controller")
+        return tasks
+    if hasattr(module, "set_api_url"):
+        module.set_api_url(url)
+    started = module.start(server.store, server.config)
+    if inspect.isawaitable(started):
+        started = await started
+    return tasks + list(started)
+
+
+async def serve(config: SimConfig, host: str = "127.0.0.1", port: int = 0,
+                kubeconfig: Path | None = None) -> None:
+    """Run the cluster until SIGTERM/SIGINT, then stop controllers and their processes."""
+    server = Server(config)
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0][1]
+    server.address = f"{host}:{bound}"
+    url = f"http://{host}:{bound}"
+    tasks = await _start_controllers(server, url)
+    if kubeconfig is not None:
+        write_kubeconfig(kubeconfig, url)
+    print(f"kubesim listening on {url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await _shutdown(tasks)
+    await runner.cleanup()
+
+
+async def _shutdown(tasks: list[asyncio.Task[Any]]) -> None:
+    module = controllers_module()
+    stop = getattr(module, "stop", None) if module else None
+    if stop is not None:
+        with contextlib.suppress(Exception):
+            result = stop()
+            if inspect.isawaitable(result):
+                await asyncio.wait_for(result, 10)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

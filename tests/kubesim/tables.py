@@ -1,0 +1,219 @@
+"""Server-side printing (`as=Table`): ports of the apiserver's printers for the kinds kubectl lists.
+
+Ported from kubernetes/pkg/printers/internalversion/printers.go (1.32): printPod, printJob,
+printEvent, printNode, and the Name/Age default. Content negotiation belongs to the server.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+Column = tuple[str, str, int]  # (name, type, priority)
+
+
+def _parse(ts: str | None) -> float | None:
+    if not ts:
+        return None
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+def human_duration(seconds: float) -> str:
+    """k8s.io/apimachinery/pkg/util/duration.HumanDuration."""
+    if seconds < -1:
+        return "<invalid>"
+    s = max(int(seconds), 0)
+    minutes, hours, days = s // 60, s // 3600, s // 86400
+    if s < 120:
+        return f"{s}s"
+    if minutes < 10:
+        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 192:
+        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
+    if days < 730:
+        return f"{days}d"
+    years = days // 365
+    return f"{years}y{days % 365}d" if years < 8 else f"{years}y"
+
+
+def since(ts: str | None) -> str:
+    """translateTimestampSince: `<unknown>` for a missing time."""
+    at = _parse(ts)
+    return "<unknown>" if at is None else human_duration(time.time() - at)
+
+
+def _init_status(pod: dict[str, Any], reason: str) -> tuple[str, bool]:
+    status = pod.get("status") or {}
+    inits = (pod.get("spec") or {}).get("initContainers") or []
+    for i, c in enumerate(status.get("initContainerStatuses") or []):
+        state = c.get("state") or {}
+        term, wait = state.get("terminated"), state.get("waiting")
+        if term and term.get("exitCode") == 0:
+            continue
+        if term:
+            detail = term.get("reason") or (f"Signal:{term['signal']}" if term.get("signal")
+                                             else f"ExitCode:{term.get('exitCode')}")
+            return f"Init:{detail}", True
+        if wait and wait.get("reason") and wait["reason"] != "PodInitializing":
+            return f"Init:{wait['reason']}", True
+        return f"Init:{i}/{len(inits)}", True
+    return reason, False
+
+
+def _pod_cells(pod: dict[str, Any]) -> list[Any]:
+    meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+    reason = status.get("reason") or status.get("phase") or ""
+    conditions = status.get("conditions") or []
+    if any(c.get("type") == "PodScheduled" and c.get("reason") == "SchedulingGated"
+           for c in conditions):
+        reason = "SchedulingGated"
+    reason, initializing = _init_status(pod, reason)
+    restarts, ready, last_restart, running = 0, 0, 0.0, False
+    if not initializing:
+        for c in reversed(status.get("containerStatuses") or []):
+            restarts += int(c.get("restartCount") or 0)
+            finished = _parse(((c.get("lastState") or {}).get("terminated") or {})
+                              .get("finishedAt"))
+            last_restart = max(last_restart, finished or 0.0)
+            state = c.get("state") or {}
+            wait, term = state.get("waiting") or {}, state.get("terminated")
+            if wait.get("reason"):
+                reason = wait["reason"]
+            elif term is not None and term.get("reason"):
+                reason = term["reason"]
+            elif term is not None:
+                reason = (f"Signal:{term['signal']}" if term.get("signal")
+                          else f"ExitCode:{term.get('exitCode')}")
+            elif c.get("ready") and "running" in state:
+                running, ready = True, ready + 1
+        if reason == "Completed" and running:
+            has_ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                            for c in conditions)
+            reason = "Running" if has_ready else "NotReady"
+    if meta.get("deletionTimestamp"):
+        if status.get("reason") == "NodeLost":
+            reason = "Unknown"
+        elif status.get("phase") not in ("Succeeded", "Failed"):
+            reason = "Terminating"
+    restarts_cell = str(restarts)
+    if restarts and last_restart:
+        restarts_cell = f"{restarts} ({human_duration(time.time() - last_restart)} ago)"
+    gates = spec.get("readinessGates") or []
+    return [meta["name"], f"{ready}/{len(spec.get('containers') or [])}", reason, restarts_cell,
+            since(meta.get("creationTimestamp")), status.get("podIP") or "<none>",
+            spec.get("nodeName") or "<none>", status.get("nominatedNodeName") or "<none>",
+            f"{len(gates)}" if gates else "<none>"]
+
+
+def _job_cells(job: dict[str, Any]) -> list[Any]:
+    meta, spec, status = job["metadata"], job.get("spec") or {}, job.get("status") or {}
+    true = {c["type"] for c in status.get("conditions") or [] if c.get("status") == "True"}
+    state = next((label for cond, label in (("Complete", "Complete"), ("Failed", "Failed"),
+                                            ("_deleting", "Terminating"),
+                                            ("Suspended", "Suspended"),
+                                            ("FailureTarget", "FailureTarget"),
+                                            ("SuccessCriteriaMet", "SuccessCriteriaMet"))
+                  if cond in true or (cond == "_deleting" and meta.get("deletionTimestamp"))),
+                 "Running")
+    completions = spec.get("completions")
+    done = f"{status.get('succeeded', 0)}/{completions}" if completions is not None \
+        else f"{status.get('succeeded', 0)}/1 of {spec.get('parallelism', 1)}"
+    start, end = _parse(status.get("startTime")), _parse(status.get("completionTime"))
+    duration = "" if start is None else human_duration((end or time.time()) - start)
+    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+    selector = ",".join(f"{k}={v}" for k, v in
+                        ((spec.get("selector") or {}).get("matchLabels") or {}).items())
+    return [meta["name"], state, done, duration, since(meta.get("creationTimestamp")),
+            ",".join(c.get("name", "") for c in containers),
+            ",".join(c.get("image", "") for c in containers), selector or "<none>"]
+
+
+def _event_cells(event: dict[str, Any]) -> list[Any]:
+    first = since(event.get("firstTimestamp") or event.get("eventTime"))
+    last = since(event["lastTimestamp"]) if event.get("lastTimestamp") else first
+    count = int(event.get("count") or 1)
+    if count > 1:
+        last = f"{last} (x{count} over {first})"
+    ref = event.get("involvedObject") or {}
+    source = event.get("source") or {}
+    src = source.get("component") or event.get("reportingComponent") or ""
+    if source.get("host"):
+        src = f"{src}, {source['host']}"
+    return [last, event.get("type", ""), event.get("reason", ""),
+            f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}",
+            ref.get("fieldPath", ""), src, (event.get("message") or "").strip(), first, count,
+            event["metadata"]["name"]]
+
+
+def _node_cells(node: dict[str, Any]) -> list[Any]:
+    meta, spec, status = node["metadata"], node.get("spec") or {}, node.get("status") or {}
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    state = "Unknown" if ready is None else {"True": "Ready", "False": "NotReady"}.get(
+        ready.get("status"), "Unknown")
+    if ready is not None and ready.get("status") == "Unknown":
+        state = "NotReady"
+    if spec.get("unschedulable"):
+        state += ",SchedulingDisabled"
+    roles = sorted(k.split("/", 1)[1] for k in meta.get("labels") or {}
+                   if k.startswith("node-role.kubernetes.io/"))
+    addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or []}
+    info = status.get("nodeInfo") or {}
+    return [meta["name"], state, ",".join(roles) or "<none>", since(meta.get("creationTimestamp")),
+            info.get("kubeletVersion", ""), addresses.get("InternalIP", "<none>"),
+            addresses.get("ExternalIP", "<none>"), info.get("osImage", "<unknown>"),
+            info.get("kernelVersion", "<unknown>"), info.get("containerRuntimeVersion", "")]
+
+
+_S, _I, _D = "string", "integer", "date"
+PRINTERS: dict[str, tuple[list[Column], Any]] = {
+    "pods": ([("Name", _S, 0), ("Ready", _S, 0), ("Status", _S, 0), ("Restarts", _S, 0),
+              ("Age", _S, 0), ("IP", _S, 1), ("Node", _S, 1), ("Nominated Node", _S, 1),
+              ("Readiness Gates", _S, 1)], _pod_cells),
+    "jobs": ([("Name", _S, 0), ("Status", _S, 0), ("Completions", _S, 0), ("Duration", _S, 0),
+              ("Age", _S, 0), ("Containers", _S, 1), ("Images", _S, 1), ("Selector", _S, 1)],
+             _job_cells),
+    "events": ([("Last Seen", _S, 0), ("Type", _S, 0), ("Reason", _S, 0), ("Object", _S, 0),
+                ("Subobject", _S, 1), ("Source", _S, 1), ("Message", _S, 0),
+                ("First Seen", _S, 1), ("Count", _I, 1), ("Name", _S, 1)], _event_cells),
+    "nodes": ([("Name", _S, 0), ("Status", _S, 0), ("Roles", _S, 0), ("Age", _S, 0),
+               ("Version", _S, 0), ("Internal-IP", _S, 1), ("External-IP", _S, 1),
+               ("OS-Image", _S, 1), ("Kernel-Version", _S, 1), ("Container-Runtime", _S, 1)],
+              _node_cells),
+}
+_DEFAULT: tuple[list[Column], Any] = (
+    [("Name", _S, 0), ("Age", _S, 0)],
+    lambda o: [o["metadata"]["name"], since(o["metadata"].get("creationTimestamp"))])
+
+
+def _row_object(obj: dict[str, Any], include: str) -> dict[str, Any] | None:
+    if include == "None":
+        return None
+    if include == "Object":
+        return obj
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+            "metadata": obj["metadata"]}
+
+
+def table(resource: str, objects: list[dict[str, Any]], resource_version: str,
+          include: str = "Metadata", extra_meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A meta.k8s.io/v1 Table of objects, with all columns (kubectl hides priority 1)."""
+    columns, cells = PRINTERS.get(resource, _DEFAULT)
+    rows = []
+    for obj in objects:
+        row: dict[str, Any] = {"cells": cells(obj)}
+        embedded = _row_object(obj, include)
+        if embedded is not None:
+            row["object"] = embedded
+        rows.append(row)
+    definitions = [{"name": n, "type": t, "format": "name" if n == "Name" else "",
+                    "description": n, "priority": p} for n, t, p in columns]
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": resource_version, **(extra_meta or {})},
+            "columnDefinitions": definitions, "rows": rows}
