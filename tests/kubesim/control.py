@@ -21,7 +21,8 @@ from kubesim.faults import Faults
 from kubesim.store import Store
 
 
-NODE_ACTIONS = ("partition", "crash", "heal")
+NODE_ACTIONS = {"partition": "partition", "crash": "crash", "heal": "heal",
+                "delete": "delete_node"}
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -80,7 +81,7 @@ class Control:
             if parts[2] not in NODE_ACTIONS:
                 raise NotFound(f"control API: unknown node action {parts[2]!r}; use one of "
                                f"{', '.join(NODE_ACTIONS)}")
-            return await self._call(parts[2], parts[1])
+            return await self._call(NODE_ACTIONS[parts[2]], parts[1], store=self.store)
         raise NotFound(f"control API: no route {method} {request.path}")
 
     async def _pod_action(self, request: web.Request, namespace: str, name: str,
@@ -95,7 +96,8 @@ class Control:
             return await self._call("evict", self.store, namespace, name,
                                     resource=body.get("resource", "memory"))
         if action == "preempt":
-            return await self._call("preempt", self.store, namespace, name)
+            return await self._call("preempt", self.store, namespace, name,
+                                    grace_seconds=body.get("grace_seconds"))
         raise NotFound(f"control API: unknown pod action {action!r}; use oom-kill, evict or "
                        "preempt")
 

@@ -8,7 +8,6 @@ paths, applies fault rules and logs every request, then starts the garbage colle
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import os
@@ -153,11 +152,11 @@ async def _start_controllers(server: Server, url: str) -> list[asyncio.Task[Any]
     if module is None:
         log.warning("kubesim.controllers is absent: no scheduler, kubelets or job controller")
         return tasks
-    if hasattr(module, "set_api_url"):
-        module.set_api_url(url)
     started = module.start(server.store, server.config)
     if inspect.isawaitable(started):
         started = await started
+    if hasattr(module, "set_api_url"):
+        module.set_api_url(url, server.store)
     return tasks + list(started)
 
 
@@ -181,18 +180,20 @@ async def serve(config: SimConfig, host: str = "127.0.0.1", port: int = 0,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await _shutdown(tasks)
+    await _shutdown(server.store, tasks)
     await runner.cleanup()
 
 
-async def _shutdown(tasks: list[asyncio.Task[Any]]) -> None:
+async def _shutdown(store: Store, tasks: list[asyncio.Task[Any]]) -> None:
     module = controllers_module()
-    stop = getattr(module, "stop", None) if module else None
+    stop = getattr(module, "shutdown", None) if module else None
     if stop is not None:
-        with contextlib.suppress(Exception):
-            result = stop()
+        try:
+            result = stop(store)
             if inspect.isawaitable(result):
                 await asyncio.wait_for(result, 10)
+        except Exception:  # shutdown goes on: the fixture still kills what is left
+            log.exception("controllers shutdown failed")
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
