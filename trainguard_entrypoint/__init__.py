@@ -12,3 +12,7 @@ from __future__ import annotations
 
 REPORT_FORMAT = 1
 """Version of the JSON files this package writes (crash report, snapshot indexes)."""
+
+ORIGINAL_PYTHONPATH = "TRAINGUARD_ORIGINAL_PYTHONPATH"
+"""Set by a launcher that put trainguard on PYTHONPATH to start us: the command's own PYTHONPATH
+("" when it had none), restored for the command so it never sees trainguard's source tree."""

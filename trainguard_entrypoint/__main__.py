@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from trainguard_entrypoint import ORIGINAL_PYTHONPATH
 from trainguard_entrypoint.checkpoints import list_checkpoints
 from trainguard_entrypoint.coredumps import CorePolicy, collect_core_files, enable_core_dumps, signal_name
 from trainguard_entrypoint.files import utc_now_iso, write_json_atomic
@@ -28,7 +29,6 @@ from trainguard_entrypoint.tee import ChildResult, SignalForwarder, run_command
 PROG = "trainguard-entrypoint"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 T = TypeVar("T")
-ORIGINAL_PYTHONPATH = "TRAINGUARD_ORIGINAL_PYTHONPATH"
 
 
 class UsageError(Exception):

@@ -7,6 +7,7 @@ snapshots belong elsewhere.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -82,6 +83,7 @@ def build_crash_report(
         "finished_at": facts.finished_at,
         "duration_seconds": round(facts.duration_seconds, 3),
         "pid": result.pid,
+        "entrypoint_pid": os.getpid(),
         "exit_code": result.exit_code,
         "signal": result.signal,
         "signal_name": signal_name(result.signal),
