@@ -32,9 +32,9 @@ class CategoryOverride:
     delay_seconds: float | None = None
 
 
-# Platform failures happen to the run, not because of it: no checkpoint progress says nothing
-# about whether the next attempt will get further.
-PROGRESS_EXEMPT = frozenset({Category.PREEMPTED, Category.NODE_FAILURE, Category.UNSCHEDULABLE})
+# Platform failures happen to the run, not because of it: neither a repeated signature nor a lack
+# of checkpoint progress says anything about whether the next attempt will get further.
+PLATFORM_CAUSED = frozenset({Category.PREEMPTED, Category.NODE_FAILURE, Category.UNSCHEDULABLE})
 
 # The taxonomy's "retry once" categories and the one that wants a longer wait.
 DEFAULT_OVERRIDES: Mapping[Category, CategoryOverride] = MappingProxyType(
@@ -176,12 +176,13 @@ def _refusal(policy: RetryPolicy, history: Sequence[AttemptRecord]) -> str | Non
         return f"attempt budget spent: {last.attempt} of {budget} attempts used ({category})"
     limit = policy.same_signature_limit
     recent = history[-limit:] if limit else ()
-    if limit and len(recent) == limit and len({r.fingerprint for r in recent}) == 1 and last.fingerprint:
+    repeated = len(recent) == limit and len({r.fingerprint for r in recent}) == 1 and last.fingerprint
+    if limit and repeated and last.category not in PLATFORM_CAUSED:
         return (
             f"circuit breaker: the same failure signature repeated {limit} times in a row "
             f"({category}, fingerprint {last.fingerprint[:12]})"
         )
-    if policy.require_checkpoint_progress and last.category not in PROGRESS_EXEMPT:
+    if policy.require_checkpoint_progress and last.category not in PLATFORM_CAUSED:
         if last.resumed_from is not None and last.newest_checkpoint == last.resumed_from:
             return (
                 f"circuit breaker: attempt {last.attempt} resumed from {last.resumed_from} "

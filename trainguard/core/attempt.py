@@ -1,0 +1,134 @@
+"""What one training attempt amounted to, in a form every driver, report and hook can share.
+
+`AttemptSummary` is the value an attempt flow returns (or carries in its Failed state's data), the
+row of the attempts table, and the source of the policy's `AttemptRecord`. `next_parameters` builds
+the next attempt's flow parameters, so the state hook and the notebook driver chain attempts the
+same way. No Prefect here: the flows wrap these values in states.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from trainguard.core.policy import AttemptRecord, RetryDecision
+from trainguard.core.taxonomy import Category
+
+LINEAGE_TAG = "trainguard-run"
+
+
+@dataclass(frozen=True)
+class AttemptSummary:
+    """One attempt of a run: what happened, why, what it cost and what comes next."""
+
+    run_id: str
+    attempt: int
+    max_attempts: int
+    state: str  # "Completed", "Failed" or "Crashed"
+    flow_run_id: str | None = None
+    flow_run_name: str | None = None
+    category: str | None = None
+    retryable: bool = False
+    rule_id: str | None = None
+    signature: str | None = None
+    line_number: int | None = None
+    remediation: str | None = None
+    fingerprint: str = ""
+    exit_code: int | None = None
+    termination_reason: str | None = None
+    duration_seconds: float = 0.0
+    gpus: int = 0
+    resumed_from: str | None = None
+    newest_checkpoint: str | None = None
+    evidence: str | None = None
+    evidence_items: int = 0
+    evidence_missing: int = 0
+    node: str | None = None
+    decision: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def gpu_seconds(self) -> float:
+        """GPUs held times wall time: what the attempt cost."""
+        return self.gpus * self.duration_seconds
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == "Completed"
+
+    def record(self) -> AttemptRecord:
+        """The policy's view of this attempt."""
+        return AttemptRecord(
+            attempt=self.attempt,
+            category=Category(self.category) if self.category else None,
+            retryable=self.retryable,
+            fingerprint=self.fingerprint,
+            resumed_from=self.resumed_from,
+            newest_checkpoint=self.newest_checkpoint,
+            node=self.node,
+        )
+
+    def with_decision(self, decision: RetryDecision) -> AttemptSummary:
+        return _replace(self, decision=decision.to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["decision"] = dict(self.decision)
+        data["gpu_seconds"] = self.gpu_seconds
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AttemptSummary:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _replace(summary: AttemptSummary, **changes: Any) -> AttemptSummary:
+    return AttemptSummary(**{**asdict(summary), **changes})
+
+
+class AttemptFailed(Exception):
+    """The data of a failed attempt's state: the summary, picklable (every argument goes to super)."""
+
+    def __init__(self, message: str, summary: Mapping[str, Any]) -> None:
+        super().__init__(message, dict(summary))
+        self.summary = AttemptSummary.from_dict(summary)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def new_run_id(name: str, seed: uuid.UUID | str | None = None) -> str:
+    """A run id: the spec name plus 8 hex digits, derived from `seed` (a flow run id) when given."""
+    token = uuid.UUID(str(seed)).hex[:8] if seed is not None else uuid.uuid4().hex[:8]
+    return f"{name}-{token}"
+
+
+def history_records(history: Sequence[Mapping[str, Any]]) -> list[AttemptRecord]:
+    """The policy records of earlier attempts carried in flow parameters."""
+    return [AttemptSummary.from_dict(item).record() for item in history]
+
+
+def next_parameters(
+    parameters: Mapping[str, Any], summary: AttemptSummary, decision: RetryDecision, flow_run_id: str
+) -> dict[str, Any]:
+    """The next attempt's flow parameters: same spec and blocks, lineage moved one step on."""
+    history = [*parameters.get("history", []), summary.to_dict()]
+    return {
+        **parameters,
+        "attempt": summary.attempt + 1,
+        "run_id": summary.run_id,
+        "resume_from": decision.resume_from,
+        "parent_flow_run_id": flow_run_id,
+        "avoid_nodes": list(decision.avoid_nodes),
+        "history": history,
+    }
+
+
+def lineage_tags(run_id: str, attempt: int, parent_flow_run_id: str | None) -> list[str]:
+    """Tags that let the UI and automations find every attempt of a run."""
+    tags = [f"{LINEAGE_TAG}:{run_id}", f"attempt:{attempt}"]
+    if parent_flow_run_id:
+        tags.append(f"parent:{parent_flow_run_id}")
+    return tags

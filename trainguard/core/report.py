@@ -1,0 +1,83 @@
+"""Reports of attempts: the Markdown a person reads in the Prefect UI and the rows of the attempts table.
+
+Rendering only: the flows publish these as artifacts, the CLI prints the same rows with rich.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainguard.core.attempt import AttemptSummary
+
+TABLE_COLUMNS = (
+    "attempt",
+    "flow run",
+    "state",
+    "category",
+    "signature",
+    "duration",
+    "resumed from",
+    "evidence",
+)
+
+
+def table_row(summary: AttemptSummary) -> dict[str, str]:
+    """One attempt as the cells of the attempts table."""
+    return {
+        "attempt": f"{summary.attempt}/{summary.max_attempts}",
+        "flow run": summary.flow_run_name or summary.flow_run_id or "-",
+        "state": summary.state,
+        "category": summary.category or "-",
+        "signature": _signature(summary) or "-",
+        "duration": f"{summary.duration_seconds:.1f}s",
+        "resumed from": summary.resumed_from or "(start)",
+        "evidence": summary.evidence or "-",
+    }
+
+
+def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = ()) -> str:
+    """The Markdown report of one attempt, ending with the table of all attempts so far."""
+    verdict = "succeeded" if summary.succeeded else f"failed: `{summary.category or 'unknown'}`"
+    decision = summary.decision
+    lines = [
+        f"# {summary.run_id}: attempt {summary.attempt} of {summary.max_attempts} {verdict}",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| category | `{summary.category or '-'}` |",
+        f"| retryable | {'yes' if summary.retryable else 'no'} |",
+        f"| signature | {_cell(_signature(summary) or '-')} |",
+        f"| rule | `{summary.rule_id or '-'}` |",
+        f"| remediation | {_cell(summary.remediation or '-')} |",
+        f"| exit code | {summary.exit_code if summary.exit_code is not None else '-'} "
+        f"({summary.termination_reason or '-'}) |",
+        f"| evidence | `{summary.evidence or '-'}` ({summary.evidence_items} items, "
+        f"{summary.evidence_missing} missing) |",
+        f"| checkpoint used | {_cell(summary.resumed_from or '(start)')} |",
+        f"| newest checkpoint | {_cell(summary.newest_checkpoint or '-')} |",
+        f"| duration | {summary.duration_seconds:.1f} s |",
+        f"| GPU-seconds | {summary.gpu_seconds:.1f} ({summary.gpus} GPU x wall time) |",
+    ]
+    if decision:
+        lines.append(f"| next | {_cell(str(decision.get('reason', '-')))} |")
+    lines += ["", "## All attempts of this run", "", render_table([*earlier, summary])]
+    return "\n".join(lines)
+
+
+def render_table(summaries: Sequence[AttemptSummary]) -> str:
+    """The attempts as a Markdown table."""
+    header = "| " + " | ".join(TABLE_COLUMNS) + " |"
+    rule = "|" + "---|" * len(TABLE_COLUMNS)
+    rows = ["| " + " | ".join(_cell(v) for v in table_row(s).values()) + " |" for s in summaries]
+    return "\n".join([header, rule, *rows])
+
+
+def _signature(summary: AttemptSummary) -> str:
+    if not summary.signature:
+        return ""
+    where = f"L{summary.line_number}: " if summary.line_number else ""
+    return where + summary.signature
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:300]

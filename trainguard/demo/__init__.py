@@ -1,0 +1,23 @@
+"""The embedded demo: a tiny CPU training script and the spec that runs it through trainguard."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).with_name("train_tiny.py")
+
+
+def demo_spec(steps: int = 60, fail_at_step: int = 35, delay_seconds: float = 2.0) -> dict[str, object]:
+    """A run that checkpoints every 10 steps, dies of an NCCL watchdog timeout on attempt 1, then resumes."""
+    return {
+        "name": "tiny-regression",
+        "command": [
+            sys.executable, str(SCRIPT), "--steps", str(steps), "--checkpoint-every", "10",
+            "--fail-at-step", str(fail_at_step), "--fail-on-attempt", "1", "--failure", "nccl-timeout",
+        ],
+        "env": {"DEMO_HUB_TOKEN": "hf_demo_secret_value", "WANDB_MODE": "offline"},
+        "deadline_seconds": 300,
+        "stall_seconds": 60,
+        "retry": {"max_attempts": 3, "delay_seconds": delay_seconds},
+    }
