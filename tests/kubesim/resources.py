@@ -59,7 +59,7 @@ RESOURCES: dict[str, ResourceInfo] = {
 }
 
 # Group/version pairs served under /apis, in discovery order.
-GROUPS: dict[str, str] = {"batch": "v1", "coordination.k8s.io": "v1", "policy": "v1"}
+GROUPS: dict[str, str] = {"batch": "v1", "coordination.k8s.io": "v1"}
 
 
 def info(resource: str) -> ResourceInfo:
