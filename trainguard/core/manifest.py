@@ -1,0 +1,133 @@
+"""The evidence manifest: what was kept of one attempt (with digests) and what is missing, and why.
+
+The manifest is written last, so its presence means collection finished; verifying it against
+the store catches objects that vanished or changed afterwards. Collecting the evidence is
+``evidence``'s job; storing bytes is the store's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trainguard.core.stores import EvidenceNotFound, EvidenceStore, StoredItem
+from trainguard.core.workspace import validate_attempt, validate_run_id
+
+MANIFEST_FORMAT = 1
+
+
+class ManifestError(ValueError):
+    """A manifest document is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ManifestItem:
+    """One stored piece of evidence."""
+
+    name: str  # relative to the attempt prefix, e.g. "snapshot/env.json"
+    key: str
+    sha256: str
+    size_bytes: int
+    source: str  # who produced it: "entrypoint", "runner", "local-workspace", "flow"
+    collected_at: str  # ISO-8601 UTC
+
+
+@dataclass(frozen=True)
+class MissingItem:
+    """A piece of evidence that is not there, and why."""
+
+    name: str
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything kept of one attempt."""
+
+    run_id: str
+    attempt: int
+    created_at: str
+    items: tuple[ManifestItem, ...]
+    missing: tuple[MissingItem, ...]
+
+    def to_json(self) -> str:
+        """The manifest as indented JSON."""
+        payload = {"format": MANIFEST_FORMAT, **asdict(self)}
+        return json.dumps(payload, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        """Parse `to_json`'s output; raises `ManifestError` naming the bad field."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ManifestError(f"manifest is not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ManifestError("manifest must be a JSON object")
+        try:
+            return cls(
+                run_id=_field(data, "run_id", str),
+                attempt=_field(data, "attempt", int),
+                created_at=_field(data, "created_at", str),
+                items=tuple(ManifestItem(**_entry(e, "items", ManifestItem)) for e in _field(data, "items", list)),
+                missing=tuple(MissingItem(**_entry(e, "missing", MissingItem)) for e in _field(data, "missing", list)),
+            )
+        except TypeError as exc:
+            raise ManifestError(f"manifest entry is malformed: {exc}") from exc
+
+
+def _field(data: dict[str, Any], name: str, kind: type) -> Any:
+    value = data.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ManifestError(f"manifest field {name!r} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _entry(entry: Any, field: str, kind: type) -> dict[str, Any]:
+    names = set(kind.__dataclass_fields__)  # type: ignore[attr-defined]
+    if not isinstance(entry, dict) or set(entry) != names:
+        raise ManifestError(f"manifest field {field!r}: each entry needs exactly {sorted(names)}, got {entry!r}")
+    return entry
+
+
+def attempt_prefix(run_id: str, attempt: int) -> str:
+    """``runs/{run_id}/attempt-{n}``: where one attempt's evidence lives in a store."""
+    return f"runs/{validate_run_id(run_id)}/attempt-{validate_attempt(attempt)}"
+
+
+def manifest_key(run_id: str, attempt: int) -> str:
+    """The manifest's key for an attempt."""
+    return f"{attempt_prefix(run_id, attempt)}/manifest.json"
+
+
+def write_manifest(store: EvidenceStore, manifest: Manifest) -> StoredItem:
+    """Store the manifest; call it after every item, so its presence means collection finished."""
+    return store.put_bytes(manifest_key(manifest.run_id, manifest.attempt), manifest.to_json().encode("utf-8"))
+
+
+def read_manifest(store: EvidenceStore, run_id: str, attempt: int) -> Manifest:
+    """Load an attempt's manifest; raises `EvidenceNotFound` or `ManifestError`."""
+    return Manifest.from_json(store.get_bytes(manifest_key(run_id, attempt)).decode("utf-8", errors="replace"))
+
+
+def verify_manifest(store: EvidenceStore, manifest: Manifest) -> list[str]:
+    """Check each listed object exists with its size and SHA-256; return the problems ([] if none)."""
+    problems: list[str] = []
+    for item in manifest.items:
+        try:
+            data = store.get_bytes(item.key)
+        except EvidenceNotFound:
+            problems.append(f"{item.key}: missing from the store")
+            continue
+        except Exception as exc:  # one unreadable object must not hide the state of the others
+            problems.append(f"{item.key}: cannot be read ({type(exc).__name__}: {exc})")
+            continue
+        if len(data) != item.size_bytes:
+            problems.append(f"{item.key}: size is {len(data)} bytes, the manifest says {item.size_bytes}")
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != item.sha256:
+            problems.append(f"{item.key}: sha256 is {digest}, the manifest says {item.sha256}")
+    return problems

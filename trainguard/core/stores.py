@@ -1,0 +1,186 @@
+"""Evidence stores: the small protocol durable evidence goes through, and the local-folder store.
+
+A store holds immutable-once-written objects under "/"-separated keys, like an object store.
+Writes are atomic: a reader sees no object or the whole object, never a part. What goes into a
+store and under which names is ``evidence``'s and ``manifest``'s business; an object-store
+implementation lives in its own adapter module behind this same protocol.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol, runtime_checkable
+
+_CHUNK_BYTES = 1024 * 1024
+MAX_KEY_LENGTH = 1024
+
+
+class EvidenceStoreError(Exception):
+    """A store operation failed; the message names the key and what to do."""
+
+
+class EvidenceNotFound(EvidenceStoreError):
+    """No object exists under the key."""
+
+
+@dataclass(frozen=True)
+class StoredItem:
+    """An object as written: its key, SHA-256 (hex) and size."""
+
+    key: str
+    sha256: str
+    size_bytes: int
+
+
+@runtime_checkable
+class EvidenceStore(Protocol):
+    """Where evidence outlives the machine it was collected on."""
+
+    def put_bytes(self, key: str, data: bytes) -> StoredItem:
+        """Store ``data`` under ``key`` atomically."""
+        ...
+
+    def put_file(self, key: str, path: Path) -> StoredItem:
+        """Stream the file at ``path`` to ``key`` atomically."""
+        ...
+
+    def get_bytes(self, key: str) -> bytes:
+        """The object under ``key``; raises `EvidenceNotFound`."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        """Whether an object exists under ``key``."""
+        ...
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Sorted keys starting with ``prefix`` (a string prefix, as object stores do)."""
+        ...
+
+    def describe(self, key: str = "") -> str:
+        """A location a person can open: a path here, ``s3://bucket/key`` for an object store."""
+        ...
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` unchanged or raise a one-line `EvidenceStoreError` saying how to fix it.
+
+    Keys are "/"-separated relative names; no segment may be empty, ``.``/``..`` or start with
+    ``.`` (dot-names are reserved for in-flight temporary files), and no backslash or NUL.
+    """
+    example = "use a relative key like 'runs/r1/attempt-1/crash-report.json'"
+    if not isinstance(key, str) or not key:
+        raise EvidenceStoreError(f"invalid evidence key {key!r}: it is empty; {example}")
+    if len(key) > MAX_KEY_LENGTH:
+        raise EvidenceStoreError(f"invalid evidence key {key[:60]!r}...: longer than {MAX_KEY_LENGTH} characters")
+    if key.startswith("/"):
+        raise EvidenceStoreError(f"invalid evidence key {key!r}: it is absolute; {example}")
+    if "\\" in key or "\0" in key:
+        raise EvidenceStoreError(f"invalid evidence key {key!r}: backslashes and NUL are not allowed; {example}")
+    for segment in key.split("/"):
+        if segment in ("", ".", ".."):
+            raise EvidenceStoreError(f"invalid evidence key {key!r}: segment {segment!r} is not allowed; {example}")
+        if segment.startswith("."):
+            raise EvidenceStoreError(f"invalid evidence key {key!r}: segment {segment!r} starts with '.', reserved for temporary files")
+    return key
+
+
+class LocalEvidenceStore:
+    """Evidence in a local (or mounted) folder: one file per key."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).absolute()
+
+    def _path(self, key: str) -> Path:
+        return self.root.joinpath(*validate_key(key).split("/"))
+
+    def put_bytes(self, key: str, data: bytes) -> StoredItem:
+        """Store ``data`` under ``key``: temp file in the same folder, fsync, then ``os.replace``."""
+        return self._write(key, iter((bytes(data),)))
+
+    def put_file(self, key: str, path: Path) -> StoredItem:
+        """Stream the file at ``path`` to ``key`` in chunks, atomically."""
+        try:
+            handle = Path(path).open("rb")
+        except OSError as exc:
+            raise EvidenceStoreError(f"cannot read {path} for {key!r}: {exc.strerror or exc}") from exc
+        with handle:
+            return self._write(key, _chunks(handle))
+
+    def _write(self, key: str, chunks: Iterator[bytes]) -> StoredItem:
+        target = self._path(key)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        except OSError as exc:
+            raise EvidenceStoreError(f"cannot write {key!r} under {self.root}: {exc.strerror or exc}") from exc
+        digest, size = hashlib.sha256(), 0
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for chunk in chunks:
+                    out.write(chunk)
+                    digest.update(chunk)
+                    size += len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp_name, target)
+        except BaseException as exc:
+            _unlink_quietly(tmp_name)
+            if isinstance(exc, OSError):
+                raise EvidenceStoreError(f"cannot write {key!r} under {self.root}: {exc.strerror or exc}") from exc
+            raise
+        return StoredItem(key, digest.hexdigest(), size)
+
+    def get_bytes(self, key: str) -> bytes:
+        """The object under ``key``; raises `EvidenceNotFound` when there is none."""
+        path = self._path(key)
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise EvidenceNotFound(f"no evidence under {key!r} in {self.root}") from exc
+        except OSError as exc:
+            raise EvidenceStoreError(f"cannot read {key!r} in {self.root}: {exc.strerror or exc}") from exc
+
+    def exists(self, key: str) -> bool:
+        """Whether an object (a file, not a folder) exists under ``key``."""
+        return self._path(key).is_file()
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Sorted keys starting with ``prefix``; in-flight temporary files are never listed."""
+        start = self.root
+        folder_part = prefix.rpartition("/")[0]
+        if folder_part:
+            start = self.root.joinpath(*validate_key(folder_part).split("/"))
+        if not start.is_dir():
+            return []
+        keys: list[str] = []
+        for folder, dirnames, filenames in os.walk(start):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for name in filenames:
+                if name.startswith("."):
+                    continue
+                key = (Path(folder) / name).relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def describe(self, key: str = "") -> str:
+        """The folder or file path for ``key`` (the store's root for "")."""
+        key = key.rstrip("/")  # a prefix such as "runs/r1/" names a folder here
+        return str(self._path(key)) if key else str(self.root)
+
+
+def _chunks(handle: BinaryIO) -> Iterator[bytes]:
+    while chunk := handle.read(_CHUNK_BYTES):
+        yield chunk
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
