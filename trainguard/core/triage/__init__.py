@@ -1,0 +1,72 @@
+"""Failure triage: which taxonomy category a failed training attempt belongs to, and why.
+
+The public interface is ``Signals`` in, ``Diagnosis`` out, through ``classify``; the rules that
+decide are data (``rules.yaml``, layered with a user's file by ``load_rules``). Pure Python, no
+Prefect: the flow's task and the ``trainguard classify`` command both call this.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from functools import lru_cache
+
+from trainguard.core.triage.decide import decide
+from trainguard.core.triage.rules import (
+    RuleFileError,
+    RuleSet,
+    build,
+    layer,
+    parse_rule_file,
+    read_user_file,
+    shipped_rules_text,
+)
+from trainguard.core.triage.scan import hyperscan_available
+from trainguard.core.triage.signals import Diagnosis, Signals
+
+__all__ = [
+    "Diagnosis", "RuleFileError", "RuleSet", "Signals", "classify", "hyperscan_available",
+    "load_rules",
+]
+
+
+@lru_cache(maxsize=1)
+def _shipped() -> RuleSet:
+    rules, warning = parse_rule_file(shipped_rules_text(), "trainguard/core/triage/rules.yaml")
+    return build(rules, warning or r"(?!)", ("shipped",))
+
+
+def load_rules(path: str | os.PathLike[str] | None = None) -> RuleSet:
+    """The shipped rules, with a user's rule file (if given) layered on top.
+
+    User rules override shipped rules with the same id and otherwise go first.
+
+    Raises:
+        RuleFileError: the file is unreadable or invalid; the message names the file, the line
+            and the field.
+    """
+    shipped = _shipped()
+    if path is None:
+        return shipped
+    source = os.fspath(path)
+    user, warning = parse_rule_file(read_user_file(path), source)
+    merged = layer(list(shipped.rules), user)
+    return build(merged, warning or shipped.warning_line.pattern, shipped.sources + (source,))
+
+
+def classify(signals: Signals, *, rules: RuleSet | None = None,
+             previous: Sequence[Diagnosis] = (), engine: str = "auto") -> Diagnosis | None:
+    """Classify one failed attempt.
+
+    Args:
+        signals: What is known of how the attempt ended.
+        rules: The rule set to use; the shipped rules when None.
+        previous: Earlier attempts' diagnoses: a repeated native crash or unknown failure is
+            not retried again.
+        engine: "auto" (Hyperscan when importable), "hyperscan" or "re".
+
+    Returns:
+        The diagnosis, or None when the attempt is not a failure (exit code 0 and nothing that
+        says otherwise).
+    """
+    return decide(signals, rules or load_rules(), previous, engine)

@@ -1,0 +1,302 @@
+"""Rules as data: loading, validating and layering the YAML rule files.
+
+A rule names a category and the evidence that proves it: exit codes or signals, termination
+reasons, pod conditions, events and log regexes. Every matcher kind a rule lists must hold (AND);
+within one kind any entry may match (OR). ``strength`` ranks the evidence: a root cause
+(``cause``) beats a consequence (``consequence``) wherever each appears in the log. How the log is
+scanned belongs in ``scan``; how matches become a verdict belongs in ``decide``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainguard.core.taxonomy import Category
+
+# Higher wins. "verdict": the platform said what happened; "cause": a root-cause signature;
+# "error": a generic error that is its own cause; "crash": a native crash with no clearer cause;
+# "consequence": what other ranks or wrappers report after the cause; "hint": weak evidence.
+STRENGTHS: dict[str, int] = {
+    "verdict": 90, "cause": 70, "error": 50, "crash": 40, "consequence": 30, "hint": 10,
+}
+_KEYS = {
+    "id", "category", "strength", "retryable", "description", "log", "log_not", "context",
+    "context_lines", "warnings", "ignore_case", "exit_codes", "signals", "reasons",
+    "conditions", "events", "disabled",
+}
+_ID = re.compile(r"^[a-z0-9_][a-z0-9_.-]*$")
+
+
+class RuleFileError(ValueError):
+    """A rule file that cannot be used; the message names the file, the line and the field."""
+
+
+@dataclass(frozen=True)
+class EventMatcher:
+    reason: re.Pattern[str] | None
+    message: re.Pattern[str] | None
+
+
+@dataclass(frozen=True)
+class ConditionMatcher:
+    type: str
+    reason: str | None
+    status: str | None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule, validated and compiled."""
+
+    id: str
+    category: Category
+    strength: int
+    retryable: bool | None = None
+    log: tuple[str, ...] = ()
+    log_not: tuple[str, ...] = ()
+    context: tuple[str, ...] = ()
+    context_lines: int = 40
+    warnings: bool = False
+    ignore_case: bool = False
+    exit_codes: frozenset[int] = frozenset()
+    reasons: frozenset[str] = frozenset()
+    conditions: tuple[ConditionMatcher, ...] = ()
+    events: tuple[EventMatcher, ...] = ()
+    log_res: tuple[re.Pattern[str], ...] = field(default=(), compare=False, repr=False)
+    log_not_res: tuple[re.Pattern[str], ...] = field(default=(), compare=False, repr=False)
+    context_res: tuple[re.Pattern[str], ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def has_platform_matchers(self) -> bool:
+        return bool(self.exit_codes or self.reasons or self.conditions or self.events)
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """An ordered set of rules; order breaks ties between equally strong evidence."""
+
+    rules: tuple[Rule, ...]
+    warning_line: re.Pattern[str]
+    sources: tuple[str, ...] = ()
+
+
+class _LineLoader(yaml.SafeLoader):
+    """A YAML loader that remembers the line of every mapping key, for error messages."""
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
+    mapping = _Located(loader.construct_mapping(node, deep=True))
+    mapping.line = node.start_mark.line + 1
+    mapping.lines = {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
+    return mapping
+
+
+class _Located(dict[str, Any]):
+    line: int = 0
+    lines: dict[str, int]
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def shipped_rules_text() -> str:
+    """The rule file shipped with trainguard."""
+    return resources.files("trainguard.core.triage").joinpath("rules.yaml").read_text("utf-8")
+
+
+def parse_rule_file(text: str, source: str) -> tuple[list[Rule], str | None]:
+    """Validate one rule file; return its rules and its ``warning_line`` override, if any."""
+    try:
+        doc = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 0
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RuleFileError(f"{source}:{line}: not valid YAML: {problem}") from None
+    if not isinstance(doc, _Located) or not isinstance(doc.get("rules"), list):
+        raise RuleFileError(f"{source}:1: rules: expected a top-level mapping with a 'rules' list")
+    unknown = set(doc) - {"rules", "warning_line", "version"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise RuleFileError(f"{source}:{doc.lines[key]}: {key}: unknown top-level key; "
+                            "expected rules, warning_line or version")
+    warning = doc.get("warning_line")
+    if warning is not None:
+        _regex(warning, source, doc.lines["warning_line"], "warning_line", False)
+    rules: list[Rule] = []
+    seen: dict[str, int] = {}
+    for index, raw in enumerate(doc["rules"]):
+        where = f"rules[{index}]"
+        if not isinstance(raw, _Located):
+            raise RuleFileError(f"{source}:{doc.lines['rules']}: {where}: expected a mapping")
+        rule = _parse_rule(raw, source, where)
+        if rule.id in seen:
+            raise RuleFileError(f"{source}:{raw.lines['id']}: {where}.id: {rule.id!r} "
+                                f"is already defined on line {seen[rule.id]}")
+        seen[rule.id] = raw.lines["id"]
+        if not raw.get("disabled", False):
+            rules.append(rule)
+        else:
+            rules.append(_disabled(rule))
+    return rules, warning
+
+
+def _disabled(rule: Rule) -> Rule:
+    # A disabled rule keeps its id so it can still override (and so silence) a shipped rule.
+    return Rule(id=rule.id, category=rule.category, strength=-1)
+
+
+def _parse_rule(raw: _Located, source: str, where: str) -> Rule:
+    def fail(key: str, message: str) -> RuleFileError:
+        line = raw.lines.get(key, raw.line)
+        return RuleFileError(f"{source}:{line}: {where}.{key}: {message}")
+
+    for key in raw:
+        if key not in _KEYS:
+            raise fail(key, f"unknown field; expected one of: {', '.join(sorted(_KEYS))}")
+    rule_id = raw.get("id")
+    if not isinstance(rule_id, str) or not _ID.match(rule_id):
+        raise fail("id", "required: a lower-case id such as 'cuda_oom.torch'")
+    where = f"{where} ({rule_id})"
+    category = raw.get("category")
+    if category not in {c.value for c in Category}:
+        valid = ", ".join(c.value for c in Category)
+        raise fail("category", f"{category!r} is not a category; expected one of: {valid}")
+    strength = raw.get("strength", "cause")
+    if strength not in STRENGTHS:
+        raise fail("strength", f"{strength!r}; expected one of: {', '.join(STRENGTHS)}")
+    for key in ("retryable", "warnings", "ignore_case", "disabled"):
+        if key in raw and not isinstance(raw[key], bool):
+            raise fail(key, "expected true or false")
+    context_lines = raw.get("context_lines", 40)
+    if not isinstance(context_lines, int) or isinstance(context_lines, bool) or context_lines < 0:
+        raise fail("context_lines", "expected a non-negative whole number of lines")
+    ignore_case = bool(raw.get("ignore_case", False))
+    patterns = {k: _strings(raw, k, fail) for k in ("log", "log_not", "context")}
+    compiled = {
+        k: tuple(_regex(p, source, raw.lines[k], f"{where}.{k}", ignore_case) for p in v)
+        for k, v in patterns.items()
+    }
+    if patterns["context"] and not patterns["log"]:
+        raise fail("context", "needs a 'log' pattern to be the context of")
+    rule = Rule(
+        id=rule_id, category=Category(category), strength=STRENGTHS[strength],
+        retryable=raw.get("retryable"), log=patterns["log"], log_not=patterns["log_not"],
+        context=patterns["context"], context_lines=context_lines,
+        warnings=bool(raw.get("warnings", False)), ignore_case=ignore_case,
+        exit_codes=_exit_codes(raw, fail),
+        reasons=frozenset(s.lower() for s in _strings(raw, "reasons", fail)),
+        conditions=_conditions(raw, fail), events=_events(raw, fail, source, where),
+        log_res=compiled["log"], log_not_res=compiled["log_not"],
+        context_res=compiled["context"],
+    )
+    if not (rule.log or rule.has_platform_matchers) and not raw.get("disabled", False):
+        raise fail("log", "a rule needs at least one matcher: log, exit_codes, signals, "
+                          "reasons, conditions or events")
+    return rule
+
+
+def _strings(raw: _Located, key: str, fail: Any) -> tuple[str, ...]:
+    value = raw.get(key, ())
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise fail(key, "expected a string or a list of strings")
+    return tuple(value)
+
+
+def _regex(pattern: Any, source: str, line: int, where: str, ignore_case: bool) -> re.Pattern[str]:
+    if not isinstance(pattern, str):
+        raise RuleFileError(f"{source}:{line}: {where}: expected a regular expression string")
+    try:
+        return re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+    except re.error as exc:
+        raise RuleFileError(f"{source}:{line}: {where}: invalid regular expression "
+                            f"{pattern!r}: {exc}") from None
+
+
+def _exit_codes(raw: _Located, fail: Any) -> frozenset[int]:
+    codes: set[int] = set()
+    values = raw.get("exit_codes", [])
+    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                               for v in values):
+        raise fail("exit_codes", "expected a list of whole numbers, e.g. [126, 127]")
+    codes.update(values)
+    sigs = raw.get("signals", [])
+    if not isinstance(sigs, list):
+        raise fail("signals", "expected a list of signal names, e.g. [SIGSEGV, SIGABRT]")
+    for name in sigs:
+        try:
+            number = int(signal.Signals[str(name).upper()]) if not isinstance(name, int) else name
+        except KeyError:
+            raise fail("signals", f"{name!r} is not a signal name such as SIGSEGV") from None
+        codes.update({-number, 128 + number})
+    return frozenset(codes)
+
+
+def _conditions(raw: _Located, fail: Any) -> tuple[ConditionMatcher, ...]:
+    values = raw.get("conditions", [])
+    if not isinstance(values, list):
+        raise fail("conditions", "expected a list of {type, reason, status} mappings")
+    out = []
+    for value in values:
+        if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+            raise fail("conditions", "each entry needs a 'type', e.g. {type: DisruptionTarget}")
+        out.append(ConditionMatcher(value["type"], value.get("reason"), value.get("status")))
+    return tuple(out)
+
+
+def _events(raw: _Located, fail: Any, source: str, where: str) -> tuple[EventMatcher, ...]:
+    values = raw.get("events", [])
+    if not isinstance(values, list):
+        raise fail("events", "expected a list of {reason, message} regex mappings")
+    out = []
+    line = raw.lines.get("events", raw.line)
+    for value in values:
+        if not isinstance(value, dict) or not ({"reason", "message"} & set(value)):
+            raise fail("events", "each entry needs a 'reason' or a 'message' regex")
+        reason = value.get("reason")
+        message = value.get("message")
+        out.append(EventMatcher(
+            _regex(reason, source, line, f"{where}.events.reason", False) if reason else None,
+            _regex(message, source, line, f"{where}.events.message", False) if message else None,
+        ))
+    return tuple(out)
+
+
+def layer(shipped: list[Rule], user: list[Rule]) -> list[Rule]:
+    """User rules replace shipped rules with the same id in place; new user rules go first."""
+    by_id = {rule.id: rule for rule in user}
+    merged = [by_id.pop(rule.id, rule) for rule in shipped]
+    fresh = [rule for rule in user if rule.id in by_id]
+    return [rule for rule in fresh + merged if rule.strength >= 0]
+
+
+def read_user_file(path: str | os.PathLike[str]) -> str:
+    """Read a user's rule file, turning an unreadable file into a one-line RuleFileError."""
+    try:
+        return Path(path).read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RuleFileError(f"{os.fspath(path)}:0: cannot read the rule file: {exc}") from None
+
+
+def build(rules: list[Rule], warning_line: str, sources: tuple[str, ...]) -> RuleSet:
+    """Assemble a RuleSet from already validated, layered rules."""
+    return RuleSet(tuple(rules), re.compile(warning_line), sources)
+
+
+def mapping_get(obj: Mapping[str, Any], *keys: str) -> Any:
+    """The first present key of a wire-form mapping (``reason`` or ``Reason``)."""
+    for key in keys:
+        if key in obj:
+            return obj[key]
+    return None
