@@ -79,6 +79,16 @@ def seeded_pod(name: str, *, containers: tuple[str, ...] = ("main",),
                      "containers": [{"name": c, "image": "python:3.11"} for c in containers]}}
 
 
+def read_log(core: client.CoreV1Api, name: str, namespace: str, **kwargs: Any) -> str:
+    """A pod's log as text.
+
+    kubernetes 36 returns the repr of the bytes for text bodies
+    (kubernetes-client/python#2596), so the raw body is read, as clients must.
+    """
+    raw = core.read_namespaced_pod_log(name, namespace, _preload_content=False, **kwargs)
+    return raw.data.decode()  # type: ignore[no-any-return]
+
+
 def kubectl(sim: kubesim.fixture.Sim, *args: str, check: bool = True,
             timeout: float = 30) -> subprocess.CompletedProcess[str]:
     if KUBECTL is None:

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import seeded_pod, write_cri_log
+from conftest import read_log, seeded_pod, write_cri_log
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
@@ -91,13 +91,6 @@ def _running_with_restart(core: client.CoreV1Api, ns: str, name: str) -> dict[st
                                      "finishedAt": "2025-06-01T10:00:59Z"}}}]}})
     return core.api_client.sanitize_for_serialization(  # type: ignore[no-any-return]
         core.read_namespaced_pod(name, ns))
-
-
-def read_log(core: client.CoreV1Api, name: str, ns: str, **kwargs: Any) -> str:
-    # kubernetes 36 returns the repr of the bytes for text responses
-    # (kubernetes-client/python#2596), so read the raw body as clients must.
-    raw = core.read_namespaced_pod_log(name, ns, _preload_content=False, **kwargs)
-    return raw.data.decode()  # type: ignore[no-any-return]
 
 
 def test_logs_read_current_and_previous_instances(sim: Any, core: client.CoreV1Api,
