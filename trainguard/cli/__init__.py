@@ -6,6 +6,7 @@ that need them, so ``trainguard classify`` starts fast and works without a Prefe
 
 from __future__ import annotations
 
+from trainguard.cli import classify as _classify  # noqa: F401
 from trainguard.cli.app import app
 
 

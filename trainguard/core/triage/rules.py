@@ -89,7 +89,10 @@ class RuleSet:
     sources: tuple[str, ...] = ()
 
 
-class _LineLoader(yaml.SafeLoader):
+_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml parses ~10x faster
+
+
+class _LineLoader(_BaseLoader):  # type: ignore[misc]
     """A YAML loader that remembers the line of every mapping key, for error messages."""
 
 

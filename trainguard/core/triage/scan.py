@@ -9,12 +9,14 @@ match of each rule on each rank, plus the last non-empty line for the fallback v
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from trainguard.core.triage.lines import Line, read_line
@@ -62,6 +64,9 @@ def hyperscan_available() -> bool:
     return _hs is not None
 
 
+_BOUNDED_ANY = re.compile(r"(?<!\\)\.\{\d*,\d+\}")
+
+
 def _prefilter_source(pattern: str) -> bytes:
     # Rules match the stripped line, the engine sees the raw one with its prefixes: drop anchors
     # so the raw scan finds a superset of the lines the exact check then confirms.
@@ -69,6 +74,9 @@ def _prefilter_source(pattern: str) -> bytes:
         pattern = pattern[1:]
     if pattern.endswith("$") and not pattern.endswith("\\$"):
         pattern = pattern[:-1]
+    # Bounded repeats of "any character" cost Hyperscan compile time and memory; the exact check
+    # enforces the bound, so the prefilter may accept any run within the line.
+    pattern = _BOUNDED_ANY.sub(".*", pattern)
     return pattern.encode("utf-8")
 
 
@@ -115,22 +123,13 @@ class _HyperscanEngine:
 
     def __init__(self, patterns: Sequence[_Pattern]) -> None:
         assert _hs is not None
-        ok: list[int] = []
-        rest: list[_Pattern] = []
-        self._rest_ids: list[int] = []
-        for i, p in enumerate(patterns):
-            if _compiles(p):
-                ok.append(i)
-            else:
-                rest.append(p)
-                self._rest_ids.append(i)
-        self._db = None
-        if ok:
-            self._db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-            self._db.compile(
-                expressions=[patterns[i].prefilter for i in ok], ids=ok,
-                flags=[_flags(patterns[i]) for i in ok],
-            )
+        ok = list(range(len(patterns)))
+        self._db = _cached_database(patterns, ok)
+        if self._db is None:
+            ok = [i for i, p in enumerate(patterns) if _compiles(p)]
+            self._db = _cached_database(patterns, ok) if ok else None
+        self._rest_ids = [i for i in range(len(patterns)) if i not in set(ok)]
+        rest = [patterns[i] for i in self._rest_ids]
         self._rest = _ReEngine(rest) if rest else None
 
     def scan(self, block: bytes, feed: Feed) -> None:
@@ -141,6 +140,58 @@ class _HyperscanEngine:
         if self._rest is not None:
             ids = self._rest_ids
             self._rest.scan(block, lambda pid, end: feed(ids[pid], end))
+
+
+def _cache_dir() -> Path | None:
+    """$TRAINGUARD_CACHE_DIR, else $XDG_CACHE_HOME/trainguard or ~/.cache/trainguard."""
+    if os.environ.get("TRAINGUARD_CACHE_DIR"):
+        return Path(os.environ["TRAINGUARD_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    try:
+        return (Path(xdg) if xdg else Path.home() / ".cache") / "trainguard"
+    except RuntimeError:  # no home directory to expand
+        return None
+
+
+def _cached_database(patterns: Sequence[_Pattern], ids: Sequence[int]) -> Any:
+    """Compile (or load the cached compilation of) the patterns; None if one does not compile.
+
+    Compiling a few hundred patterns takes Hyperscan about half a second, longer than the rest of
+    ``trainguard classify`` together, so the serialised database is kept in the user's cache.
+    """
+    assert _hs is not None
+    key = hashlib.sha256(repr((getattr(_hs, "__version__", ""), [
+        (i, patterns[i].prefilter, _flags(patterns[i])) for i in ids])).encode()).hexdigest()[:24]
+    folder = _cache_dir()
+    path = folder / f"hs-{key}.db" if folder is not None else None
+    db = None
+    if path is not None and path.is_file():
+        try:
+            db = _hs.loadb(path.read_bytes(), mode=_hs.HS_MODE_BLOCK)
+        except (_hs.error, OSError):
+            db = None
+    if db is None:
+        db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+        try:
+            db.compile(expressions=[patterns[i].prefilter for i in ids], ids=list(ids),
+                       flags=[_flags(patterns[i]) for i in ids])
+        except _hs.error:
+            return None
+        if path is not None:
+            _store(path, _hs.dumpb(db))
+    db.scratch = _hs.Scratch(db)
+    return db
+
+
+def _store(path: Path, data: bytes) -> None:
+    # Best effort: a read-only home must not stop triage, only make it slower to start.
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _flags(p: _Pattern) -> int:

@@ -1,0 +1,178 @@
+"""``trainguard classify``: triage a failed attempt from a log, exit code, reason and events.
+
+Parsing the command line and the batch JSON Lines, and printing results, belong here; every
+decision is ``trainguard.core.triage``'s. No Prefect import: the command must start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO, NoReturn
+
+import typer
+
+from trainguard.cli.app import app
+from trainguard.core import triage
+
+_EMPTY = {k: None for k in ("category", "retryable", "rule_id", "signature", "line_number",
+                            "rank", "remediation", "fingerprint")}
+
+
+class InputError(ValueError):
+    """Bad input: reported as one line on stderr with exit code 2."""
+
+
+@app.command("classify")
+def classify_command(
+    log: str | None = typer.Argument(None, help="The attempt's log file, or - for stdin."),
+    exit_code: str | None = typer.Option(None, "--exit-code", help="The container's exit code."),
+    reason: str | None = typer.Option(None, "--reason", help="Termination reason, e.g. OOMKilled."),
+    events: str | None = typer.Option(
+        None, "--events", help="Kubernetes events: a JSON list/EventList or kubectl text."),
+    rules: str | None = typer.Option(None, "--rules", help="Your rule file, layered on ours."),
+    as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
+    jsonl: str | None = typer.Option(
+        None, "--jsonl", help="Batch: JSON Lines file (or - for stdin), one failure per line."),
+) -> None:
+    """Say which failure category an attempt belongs to and whether a retry can help."""
+    try:
+        ruleset = triage.load_rules(rules)
+        if jsonl is not None:
+            if log is not None:
+                raise InputError("give either LOG or --jsonl, not both")
+            _batch(jsonl, ruleset)
+            return
+        signals = triage.Signals(
+            exit_code=_int_option("--exit-code", exit_code), reason=reason,
+            events=_read_events(events) if events else (), log=_log_source(log),
+        )
+        diagnosis = triage.classify(signals, rules=ruleset)
+    except (InputError, triage.RuleFileError) as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(diagnosis.to_dict() if diagnosis else _EMPTY))
+    else:
+        _show(diagnosis)
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"trainguard classify: error: {message}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def _int_option(name: str, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"{name}: expected a whole number such as 137, got {value!r}") from None
+
+
+def _log_source(log: str | None) -> Path | BinaryIO | None:
+    if log is None:
+        return None
+    if log == "-":
+        return sys.stdin.buffer
+    path = Path(log)
+    if not path.is_file():
+        raise InputError(f"LOG: {log}: no such file; give a log file or - for stdin")
+    return path
+
+
+def _read_events(path: str) -> tuple[Mapping[str, Any], ...] | str:
+    try:
+        text = Path(path).read_text("utf-8", "replace")
+    except OSError as exc:
+        raise InputError(f"--events: cannot read {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text  # `kubectl get events` text
+    return _events_value(data, f"--events {path}")
+
+
+def _events_value(data: Any, where: str) -> tuple[Mapping[str, Any], ...] | str:
+    if data is None:
+        return ()
+    if isinstance(data, str):
+        return data
+    if isinstance(data, dict) and isinstance(data.get("items"), list):
+        data = data["items"]  # an EventList
+    if isinstance(data, list) and all(isinstance(e, dict) for e in data):
+        return tuple(data)
+    raise InputError(f"{where}: events: expected a list of event objects, an EventList, "
+                     "kubectl text or null")
+
+
+def _batch(source: str, ruleset: triage.RuleSet) -> None:
+    out = sys.stdout
+    for number, record in _records(source):
+        where = f"{'stdin' if source == '-' else source} line {number}"
+        diagnosis = triage.classify(_signals(record, where), rules=ruleset)
+        result = diagnosis.to_dict() if diagnosis else dict(_EMPTY)
+        if "id" in record:
+            result["id"] = record["id"]
+        out.write(json.dumps(result) + "\n")
+        out.flush()
+
+
+def _records(source: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    try:
+        stream = sys.stdin if source == "-" else open(source, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise InputError(f"--jsonl: cannot read {source}: {exc.strerror}") from None
+    with stream:
+        for number, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                raise InputError(f"line {number}: not valid JSON ({exc.msg} at column "
+                                 f"{exc.colno}); expected one object per line") from None
+            if not isinstance(record, dict):
+                raise InputError(f"line {number}: expected a JSON object with keys log, "
+                                 "exit_code, reason, events")
+            yield number, record
+
+
+def _signals(record: dict[str, Any], where: str) -> triage.Signals:
+    log, code, reason = record.get("log"), record.get("exit_code"), record.get("reason")
+    if log is not None and not isinstance(log, str):
+        raise InputError(f"{where}: log: expected a string or null, got {type(log).__name__}")
+    if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
+        raise InputError(f"{where}: exit_code: expected a whole number or null, got {code!r}")
+    if reason is not None and not isinstance(reason, str):
+        raise InputError(f"{where}: reason: expected a string or null, got {reason!r}")
+    conditions = record.get("conditions") or []
+    if not isinstance(conditions, list) or not all(isinstance(c, dict) for c in conditions):
+        raise InputError(f"{where}: conditions: expected a list of condition objects or null")
+    return triage.Signals(exit_code=code, reason=reason, conditions=tuple(conditions),
+                          events=_events_value(record.get("events"), where), log=log)
+
+
+def _show(diagnosis: triage.Diagnosis | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console()
+    if diagnosis is None:
+        console.print("[green]not a failure[/green]: exit code 0 and nothing says otherwise")
+        return
+    verdict = Text("retry", "green") if diagnosis.retryable else Text("do not retry", "red")
+    where = f"line {diagnosis.line_number}" if diagnosis.line_number else "platform signal"
+    if diagnosis.rank is not None:
+        where += f", rank {diagnosis.rank}"
+    table = Table(show_header=False, box=None, pad_edge=False)
+    # Log text can hold "[...]" that rich would read as markup: pass it as plain Text.
+    table.add_row("category", Text.assemble((diagnosis.category.value, "bold"), " (", verdict, ")"))
+    table.add_row("evidence", Text(f"{where}: {diagnosis.signature}"))
+    table.add_row("rule", Text(diagnosis.rule_id))
+    table.add_row("fix", Text(diagnosis.remediation))
+    table.add_row("fingerprint", Text(diagnosis.fingerprint))
+    console.print(table)
