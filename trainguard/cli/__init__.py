@@ -7,6 +7,8 @@ that need them, so ``trainguard classify`` starts fast and works without a Prefe
 from __future__ import annotations
 
 from trainguard.cli import classify as _classify  # noqa: F401
+from trainguard.cli import evidence as _evidence  # noqa: F401  (registers commands)
+from trainguard.cli import runs as _runs  # noqa: F401
 from trainguard.cli.app import app
 
 

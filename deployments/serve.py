@@ -1,0 +1,41 @@
+"""Serve trainguard's flows from this machine: `python -m deployments.serve`.
+
+The served `train-attempt/local` deployment is what the attempt flow's state hooks re-schedule, so
+retries come back to this process; `training-run/local` runs whole runs in one flow run. For a
+work pool instead of a long-running process, use `prefect deploy` with `prefect.yaml`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from prefect import serve
+
+from flows.attempt import train_attempt
+from flows.run import training_run
+
+ATTEMPT_DEPLOYMENT = "train-attempt/local"
+
+
+def deployments(tags: list[str]) -> list:
+    """The deployments this module serves."""
+    return [
+        train_attempt.to_deployment(
+            name="local", tags=tags, description="One training attempt; failed attempts schedule the next."
+        ),
+        training_run.to_deployment(
+            name="local", tags=tags, description="A whole training run, attempts looped in one flow run."
+        ),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tag", action="append", default=["trainguard"])
+    parser.add_argument("--limit", type=int, default=4, help="flow runs at once")
+    args = parser.parse_args()
+    serve(*deployments(args.tag), limit=args.limit)
+
+
+if __name__ == "__main__":
+    main()

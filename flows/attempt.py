@@ -1,0 +1,119 @@
+"""The attempt flow: one flow run is one training attempt.
+
+provision → train → collect evidence (always, in a `finally`) → classify → decide retry → report.
+The flow ends Completed when training succeeded, else Failed with the classification and the retry
+decision in its message and data; the state hooks carry the decision out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.events import emit_event
+from prefect.runtime import flow_run as current_run
+from prefect.states import Failed, State
+
+from blocks import load_backend, load_evidence, resolve_policy
+from flows.hooks import schedule_next_attempt
+from tasks.evidence import collect_evidence
+from tasks.report import publish_report
+from tasks.training import TrainingFailed, provision_workspace, run_training
+from tasks.triage import classify_failure, decide_retry
+from trainguard.core.attempt import AttemptFailed, AttemptSummary, history_records, new_run_id
+from trainguard.core.spec import TrainingSpec
+
+
+def spec_name() -> str:
+    """The run spec's name, for flow run names."""
+    spec = current_run.parameters.get("spec") or {}
+    return str(spec.get("name") if isinstance(spec, dict) else getattr(spec, "name", "run"))
+
+
+def attempt_run_name() -> str:
+    """`{spec name}-a{attempt}`, so the UI lists attempts readably."""
+    return f"{spec_name()}-a{current_run.parameters.get('attempt', 1)}"
+
+
+@flow(
+    name="train-attempt",
+    flow_run_name=attempt_run_name,
+    on_failure=[schedule_next_attempt],
+    on_crashed=[schedule_next_attempt],
+)
+def train_attempt(
+    spec: TrainingSpec,
+    attempt: int = 1,
+    run_id: str | None = None,
+    resume_from: str | None = None,
+    parent_flow_run_id: str | None = None,
+    history: list[dict[str, Any]] | None = None,
+    avoid_nodes: list[str] | None = None,
+    backend_block: str | None = None,
+    evidence_block: str | None = None,
+    retry_policy_block: str | None = None,
+    rules_file: str | None = None,
+) -> dict[str, Any] | State:
+    """Run one attempt of `spec` and judge it; see the module docstring for the shape."""
+    run_id = run_id or new_run_id(spec.name, current_run.id)
+    backend, evidence_folder = load_backend(backend_block), load_evidence(evidence_block)
+    retry_policy, earlier = resolve_policy(spec, retry_policy_block), history or []
+    workspace, train_state = None, None
+    try:
+        workspace = provision_workspace(backend, run_id, attempt)
+        train_state = run_training(backend, spec, workspace, resume_from, return_state=True)
+    finally:  # also on SIGTERM and deadlines: freeze the crime scene before anything else
+        evidence_state = collect_evidence(evidence_folder, workspace, return_state=True) if workspace else None
+    outcome = _outcome(train_state)
+    diagnosis = classify_failure(outcome, workspace, rules_file)
+    checkpoints = backend.checkpoints(run_id)
+    evidence = evidence_state.result(raise_on_failure=False) if evidence_state else None
+    summary = AttemptSummary(
+        run_id=run_id, attempt=attempt, max_attempts=retry_policy.max_attempts,
+        state="Completed" if outcome.get("exit_code") == 0 else "Failed",
+        flow_run_id=str(current_run.id), flow_run_name=current_run.name,
+        exit_code=outcome.get("exit_code"), termination_reason=outcome.get("reason"),
+        duration_seconds=float(outcome.get("duration_seconds") or 0.0), gpus=spec.gpus,
+        resumed_from=resume_from, newest_checkpoint=checkpoints[0] if checkpoints else None,
+        **_evidence_fields(evidence), **(_diagnosis_fields(diagnosis)),
+    )
+    decision = decide_retry(retry_policy, [*history_records(earlier), summary.record()], checkpoints)
+    summary = summary.with_decision(decision)
+    publish_report(summary, [AttemptSummary.from_dict(item) for item in earlier])
+    emit_event(
+        event="trainguard.attempt.finished",
+        resource={"prefect.resource.id": f"trainguard.run.{run_id}", "prefect.resource.name": run_id},
+        payload=summary.to_dict(),
+    )
+    if summary.succeeded:
+        return summary.to_dict()
+    message = f"attempt {attempt} failed: {summary.category} ({summary.rule_id}); {decision.reason}"
+    return Failed(message=message, data=AttemptFailed(message, summary.to_dict()))
+
+
+def _outcome(train_state: State | None) -> dict[str, Any]:
+    """The runner's outcome from the train task's state, whether it completed or failed."""
+    if train_state is None:
+        return {"exit_code": None, "reason": "Error", "message": "training never started"}
+    result = train_state.result(raise_on_failure=False)
+    if isinstance(result, TrainingFailed):
+        return result.outcome
+    if isinstance(result, BaseException):
+        return {"exit_code": None, "reason": "Error", "message": f"{type(result).__name__}: {result}"}
+    return dict(result)
+
+
+def _evidence_fields(evidence: Any) -> dict[str, Any]:
+    if not isinstance(evidence, dict):
+        return {"evidence": None}
+    return {"evidence": evidence["location"], "evidence_items": evidence["items"], "evidence_missing": evidence["missing"]}
+
+
+def _diagnosis_fields(diagnosis: Any) -> dict[str, Any]:
+    if diagnosis is None:
+        return {}
+    return {
+        "category": diagnosis.category.value, "retryable": diagnosis.retryable, "rule_id": diagnosis.rule_id,
+        "signature": diagnosis.signature, "line_number": diagnosis.line_number,
+        "remediation": diagnosis.remediation, "fingerprint": diagnosis.fingerprint,
+    }

@@ -1,0 +1,32 @@
+"""Tasks that judge a failed attempt: classify it, then decide whether to retry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from trainguard.core import policy, triage
+from trainguard.core.workspace import AttemptWorkspace
+
+
+@task(name="classify_failure", cache_policy=NO_CACHE)
+def classify_failure(
+    outcome: dict[str, Any], workspace: AttemptWorkspace, rules_file: str | None = None
+) -> triage.Diagnosis | None:
+    """Classify the attempt from its exit code, termination reason and log; None for a success."""
+    signals = triage.Signals(
+        exit_code=outcome.get("exit_code"),
+        reason=outcome.get("reason"),
+        log=workspace.log_path if workspace.log_path.exists() else None,
+    )
+    return triage.classify(signals, rules=triage.load_rules(rules_file) if rules_file else None)
+
+
+@task(name="decide_retry", cache_policy=NO_CACHE)
+def decide_retry(
+    retry_policy: policy.RetryPolicy, history: list[policy.AttemptRecord], checkpoints: list[str]
+) -> policy.RetryDecision:
+    """Apply the retry policy to the run's attempts so far."""
+    return policy.decide(retry_policy, history, checkpoints)

@@ -1,0 +1,81 @@
+"""The training-run driver end to end on one machine: real flows, processes, evidence and triage."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import attempt_dir, attempt_runs, tiny_spec
+
+from flows.run import training_run
+from trainguard.core.manifest import read_manifest, verify_manifest
+from trainguard.core.spec import parse_spec
+from trainguard.core.stores import LocalEvidenceStore
+
+
+def run(spec: dict, blocks: dict, run_id: str):
+    state = training_run(
+        parse_spec(spec), run_id=run_id, backend_block=blocks["backend_block"],
+        evidence_block=blocks["evidence_block"], return_state=True,
+    )
+    return state, state.result(raise_on_failure=False)
+
+
+def test_a_retryable_failure_is_retried_from_its_checkpoint_and_succeeds(blocks):
+    spec = tiny_spec("nccl-then-ok", "--fail-at-step", "35", "--fail-on-attempt", "1",
+                     env={"WANDB_API_KEY": "planted-secret-4242", "HUB_URL": "https://bob:pw-99@hub.local/x"})
+    state, history = run(spec, blocks, "nccl-then-ok-1")
+
+    assert state.is_completed(), state.message
+    assert [(h["state"], h["category"]) for h in history] == [("Failed", "nccl_error"), ("Completed", None)]
+    assert "Watchdog caught collective operation timeout" in history[0]["signature"]
+    assert history[1]["resumed_from"].endswith("step-000030.json")
+    runs = attempt_runs("nccl-then-ok-1")
+    assert [r.name for r in runs] == ["nccl-then-ok-a1", "nccl-then-ok-a2"]
+
+    second = attempt_dir(blocks["evidence"], "nccl-then-ok-1", 2)
+    log2 = next((second / "logs").glob("train-*.log")).read_text()
+    assert "attempt 2: resumed from step 30" in log2  # what the script itself reports
+
+    first = attempt_dir(blocks["evidence"], "nccl-then-ok-1", 1)
+    assert "Watchdog caught collective operation timeout" in (first / "crash-tail.txt").read_text()
+    env = (first / "snapshot" / "env.json").read_text()
+    assert "planted-secret-4242" not in env and "pw-99" not in env
+    assert json.loads(env)["variables"]["WANDB_API_KEY"] == "***"
+    report = json.loads((first / "crash-report.json").read_text())
+    assert report["exit_code"] == 1
+    assert "step-000030.json" in (first / "checkpoints.json").read_text()
+    store = LocalEvidenceStore(blocks["evidence"])
+    for attempt in (1, 2):
+        manifest = read_manifest(store, "nccl-then-ok-1", attempt)
+        assert manifest.items and verify_manifest(store, manifest) == []
+
+
+def test_a_code_error_fails_fast_with_exactly_one_attempt(blocks):
+    state, history = run(tiny_spec("type-error", "--fail-after-steps", "3", "--failure", "type-error"), blocks, "type-error-1")
+
+    assert state.is_failed()
+    assert len(history) == 1 and history[0]["category"] == "code_error"
+    assert "not retryable" in history[0]["decision"]["reason"]
+    runs = attempt_runs("type-error-1")
+    assert len(runs) == 1 and runs[0].state.is_failed()
+    assert "code_error" in runs[0].state.message
+
+
+def test_an_always_retryable_failure_uses_exactly_the_attempt_budget(blocks):
+    spec = tiny_spec("budget", "--fail-after-steps", "15", "--checkpoint-every", "10",
+                     retry={"max_attempts": 3, "same_signature_limit": 0})
+    state, history = run(spec, blocks, "budget-1")
+
+    assert state.is_failed()
+    assert [h["category"] for h in history] == ["nccl_error"] * 3
+    assert "budget spent: 3 of 3" in history[-1]["decision"]["reason"]
+    assert len(attempt_runs("budget-1")) == 3
+
+
+def test_the_same_signature_twice_trips_the_circuit_breaker_early(blocks):
+    spec = tiny_spec("breaker", "--fail-after-steps", "15", retry={"max_attempts": 5})
+    state, history = run(spec, blocks, "breaker-1")
+
+    assert state.is_failed() and len(history) == 2
+    assert "circuit breaker: the same failure signature repeated 2 times" in history[-1]["decision"]["reason"]
+    assert history[0]["fingerprint"] == history[1]["fingerprint"]

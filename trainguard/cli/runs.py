@@ -1,0 +1,78 @@
+"""`trainguard run` and `trainguard demo`: run attempts until success or the policy says stop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from trainguard.cli.app import app
+from trainguard.cli.output import attempts_table, console, fail
+from trainguard.core.attempt import AttemptSummary
+from trainguard.core.spec import SpecError, TrainingSpec, load_spec, parse_spec
+
+
+@app.command("run")
+def run(
+    spec_file: Path = typer.Argument(..., help="YAML run spec: name, command, env, limits, retry."),
+    backend: str | None = typer.Option(None, help="Name of a saved trainguard backend block."),
+    evidence: str | None = typer.Option(None, help="Name of a saved trainguard evidence block."),
+    retry_policy: str | None = typer.Option(None, help="Name of a saved retry policy block (the spec's retry section wins)."),
+    rules: Path | None = typer.Option(None, help="Your own triage rule file, layered over the shipped rules."),
+    deployment: str | None = typer.Option(None, help="Submit to this train-attempt deployment instead of running here."),
+) -> None:
+    """Run a training spec: attempts, evidence, triage and retries, with a table at the end."""
+    try:
+        spec = load_spec(spec_file)
+    except SpecError as exc:
+        fail(str(exc))
+    if rules is not None and not rules.is_file():
+        fail(f"--rules: no such file {rules}; pass the path of a YAML rule file")
+    if deployment:
+        _submit(spec, deployment, backend, evidence, retry_policy)
+        return
+    _run_here(spec, backend=backend, evidence=evidence, retry_policy=retry_policy, rules=rules)
+
+
+@app.command("demo")
+def demo(
+    delay: float = typer.Option(2.0, help="Backoff before the retry, in seconds."),
+) -> None:
+    """Run the embedded demo: a tiny CPU training run that fails, is triaged, resumes and succeeds."""
+    from trainguard.demo import demo_spec
+
+    spec = parse_spec(demo_spec(delay_seconds=delay), "demo")
+    console.print(f"[bold]trainguard demo[/]: {' '.join(spec.command[1:])}")
+    _run_here(spec)
+
+
+def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
+    from flows.run import training_run
+    from trainguard.core.attempt import new_run_id
+
+    run_id = new_run_id(spec.name)
+    rules = blocks.pop("rules", None)
+    state = training_run(
+        spec, run_id=run_id, backend_block=blocks.get("backend"), evidence_block=blocks.get("evidence"),
+        retry_policy_block=blocks.get("retry_policy"), rules_file=str(rules) if rules else None,
+        return_state=True,
+    )
+    history = state.result(raise_on_failure=False)
+    summaries = [AttemptSummary.from_dict(item) for item in history] if isinstance(history, list) else []
+    console.print()
+    console.print(attempts_table(summaries, title=f"trainguard run {run_id}"))
+    console.print(f"{state.name}: {state.message}")
+    if summaries and summaries[-1].evidence:
+        console.print(f"evidence: {Path(summaries[-1].evidence).parent}  (trainguard evidence show {run_id})")
+    if not state.is_completed():
+        raise typer.Exit(1)
+
+
+def _submit(spec: TrainingSpec, deployment: str, backend: str | None, evidence: str | None, retry_policy: str | None) -> None:
+    from prefect.deployments import run_deployment
+
+    parameters = {"spec": spec.model_dump(mode="json"), "backend_block": backend, "evidence_block": evidence,
+                  "retry_policy_block": retry_policy}
+    flow_run = run_deployment(deployment, parameters={k: v for k, v in parameters.items() if v is not None}, timeout=0)
+    console.print(f"submitted attempt 1 of {spec.name} as flow run {flow_run.name} ({flow_run.id})")
