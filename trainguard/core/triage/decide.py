@@ -3,7 +3,7 @@
 Rules whose platform matchers (exit code, reason, conditions, events) fail are left out of the
 log scan; every surviving piece of evidence becomes a candidate with its rule's strength. The
 strongest class wins; inside it the earliest failing rank wins when every candidate carries a
-timestamp, otherwise the earliest line, then the rule order.
+timestamp, otherwise the earliest log line (before platform signals), then the rule order.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def pick(candidates: Sequence[Candidate]) -> Candidate:
     group = [c for c in candidates if c.strength == top]
     if len(group) > 1 and all(c.timestamp is not None for c in group):
         return min(group, key=lambda c: (c.timestamp, c.line_number or 0, c.rule))
-    return min(group, key=lambda c: (c.line_number or 0, c.rule))
+    # A log line says more than an exit code of the same strength, so it is preferred.
+    return min(group, key=lambda c: (c.line_number is None, c.line_number or 0, c.rule))
 
 
 def _diagnosis(rule: Rule, c: Candidate, previous: Sequence[Diagnosis]) -> Diagnosis:

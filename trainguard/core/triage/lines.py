@@ -24,6 +24,8 @@ _PREFIXES = (
     re.compile(r"^(\d+): (?=\S)"),  # srun --label
     re.compile(r"^\[\d+\] (?=\[)"),  # a pid in brackets before another prefix
     re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z?: ?"),
+    # Determined-style "[2022-05-31T14:29:44.164Z] dc5b74e6 [rank=0] || ".
+    re.compile(r"^\[\d{4}-\d\d-\d\dT[\d:.]+Z?\] (?:\w+ )?(?:\[rank=(\d+)\] )?\|\| ?"),
 )
 _RANK_IN_TEXT = re.compile(r"\[(?:Rank|rank) ?(\d+)\]|\brank[:= ]\s*(\d+)\b|\blocal_rank: (\d+)")
 _ISO_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
