@@ -49,13 +49,16 @@ class Options:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, usage=f"{PROG} --workspace DIR --run-id R --attempt N [--checkpoint-dir D] [--log-file F] -- COMMAND [ARGS...]")
+    usage = f"{PROG} --workspace DIR --run-id R --attempt N [--checkpoint-dir D] [--log-file F] -- COMMAND [ARGS...]"
+    parser = argparse.ArgumentParser(prog=PROG, usage=usage)
     parser.add_argument("--workspace", help="attempt folder (env TRAINGUARD_WORKSPACE)")
     parser.add_argument("--run-id", help="run id (env TRAINGUARD_RUN_ID)")
     parser.add_argument("--attempt", help="attempt number from 1 (env TRAINGUARD_ATTEMPT)")
     parser.add_argument("--checkpoint-dir", help="checkpoint folder (env TRAINGUARD_CHECKPOINT_DIR)")
     parser.add_argument("--log-file", help="log file (default WORKSPACE/logs/train-R-attempt-N.log)")
-    parser.add_argument("--gpu-timeout-seconds", help="limit per nvidia-smi call (env TRAINGUARD_GPU_TIMEOUT_SECONDS, default 20)")
+    parser.add_argument(
+        "--gpu-timeout-seconds", help="limit per nvidia-smi call (env TRAINGUARD_GPU_TIMEOUT_SECONDS, default 20)"
+    )
     return parser
 
 
@@ -82,9 +85,14 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
     if workspace is None:
         raise UsageError("--workspace is required (or set TRAINGUARD_WORKSPACE): the attempt folder")
     if run_id is None or not _RUN_ID.fullmatch(run_id) or ".." in run_id:
-        raise UsageError(f"--run-id {run_id!r} is missing or not a safe name (or set TRAINGUARD_RUN_ID): use letters, digits, '.', '_' or '-'")
+        raise UsageError(
+            f"--run-id {run_id!r} is missing or not a safe name (or set TRAINGUARD_RUN_ID): "
+            "use letters, digits, '.', '_' or '-'"
+        )
     if attempt_text is None or not attempt_text.isdigit() or int(attempt_text) < 1:
-        raise UsageError(f"--attempt {attempt_text!r} is missing or invalid (or set TRAINGUARD_ATTEMPT): give a whole number from 1")
+        raise UsageError(
+            f"--attempt {attempt_text!r} is missing or invalid (or set TRAINGUARD_ATTEMPT): give a whole number from 1"
+        )
     timeout_text = _pick(args.gpu_timeout_seconds, environ, "TRAINGUARD_GPU_TIMEOUT_SECONDS") or "20"
     try:
         gpu_timeout = float(timeout_text)
@@ -93,7 +101,8 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
     attempt = int(attempt_text)
     checkpoint_dir = _pick(args.checkpoint_dir, environ, "TRAINGUARD_CHECKPOINT_DIR")
     root = Path(workspace).absolute()
-    log_file = Path(args.log_file).absolute() if args.log_file else root / "logs" / f"train-{run_id}-attempt-{attempt}.log"
+    default_log = root / "logs" / f"train-{run_id}-attempt-{attempt}.log"
+    log_file = Path(args.log_file).absolute() if args.log_file else default_log
     return Options(root, run_id, attempt, Path(checkpoint_dir).absolute() if checkpoint_dir else None,
                    log_file, gpu_timeout, command)
 
@@ -145,11 +154,14 @@ def _before(options: Options, env: Mapping[str, str], problems: list[str]) -> Co
 def _run(options: Options, env: Mapping[str, str], forwarder: SignalForwarder) -> ChildResult:
     if forwarder.received:
         first = forwarder.received[0]
-        return ChildResult(None, 128 + first, first, False, f"received {signal_name(first)} before the command started; not started")
+        why = f"received {signal_name(first)} before the command started; not started"
+        return ChildResult(None, 128 + first, first, False, why)
     return run_command(options.command, env=env, log_path=options.log_file, forwarder=forwarder)
 
 
-def _cores(policy: CorePolicy | None, result: ChildResult, options: Options, not_before: float) -> tuple[list[str], str | None]:
+def _cores(
+    policy: CorePolicy | None, result: ChildResult, options: Options, not_before: float
+) -> tuple[list[str], str | None]:
     if result.pid is None:
         return [], f"the command never started ({result.start_error})"
     if policy is None:
@@ -174,12 +186,16 @@ def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalF
     checkpoints = None
     if (checkpoint_dir := options.checkpoint_dir) is not None:
         checkpoints = _guard(problems, "checkpoint listing", lambda: list_checkpoints(checkpoint_dir))
-    report = build_crash_report(facts, result, core_files=cores, core_absent_reason=core_reason,
-                                checkpoints=checkpoints, received_signals=forwarder.received, problems=problems)
     report_path = options.workspace / "crash-report.json"
-    _guard(problems, "crash report", lambda: write_crash_report(report_path, report))
-    _guard(problems, "snapshot/gpu-after",
-           lambda: snapshot_gpu(options.workspace / "snapshot" / "gpu-after", env, timeout_seconds=options.gpu_timeout_seconds))
+    _guard(problems, "crash report", lambda: write_crash_report(report_path, build_crash_report(
+        facts, result, core_files=cores, core_absent_reason=core_reason, checkpoints=checkpoints,
+        received_signals=forwarder.received, problems=problems,
+    )))
+    after = options.workspace / "snapshot" / "gpu-after"
+    timeout = options.gpu_timeout_seconds
+    _guard(problems, "snapshot/gpu-after", lambda: snapshot_gpu(after, env, timeout_seconds=timeout))
+    for problem in problems:
+        _say(f"warning: {problem}")
     _say(f"command ended: {_describe(result)}; crash report: {report_path}")
     return result.exit_code
 

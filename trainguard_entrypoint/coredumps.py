@@ -70,7 +70,10 @@ def enable_core_dumps() -> CorePolicy:
     if reason is not None:
         pass
     elif hard == 0:
-        reason = "the RLIMIT_CORE hard limit is 0, so the kernel writes no core; allow core dumps in the container runtime (ulimit -c unlimited)"
+        reason = (
+            "the RLIMIT_CORE hard limit is 0, so the kernel writes no core; "
+            "allow core dumps in the container runtime (ulimit -c unlimited)"
+        )
     elif pattern is None:
         reason = f"cannot read {CORE_PATTERN_PATH}, so where cores go is unknown"
     elif pattern.startswith("|"):
@@ -103,7 +106,10 @@ def core_glob(policy: CorePolicy, *, pid: int, cwd: Path, signal_number: int | N
 
 def _no_core_reason(policy: CorePolicy, signal_number: int | None, exit_code: int | None) -> str | None:
     if signal_number is None:
-        return f"the command exited with code {exit_code}; cores are only dumped when a process dies of a signal such as SIGSEGV or SIGABRT"
+        return (
+            f"the command exited with code {exit_code}; "
+            "cores are only dumped when a process dies of a signal such as SIGSEGV or SIGABRT"
+        )
     if signal_number not in CORE_SIGNALS:
         return f"{signal_name(signal_number)} does not produce a core dump"
     return policy.disabled_reason
@@ -132,7 +138,10 @@ def collect_core_files(
     found = [p for p in glob.glob(pattern) if _is_fresh_file(p, not_before)]
     if not found:
         if not core_dumped:
-            return [], f"the kernel dumped no core for {signal_name(signal_number)} (check RLIMIT_CORE, the process's dumpable flag and core_pattern {policy.pattern!r})"
+            return [], (
+                f"the kernel dumped no core for {signal_name(signal_number)} (check RLIMIT_CORE, "
+                f"the process's dumpable flag and core_pattern {policy.pattern!r})"
+            )
         return [], f"the kernel reported a core dump but no file matched {pattern!r}"
     dest.mkdir(parents=True, exist_ok=True)
     moved: list[str] = []

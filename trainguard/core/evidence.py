@@ -28,6 +28,9 @@ CRASH_TAIL_LINES = 200
 ENTRYPOINT, RUNNER, WORKSPACE, FLOW = "entrypoint", "runner", "local-workspace", "flow"
 
 _IGNORED_SUFFIXES = (".tmp", ".partial")
+_EXPECTED_SNAPSHOTS = (
+    "snapshot/env.json", "snapshot/host.json", "snapshot/gpu-before/index.json", "snapshot/gpu-after/index.json",
+)
 # "step-000120.pt", "epoch=3-step=1200.ckpt", "checkpoint-500", "iter_0004000"
 _STEP = re.compile(r"(?:step|iter|checkpoint|ckpt)[-_=]?(\d+)", re.IGNORECASE)
 _NUMBER = re.compile(r"(\d+)")
@@ -78,7 +81,8 @@ class _Collector:
         self.missing: list[MissingItem] = []
 
     def _record(self, name: str, source: str, stored: StoredItem) -> None:
-        self.items.append(ManifestItem(name, stored.key, stored.sha256, stored.size_bytes, source, self.now().isoformat()))
+        stamp = self.now().isoformat()
+        self.items.append(ManifestItem(name, stored.key, stored.sha256, stored.size_bytes, source, stamp))
 
     def put_file(self, name: str, path: Path, source: str) -> None:
         self._record(name, source, self.store.put_file(f"{self.prefix}/{name}", path))
@@ -120,9 +124,10 @@ def _no_crash_report_reason(runner: dict[str, Any] | None) -> str:
         return "no crash report and no runner.json: the attempt may never have run here"
     if runner.get("reason") == "StartError" and runner.get("entrypoint_pid") is None:
         return f"the entrypoint never started: {runner.get('message')}"
+    runner_says = f"{runner.get('reason')}: {runner.get('message')}"
     if runner.get("exit_code") == 137:
-        return f"the entrypoint was killed (SIGKILL) before writing its crash report; runner: {runner.get('reason')}: {runner.get('message')}"
-    return f"the entrypoint wrote no crash report; runner: {runner.get('reason')}: {runner.get('message')}"
+        return f"the entrypoint was killed (SIGKILL) before writing its crash report; runner: {runner_says}"
+    return f"the entrypoint wrote no crash report; runner: {runner_says}"
 
 
 def _collect_log(c: _Collector, ws: AttemptWorkspace, why_absent: str) -> None:
@@ -147,7 +152,7 @@ def _collect_snapshots(c: _Collector, ws: AttemptWorkspace, why_absent: str) -> 
             name = f"snapshot/{relative}"
             found.add(name)
             c.guarded(name, ENTRYPOINT, partial(c.put_file, name, path, ENTRYPOINT))
-    for expected in ("snapshot/env.json", "snapshot/host.json", "snapshot/gpu-before/index.json", "snapshot/gpu-after/index.json"):
+    for expected in _EXPECTED_SNAPSHOTS:
         if expected not in found:
             c.absent(expected, ENTRYPOINT, f"not written: {why_absent}")
     for phase in ("gpu-before", "gpu-after"):
@@ -157,15 +162,17 @@ def _collect_snapshots(c: _Collector, ws: AttemptWorkspace, why_absent: str) -> 
                 c.absent(f"snapshot/{phase}/{absent.get('name')}", ENTRYPOINT, str(absent.get("reason")))
 
 
-def _collect_reports(c: _Collector, ws: AttemptWorkspace, crash: dict[str, Any] | None, runner: dict[str, Any] | None) -> None:
+def _collect_reports(c: _Collector, ws: AttemptWorkspace, runner: dict[str, Any] | None) -> None:
     if ws.crash_report_path.is_file():
-        c.guarded("crash-report.json", ENTRYPOINT, lambda: c.put_file("crash-report.json", ws.crash_report_path, ENTRYPOINT))
+        copy = partial(c.put_file, "crash-report.json", ws.crash_report_path, ENTRYPOINT)
+        c.guarded("crash-report.json", ENTRYPOINT, copy)
     else:
         c.absent("crash-report.json", ENTRYPOINT, _no_crash_report_reason(runner))
     if ws.runner_report_path.is_file():
         c.guarded("runner.json", RUNNER, lambda: c.put_file("runner.json", ws.runner_report_path, RUNNER))
     else:
-        c.absent("runner.json", RUNNER, f"no such file: {ws.runner_report_path} (not run by the local runner, or it was killed)")
+        why = f"no such file: {ws.runner_report_path} (not run by the local runner, or it was killed)"
+        c.absent("runner.json", RUNNER, why)
 
 
 def _collect_coredumps(c: _Collector, ws: AttemptWorkspace, crash: dict[str, Any] | None) -> None:
@@ -246,10 +253,13 @@ def collect_local_evidence(
     c = _Collector(store, attempt_prefix(workspace.run_id, workspace.attempt), now)
     crash = _read_json(workspace.crash_report_path)
     runner = _read_json(workspace.runner_report_path)
-    why_absent = _no_crash_report_reason(runner) if crash is None else "the entrypoint could not write it (see the crash report's problems)"
+    why_absent = (
+        _no_crash_report_reason(runner) if crash is None
+        else "the entrypoint could not write it (see the crash report's problems)"
+    )
     steps: list[tuple[str, Callable[[], None]]] = [
         ("logs", lambda: _collect_log(c, workspace, why_absent)),
-        ("crash-report.json", lambda: _collect_reports(c, workspace, crash, runner)),
+        ("crash-report.json", lambda: _collect_reports(c, workspace, runner)),
         ("snapshot", lambda: _collect_snapshots(c, workspace, why_absent)),
         ("checkpoint", lambda: _collect_checkpoints(c, workspace, checkpoint_copy_limit_bytes)),
         ("coredumps", lambda: _collect_coredumps(c, workspace, crash)),

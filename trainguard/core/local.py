@@ -162,8 +162,8 @@ class LocalProcessRunner:
             self._stop(proc)
             self._close(proc, watcher)
             exit_code, sig = self._exit_status(proc, workspace)
-            self._finish(workspace, command, proc.pid, exit_code, sig, CANCELLED,
-                         f"the runner was interrupted ({type(exc).__name__}); the attempt was stopped", started_at, start)
+            message = f"the runner was interrupted ({type(exc).__name__}); the attempt was stopped"
+            self._finish(workspace, command, proc.pid, exit_code, sig, CANCELLED, message, started_at, start)
             raise
         self._close(proc, watcher)
         exit_code, sig = self._exit_status(proc, workspace)
@@ -174,7 +174,9 @@ class LocalProcessRunner:
 
     def _argv(self, command: Sequence[str], workspace: AttemptWorkspace) -> list[str]:
         if isinstance(command, str) or not command or not all(isinstance(a, str) and a for a in command):
-            raise ValueError(f"command must be a non-empty list of non-empty strings, e.g. ['python', 'train.py'], got {command!r}")
+            raise ValueError(
+                f"command must be a non-empty list of non-empty strings, e.g. ['python', 'train.py'], got {command!r}"
+            )
         return [
             self._python, "-m", "trainguard_entrypoint", "--workspace", str(workspace.root),
             "--run-id", workspace.run_id, "--attempt", str(workspace.attempt),
@@ -286,7 +288,9 @@ def _crash_report(workspace: AttemptWorkspace, entrypoint_pid: int) -> dict[str,
     return payload
 
 
-def _write_runner_report(workspace: AttemptWorkspace, outcome: ProcessOutcome, command: Sequence[str], pid: int | None) -> None:
+def _write_runner_report(
+    workspace: AttemptWorkspace, outcome: ProcessOutcome, command: Sequence[str], pid: int | None
+) -> None:
     payload = {
         "format": 1,
         "run_id": workspace.run_id,

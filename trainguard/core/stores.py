@@ -85,7 +85,9 @@ def validate_key(key: str) -> str:
         if segment in ("", ".", ".."):
             raise EvidenceStoreError(f"invalid evidence key {key!r}: segment {segment!r} is not allowed; {example}")
         if segment.startswith("."):
-            raise EvidenceStoreError(f"invalid evidence key {key!r}: segment {segment!r} starts with '.', reserved for temporary files")
+            raise EvidenceStoreError(
+                f"invalid evidence key {key!r}: segment {segment!r} starts with '.', reserved for temporary files"
+            )
     return key
 
 
