@@ -99,6 +99,11 @@ class Faults:
                 return rule
         return None
 
-    def log(self, info: dict[str, Any], code: int, rule: Rule | None) -> None:
-        self.requests.append({**info, "code": code, "time": time.time(),
-                              "fault": rule.id if rule else None})
+    def log(self, info: dict[str, Any], rule: Rule | None) -> dict[str, Any]:
+        """Log a request as it arrives; the caller sets "code" once it is answered.
+
+        Logging on arrival keeps requests whose client gave up (slow faults) visible.
+        """
+        entry = {**info, "code": None, "time": time.time(), "fault": rule.id if rule else None}
+        self.requests.append(entry)
+        return entry

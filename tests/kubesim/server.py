@@ -67,13 +67,10 @@ class Server:
                 "subresource": target.sub if target else None}
         rule = self.faults.match(info)
         request["fault"] = rule
-        code = 500
-        try:
-            response = await self._answer(request, handler, rule)
-            code = response.status
-            return response
-        finally:
-            self.faults.log(info, code, rule)
+        entry = self.faults.log(info, rule)
+        response = await self._answer(request, handler, rule)
+        entry["code"] = response.status
+        return response
 
     async def _answer(self, request: web.Request, handler: Any,
                       rule: Rule | None) -> web.StreamResponse:

@@ -1,0 +1,124 @@
+"""API faults as the official client sees them: error statuses, slow answers, broken, ended and
+expired watches, and the request log that counts a client's calls."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import urllib3
+from conftest import seeded_pod
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+import kubesim.fixture
+
+
+@pytest.fixture(autouse=True)
+def no_faults_left(sim: kubesim.fixture.Sim) -> Iterator[None]:
+    yield
+    sim.faults.clear()
+
+
+@pytest.mark.parametrize("code", [500, 503, 504])
+def test_error_rule_answers_matching_requests_then_stops(sim: kubesim.fixture.Sim,
+                                                         core: client.CoreV1Api, ns: str,
+                                                         code: int) -> None:
+    sim.faults.add(verb="list", resource="pods", namespace=ns, status=code, times=2)
+    for _ in range(2):
+        with pytest.raises(ApiException) as err:
+            core.list_namespaced_pod(ns)
+        assert err.value.status == code
+    assert core.list_namespaced_pod(ns).items == []
+    assert [r["code"] for r in sim.requests(verb="list", namespace=ns)] == [code, code, 200]
+
+
+def test_too_many_requests_carries_retry_after(sim: kubesim.fixture.Sim, core: client.CoreV1Api,
+                                               ns: str) -> None:
+    sim.faults.add(verb="create", resource="pods", namespace=ns, status=429, retry_after=7,
+                   times=1)
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(ns, seeded_pod("p"))
+    assert err.value.status == 429 and err.value.headers["Retry-After"] == "7"
+    assert '"reason":"TooManyRequests"' in err.value.body
+
+
+def test_other_requests_are_untouched_by_a_rule(sim: kubesim.fixture.Sim, core: client.CoreV1Api,
+                                                ns: str) -> None:
+    sim.faults.add(verb="get", resource="pods", namespace=ns, name="p", status=500)
+    core.create_namespaced_pod(ns, seeded_pod("p"))
+    core.create_namespaced_pod(ns, seeded_pod("q"))
+    assert core.read_namespaced_pod("q", ns).metadata.name == "q"
+    with pytest.raises(ApiException):
+        core.read_namespaced_pod("p", ns)
+
+
+def test_slow_answer_trips_a_client_timeout(sim: kubesim.fixture.Sim, core: client.CoreV1Api,
+                                            ns: str) -> None:
+    sim.faults.add(verb="list", resource="pods", namespace=ns, delay=1.0)
+    started = time.monotonic()
+    with pytest.raises(urllib3.exceptions.HTTPError):
+        core.list_namespaced_pod(ns, _request_timeout=0.2)
+    assert time.monotonic() - started < 3
+    assert sim.requests(verb="list", namespace=ns)
+
+
+def _watch_names(core: client.CoreV1Api, ns: str, seconds: int) -> list[str]:
+    return [e["type"] for e in watch.Watch().stream(core.list_namespaced_pod, ns,
+                                                     timeout_seconds=seconds)]
+
+
+def test_reset_watch_breaks_the_official_clients_stream(sim: kubesim.fixture.Sim,
+                                                        core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, seeded_pod("p"))
+    sim.faults.add(verb="watch", resource="pods", namespace=ns, watch="reset", after=0.3)
+    with pytest.raises(urllib3.exceptions.ProtocolError):
+        _watch_names(core, ns, 5)
+
+
+def test_ended_watch_is_a_clean_end_before_the_timeout(sim: kubesim.fixture.Sim,
+                                                      core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, seeded_pod("p"))
+    sim.faults.add(verb="watch", resource="pods", namespace=ns, watch="end", after=0.3)
+    started = time.monotonic()
+    assert _watch_names(core, ns, 5) == ["ADDED"]
+    assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize(("timeout", "watches"), [(None, 2), (5, 1)])
+def test_expired_watch_raises_410_after_the_clients_own_retry(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str, timeout: int | None,
+        watches: int) -> None:
+    rv = core.list_namespaced_pod(ns).metadata.resource_version
+    sim.faults.add(verb="watch", resource="pods", namespace=ns, watch="expired", after=0.1)
+    kwargs = {} if timeout is None else {"timeout_seconds": timeout}
+    with pytest.raises(ApiException) as err:
+        list(watch.Watch().stream(core.list_namespaced_pod, ns, resource_version=rv, **kwargs))
+    assert err.value.status == 410 and err.value.reason.startswith("Expired: too old")
+    # kubernetes 36's Watch re-watches once after a 410, unless timeout_seconds was given.
+    assert len(sim.requests(verb="watch", namespace=ns)) == watches
+
+
+def test_request_log_counts_a_clients_calls(sim: kubesim.fixture.Sim, core: client.CoreV1Api,
+                                            ns: str) -> None:
+    core.create_namespaced_pod(ns, seeded_pod("p"))
+    core.read_namespaced_pod("p", ns)
+    core.read_namespaced_pod("p", ns)
+    gets = sim.requests(verb="get", namespace=ns, resource="pods", name="p")
+    assert len(gets) == 2 and all(r["code"] == 200 for r in gets)
+    assert len(sim.requests(verb="create", namespace=ns)) == 1
+
+
+@pytest.mark.parametrize(("rule", "message"), [
+    ({"verb": "list", "colour": "red", "status": 500}, "unknown field(s) ['colour']"),
+    ({"verb": "list"}, "give status (an error code), delay (seconds) or watch"),
+    ({"watch": "explode"}, "watch must be one of"),
+])
+def test_bad_fault_rule_is_refused_with_the_field_named(sim: kubesim.fixture.Sim,
+                                                        rule: dict[str, Any],
+                                                        message: str) -> None:
+    with pytest.raises(kubesim.fixture.ControlError) as err:
+        sim.faults.add(**rule)
+    assert message in str(err.value) and "\n" not in str(err.value)
