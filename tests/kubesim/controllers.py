@@ -2,7 +2,7 @@
 
 What belongs here: `start(store, config)` (node objects, one kubelet per node, scheduler,
 job controller, node lifecycle) and the fault entry points `oom_kill`, `evict`, `preempt`,
-`partition`, `crash`, `heal`, `delete_node`. Each raises LookupError with a one-line message
+`partition`, `crash`, `heal`, `delete_node`. Each raises kubesim.errors.NotFound with a one-line message
 naming what was not found, which the control API answers as 404.
 
 What does not: the behaviour itself (kubelet.py, scheduler.py, jobs.py, nodes.py).
@@ -17,6 +17,7 @@ from typing import Any
 
 from kubesim import runtime
 from kubesim.config import SimConfig
+from kubesim.errors import NotFound
 from kubesim.jobs import JobController
 from kubesim.kubelet import Kubelet, PodWorker
 from kubesim.nodes import NodeLifecycle, node_object
@@ -67,17 +68,22 @@ def start(store: Store, config: SimConfig) -> list[asyncio.Task[None]]:
     return list(cluster.tasks.values())
 
 
-def shutdown(store: Store | None = None) -> None:
-    """Kill every container process and remove the cgroups (server shutdown)."""
+async def shutdown(store: Store | None = None) -> None:
+    """Kill every container process, reap them, then remove the cgroups (server shutdown)."""
     for key, cluster in list(_clusters.items()):
         if store is not None and key != id(store):
             continue
-        for kubelet in cluster.kubelets.values():
-            kubelet.kill_all()
         for task in cluster.tasks.values():
             task.cancel()
+        for kubelet in cluster.kubelets.values():
+            kubelet.kill_all()
+        reaping = [f for f in cluster.background if not f.done()]
+        reaping += [f for k in cluster.kubelets.values() for f in k.reaping if not f.done()]
+        if reaping:
+            await asyncio.wait(reaping, timeout=5)
         cluster.memory.close()
         _clusters.pop(key, None)
+    runtime.remove_mountpoints()
 
 
 def set_api_url(url: str, store: Store | None = None) -> None:
@@ -96,7 +102,7 @@ def _cluster_list(store: Store | None) -> list[Cluster]:
 def _cluster(store: Store | None) -> Cluster:
     found = _cluster_list(store)
     if not found:
-        raise LookupError("kubesim controllers are not running")
+        raise NotFound("kubesim controllers are not running")
     return found[0]
 
 
@@ -105,7 +111,7 @@ def _worker(store: Store, namespace: str, pod: str) -> PodWorker:
         worker = kubelet.find(namespace, pod)
         if worker is not None:
             return worker
-    raise LookupError(f'pod "{pod}" in namespace "{namespace}" is not running on any node')
+    raise NotFound(f'pod "{pod}" in namespace "{namespace}" is not running on any node')
 
 
 def _spawn(cluster: Cluster, coro: Any) -> None:
@@ -120,7 +126,7 @@ def oom_kill(store: Store, namespace: str, pod: str, container: str | None = Non
     running = [c for c in worker.containers if c.instance is not None
                and (container is None or c.name == container)]
     if not running:
-        raise LookupError(f'container "{container or "(any)"}" of pod "{pod}" is not running')
+        raise NotFound(f'container "{container or "(any)"}" of pod "{pod}" is not running')
     running[0].instance.oom_kill()  # type: ignore[union-attr]
     return {"namespace": namespace, "pod": pod, "container": running[0].name}
 
@@ -135,14 +141,14 @@ def evict(store: Store, namespace: str, pod: str, resource: str = "memory") -> d
 def preempt(store: Store, namespace: str, pod: str, grace_seconds: int | None = None) -> dict[str, Any]:
     """The scheduler preempts this pod for a higher-priority one (DisruptionTarget, delete)."""
     if preempt_victim(store, namespace, pod, grace_seconds=grace_seconds) is None:
-        raise LookupError(f'pods "{pod}" not found')
+        raise NotFound(f'pods "{pod}" not found')
     return {"namespace": namespace, "pod": pod}
 
 
 def _kubelet(node: str, store: Store | None) -> Kubelet:
     kubelet = _cluster(store).kubelets.get(node)
     if kubelet is None:
-        raise LookupError(f'nodes "{node}" not found')
+        raise NotFound(f'nodes "{node}" not found')
     return kubelet
 
 
@@ -157,7 +163,6 @@ def crash(node: str, store: Store | None = None) -> dict[str, Any]:
     kubelet = _kubelet(node, store)
     kubelet.connected = False
     kubelet.kill_all()
-    kubelet.workers.clear()
     return {"node": node, "state": "crashed"}
 
 
@@ -167,6 +172,8 @@ def heal(node: str, store: Store | None = None) -> dict[str, Any]:
     kubelet.connected = True
     for pod in kubelet.store.list("pods", field_selector=f"spec.nodeName={node}"):
         kubelet.sync(pod)
+    for worker in kubelet.workers.values():
+        worker.publish()  # what changed while cut off reaches the API now
     return {"node": node, "state": "healthy"}
 
 

@@ -53,6 +53,7 @@ class Kubelet:
         self.connected = True  # False while partitioned: status writes are lost
         self.api_url = ""  # set by the server once it listens
         self.workers: dict[str, PodWorker] = {}
+        self.reaping: set[asyncio.Future[runtime.Exit]] = set()
         self._next_ip = 2
 
     def scaled(self, seconds: float) -> float:
@@ -118,9 +119,16 @@ class Kubelet:
         return None
 
     def kill_all(self) -> None:
-        """A node crash: every container process dies at once."""
+        """A node crash: every container process dies at once, nothing is reported."""
         for worker in self.workers.values():
             worker.abandon()
+        self.workers.clear()
+
+    def reap(self, instance: runtime.Container) -> None:
+        """Collect a killed instance in the background (closes its log, frees its cgroup)."""
+        task = asyncio.ensure_future(instance.wait())
+        self.reaping.add(task)
+        task.add_done_callback(self.reaping.discard)
 
 
 def finalize_deletion(kubelet: Kubelet, pod: dict[str, Any]) -> None:
@@ -215,11 +223,14 @@ class PodWorker:
         self.publish()
 
     def abandon(self) -> None:
+        """Kill the containers without reporting (node crash, pod object gone)."""
+        if self._task is not None:
+            self._task.cancel()
         for c in self.containers:
             if c.instance is not None:
                 c.instance.signal(9)
-        if self._task is not None:
-            self._task.cancel()
+                self.kubelet.reap(c.instance)
+                c.instance = None
 
     async def _run(self) -> None:
         try:
@@ -316,12 +327,15 @@ class PodWorker:
         self._pulled(c, image)
         container_dir = self.dir / c.name
         container_dir.mkdir(parents=True, exist_ok=True)
+        namespaced = runtime.mount_namespaces()
         try:
             folders = workload.prepare_volumes(kubelet.store, pod, self.dir, kubelet.config.root)
             mounts = workload.mount_map(spec, folders, container_dir)
             env = workload.build_env(kubelet.store, pod, spec, self._extra_env(mounts))
-            env = {k: workload.rewrite(v, mounts) for k, v in env.items()}
-            argv = workload.build_argv(spec, image_runtime, env, mounts)
+            if not namespaced:
+                env = {k: workload.rewrite(v, mounts) for k, v in env.items()}
+            argv = workload.build_argv(spec, image_runtime, env, mounts,
+                                       rewrite_paths=not namespaced)
         except workload.ConfigError as exc:
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
             kubelet.event(pod, "Failed", f"Error: {exc}", warning=True, container=c.name)
@@ -330,14 +344,23 @@ class PodWorker:
         except workload.StartError as exc:
             self._start_failed(c, str(exc))
             return None
-        work = spec.get("workingDir")
-        cwd = Path(workload.rewrite(work, mounts)) if work else container_dir / "rootfs"
+        (container_dir / "termination-log").touch()
+        work = spec.get("workingDir") or ""
+        cwd = container_dir / "rootfs"
+        if not namespaced and work:
+            cwd = Path(workload.rewrite(work, mounts))
+        elif work and not Path(workload.rewrite(work, mounts)).exists():
+            # Runtimes create a missing workingDir; here it is a folder of the container's.
+            mounts[work] = container_dir / "workdir"
+            mounts[work].mkdir(exist_ok=True)
         cwd.mkdir(parents=True, exist_ok=True)
         limit = ((spec.get("resources") or {}).get("limits") or {}).get("memory")
         return runtime.Launch(
             argv=argv, env=env, cwd=cwd, name=c.name,
             log_path=container_dir / f"{c.restart_count}.log",
-            memory_limit_bytes=int(workload.quantity(limit)) if limit else None)
+            memory_limit_bytes=int(workload.quantity(limit)) if limit else None,
+            mounts=tuple((str(local), path) for path, local in mounts.items())
+            if namespaced else (), workdir=work if namespaced else "")
 
     def _extra_env(self, mounts: dict[str, Path]) -> dict[str, str]:
         extra = workload.mount_env(mounts)
@@ -425,8 +448,8 @@ class PodWorker:
         stale = self.dir / c.name / f"{c.restart_count - 2}.log"
         with contextlib.suppress(OSError):
             stale.unlink()
-        with contextlib.suppress(OSError):
-            (self.dir / c.name / "termination-log").unlink()
+        with contextlib.suppress(OSError):  # a fresh instance starts with an empty message
+            (self.dir / c.name / "termination-log").write_text("")
 
     # -- termination ---------------------------------------------------------------------------
 

@@ -23,6 +23,9 @@ from kubesim.store import Store, timestamp
 
 HEARTBEAT_SECONDS = 10.0
 MONITOR_GRACE_SECONDS = 40.0
+# Floor of the scaled grace: a loaded 2-core machine can stall the loop for a second, and a
+# node flapping NotReady would be a fault nobody asked for.
+MIN_GRACE_SECONDS = 2.0
 UNREACHABLE = "node.kubernetes.io/unreachable"
 _CONDITIONS = (("MemoryPressure", "KubeletHasSufficientMemory",
                 "kubelet has sufficient memory available"),
@@ -76,9 +79,15 @@ class NodeLifecycle:
 
     def __init__(self, store: Store, config: SimConfig, kubelets: dict[str, Kubelet]) -> None:
         self.store, self.config, self.kubelets = store, config, kubelets
+        now = time.monotonic()
+        self._last_beat = {name: now for name in kubelets}
 
     def scaled(self, seconds: float) -> float:
         return seconds * self.config.time_scale
+
+    @property
+    def grace(self) -> float:
+        return max(self.scaled(MONITOR_GRACE_SECONDS), MIN_GRACE_SECONDS)
 
     async def run(self) -> None:
         period = max(self.scaled(HEARTBEAT_SECONDS), 0.05)
@@ -89,9 +98,10 @@ class NodeLifecycle:
             self.monitor()
             self.evict_tainted()
             self.collect_orphans()
-            await asyncio.sleep(min(period, max(self.scaled(MONITOR_GRACE_SECONDS) / 4, 0.05)))
+            await asyncio.sleep(min(period, self.grace / 4))
 
     def heartbeat(self, name: str) -> None:
+        self._last_beat[name] = time.monotonic()
         now = timestamp()
 
         def beat(node: dict[str, Any]) -> None:
@@ -116,11 +126,13 @@ class NodeLifecycle:
         for node in self.store.list("nodes"):
             ready = next((c for c in node["status"].get("conditions") or []
                           if c["type"] == "Ready"), None)
+            name = node["metadata"]["name"]
             if ready is None or ready["status"] == "Unknown":
                 continue
-            if _seconds_since(ready.get("lastHeartbeatTime")) < self.scaled(MONITOR_GRACE_SECONDS):
+            last = self._last_beat.get(name, time.monotonic())
+            if time.monotonic() - last < self.grace:
                 continue
-            self._mark_unknown(node["metadata"]["name"])
+            self._mark_unknown(name)
 
     def _mark_unknown(self, name: str) -> None:
         now = timestamp()

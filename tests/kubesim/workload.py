@@ -4,11 +4,12 @@ What belongs here: resource quantities, the image map (glob -> how to run), the 
 line, the container environment (value, fieldRef, resourceFieldRef, secretKeyRef,
 configMapKeyRef, envFrom, service and GPU variables), volume folders and the mount map.
 
-Mounts: containers run on the host without a mount namespace (bind mounts at arbitrary
-absolute paths would need those paths to exist on the host), so each mount is exposed as
-`KUBESIM_MOUNT_<PATH>` and `KUBESIM_MOUNTS` (JSON), and every command word, env value and
-workingDir that starts with a mountPath is rewritten to the local folder. That rewrite is
-less faithful than a real bind mount and is documented as such.
+Mounts: where the runtime can give a container a private mount namespace, each volume is
+bound at its real mountPath. Everywhere (and as the only means where unshare is not
+permitted) each mount is also exposed as `KUBESIM_MOUNT_<PATH>` and `KUBESIM_MOUNTS` (JSON);
+without a namespace every command word, env value and workingDir that starts with a
+mountPath is rewritten to the local folder, which is less faithful (a path built inside the
+program is not rewritten) and is flagged by a warning.
 
 What does not: process handling (runtime.py) and pod status (kubelet.py).
 """
@@ -86,18 +87,21 @@ def _executable(image_runtime: Any) -> str | None:
     return getattr(image_runtime, "executable", None)
 
 
-def build_argv(container: Mapping[str, Any], image_runtime: Any,
-               env: Mapping[str, str], mounts: Mapping[str, Path]) -> tuple[str, ...]:
-    """The command line: command + args with $(VAR) expanded and mount paths rewritten."""
+def build_argv(container: Mapping[str, Any], image_runtime: Any, env: Mapping[str, str],
+               mounts: Mapping[str, Path], *, rewrite_paths: bool) -> tuple[str, ...]:
+    """The command line: command + args with $(VAR) expanded (and mount paths rewritten
+    when the container has no mount namespace of its own)."""
     words = [*(container.get("command") or []), *(container.get("args") or [])]
     if not words:
         raise StartError("no command specified: kubesim images have no entrypoint; "
                          "set command or args in the container spec")
-    words = [rewrite(_expand(str(w), env), mounts) for w in words]
+    words = [_expand(str(w), env) for w in words]
+    if rewrite_paths:
+        words = [rewrite(w, mounts) for w in words]
     executable = _executable(image_runtime)
     if executable and re.fullmatch(r"python(3(\.\d+)?)?", os.path.basename(words[0])):
         words[0] = executable
-    if shutil.which(words[0], path=env.get("PATH")) is None:
+    if shutil.which(rewrite(words[0], mounts), path=env.get("PATH")) is None:
         raise StartError(
             f'failed to create containerd task: failed to create shim task: OCI runtime '
             f'create failed: runc create failed: unable to start container process: exec: '
