@@ -7,7 +7,7 @@ The core imports these functions too, so both sides redact the same way.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 REDACTED = "***"
 
@@ -28,6 +28,25 @@ def is_secret_name(name: str) -> bool:
 def redact_text(text: str) -> str:
     """Replace the password of every ``scheme://user:password@host`` in ``text`` with ``***``."""
     return _URL_CREDENTIALS.sub(lambda m: f"{m.group('head')}:{REDACTED}@", text)
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """Redact a command line: ``--api-key=X`` and ``--hf-token X`` values, and URL passwords anywhere."""
+    redacted: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            redacted.append(REDACTED)
+            hide_next = False
+            continue
+        name, equals, _ = arg.partition("=")
+        is_flag = name.startswith("-") and is_secret_name(name.lstrip("-").replace("-", "_"))
+        if is_flag and equals:
+            redacted.append(f"{name}={REDACTED}")
+        else:
+            redacted.append(redact_text(arg))
+            hide_next = is_flag
+    return redacted
 
 
 def redact_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:

@@ -17,7 +17,7 @@ from typing import Any
 from trainguard_entrypoint import REPORT_FORMAT
 from trainguard_entrypoint.coredumps import signal_name
 from trainguard_entrypoint.files import read_tail_lines, write_json_atomic
-from trainguard_entrypoint.redact import redact_text
+from trainguard_entrypoint.redact import redact_argv
 from trainguard_entrypoint.tee import ChildResult
 
 LOG_TAIL_LINES = 80
@@ -77,8 +77,8 @@ def build_crash_report(
         "format": REPORT_FORMAT,
         "run_id": facts.run_id,
         "attempt": facts.attempt,
-        # URL credentials in arguments are redacted like the environment's
-        "command": [redact_text(arg) for arg in facts.command],
+        # secrets passed as arguments are redacted like the environment's
+        "command": redact_argv(facts.command),
         "started_at": facts.started_at,
         "finished_at": facts.finished_at,
         "duration_seconds": round(facts.duration_seconds, 3),

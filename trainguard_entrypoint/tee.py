@@ -140,6 +140,7 @@ def run_command(
     try:
         status = _pump(read_fd, proc.pid, sink)
     finally:
+        forwarder.child_pid = None  # reaped: its pid may soon belong to someone else
         os.close(read_fd)
         if log is not None:
             log.close()
@@ -170,6 +171,26 @@ def _child_result(pid: int, status: int, problems: tuple[str, ...]) -> ChildResu
     return ChildResult(pid, os.WEXITSTATUS(status), None, False, None, problems)
 
 
+def _reap(pid: int) -> int | None:
+    """The command's wait status once it has exited, else None.
+
+    As PID 1 of a container we are also the parent of every orphan (dataloader workers whose
+    parent died), and nobody else will reap them: collect those zombies while we wait.
+    """
+    if os.getpid() != 1:
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        return raw if done else None
+    while True:
+        try:
+            done, raw = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done == 0:
+            return None
+        if done == pid:
+            return raw
+
+
 def _pump(read_fd: int, pid: int, sink: _Sink) -> int:
     """Copy output to the sink until the command exits; return its raw wait status."""
     poller = select.poll()
@@ -184,10 +205,8 @@ def _pump(read_fd: int, pid: int, sink: _Sink) -> int:
                 break  # every writer closed the pipe
             sink.write(data)
             last_data = time.monotonic()
-        if status is None:
-            done, raw = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status, exited_at = raw, time.monotonic()
+        if status is None and (raw := _reap(pid)) is not None:
+            status, exited_at = raw, time.monotonic()
         if exited_at is not None:
             # A descendant that outlives the command may keep the pipe open forever.
             now = time.monotonic()

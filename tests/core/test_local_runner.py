@@ -34,6 +34,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _gone(pid: int, timeout: float = 5.0) -> bool:
+    """Whether ``pid`` is dead within ``timeout``: SIGKILL is delivered asynchronously."""
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def _wait_for_file(path: Path, timeout: float = 30) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -96,7 +106,7 @@ def test_the_deadline_stops_a_sleeping_command(runner, workspace, tmp_path: Path
     assert outcome.message == "still running after the 1.5s deadline; stopped"
     assert outcome.exit_code == 143  # SIGTERM forwarded by the entrypoint, which then reported it
     assert time.monotonic() - started < 15
-    assert not _alive(int(pid_file.read_text()))
+    assert _gone(int(pid_file.read_text()))
     assert json.loads(workspace.crash_report_path.read_text())["signal_name"] == "SIGTERM"
 
 
@@ -196,7 +206,7 @@ def test_an_interrupted_wait_stops_the_whole_group_and_reraises(
         signal.signal(signal.SIGUSR1, previous)
 
     pids = [int(p) for p in pid_file.read_text().split()]
-    assert not any(_alive(pid) for pid in pids), "a process of the attempt outlived the cancellation"
+    assert all(_gone(pid) for pid in pids), "a process of the attempt outlived the cancellation"
     runner_view = _runner_json(workspace)
     assert runner_view["reason"] == "Cancelled"
     assert expected.__name__ in str(runner_view["message"])
@@ -216,7 +226,7 @@ def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_period(workspa
     assert outcome.reason == "DeadlineExceeded"
     assert (outcome.exit_code, outcome.signal) == (137, 9)  # the entrypoint itself was SIGKILLed
     assert time.monotonic() - started < 15
-    assert not _alive(int(pid_file.read_text()))
+    assert _gone(int(pid_file.read_text()))
     # the entrypoint died before its crash report: the runner's own account is what remains
     assert not workspace.crash_report_path.exists()
     assert _runner_json(workspace)["reason"] == "DeadlineExceeded"
@@ -236,3 +246,23 @@ def test_malformed_arguments_are_refused_with_one_line_naming_them(workspace, kw
     command = kwargs.pop("command")
     with pytest.raises(ValueError, match=named.replace("[", r"\[")):
         LocalProcessRunner().run(command, workspace=workspace, **kwargs)
+
+
+def test_a_slow_post_mortem_after_the_command_ended_is_not_a_stall(workspace, tmp_path: Path, monkeypatch) -> None:
+    # A stand-in nvidia-smi (no GPU here) that hangs only after the command has ended, as a wedged
+    # driver would after a GPU fault.
+    marker, bin_dir = tmp_path / "crashed", tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\n[ -e {marker} ] && exec sleep 30\necho ok\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    code = f"open({str(marker)!r}, 'w').close(); raise SystemExit(4)"
+
+    outcome = LocalProcessRunner(grace_seconds=1.0).run(
+        _py(code), workspace=workspace, env={"TRAINGUARD_GPU_TIMEOUT_SECONDS": "1.5"}, stall_seconds=0.5
+    )
+
+    assert (outcome.reason, outcome.exit_code) == ("Error", 4)
+    index = json.loads((workspace.snapshot_dir / "gpu-after" / "index.json").read_text())
+    assert "timed out after 1.5s" in index["absent"][0]["reason"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from entrypoint_harness import py
 
-from trainguard_entrypoint.redact import redact_environment, redact_text
+from trainguard_entrypoint.redact import redact_argv, redact_environment, redact_text
 
 SECRETS = {
     "MY_API_TOKEN": "s3cr3t",
@@ -130,3 +130,15 @@ def test_variables_with_secret_looking_names_are_redacted_whatever_the_case(name
 
     assert redacted == {name: "***", "HOME": "/root"}
     assert names == [name]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["train.py", "--hf-token", "abc", "--lr", "0.1"], ["train.py", "--hf-token", "***", "--lr", "0.1"]),
+        (["train.py", "--api_key=abc", "--epochs=3"], ["train.py", "--api_key=***", "--epochs=3"]),
+        (["train.py", "--db", "postgres://u:pw@h/db"], ["train.py", "--db", "postgres://u:***@h/db"]),
+    ],
+)
+def test_secrets_passed_as_arguments_are_redacted_in_reports(argv: list[str], expected: list[str]) -> None:
+    assert redact_argv(argv) == expected

@@ -27,7 +27,7 @@ import trainguard_entrypoint
 from trainguard_entrypoint import ORIGINAL_PYTHONPATH
 from trainguard_entrypoint.coredumps import signal_name
 from trainguard_entrypoint.files import write_json_atomic
-from trainguard_entrypoint.redact import redact_text
+from trainguard_entrypoint.redact import redact_argv
 
 from trainguard.core.workspace import AttemptWorkspace
 
@@ -157,7 +157,7 @@ class LocalProcessRunner:
         watcher = _OutputWatcher(proc.stdout, self._on_line, self._clock)
         watcher.start()
         try:
-            ended = self._wait(proc, watcher, start, deadline_seconds, stall_seconds)
+            ended = self._wait(proc, watcher, workspace, start, deadline_seconds, stall_seconds)
         except BaseException as exc:
             self._stop(proc)
             self._close(proc, watcher)
@@ -200,7 +200,7 @@ class LocalProcessRunner:
         return full
 
     def _wait(
-        self, proc: subprocess.Popen[bytes], watcher: _OutputWatcher, start: float,
+        self, proc: subprocess.Popen[bytes], watcher: _OutputWatcher, workspace: AttemptWorkspace, start: float,
         deadline_seconds: float | None, stall_seconds: float | None,
     ) -> tuple[str, str] | None:
         """Wait for the entrypoint; stop it and return (reason, message) if a limit is hit first."""
@@ -211,12 +211,21 @@ class LocalProcessRunner:
             except subprocess.TimeoutExpired:
                 pass
             now = self._clock()
-            if deadline_seconds is not None and now - start >= deadline_seconds:
-                self._stop(proc)
+            past_deadline = deadline_seconds is not None and now - start >= deadline_seconds
+            stalled = stall_seconds is not None and now - watcher.last_output >= stall_seconds
+            if not (past_deadline or stalled):
+                continue
+            if _crash_report(workspace, proc.pid) is not None:
+                # The command has ended and only the post-mortem (a slow nvidia-smi) runs: the
+                # attempt's outcome is the command's, not a stall or a missed deadline.
+                if past_deadline:
+                    self._stop(proc)
+                    return None
+                continue
+            self._stop(proc)
+            if past_deadline:
                 return DEADLINE_EXCEEDED, f"still running after the {deadline_seconds:g}s deadline; stopped"
-            if stall_seconds is not None and now - watcher.last_output >= stall_seconds:
-                self._stop(proc)
-                return STALLED, f"no new log output for {stall_seconds:g}s (stall window); stopped"
+            return STALLED, f"no new log output for {stall_seconds:g}s (stall window); stopped"
 
     def _stop(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGTERM to the entrypoint (it forwards), then SIGKILL to the whole group after the grace period."""
@@ -241,12 +250,13 @@ class LocalProcessRunner:
     @staticmethod
     def _exit_status(proc: subprocess.Popen[bytes], workspace: AttemptWorkspace) -> tuple[int | None, int | None]:
         report = _crash_report(workspace, proc.pid)
-        code = proc.returncode
-        if code is not None and code < 0:  # the entrypoint itself was killed: no report of this run
-            return 128 - code, -code
-        if report is not None and report.get("exit_code") == code:
+        if report is not None and isinstance(report.get("exit_code"), int):
+            # the command's status, even if the entrypoint was killed later, during its post-mortem
             sig = report.get("signal")
-            return code, sig if isinstance(sig, int) else None
+            return report["exit_code"], sig if isinstance(sig, int) else None
+        code = proc.returncode
+        if code is not None and code < 0:  # the entrypoint itself was killed before reporting
+            return 128 - code, -code
         return code, None
 
     @staticmethod
@@ -304,7 +314,7 @@ def _write_runner_report(
         "finished_at": outcome.finished_at.isoformat(),
         "duration_seconds": round(outcome.duration_seconds, 3),
         "entrypoint_pid": pid,
-        "command": [redact_text(arg) for arg in command],
+        "command": redact_argv(command),
         "log_path": str(outcome.log_path),
     }
     try:
