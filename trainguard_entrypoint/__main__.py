@@ -44,6 +44,7 @@ class Options:
     attempt: int
     checkpoint_dir: Path | None
     log_file: Path
+    workdir: Path | None
     gpu_timeout_seconds: float
     command: tuple[str, ...]
 
@@ -56,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--attempt", help="attempt number from 1 (env TRAINGUARD_ATTEMPT)")
     parser.add_argument("--checkpoint-dir", help="checkpoint folder (env TRAINGUARD_CHECKPOINT_DIR)")
     parser.add_argument("--log-file", help="log file (default WORKSPACE/logs/train-R-attempt-N.log)")
+    parser.add_argument("--workdir", help="the command's working directory (env TRAINGUARD_WORKDIR; default: ours)")
     parser.add_argument(
         "--gpu-timeout-seconds", help="limit per nvidia-smi call (env TRAINGUARD_GPU_TIMEOUT_SECONDS, default 20)"
     )
@@ -103,8 +105,9 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
     root = Path(workspace).absolute()
     default_log = root / "logs" / f"train-{run_id}-attempt-{attempt}.log"
     log_file = Path(args.log_file).absolute() if args.log_file else default_log
+    workdir = _pick(args.workdir, environ, "TRAINGUARD_WORKDIR")
     return Options(root, run_id, attempt, Path(checkpoint_dir).absolute() if checkpoint_dir else None,
-                   log_file, gpu_timeout, command)
+                   log_file, Path(workdir).absolute() if workdir else None, gpu_timeout, command)
 
 
 def child_environment(options: Options, environ: Mapping[str, str]) -> dict[str, str]:
@@ -156,7 +159,9 @@ def _run(options: Options, env: Mapping[str, str], forwarder: SignalForwarder) -
         first = forwarder.received[0]
         why = f"received {signal_name(first)} before the command started; not started"
         return ChildResult(None, 128 + first, first, False, why)
-    return run_command(options.command, env=env, log_path=options.log_file, forwarder=forwarder)
+    return run_command(
+        options.command, env=env, log_path=options.log_file, forwarder=forwarder, cwd=options.workdir
+    )
 
 
 def _cores(
@@ -167,7 +172,7 @@ def _cores(
     if policy is None:
         return [], "core dump settings could not be read (see problems)"
     return collect_core_files(
-        policy, pid=result.pid, cwd=Path.cwd(), signal_number=result.signal, exit_code=result.exit_code,
+        policy, pid=result.pid, cwd=options.workdir or Path.cwd(), signal_number=result.signal, exit_code=result.exit_code,
         core_dumped=result.core_dumped, dest=options.workspace / "coredumps", not_before=not_before,
     )
 

@@ -108,21 +108,26 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def run_command(
     command: Sequence[str], *, env: Mapping[str, str], log_path: Path, forwarder: SignalForwarder,
-    console_fd: int | None = 1,
+    console_fd: int | None = 1, cwd: Path | None = None,
 ) -> ChildResult:
     """Run ``command`` to completion, teeing its output; never raises for the command's failures.
 
     Args:
-        command: The argv to run, in the entrypoint's cwd.
+        command: The argv to run.
         env: The command's complete environment.
         log_path: The log file; output is appended as raw bytes.
         forwarder: Installed handlers that learn the child's pid here.
         console_fd: Where the console copy goes (the entrypoint's stdout), or None.
+        cwd: The command's working directory; None for the entrypoint's own.
     """
     log, problem = _open_log(log_path)
     read_fd, write_fd = os.pipe()
     try:
-        proc = subprocess.Popen(list(command), stdout=write_fd, stderr=write_fd, env=dict(env), close_fds=True)
+        if cwd is not None and not cwd.is_dir():
+            raise NotADirectoryError(f"working directory does not exist: {cwd}")
+        proc = subprocess.Popen(
+            list(command), stdout=write_fd, stderr=write_fd, env=dict(env), close_fds=True, cwd=cwd
+        )
     except OSError as exc:
         os.close(read_fd)
         failure = _start_failure(command, exc)
@@ -157,6 +162,8 @@ def _open_log(log_path: Path) -> tuple[BinaryIO | None, str | None]:
 
 
 def _start_failure(command: Sequence[str], exc: OSError) -> ChildResult:
+    if isinstance(exc, NotADirectoryError):
+        return ChildResult(None, 126, None, False, str(exc))
     if isinstance(exc, FileNotFoundError):
         return ChildResult(None, 127, None, False, f"command not found: {command[0]}")
     if isinstance(exc, PermissionError):

@@ -141,3 +141,18 @@ def test_a_workspace_that_cannot_be_written_does_not_change_the_exit_status(tmp_
     assert proc.returncode == 5
     assert b"trained\n" in proc.stdout
     assert b"Traceback" not in proc.stderr
+
+
+def test_the_command_runs_in_the_workdir_given_by_trainguard_workdir(run_entrypoint, tmp_path: Path) -> None:
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    run = run_entrypoint(py("import os; print(os.getcwd())"), env={"TRAINGUARD_WORKDIR": str(workdir)})
+
+    assert run.stdout.splitlines()[0] == str(workdir).encode()
+
+
+def test_a_missing_workdir_is_a_start_error_naming_it(run_entrypoint, tmp_path: Path) -> None:
+    run = run_entrypoint(py("pass"), "--workdir", str(tmp_path / "nowhere"))
+
+    assert run.returncode == 126
+    assert run.report["start_error"] == f"working directory does not exist: {tmp_path / 'nowhere'}"
