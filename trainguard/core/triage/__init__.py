@@ -21,7 +21,7 @@ from trainguard.core.triage.rules import (
     read_user_file,
     shipped_rules_text,
 )
-from trainguard.core.triage.scan import hyperscan_available
+from trainguard.core.triage.engines import hyperscan_available
 from trainguard.core.triage.signals import Diagnosis, Signals
 
 __all__ = [
