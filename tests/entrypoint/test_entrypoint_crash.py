@@ -123,3 +123,24 @@ def test_a_core_dumped_in_the_workdir_is_kept(run_entrypoint, tmp_path: Path) ->
         pytest.skip(f"core file part only: {why_not}; the report says {run.report['core_absent_reason']!r}")
     assert run.report["core_files"], run.report["core_absent_reason"]
     assert not list(workdir.glob("core*"))
+
+
+def test_sigterm_during_the_snapshots_means_the_command_is_never_started(tmp_path: Path) -> None:
+    # the stand-in nvidia-smi (there is no GPU here) marks that the snapshot phase is under way
+    marker, bin_dir = tmp_path / "snapshotting", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\ntouch {marker}\nexec sleep 5\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    ran = tmp_path / "ran"
+    env = entrypoint_env({"TRAINGUARD_GPU_TIMEOUT_SECONDS": "1"}, path=f"{bin_dir}:/usr/bin:/bin")
+    proc = subprocess.Popen(entrypoint_argv(tmp_path / "ws", py(f"open({str(ran)!r}, 'w')")), cwd=tmp_path,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+
+    assert proc.wait(timeout=60) == 143
+    assert not ran.exists()
+    report = json.loads((tmp_path / "ws" / "crash-report.json").read_text())
+    assert report["start_error"] == "received SIGTERM before the command started; not started"

@@ -262,8 +262,10 @@ class LocalProcessRunner:
     @staticmethod
     def _judge(exit_code: int | None, sig: int | None, workspace: AttemptWorkspace, pid: int) -> tuple[str, str]:
         report = _crash_report(workspace, pid) or {}
-        if isinstance(report.get("start_error"), str) and report.get("exit_code") == exit_code:
-            return START_ERROR, str(report["start_error"])
+        start_error = report.get("start_error")
+        if isinstance(start_error, str):
+            # 126/127 as a shell reports them; a SIGTERM before the start (143) is a stop, not a start error
+            return (START_ERROR if exit_code in (126, 127) else ERROR), start_error
         if exit_code == 0:
             return COMPLETED, "exited with code 0"
         if sig is not None:
