@@ -297,8 +297,8 @@ class PodWorker:
     async def _run_once(self, c: ContainerState) -> int | None:
         """One container instance; its exit code, or None when it could not start."""
         launch = self._prepare(c)
-        if launch is None:
-            return None
+        if launch is None or isinstance(launch, int):
+            return launch
         c.container_id = f"kubesim://{uuid.uuid4().hex}{uuid.uuid4().hex}"
         self._keep_two_logs(c)
         try:
@@ -317,7 +317,8 @@ class PodWorker:
         self.publish()
         return result.exit_code
 
-    def _prepare(self, c: ContainerState) -> runtime.Launch | None:
+    def _prepare(self, c: ContainerState) -> runtime.Launch | int | None:
+        """What to start; an exit code when starting failed; None to retry after back-off."""
         spec, pod, kubelet = c.spec, self.pod, self.kubelet
         image = spec.get("image", "")
         image_runtime = workload.resolve_image(kubelet.config.images, image)
@@ -342,8 +343,7 @@ class PodWorker:
             self.publish()
             return None
         except workload.StartError as exc:
-            self._start_failed(c, str(exc))
-            return None
+            return self._start_failed(c, str(exc))
         (container_dir / "termination-log").touch()
         work = spec.get("workingDir") or ""
         cwd = container_dir / "rootfs"

@@ -1,0 +1,251 @@
+"""Disruption scenarios: scheduling failures, evictions, OOM kills, preemption, node loss.
+
+Each is judged by the official kubernetes client the way the project's evidence collector
+reads a real cluster: pod conditions, container states, events by field selector.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import kubesim
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+from test_scenarios_jobs import events_for, pod_log, wait_for
+
+IMAGE = "python:3.11"
+TRAPS_TERM = ("import signal, sys, time\n"
+              "def bye(*_):\n    print('got SIGTERM', flush=True)\n    sys.exit(143)\n"
+              "signal.signal(signal.SIGTERM, bye)\nprint('up', flush=True)\ntime.sleep(120)")
+
+
+def pod(name: str, code: str = TRAPS_TERM, *, restart: str = "Never", grace: int = 30,
+        **container: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"restartPolicy": restart, "terminationGracePeriodSeconds": grace,
+                     "containers": [{"name": "train", "image": IMAGE,
+                                     "command": ["python", "-c", code], **container}]}}
+
+
+def running(core: client.CoreV1Api, ns: str, name: str) -> client.V1Pod:
+    def probe() -> client.V1Pod | None:
+        found = core.read_namespaced_pod(name, ns)
+        return found if found.status.phase == "Running" and "up" in pod_log(
+            core, ns, name) else None
+    return wait_for(probe, what=f"{name} running")
+
+
+def phase(core: client.CoreV1Api, ns: str, name: str, wanted: str) -> client.V1Pod:
+    return wait_for(lambda: (p := core.read_namespaced_pod(name, ns)).status.phase == wanted
+                    and p, what=f"{name} {wanted}")
+
+
+def condition(p: client.V1Pod, ctype: str) -> Any:
+    return next((c for c in p.status.conditions or [] if c.type == ctype), None)
+
+
+def last_state_before_deletion(core: client.CoreV1Api, ns: str, name: str,
+                               timeout: int = 20) -> client.V1Pod:
+    """Watch the pod until it is deleted; the object the DELETED event carries."""
+    for event in watch.Watch().stream(core.list_namespaced_pod, ns,
+                                      field_selector=f"metadata.name={name}",
+                                      timeout_seconds=timeout):
+        if event["type"] == "DELETED":
+            return event["object"]
+    raise AssertionError(f"{name} was not deleted within {timeout}s")
+
+
+def test_three_gpus_on_a_two_gpu_node_stay_pending_with_failed_scheduling(
+        core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, pod("big", resources={"limits": {"nvidia.com/gpu": "3"}}))
+    message = ("0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 nodes "
+               "are available: 2 No preemption victims found for incoming pod.")
+    scheduled = wait_for(lambda: condition(core.read_namespaced_pod("big", ns), "PodScheduled"))
+    assert (scheduled.status, scheduled.reason, scheduled.message) == (
+        "False", "Unschedulable", message)
+    found = [e for e in events_for(core, ns, "big") if e.reason == "FailedScheduling"]
+    assert found and found[0].type == "Warning" and found[0].message == message
+    assert core.read_namespaced_pod("big", ns).status.phase == "Pending"
+
+
+def test_gpus_that_fit_are_bound_and_their_indices_reach_the_container(
+        core: client.CoreV1Api, ns: str) -> None:
+    code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['NVIDIA_VISIBLE_DEVICES'])"
+    core.create_namespaced_pod(ns, pod("two", code, resources={"limits": {"nvidia.com/gpu": "2"}}))
+    done = phase(core, ns, "two", "Succeeded")
+    assert done.spec.node_name == "node-1"
+    assert pod_log(core, ns, "two") == "0,1 0,1\n"
+    scheduled = [e for e in events_for(core, ns, "two") if e.reason == "Scheduled"]
+    assert scheduled[0].message == f"Successfully assigned {ns}/two to node-1"
+
+
+def test_the_eviction_api_adds_disruption_target_and_sigterm_gives_143(
+        core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, pod("drained"))
+    running(core, ns, "drained")
+    core.create_namespaced_pod_eviction("drained", ns, {
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": "drained", "namespace": ns}})
+    last = last_state_before_deletion(core, ns, "drained")
+    target = condition(last, "DisruptionTarget")
+    assert (target.reason, target.message) == ("EvictionByEvictionAPI", "Eviction API: evicting")
+    terminated = last.status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.reason) == (143, "Error")
+    assert "Killing" in {e.reason for e in events_for(core, ns, "drained")}
+
+
+def test_a_deleted_pod_loses_its_logs_with_it(core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, pod("doomed", grace=1))
+    running(core, ns, "doomed")
+    core.delete_namespaced_pod("doomed", ns)
+    last = last_state_before_deletion(core, ns, "doomed")
+    assert last.status.container_statuses[0].state.terminated.exit_code == 143
+    try:
+        pod_log(core, ns, "doomed")
+    except ApiException as exc:
+        assert exc.status == 404
+    else:
+        raise AssertionError("logs of a deleted pod were still served")
+
+
+def test_pressure_eviction_fails_the_pod_as_evicted_with_137(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, pod("squeezed", resources={"requests": {"memory": "1Gi"}}))
+    running(core, ns, "squeezed")
+    sim.evict(ns, "squeezed")
+    failed = phase(core, ns, "squeezed", "Failed")
+    assert failed.status.reason == "Evicted"
+    assert failed.status.message.startswith(
+        "The node was low on resource: memory. Threshold quantity: 100Mi, available: ")
+    assert "Container train was using " in failed.status.message
+    assert "request is 1Gi, has larger consumption of memory." in failed.status.message
+    target = condition(failed, "DisruptionTarget")
+    assert (target.reason, target.message) == ("TerminationByKubelet", failed.status.message)
+    assert failed.status.container_statuses[0].state.terminated.exit_code == 137
+    evicted = [e for e in events_for(core, ns, "squeezed") if e.reason == "Evicted"]
+    assert evicted and evicted[0].type == "Warning"
+
+
+def test_an_oom_kill_fault_reports_oom_killed_137_with_signal_9(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, pod("victim"))
+    running(core, ns, "victim")
+    sim.oom_kill(ns, "victim", "train")
+    terminated = phase(core, ns, "victim", "Failed").status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.reason, terminated.signal) == (137, "OOMKilled", 9)
+
+
+def test_preemption_marks_the_victim_and_records_preempted(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, pod("low", grace=1))
+    running(core, ns, "low")
+    sim.preempt(ns, "low")
+    last = last_state_before_deletion(core, ns, "low")
+    target = condition(last, "DisruptionTarget")
+    assert (target.reason, target.message) == (
+        "PreemptionByScheduler",
+        "default-scheduler: preempting to accommodate a higher priority pod")
+    assert "Preempted" in {e.reason for e in events_for(core, ns, "low")}
+
+
+def test_an_unknown_image_waits_in_err_image_pull_then_image_pull_back_off(
+        core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, {**pod("typo"), "spec": {
+        **pod("typo")["spec"], "containers": [{"name": "train", "image": "ghcr.io/acme/trian:1",
+                                               "command": ["true"]}]}})
+
+    def backing_off() -> Any:
+        statuses = core.read_namespaced_pod("typo", ns).status.container_statuses
+        waiting = statuses[0].state.waiting if statuses else None
+        return waiting if waiting and waiting.reason == "ImagePullBackOff" else None
+
+    waiting = wait_for(backing_off, what="ImagePullBackOff")
+    assert waiting.message == 'Back-off pulling image "ghcr.io/acme/trian:1"'
+    messages = [e.message for e in events_for(core, ns, "typo")]
+    assert "Error: ErrImagePull" in messages and "Error: ImagePullBackOff" in messages
+    assert any(m.startswith('Failed to pull image "ghcr.io/acme/trian:1": ') for m in messages)
+
+
+def test_env_comes_from_field_secret_and_config_map_refs(core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_secret(ns, {"metadata": {"name": "creds"},
+                                       "stringData": {"token": "s3cr3t"}})
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "knobs"}, "data": {"lr": "0.1"}})
+    env = [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+           {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+           {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
+           {"name": "LR", "valueFrom": {"configMapKeyRef": {"name": "knobs", "key": "lr"}}}]
+    code = "import os; print(*(os.environ[k] for k in ('POD', 'NODE', 'TOKEN', 'LR')))"
+    core.create_namespaced_pod(ns, pod("envy", code, env=env))
+    phase(core, ns, "envy", "Succeeded")
+    assert pod_log(core, ns, "envy") == "envy node-1 s3cr3t 0.1\n"
+
+
+def test_a_missing_secret_key_is_a_create_container_config_error(
+        core: client.CoreV1Api, ns: str) -> None:
+    env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k"}}}]
+    core.create_namespaced_pod(ns, pod("noconf", "print(1)", env=env))
+
+    def waiting() -> Any:
+        statuses = core.read_namespaced_pod("noconf", ns).status.container_statuses
+        found = statuses[0].state.waiting if statuses else None
+        return found if found and found.reason != "ContainerCreating" else None
+    found = wait_for(waiting, what="a waiting state")
+    assert (found.reason, found.message) == ("CreateContainerConfigError", 'secret "absent" not found')
+
+
+def test_termination_message_and_core_file_land_where_the_spec_says(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
+    code = ("import os, signal\nopen('/dev/termination-log', 'w').write('CUDA error: boom')\n"
+            "os.kill(os.getpid(), signal.SIGSEGV)")
+    # Not /work: a mount hides what the host has there, and this checkout lives under /work.
+    spec = pod("segv", code, workingDir="/scratch",
+               volumeMounts=[{"name": "w", "mountPath": "/scratch"}])
+    spec["spec"]["volumes"] = [{"name": "w", "persistentVolumeClaim": {"claimName": "scratch"}}]
+    core.create_namespaced_pod(ns, spec)
+    terminated = phase(core, ns, "segv", "Failed").status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.signal, terminated.reason) == (139, 11, "Error")
+    assert terminated.message == "CUDA error: boom"
+    claim = sim.root / "pvc" / ns / "scratch"
+    assert [p.name for p in claim.iterdir() if p.name.startswith("core")], "no core file kept"
+
+
+def test_a_command_that_cannot_start_is_a_start_error_with_exit_128(
+        core: client.CoreV1Api, ns: str) -> None:
+    spec = pod("nocmd")
+    spec["spec"]["containers"][0]["command"] = ["/no/such/binary"]
+    core.create_namespaced_pod(ns, spec)
+    terminated = phase(core, ns, "nocmd", "Failed").status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.reason) == (128, "StartError")
+    assert '"/no/such/binary": executable file not found in $PATH' in terminated.message
+
+
+def test_a_partitioned_node_goes_not_ready_and_the_taint_manager_evicts_its_pods(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
+    spec = pod("stranded", grace=1)
+    spec["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-2"}
+    core.create_namespaced_pod(ns, spec)
+    running(core, ns, "stranded")
+    sim.node("node-2").partition()
+    try:
+        def unknown() -> Any:
+            ready = condition(core.read_node("node-2"), "Ready")
+            return ready if ready.status == "Unknown" else None
+        ready = wait_for(unknown, what="node-2 NotReady")
+        assert (ready.reason, ready.message) == (
+            "NodeStatusUnknown", "Kubelet stopped posting node status.")
+        taints = {(t.key, t.effect) for t in core.read_node("node-2").spec.taints}
+        assert taints == {("node.kubernetes.io/unreachable", "NoSchedule"),
+                          ("node.kubernetes.io/unreachable", "NoExecute")}
+        marked = wait_for(lambda: (p := core.read_namespaced_pod("stranded", ns)).metadata
+                          .deletion_timestamp and p, what="taint eviction")
+        target = condition(marked, "DisruptionTarget")
+        assert (target.reason, target.message) == (
+            "DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint")
+        time.sleep(0.5)  # split brain: with its kubelet cut off the pod stays Terminating
+        assert core.read_namespaced_pod("stranded", ns).status.phase == "Running"
+    finally:
+        sim.node("node-2").heal()
+    wait_for(lambda: condition(core.read_node("node-2"), "Ready").status == "True",
+             what="node-2 Ready again")
+    wait_for(lambda: not core.list_namespaced_pod(ns).items or None, what="the pod to go")
