@@ -143,7 +143,7 @@ def parse_rule_file(text: str, source: str) -> tuple[list[Rule], str | None]:
             raise RuleFileError(f"{source}:{doc.lines['rules']}: {where}: expected a mapping")
         rule = _parse_rule(raw, source, where)
         if rule.id in seen:
-            raise RuleFileError(f"{source}:{raw.lines['id']}: {where}.id: {rule.id!r} "
+            raise RuleFileError(f"{source}:{raw.lines['id']}: {where} ({rule.id}).id: {rule.id!r} "
                                 f"is already defined on line {seen[rule.id]}")
         seen[rule.id] = raw.lines["id"]
         if not raw.get("disabled", False):
@@ -159,17 +159,19 @@ def _disabled(rule: Rule) -> Rule:
 
 
 def _parse_rule(raw: _Located, source: str, where: str) -> Rule:
+    rule_id = raw.get("id")
+    if isinstance(rule_id, str) and _ID.match(rule_id):
+        where = f"{where} ({rule_id})"
+
     def fail(key: str, message: str) -> RuleFileError:
         line = raw.lines.get(key, raw.line)
         return RuleFileError(f"{source}:{line}: {where}.{key}: {message}")
 
+    if not isinstance(rule_id, str) or not _ID.match(rule_id):
+        raise fail("id", "required: a lower-case id such as 'cuda_oom.torch'")
     for key in raw:
         if key not in _KEYS:
             raise fail(key, f"unknown field; expected one of: {', '.join(sorted(_KEYS))}")
-    rule_id = raw.get("id")
-    if not isinstance(rule_id, str) or not _ID.match(rule_id):
-        raise fail("id", "required: a lower-case id such as 'cuda_oom.torch'")
-    where = f"{where} ({rule_id})"
     category = raw.get("category")
     if category not in {c.value for c in Category}:
         valid = ", ".join(c.value for c in Category)
