@@ -149,16 +149,32 @@ def _wait_ready(process: subprocess.Popen[bytes], kubeconfig: Path, log: Path) -
     raise RuntimeError(f"kubesim server not ready after {START_TIMEOUT_SECONDS}s; see {log}")
 
 
+def _child_groups(pid: int) -> set[int]:
+    """Process groups of pid's children: the containers, each in its own session."""
+    groups: set[int] = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            groups.add(int(fields[2]))
+    return groups
+
+
 def _stop(process: subprocess.Popen[bytes]) -> None:
+    containers = _child_groups(process.pid)
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(STOP_TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
             pass
-    # The server runs in its own session; anything left in that group dies with it.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+    # The server runs in its own session and its containers in theirs: whatever a clean stop
+    # left behind (a server that had to be killed) dies here.
+    for group in {process.pid, *containers}:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
     process.wait()
 
 

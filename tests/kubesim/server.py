@@ -163,7 +163,8 @@ async def serve(config: SimConfig, host: str = "127.0.0.1", port: int = 0,
     server = Server(config)
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    # Open watches and log follows end with the server; don't wait a minute for them.
+    site = web.TCPSite(runner, host, port, shutdown_timeout=0.5)
     await site.start()
     bound = runner.addresses[0][1]
     server.address = f"{host}:{bound}"

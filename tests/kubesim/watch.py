@@ -134,6 +134,8 @@ async def serve(request: web.Request, store: Store, target: Target, query: dict[
             if now >= next_bookmark:
                 await stream.bookmark(store.resource_version)
                 next_bookmark = now + BOOKMARK_SECONDS
+            if request.transport is None or request.transport.is_closing():
+                return stream.response  # the client went away: nothing reads what follows
             wake = min(t for t in (deadline, fault_at, next_bookmark) if t is not None)
             try:
                 event_type, resource, obj = await asyncio.wait_for(queue.get(),
