@@ -1,0 +1,90 @@
+"""``trainguard classify`` as other tools call it: a subprocess, its stdout and its exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).parents[2]
+OOM = "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.\n"
+
+
+def cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-c", "from trainguard.cli import main; main()", "classify", *args],
+        input=stdin, capture_output=True, cwd=REPO, env=env, timeout=60, check=False)
+
+
+def test_a_log_file_with_json_output(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("step 1\n" + OOM)
+    done = cli(str(log), "--exit-code", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["category"], result["retryable"], result["line_number"], result["rank"]) == (
+        "cuda_oom", False, 2, 1)
+
+
+def test_the_log_on_stdin_with_human_output() -> None:
+    done = cli("-", stdin=OOM.encode())
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.decode()
+    assert "cuda_oom" in out and "do not retry" in out and "cuda_oom.torch" in out
+
+
+def test_reason_and_events_file_without_a_log(tmp_path: Path) -> None:
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps({"kind": "EventList", "items": [
+        {"reason": "FailedScheduling", "message": "0/3 nodes are available: 3 Insufficient "
+         "nvidia.com/gpu."}]}))
+    done = cli("--events", str(events), "--json")
+    assert json.loads(done.stdout)["category"] == "unschedulable"
+    done = cli("--reason", "OOMKilled", "--exit-code", "137", "--json")
+    assert json.loads(done.stdout)["category"] == "host_oom"
+
+
+def test_a_success_prints_a_null_category() -> None:
+    done = cli("-", "--exit-code", "0", "--json", stdin=b"/x.py:3: FutureWarning: old\n")
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["category"] is None
+
+
+def test_batch_mode_keeps_order_and_marks_successes_null() -> None:
+    lines = [
+        {"log": OOM, "exit_code": 1, "reason": None, "events": None},
+        {"log": None, "exit_code": 0, "reason": None, "events": None},
+        {"log": None, "exit_code": 137, "reason": "OOMKilled", "events": []},
+        {"log": "x", "exit_code": None, "reason": None,
+         "events": "2m  Warning  NodeNotReady  pod/t-0  Node is not ready"},
+    ]
+    stdin = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    done = cli("--jsonl", "-", stdin=stdin)
+    assert done.returncode == 0, done.stderr
+    out = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert [o["category"] for o in out] == ["cuda_oom", None, "host_oom", "node_failure"]
+    for o in out:
+        assert {"category", "retryable", "rule_id", "signature", "fingerprint", "line_number",
+                "rank", "remediation"} <= set(o)
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad_rules = tmp_path / "rules.yaml"
+    bad_rules.write_text("rules:\n  - id: a.b\n    category: nope\n    log: [x]\n")
+    cases = [
+        cli("-", "--exit-code", "abc", stdin=b"x"),
+        cli(str(tmp_path / "missing.log")),
+        cli("--jsonl", "-", stdin=b'{"log": 3}\n'),
+        cli("--jsonl", "-", stdin=b"not json\n"),
+        cli("--jsonl", "-", stdin=b'{"exit_code": "1"}\n'),
+        cli("-", "--rules", str(bad_rules), stdin=b"x"),
+    ]
+    for done in cases:
+        err = done.stderr.decode().strip()
+        assert done.returncode == 2, err
+        assert len(err.splitlines()) == 1 and err.startswith("trainguard classify: error: "), err
+    assert "exit_code" in cases[4].stderr.decode() and "line 1" in cases[4].stderr.decode()
+    assert f"{bad_rules}:3" in cases[5].stderr.decode()

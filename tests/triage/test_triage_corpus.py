@@ -1,0 +1,63 @@
+"""Accuracy over real, labelled failures, judged through the batch CLI as other tools call it.
+
+The shared dev corpus lives next to the repository; our own real cases (each with the public
+issue it came from) live in ``corpus/``. Every miss is printed so a regression names its case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parents[2]
+DEV = REPO / ".." / "shared" / "failure-corpus" / "dev.jsonl"
+OURS = sorted((Path(__file__).parent / "corpus").glob("*.jsonl"))
+
+
+def run_batch(corpus: Path) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    rows = [json.loads(line) for line in corpus.read_text().splitlines() if line.strip()]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", "from trainguard.cli import main; main()", "classify", "--jsonl", "-"],
+        input=corpus.read_bytes(), capture_output=True, cwd=REPO, env=env, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    results = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert len(results) == len(rows)
+    return rows, results
+
+
+def score(rows: list[dict[str, object]], results: list[dict[str, object]]) -> tuple[float, float]:
+    category_hits = retry_hits = 0
+    for row, got in zip(rows, results, strict=True):
+        category_ok = got["category"] == row["category"]
+        retry_ok = got["retryable"] == row["retryable"]
+        category_hits += category_ok
+        retry_hits += retry_ok
+        if not (category_ok and retry_ok):
+            print(f"MISS {row['id']}: expected {row['category']}/{row['retryable']}, got "
+                  f"{got['category']}/{got['retryable']} by {got['rule_id']}: {got['signature']!r}")
+    return category_hits / len(rows), retry_hits / len(rows)
+
+
+@pytest.mark.skipif(not DEV.is_file(), reason="the shared dev corpus is not next to this checkout")
+def test_the_batch_cli_meets_the_accuracy_bar_on_the_dev_corpus() -> None:
+    rows, results = run_batch(DEV)
+    assert [r.get("id") for r in results] == [r["id"] for r in rows]
+    category_accuracy, retry_accuracy = score(rows, results)
+    print(f"dev: category {category_accuracy:.3f}, retry {retry_accuracy:.3f}")
+    assert retry_accuracy >= 0.95
+    assert category_accuracy >= 0.85
+
+
+@pytest.mark.parametrize("corpus", OURS, ids=[p.stem for p in OURS])
+def test_our_real_cases_from_public_issues_are_classified(corpus: Path) -> None:
+    rows, results = run_batch(corpus)
+    for row in rows:
+        assert str(row["source"]).startswith("https://github.com/"), row["id"]
+    category_accuracy, retry_accuracy = score(rows, results)
+    assert (category_accuracy, retry_accuracy) == (1.0, 1.0)
