@@ -111,12 +111,26 @@ class JobController:
             self.store.unsubscribe(queue)
 
     def sync_all(self) -> None:
+        self._release_orphans()
         for job in self.store.list("jobs"):
             try:
                 self.sync(job)
             except ApiError as exc:  # a racing delete: the next pass sees the new state
                 if exc.code != 404:
                     raise
+
+    def _release_orphans(self) -> None:
+        """Pods whose Job is gone or being deleted lose the tracking finalizer at once, so a
+        Foreground or Orphan delete of the Job is not held up by them."""
+        live = {j["metadata"]["uid"] for j in self.store.list("jobs")
+                if not j["metadata"].get("deletionTimestamp")}
+        for pod in self.store.list("pods"):
+            if TRACKING not in (pod["metadata"].get("finalizers") or []):
+                continue
+            owners = {r.get("uid") for r in pod["metadata"].get("ownerReferences") or []
+                      if r.get("kind") == "Job"}
+            if not owners & live:
+                self._strip_finalizer(pod)
 
     def pods_of(self, job: dict[str, Any]) -> list[dict[str, Any]]:
         uid = job["metadata"]["uid"]

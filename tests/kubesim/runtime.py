@@ -351,7 +351,9 @@ class Container:
 
     async def stop(self, grace_seconds: float) -> Exit:
         """SIGTERM the group, wait up to the grace period, then SIGKILL."""
-        if self.proc.returncode is None:
+        if self.proc.returncode is None and grace_seconds <= 0:
+            self.signal(signal.SIGKILL)  # as containerd's StopContainer with timeout 0
+        elif self.proc.returncode is None:
             self.signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(self.proc.wait()), grace_seconds)
