@@ -131,7 +131,7 @@ def _records(source: str) -> Iterator[tuple[int, dict[str, Any]]]:
                 continue
             try:
                 record = json.loads(line)
-            except ValueError as exc:
+            except json.JSONDecodeError as exc:
                 raise InputError(f"line {number}: not valid JSON ({exc.msg} at column "
                                  f"{exc.colno}); expected one object per line") from None
             if not isinstance(record, dict):

@@ -18,11 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-try:
-    from re import _parser as _sre  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - Python < 3.11
-    import sre_parse as _sre  # type: ignore[no-redef]
+from re import _parser as _sre  # type: ignore[attr-defined]  # stdlib regex parser, 3.11+
 
+_hs: Any
 try:  # Hyperscan is an optional accelerator; the pure-re engine gives the same answers.
     import hyperscan as _hs
 except ImportError:  # pragma: no cover - exercised by forcing engine="re" in tests
@@ -31,6 +29,7 @@ except ImportError:  # pragma: no cover - exercised by forcing engine="re" in te
 Feed = Callable[[int, int], None]
 _BOUNDED_ANY = re.compile(r"(?<!\\)\.\{\d*,\d+\}")
 MIN_LITERAL = 3
+MAX_BUFFERED = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -157,9 +156,19 @@ class HyperscanEngine:
 
     def scan(self, buf: bytes, start: int, stop: int, feed: Feed) -> None:
         if self._db is not None:
+            # Reports are gathered and sorted so line numbers are counted in one forward pass;
+            # past a bound they are fed as they come (the collector recounts when out of order).
+            found: list[tuple[int, int]] = []
+
             def on_match(pid: int, _from: int, to: int, _flags: int, _ctx: Any) -> None:
-                feed(pid, start + to)
+                if len(found) < MAX_BUFFERED:
+                    found.append((start + to, pid))
+                else:
+                    feed(pid, start + to)
             self._db.scan(memoryview(buf)[start:stop], match_event_handler=on_match)
+            found.sort()
+            for end, pid in found:
+                feed(pid, end)
         if self._rest is not None:
             ids = self._rest_ids
             self._rest.scan(buf, start, stop, lambda pid, end: feed(ids[pid], end))

@@ -198,7 +198,8 @@ class _Collector:
             self._start_block(block)
             buf, start, stop = block
             engine.scan(buf, start, stop, self.feed)
-            newlines = buf.count(b"\n", start, stop)
+            # Reports counted lines up to self.pos already; count only the rest of the block.
+            newlines = self.line_no - self.base + buf.count(b"\n", self.pos, stop)
             end = stop
             while end > start and buf[end - 1] in _BLANK:
                 end -= 1
