@@ -114,7 +114,7 @@ def next_parameters(
     parameters: Mapping[str, Any], summary: AttemptSummary, decision: RetryDecision, flow_run_id: str
 ) -> dict[str, Any]:
     """The next attempt's flow parameters: same spec and blocks, lineage moved one step on."""
-    history = [*parameters.get("history", []), summary.to_dict()]
+    history = [*(parameters.get("history") or []), summary.to_dict()]
     return {
         **parameters,
         "attempt": summary.attempt + 1,

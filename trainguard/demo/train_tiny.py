@@ -82,7 +82,7 @@ def main() -> int:
     folder = Path(os.environ.get("TRAINGUARD_CHECKPOINT_DIR", "checkpoints"))
     resume = os.environ.get("TRAINGUARD_RESUME_FROM", "")
     state = load_state(resume)
-    print(f"attempt {attempt}: resumed from step {state['step']} ({resume or 'no checkpoint'})", flush=True)
+    print(f"attempt {attempt}: resumed from step {state['step']} ({resume or 'no checkpoint'}), pid {os.getpid()}", flush=True)
     rng = random.Random(1234 + state["step"])
     failing = not args.fail_on_attempt or attempt in args.fail_on_attempt
     first_step = state["step"]
