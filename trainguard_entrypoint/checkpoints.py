@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_HASH_LIMIT_BYTES = 64 * 1024 * 1024
+DEFAULT_HASH_BUDGET_BYTES = 256 * 1024 * 1024
 MAX_ENTRIES = 10_000
 
 
@@ -25,7 +26,7 @@ def sha256_file(path: Path, chunk_bytes: int = 1024 * 1024) -> str:
     return digest.hexdigest()
 
 
-def _entry(path: Path, name: str, hash_limit_bytes: int) -> dict[str, Any]:
+def _stat_entry(path: Path, name: str) -> tuple[dict[str, Any], float]:
     stat = path.stat()
     entry: dict[str, Any] = {
         "name": name,
@@ -33,36 +34,61 @@ def _entry(path: Path, name: str, hash_limit_bytes: int) -> dict[str, Any]:
         "mtime": datetime.fromtimestamp(stat.st_mtime, UTC).isoformat(),
         "sha256": None,
     }
-    if stat.st_size <= hash_limit_bytes:
-        entry["sha256"] = sha256_file(path)
-    else:
-        entry["sha256_skipped"] = f"larger than {hash_limit_bytes} bytes"
-    return entry
+    return entry, stat.st_mtime
 
 
-def list_checkpoints(checkpoint_dir: Path, *, hash_limit_bytes: int = DEFAULT_HASH_LIMIT_BYTES) -> dict[str, Any]:
+def _add_digests(entries: list[tuple[dict[str, Any], float, Path]], limit_bytes: int, budget_bytes: int) -> None:
+    """Hash the newest files first, each up to ``limit_bytes``, all together up to ``budget_bytes``.
+
+    A run keeps many old checkpoints; hashing all of them would delay the crash report by minutes.
+    """
+    spent = 0
+    for entry, _, path in sorted(entries, key=lambda item: item[1], reverse=True):
+        size = int(entry["size_bytes"])
+        if size > limit_bytes:
+            entry["sha256_skipped"] = f"larger than {limit_bytes} bytes"
+        elif spent + size > budget_bytes:
+            entry["sha256_skipped"] = f"hashing budget of {budget_bytes} bytes spent on newer files"
+        else:
+            try:
+                entry["sha256"] = sha256_file(path)
+                spent += size
+            except OSError as exc:
+                entry["error"] = f"{exc.strerror or exc}"
+
+
+def list_checkpoints(
+    checkpoint_dir: Path,
+    *,
+    hash_limit_bytes: int = DEFAULT_HASH_LIMIT_BYTES,
+    hash_budget_bytes: int = DEFAULT_HASH_BUDGET_BYTES,
+) -> dict[str, Any]:
     """Every file under ``checkpoint_dir`` (names relative to it, "/"-separated), sorted by name.
 
-    Returns ``{"dir", "files": [{name, size_bytes, mtime, sha256}], "absent": reason or None}``;
-    a file that vanishes or cannot be read mid-listing gets an ``error`` instead of failing the rest.
+    Returns ``{"dir", "files": [{name, size_bytes, mtime, sha256}], "absent": reason or None}``.
+    Digests cover the newest files within the size limit and the total budget; the others say
+    why they have none. A file that vanishes mid-listing gets an ``error`` instead of failing the rest.
     """
     listing: dict[str, Any] = {"dir": str(checkpoint_dir), "files": [], "absent": None}
     if not checkpoint_dir.is_dir():
         listing["absent"] = f"no such directory: {checkpoint_dir}"
         return listing
-    files: list[dict[str, Any]] = []
+    entries: list[tuple[dict[str, Any], float, Path]] = []
+    failed: list[dict[str, Any]] = []
     for folder, dirnames, filenames in os.walk(checkpoint_dir):
         dirnames.sort()
         for filename in sorted(filenames):
             path = Path(folder) / filename
             name = path.relative_to(checkpoint_dir).as_posix()
             try:
-                files.append(_entry(path, name, hash_limit_bytes))
+                entries.append((*_stat_entry(path, name), path))
             except OSError as exc:
-                files.append({"name": name, "error": f"{exc.strerror or exc}"})
-            if len(files) >= MAX_ENTRIES:
+                failed.append({"name": name, "error": f"{exc.strerror or exc}"})
+            if len(entries) + len(failed) >= MAX_ENTRIES:
                 listing["truncated"] = f"listing stopped at {MAX_ENTRIES} files"
-                listing["files"] = files
-                return listing
-    listing["files"] = sorted(files, key=lambda item: str(item["name"]))
+                break
+        if "truncated" in listing:
+            break
+    _add_digests(entries, hash_limit_bytes, hash_budget_bytes)
+    listing["files"] = sorted([e for e, _, _ in entries] + failed, key=lambda item: str(item["name"]))
     return listing

@@ -78,3 +78,4 @@ def test_a_second_core_with_the_same_name_does_not_overwrite_the_first(tmp_path:
 
     assert names == ["core.1"]
     assert (dest / "core").read_bytes() == b"first"
+

@@ -1,0 +1,41 @@
+"""Listing the checkpoint folder: sizes, times and digests, without stalling the crash report."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from trainguard_entrypoint.checkpoints import list_checkpoints
+
+
+def test_checkpoint_digests_favour_the_newest_files_within_the_budget(tmp_path: Path) -> None:
+    for step, mtime in ((1, 100), (2, 200), (3, 300)):
+        path = tmp_path / f"step-{step}.pt"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (mtime, mtime))
+    (tmp_path / "huge.bin").write_bytes(b"y" * 500)
+
+    files = {f["name"]: f for f in list_checkpoints(tmp_path, hash_limit_bytes=400, hash_budget_bytes=250)["files"]}
+
+    assert files["step-3.pt"]["sha256"] and files["step-2.pt"]["sha256"]
+    assert files["step-1.pt"]["sha256"] is None
+    assert "budget" in files["step-1.pt"]["sha256_skipped"]
+    assert files["huge.bin"]["sha256_skipped"] == "larger than 400 bytes"
+
+
+def test_a_missing_checkpoint_folder_is_listed_as_absent_with_why(tmp_path: Path) -> None:
+    listing = list_checkpoints(tmp_path / "none")
+
+    assert listing == {"dir": str(tmp_path / "none"), "files": [], "absent": f"no such directory: {tmp_path / 'none'}"}
+
+
+def test_nested_checkpoint_files_are_listed_with_relative_names_and_digests(tmp_path: Path) -> None:
+    (tmp_path / "step-10" / "shards").mkdir(parents=True)
+    (tmp_path / "step-10" / "shards" / "rank0.bin").write_bytes(b"r0")
+
+    (entry,) = list_checkpoints(tmp_path)["files"]
+
+    assert entry["name"] == "step-10/shards/rank0.bin"
+    assert (entry["size_bytes"], entry["sha256"]) == (2, hashlib.sha256(b"r0").hexdigest())
+    assert entry["mtime"].endswith("+00:00")
