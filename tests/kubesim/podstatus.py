@@ -1,22 +1,24 @@
-"""The pod status a kubelet reports, derived from its container states.
+"""What a kubelet reports about a pod: its status and the container states behind it.
 
 What belongs here: phase, the kubelet-owned conditions (with lastTransitionTime kept while a
-condition's status does not change), containerStatuses, IPs, and the pressure-eviction
-message (pkg/kubelet/eviction/helpers.go). Conditions other components own (PodScheduled,
-DisruptionTarget) are kept as they are in the stored object.
+condition's status does not change), containerStatuses, IPs, the pressure-eviction message
+(pkg/kubelet/eviction/helpers.go), and the container states and events of image pulls,
+start failures and terminations (reason, exit code, signal, termination message).
+Conditions other components own (PodScheduled, DisruptionTarget) are kept as stored.
 
-What does not: when the states change (kubelet.py).
+What does not: when the states change (podworker.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from kubesim import runtime
 from kubesim.store import timestamp
 
 if TYPE_CHECKING:
-    from kubesim.kubelet import PodWorker
+    from kubesim.podworker import ContainerState, PodWorker
 
 _OWNED = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
 
@@ -109,4 +111,73 @@ def eviction_message(worker: PodWorker, resource: str) -> str:
     return message
 
 
+def pulled(worker: PodWorker, c: ContainerState, image: str) -> None:
+    if c.spec.get("imagePullPolicy") == "Always":
+        worker.kubelet.event(worker.pod, "Pulling", f'Pulling image "{image}"', container=c.name)
+        worker.kubelet.event(worker.pod, "Pulled", f'Successfully pulled image "{image}" in 1ms '
+                           f"(1ms including waiting). Image size: 0 bytes.", container=c.name)
+    else:
+        worker.kubelet.event(worker.pod, "Pulled", f'Container image "{image}" already present '
+                           "on machine", container=c.name)
 
+def pull_failed(worker: PodWorker, c: ContainerState, image: str) -> None:
+    ev = worker.kubelet.event
+    waiting = c.state.get("waiting", {}).get("reason")
+    if waiting in ("ErrImagePull", "ImagePullBackOff"):
+        c.state = {"waiting": {"reason": "ImagePullBackOff",
+                               "message": f'Back-off pulling image "{image}"'}}
+        ev(worker.pod, "BackOff", f'Back-off pulling image "{image}"', container=c.name)
+        ev(worker.pod, "Failed", "Error: ImagePullBackOff", warning=True, container=c.name)
+        worker.publish()
+        return
+    reason = (f'failed to pull and unpack image "{image}": failed to resolve reference '
+              f'"{image}": {image}: not found')
+    c.state = {"waiting": {"reason": "ErrImagePull", "message": reason}}
+    ev(worker.pod, "Pulling", f'Pulling image "{image}"', container=c.name)
+    ev(worker.pod, "Failed", f'Failed to pull image "{image}": {reason}', warning=True,
+       container=c.name)
+    ev(worker.pod, "Failed", "Error: ErrImagePull", warning=True, container=c.name)
+    worker.publish()
+
+def start_failed(worker: PodWorker, c: ContainerState, message: str) -> int:
+    now = timestamp()
+    c.state = {"terminated": {"exitCode": 128, "reason": "StartError", "message": message,
+                              "startedAt": "1970-01-01T00:00:00Z", "finishedAt": now,
+                              "containerID": c.container_id}}
+    worker.kubelet.event(worker.pod, "Failed", f"Error: {message}", warning=True,
+                       container=c.name)
+    c.exit_code = 128
+    worker.publish()
+    return 128
+
+def terminated(worker: PodWorker, c: ContainerState, result: runtime.Exit) -> dict[str, Any]:
+    reason = "OOMKilled" if result.oom_killed else (
+        "Completed" if result.exit_code == 0 else "Error")
+    out: dict[str, Any] = {
+        "exitCode": result.exit_code, "reason": reason,
+        "startedAt": timestamp(result.started_at.timestamp()),
+        "finishedAt": timestamp(result.finished_at.timestamp()),
+        "containerID": c.container_id}
+    if result.signal is not None:
+        out["signal"] = result.signal
+    message = termination_message(worker, c, result.exit_code)
+    if message:
+        out["message"] = message
+    return out
+
+def termination_message(worker: PodWorker, c: ContainerState, exit_code: int) -> str:
+    container_dir = worker.dir / c.name
+    with contextlib.suppress(OSError):
+        text = (container_dir / "termination-log").read_text()[:4096]
+        if text:
+            return text
+    policy = c.spec.get("terminationMessagePolicy", "File")
+    if policy != "FallbackToLogsOnError" or exit_code == 0:
+        return ""
+    try:
+        lines = (container_dir / f"{c.restart_count}.log").read_text().splitlines()
+    except OSError:
+        return ""
+    # kubelet: the last 80 lines, at most 2 KiB, message part of each CRI line only.
+    tail = "\n".join(line.split(" ", 3)[-1] for line in lines[-80:])
+    return tail[-2048:]

@@ -1,0 +1,326 @@
+"""One pod on a simulated node, from admission to termination.
+
+What belongs here: admission (GPU indices, pod IP), a loop per container (image, env,
+volumes, start, wait, restartPolicy with back-off 10 s doubling to 300 s, CrashLoopBackOff),
+keeping only the current and previous log of each container, termination on deletion
+(SIGTERM, grace, SIGKILL, then the kubelet's grace-0 delete), pressure eviction and the
+kubelet's events about the pod. Messages follow pkg/kubelet (kuberuntime_container.go,
+pod_workers.go) of Kubernetes 1.32.
+
+What does not: the node-wide sync loop (kubelet.py), the status it reports (podstatus.py),
+deriving env/argv/volumes (workload.py), processes (runtime.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kubesim import podstatus, runtime, workload
+from kubesim.store import timestamp
+
+if TYPE_CHECKING:
+    from kubesim.kubelet import Kubelet
+
+log = logging.getLogger("kubesim.kubelet")
+
+BACKOFF_START_SECONDS = 10.0
+BACKOFF_MAX_SECONDS = 300.0
+
+
+def involved(pod: dict[str, Any]) -> dict[str, Any]:
+    """The part of a pod an Event's involvedObject is built from."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}
+
+
+def pod_ref(pod: dict[str, Any]) -> str:
+    meta = pod["metadata"]
+    return f"{meta['name']}_{meta['namespace']}({meta['uid']})"
+
+
+def finalize_deletion(kubelet: Kubelet, pod: dict[str, Any]) -> None:
+    """The containers are gone: the kubelet's grace-0 delete lets the API drop the object
+    (at once, or when the last finalizer goes)."""
+    if not kubelet.connected or pod["metadata"].get("deletionGracePeriodSeconds") == 0:
+        return
+    meta = pod["metadata"]
+
+    def final(obj: dict[str, Any]) -> None:
+        obj["metadata"]["deletionGracePeriodSeconds"] = 0
+
+    kubelet.store.mutate("pods", meta["namespace"], meta["name"], final)
+
+
+def pod_dir(root: Path, pod: dict[str, Any]) -> Path:
+    meta = pod["metadata"]
+    return root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+
+
+class ContainerState:
+    """What the kubelet knows of one container, in containerStatuses terms."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.name: str = spec["name"]
+        self.state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
+        self.last_state: dict[str, Any] = {}
+        self.restart_count = 0
+        self.container_id: str | None = None
+        self.instance: runtime.Container | None = None
+        self.done = False
+        self.exit_code: int | None = None
+
+    def status(self) -> dict[str, Any]:
+        image = self.spec.get("image", "")
+        running = "running" in self.state
+        out: dict[str, Any] = {
+            "name": self.name, "image": image, "ready": running, "started": running,
+            "restartCount": self.restart_count, "state": self.state,
+            "lastState": self.last_state,
+            "imageID": f"{image}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
+                       if self.container_id else "",
+        }
+        if self.container_id:
+            out["containerID"] = self.container_id
+        return out
+
+
+class PodWorker:
+    """Drives one pod from admission to termination."""
+
+    def __init__(self, kubelet: Kubelet, pod: dict[str, Any]) -> None:
+        self.kubelet = kubelet
+        self.pod = pod
+        self.containers = [ContainerState(c) for c in pod["spec"].get("containers", [])]
+        self.gpus: list[int] = []
+        self.ip = ""
+        self.finished = False
+        self.deleting = asyncio.Event()
+        self.evicted: dict[str, str] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._sleepers: set[asyncio.Future[None]] = set()
+
+    @property
+    def dir(self) -> Path:
+        return pod_dir(self.kubelet.config.root, self.pod)
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    def update(self, pod: dict[str, Any]) -> None:
+        self.pod = pod
+        if pod["metadata"].get("deletionTimestamp") and not self.deleting.is_set():
+            self.deleting.set()
+            self._wake()
+            if self.finished:
+                finalize_deletion(self.kubelet, pod)
+
+    def _wake(self) -> None:
+        for sleeper in list(self._sleepers):
+            sleeper.cancel()
+
+    async def evict(self, resource: str) -> None:
+        """Pressure eviction: kill the containers now and fail the pod with reason Evicted."""
+        self.evicted = podstatus.eviction_message(self, resource)
+        self._wake()
+        self.kubelet.event(self.pod, "Evicted", self.evicted, warning=True)
+        await self.stop_containers(0, announce=False)
+        self.publish()
+
+    def abandon(self) -> None:
+        """Kill the containers without reporting (node crash, pod object gone)."""
+        if self._task is not None:
+            self._task.cancel()
+        for c in self.containers:
+            if c.instance is not None:
+                c.instance.signal(9)
+                self.kubelet.reap(c.instance)
+                c.instance = None
+
+    async def _run(self) -> None:
+        try:
+            self._admit()
+            watcher = asyncio.ensure_future(self.watch_deletion())
+            await asyncio.gather(*(self._container_loop(c) for c in self.containers))
+            watcher.cancel()
+            await self._terminate()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("kubesim kubelet: pod worker for %s crashed", pod_ref(self.pod))
+
+    def _admit(self) -> None:
+        want = int(workload.requests_of(self.pod).get("nvidia.com/gpu", 0))
+        self.gpus = self.kubelet.free_gpus()[:want]
+        self.ip = self.kubelet.allocate_ip()
+        self.started_at = timestamp()
+        self.publish()
+
+    # -- container lifecycle -------------------------------------------------------------------
+
+    async def _container_loop(self, c: ContainerState) -> None:
+        policy = self.pod["spec"].get("restartPolicy", "Always")
+        backoff = BACKOFF_START_SECONDS
+        while not self.deleting.is_set() and self.evicted is None:
+            code = await self._run_once(c)
+            if code is None:
+                if not await self._sleep(backoff):
+                    break
+                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+                continue
+            if self.deleting.is_set() or self.evicted is not None:
+                break
+            if policy == "Never" or (policy == "OnFailure" and code == 0):
+                break
+            c.restart_count += 1
+            c.last_state, c.state = {"terminated": c.state["terminated"]}, {"waiting": {
+                "reason": "CrashLoopBackOff",
+                "message": f"back-off {int(backoff)}s restarting failed container={c.name} "
+                           f"pod={pod_ref(self.pod)}"}}
+            self.publish()
+            self.kubelet.event(self.pod, "BackOff", f"Back-off restarting failed container "
+                               f"{c.name} in pod {pod_ref(self.pod)}", warning=True,
+                               container=c.name)
+            if not await self._sleep(backoff):
+                break
+            backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+        c.done = True
+
+    async def _sleep(self, seconds: float) -> bool:
+        """A back-off wait that deletion cuts short; False when the pod is going away."""
+        sleeper = asyncio.ensure_future(asyncio.sleep(self.kubelet.scaled(seconds)))
+        self._sleepers.add(sleeper)
+        try:
+            await sleeper
+        except asyncio.CancelledError:
+            if not sleeper.cancelled():
+                raise
+        finally:
+            self._sleepers.discard(sleeper)
+        return not self.deleting.is_set() and self.evicted is None
+
+    async def _run_once(self, c: ContainerState) -> int | None:
+        """One container instance; its exit code, or None when it could not start."""
+        launch = self._prepare(c)
+        if launch is None or isinstance(launch, int):
+            return launch
+        c.container_id = f"kubesim://{uuid.uuid4().hex}{uuid.uuid4().hex}"
+        self._keep_two_logs(c)
+        try:
+            c.instance = await runtime.Container.start(launch, self.kubelet.memory,
+                                                       c.container_id[-12:])
+        except OSError as exc:
+            return podstatus.start_failed(self, c, str(exc))
+        self.kubelet.event(self.pod, "Created", f"Created container: {c.name}", container=c.name)
+        self.kubelet.event(self.pod, "Started", f"Started container {c.name}", container=c.name)
+        c.state = {"running": {"startedAt": timestamp(c.instance.started_at.timestamp())}}
+        self.publish()
+        result = await c.instance.wait()
+        c.instance = None
+        c.exit_code = result.exit_code
+        c.state = {"terminated": podstatus.terminated(self, c, result)}
+        self.publish()
+        return result.exit_code
+
+    def _prepare(self, c: ContainerState) -> runtime.Launch | int | None:
+        """What to start; an exit code when starting failed; None to retry after back-off."""
+        spec, pod, kubelet = c.spec, self.pod, self.kubelet
+        image = spec.get("image", "")
+        image_runtime = workload.resolve_image(kubelet.config.images, image)
+        if image_runtime is None:
+            podstatus.pull_failed(self, c, image)
+            return None
+        podstatus.pulled(self, c, image)
+        container_dir = self.dir / c.name
+        container_dir.mkdir(parents=True, exist_ok=True)
+        namespaced = runtime.mount_namespaces()
+        try:
+            folders = workload.prepare_volumes(kubelet.store, pod, self.dir, kubelet.config.root)
+            mounts = workload.mount_map(spec, folders, container_dir)
+            env = workload.build_env(kubelet.store, pod, spec, self._extra_env(mounts))
+            if not namespaced:
+                env = {k: workload.rewrite(v, mounts) for k, v in env.items()}
+            argv = workload.build_argv(spec, image_runtime, env, mounts,
+                                       rewrite_paths=not namespaced)
+        except workload.ConfigError as exc:
+            c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
+            kubelet.event(pod, "Failed", f"Error: {exc}", warning=True, container=c.name)
+            self.publish()
+            return None
+        except workload.StartError as exc:
+            return podstatus.start_failed(self, c, str(exc))
+        (container_dir / "termination-log").touch()
+        work = spec.get("workingDir") or ""
+        cwd = container_dir / "rootfs"
+        if not namespaced and work:
+            cwd = Path(workload.rewrite(work, mounts))
+        elif work and not Path(workload.rewrite(work, mounts)).exists():
+            # Runtimes create a missing workingDir; here it is a folder of the container's.
+            mounts[work] = container_dir / "workdir"
+            mounts[work].mkdir(exist_ok=True)
+        cwd.mkdir(parents=True, exist_ok=True)
+        limit = ((spec.get("resources") or {}).get("limits") or {}).get("memory")
+        return runtime.Launch(
+            argv=argv, env=env, cwd=cwd, name=c.name,
+            log_path=container_dir / f"{c.restart_count}.log",
+            memory_limit_bytes=int(workload.quantity(limit)) if limit else None,
+            mounts=tuple((str(local), path) for path, local in mounts.items())
+            if namespaced else (), workdir=work if namespaced else "")
+
+    def _extra_env(self, mounts: dict[str, Path]) -> dict[str, str]:
+        extra = workload.mount_env(mounts)
+        if self.kubelet.api_url:
+            host, _, port = self.kubelet.api_url.rsplit("/", 1)[-1].rpartition(":")
+            extra.update({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port})
+        if self.gpus:
+            devices = ",".join(str(g) for g in self.gpus)
+            extra.update({"NVIDIA_VISIBLE_DEVICES": devices, "CUDA_VISIBLE_DEVICES": devices})
+        return extra
+
+    def _keep_two_logs(self, c: ContainerState) -> None:
+        # Only the current and the previous instance's logs survive, as on a real node.
+        stale = self.dir / c.name / f"{c.restart_count - 2}.log"
+        with contextlib.suppress(OSError):
+            stale.unlink()
+        with contextlib.suppress(OSError):  # a fresh instance starts with an empty message
+            (self.dir / c.name / "termination-log").write_text("")
+
+    # -- termination ---------------------------------------------------------------------------
+
+    async def stop_containers(self, grace_seconds: float, *, announce: bool = True) -> None:
+        stops = []
+        for c in self.containers:
+            if c.instance is not None:
+                if announce:
+                    self.kubelet.event(self.pod, "Killing", f"Stopping container {c.name}",
+                                       container=c.name)
+                stops.append(c.instance.stop(self.kubelet.scaled(grace_seconds)))
+        await asyncio.gather(*stops)
+
+    async def _terminate(self) -> None:
+        """All container loops ended: report the terminal phase, then let the object go."""
+        self.finished = True
+        self.publish()
+        if self.deleting.is_set():
+            finalize_deletion(self.kubelet, self.pod)
+
+    async def watch_deletion(self) -> None:
+        await self.deleting.wait()
+        grace = self.pod["metadata"].get("deletionGracePeriodSeconds")
+        if grace is None:
+            grace = self.pod["spec"].get("terminationGracePeriodSeconds", 30)
+        await self.stop_containers(float(grace))
+
+    def publish(self) -> None:
+        """Write the pod status derived from the container states (lost while partitioned)."""
+        if not self.kubelet.connected:
+            return
+        meta = self.pod["metadata"]
+        status = podstatus.build(self)
+        self.kubelet.store.mutate("pods", meta["namespace"], meta["name"],
+                                  lambda pod: podstatus.apply(pod, status))
