@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from trainguard_entrypoint import ORIGINAL_PYTHONPATH
 from trainguard_entrypoint.checkpoints import list_checkpoints
@@ -24,7 +24,7 @@ from trainguard_entrypoint.coredumps import CorePolicy, collect_core_files, enab
 from trainguard_entrypoint.files import utc_now_iso, write_json_atomic
 from trainguard_entrypoint.report import AttemptFacts, build_crash_report, write_crash_report
 from trainguard_entrypoint.snapshot import host_facts, snapshot_environment, snapshot_gpu
-from trainguard_entrypoint.tee import ChildResult, SignalForwarder, run_command
+from trainguard_entrypoint.tee import STOP_SIGNALS, ChildResult, SignalForwarder, run_command
 
 PROG = "trainguard-entrypoint"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -49,9 +49,15 @@ class Options:
     command: tuple[str, ...]
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse prints usage plus the error over two lines; ours is one line with the fix
+        raise UsageError(f"{message}; usage: {self.usage}")
+
+
 def _parser() -> argparse.ArgumentParser:
     usage = f"{PROG} --workspace DIR --run-id R --attempt N [--checkpoint-dir D] [--log-file F] -- COMMAND [ARGS...]"
-    parser = argparse.ArgumentParser(prog=PROG, usage=usage)
+    parser = _Parser(prog=PROG, usage=usage, add_help=False)
     parser.add_argument("--workspace", help="attempt folder (env TRAINGUARD_WORKSPACE)")
     parser.add_argument("--run-id", help="run id (env TRAINGUARD_RUN_ID)")
     parser.add_argument("--attempt", help="attempt number from 1 (env TRAINGUARD_ATTEMPT)")
@@ -155,8 +161,9 @@ def _before(options: Options, env: Mapping[str, str], problems: list[str]) -> Co
 
 
 def _run(options: Options, env: Mapping[str, str], forwarder: SignalForwarder) -> ChildResult:
-    if forwarder.received:
-        first = forwarder.received[0]
+    stops = [s for s in forwarder.received if s in STOP_SIGNALS]
+    if stops:
+        first = stops[0]
         why = f"received {signal_name(first)} before the command started; not started"
         return ChildResult(None, 128 + first, first, False, why)
     return run_command(

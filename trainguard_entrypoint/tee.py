@@ -20,6 +20,8 @@ from types import FrameType
 from typing import BinaryIO
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+# Requests to stop; SIGUSR1/2 are only passed on (schedulers use them as "time is nearly up" notices).
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 _DRAIN_IDLE_SECONDS = 1.0  # after the command exits, stop reading once its descendants go quiet
 _DRAIN_MAX_SECONDS = 5.0
 

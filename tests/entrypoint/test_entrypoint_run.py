@@ -78,6 +78,7 @@ def test_a_command_that_does_not_exist_exits_127_with_the_reason_in_report_and_l
         (["--workspace", "ws", "--run-id", "r", "--attempt", "zero"], "--attempt"),
         (["--run-id", "r", "--attempt", "1"], "--workspace"),
         (["--workspace", "ws", "--run-id", "r", "--attempt", "1", "--gpu-timeout-seconds", "soon"], "--gpu-timeout-seconds"),
+        (["--workspace", "ws", "--run-id", "r", "--attempt", "1", "--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
 def test_a_bad_option_is_refused_with_one_line_naming_it(tmp_path: Path, options: list[str], named: str) -> None:
