@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import attempt_dir, attempt_runs, tiny_spec
 
 from flows.run import training_run
@@ -79,3 +81,21 @@ def test_the_same_signature_twice_trips_the_circuit_breaker_early(blocks):
     assert state.is_failed() and len(history) == 2
     assert "circuit breaker: the same failure signature repeated 2 times" in history[-1]["decision"]["reason"]
     assert history[0]["fingerprint"] == history[1]["fingerprint"]
+
+
+def test_a_native_crash_records_signal_139_and_keeps_the_core_dump_when_the_machine_allows(blocks):
+    spec = tiny_spec("segv", "--fail-after-steps", "3", "--failure", "segfault", retry={"max_attempts": 1})
+    state, history = run(spec, blocks, "segv-1")
+
+    assert state.is_failed()
+    assert history[0]["exit_code"] == 139 and history[0]["category"] == "native_crash"
+    evidence = attempt_dir(blocks["evidence"], "segv-1", 1)
+    report = json.loads((evidence / "crash-report.json").read_text())
+    assert report["signal"] == 11 and report["exit_code"] == 139
+    manifest = read_manifest(LocalEvidenceStore(blocks["evidence"]), "segv-1", 1)
+    cores = [item for item in manifest.items if item.name.startswith("coredumps/")]
+    if not cores:
+        absent = [m for m in manifest.missing if m.name.startswith("coredumps")]
+        assert absent and absent[0].reason, "the manifest must say why no core was kept"
+        pytest.skip(f"this machine keeps no core dumps ({absent[0].reason}); the manifest says so")
+    assert cores[0].size_bytes > 0

@@ -1,0 +1,65 @@
+"""The `trainguard` command as users run it: a subprocess against the real test server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import tiny_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def trainguard(*args: str, cwd: Path, api_url: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "COLUMNS": "200"}
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    return subprocess.run([sys.executable, "-m", "trainguard.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"name": "bad", "command": ["python", "t.py"], "retry": {"max_attempts": -1}}, "retry.max_attempts"),
+        ({"name": "bad", "env": {"A": "1"}}, "command"),
+        ({"name": "bad", "command": "python t.py", "retry": {"overrides": {"gremlins": {"retryable": True}}}},
+         "retry.overrides.gremlins"),
+    ],
+)
+def test_a_malformed_spec_gives_one_line_naming_the_field_exits_non_zero_and_writes_nothing(tmp_path, spec, field):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    before = sorted(tmp_path.rglob("*"))
+
+    result = trainguard("run", str(path), cwd=tmp_path)
+
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0] and "Traceback" not in result.stderr, result.stderr
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_run_prints_the_attempts_table_and_evidence_show_verifies_what_was_kept(prefect_server, tmp_path):
+    spec = tiny_spec("cli-run", "--fail-at-step", "25", "--fail-on-attempt", "1")
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
+
+    result = trainguard("run", "run.yaml", cwd=tmp_path, api_url=prefect_server)
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    table = result.stdout[result.stdout.index("trainguard run cli-run-"):]
+    assert "nccl_error" in table and "Completed" in table and "Failed" in table
+    assert "step-000020.json" in table  # the checkpoint attempt 2 resumed from
+    run_id = table.split()[2]
+    shown = trainguard("evidence", "show", run_id, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "crash-report.json" in shown.stdout and "absent" in shown.stdout and "FAILED" not in shown.stdout
+
+    log = next((tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/logs").glob("*.log"))
+    log.write_bytes(log.read_bytes() + b"tampered")
+    tampered = trainguard("evidence", "show", run_id, cwd=tmp_path)
+    assert tampered.returncode == 1 and "FAILED" in tampered.stdout

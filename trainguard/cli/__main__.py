@@ -1,0 +1,5 @@
+"""`python -m trainguard.cli`: the same as the `trainguard` command."""
+
+from trainguard.cli import main
+
+main()
