@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import json
 import subprocess
 import sys
@@ -157,3 +159,19 @@ def test_a_missing_workdir_is_a_start_error_naming_it(run_entrypoint, tmp_path: 
 
     assert run.returncode == 126
     assert run.report["start_error"] == f"working directory does not exist: {tmp_path / 'nowhere'}"
+
+
+def test_a_descendant_that_keeps_the_output_open_does_not_keep_the_entrypoint_waiting(run_entrypoint, tmp_path: Path) -> None:
+    code = (
+        "import subprocess, sys\n"
+        "straggler = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], start_new_session=True)\n"
+        "print(straggler.pid, flush=True)\n"
+    )
+    started = time.monotonic()
+    run = run_entrypoint(py(code))
+    straggler = int(run.stdout.split()[0])
+    try:
+        assert run.returncode == 0
+        assert time.monotonic() - started < 15
+    finally:
+        os.kill(straggler, signal.SIGKILL)

@@ -244,7 +244,9 @@ class LocalProcessRunner:
         # Descendants left behind by the command would hold the pipe open and outlive the attempt.
         _kill_group(proc.pid)
         watcher.join(timeout=max(self._grace, 1.0))
-        if proc.stdout is not None:
+        # A process outside the group (one that called setsid) may still hold the pipe; closing the
+        # fd under the blocked reader could hand its number to an unrelated file, so leave it.
+        if proc.stdout is not None and not watcher.is_alive():
             proc.stdout.close()
 
     @staticmethod
