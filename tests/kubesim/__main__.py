@@ -7,13 +7,12 @@ time scale) comes from `--config FILE` (SimConfig JSON, as the fixture writes it
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from pathlib import Path
 
 from kubesim.config import NodeSpec, SimConfig
-from kubesim.server import serve
+from kubesim.server import run
 
 
 def _node(text: str) -> NodeSpec:
@@ -26,14 +25,14 @@ def _node(text: str) -> NodeSpec:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubesim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("serve", help="run a cluster on loopback")
-    run.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    run.add_argument("--host", default="127.0.0.1")
-    run.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the server here")
-    run.add_argument("--root", type=Path, help="folder for logs, volumes and state")
-    run.add_argument("--config", type=Path, help="SimConfig JSON (overrides --root/--node)")
-    run.add_argument("--node", type=_node, action="append", help="NAME[:GPUS], repeatable")
-    run.add_argument("--time-scale", type=float, default=1.0)
+    serve = sub.add_parser("serve", help="run a cluster on loopback")
+    serve.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the server here")
+    serve.add_argument("--root", type=Path, help="folder for logs, volumes and state")
+    serve.add_argument("--config", type=Path, help="SimConfig JSON (overrides --root/--node)")
+    serve.add_argument("--node", type=_node, action="append", help="NAME[:GPUS], repeatable")
+    serve.add_argument("--time-scale", type=float, default=1.0)
     args = parser.parse_args(argv)
     if args.config is not None:
         config = SimConfig.from_json(args.config.read_text())
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     config.root.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(config, args.host, args.port, args.kubeconfig))
+    run(config, args.host, args.port, args.kubeconfig)
     return 0
 
 

@@ -162,14 +162,18 @@ def _child_groups(pid: int) -> set[int]:
     return groups
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def _stop(process: subprocess.Popen[bytes], log: Path) -> None:
     containers = _child_groups(process.pid)
+    started = time.monotonic()
+    outcome = f"had already exited with {process.poll()}"
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(STOP_TIMEOUT_SECONDS)
+            outcome = f"exited with {process.wait(STOP_TIMEOUT_SECONDS)}"
         except subprocess.TimeoutExpired:
-            pass
+            outcome = "did not stop: killed"
+    with log.open("a") as fh:
+        fh.write(f"fixture: server {outcome} after {time.monotonic() - started:.2f}s\n")
     # The server runs in its own session and its containers in theirs: whatever a clean stop
     # left behind (a server that had to be killed) dies here.
     for group in {process.pid, *containers}:
@@ -211,6 +215,6 @@ def run(root: Path | str | None = None, nodes: Iterable[NodeSpec] | None = None,
         url = _wait_ready(process, kubeconfig, log)
         yield Sim(url, kubeconfig, base, process)
     finally:
-        _stop(process)
+        _stop(process, log)
         if owned:
             shutil.rmtree(base, ignore_errors=True)

@@ -178,8 +178,32 @@ async def serve(config: SimConfig, host: str = "127.0.0.1", port: int = 0,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    log.info("stopping: controllers")
     await _shutdown(server.store, tasks)
+    log.info("stopping: HTTP server")
     await runner.cleanup()
+    log.info("stopped")
+
+
+def run(config: SimConfig, host: str = "127.0.0.1", port: int = 0,
+        kubeconfig: Path | None = None) -> None:
+    """serve() on a fresh loop whose leftover tasks get a bounded time to end.
+
+    asyncio.run would wait forever for a task that ignores cancellation, and the fixture would
+    then have to SIGKILL the server; stragglers are logged by name instead.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(serve(config, host, port, kubeconfig))
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            _, stuck = loop.run_until_complete(asyncio.wait(pending, timeout=2))
+            for task in stuck:
+                log.warning("task %s ignored cancellation: %r", task.get_name(), task.get_coro())
+    finally:
+        loop.close()
 
 
 async def _shutdown(store: Store, tasks: list[asyncio.Task[Any]]) -> None:

@@ -121,35 +121,44 @@ async def serve(request: web.Request, store: Store, target: Target, query: dict[
     fault_at = started + fault.after if fault is not None and fault.watch else None
     queue = store.subscribe()
     try:
-        if not await _start(stream, store, request):
-            await stream.response.write_eof()
-            return stream.response
-        next_bookmark = time.monotonic() + BOOKMARK_SECONDS
-        while True:
-            now = time.monotonic()
-            if fault_at is not None and now >= fault_at:
-                return await _disturb(stream, request, fault, store)  # type: ignore[arg-type]
-            if deadline is not None and now >= deadline:
-                break
-            if now >= next_bookmark:
-                await stream.bookmark(store.resource_version)
-                next_bookmark = now + BOOKMARK_SECONDS
-            if request.transport is None or request.transport.is_closing():
-                return stream.response  # the client went away: nothing reads what follows
-            wake = min(t for t in (deadline, fault_at, next_bookmark) if t is not None)
-            try:
-                event_type, resource, obj = await asyncio.wait_for(queue.get(),
-                                                                   max(wake - now, 0.001))
-            except asyncio.TimeoutError:
-                continue
-            seen = stream.translate(event_type, resource, obj)
-            if seen:
-                await stream.send(seen, obj)
-        await stream.bookmark(store.resource_version)
-        await stream.response.write_eof()
+        return await _pump(stream, store, request, queue, deadline, fault_at, fault)
+    except ConnectionResetError:  # the client went away mid-write
         return stream.response
     finally:
         store.unsubscribe(queue)
+
+
+async def _pump(stream: _Stream, store: Store, request: web.Request, queue: Any,
+                deadline: float | None, fault_at: float | None,
+                fault: Rule | None) -> web.StreamResponse:
+    """Initial events, then live ones until the deadline, a fault or the client leaving."""
+    if not await _start(stream, store, request):
+        await stream.response.write_eof()
+        return stream.response
+    next_bookmark = time.monotonic() + BOOKMARK_SECONDS
+    while True:
+        now = time.monotonic()
+        if fault_at is not None and now >= fault_at:
+            return await _disturb(stream, request, fault, store)  # type: ignore[arg-type]
+        if deadline is not None and now >= deadline:
+            break
+        if now >= next_bookmark:
+            await stream.bookmark(store.resource_version)
+            next_bookmark = now + BOOKMARK_SECONDS
+        if request.transport is None or request.transport.is_closing():
+            return stream.response  # the client went away: nothing reads what follows
+        wake = min(t for t in (deadline, fault_at, next_bookmark) if t is not None)
+        try:
+            event_type, resource, obj = await asyncio.wait_for(queue.get(),
+                                                               max(wake - now, 0.001))
+        except asyncio.TimeoutError:
+            continue
+        seen = stream.translate(event_type, resource, obj)
+        if seen:
+            await stream.send(seen, obj)
+    await stream.bookmark(store.resource_version)
+    await stream.response.write_eof()
+    return stream.response
 
 
 async def _disturb(stream: _Stream, request: web.Request, fault: Rule,
