@@ -67,36 +67,42 @@ def _init_status(pod: dict[str, Any], reason: str) -> tuple[str, bool]:
     return reason, False
 
 
+def _containers_status(status: dict[str, Any], reason: str) -> tuple[str, int, int, float]:
+    """printPod's loop over container statuses, last to first: (reason, restarts, ready,
+    newest restart time)."""
+    restarts, ready, last_restart, running = 0, 0, 0.0, False
+    for c in reversed(status.get("containerStatuses") or []):
+        restarts += int(c.get("restartCount") or 0)
+        finished = _parse(((c.get("lastState") or {}).get("terminated") or {}).get("finishedAt"))
+        last_restart = max(last_restart, finished or 0.0)
+        state = c.get("state") or {}
+        wait, term = state.get("waiting") or {}, state.get("terminated")
+        if wait.get("reason"):
+            reason = wait["reason"]
+        elif term is not None and term.get("reason"):
+            reason = term["reason"]
+        elif term is not None:
+            reason = (f"Signal:{term['signal']}" if term.get("signal")
+                      else f"ExitCode:{term.get('exitCode')}")
+        elif c.get("ready") and "running" in state:
+            running, ready = True, ready + 1
+    if reason == "Completed" and running:
+        has_ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in status.get("conditions") or [])
+        reason = "Running" if has_ready else "NotReady"
+    return reason, restarts, ready, last_restart
+
+
 def _pod_cells(pod: dict[str, Any]) -> list[Any]:
     meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
     reason = status.get("reason") or status.get("phase") or ""
-    conditions = status.get("conditions") or []
     if any(c.get("type") == "PodScheduled" and c.get("reason") == "SchedulingGated"
-           for c in conditions):
+           for c in status.get("conditions") or []):
         reason = "SchedulingGated"
     reason, initializing = _init_status(pod, reason)
-    restarts, ready, last_restart, running = 0, 0, 0.0, False
+    restarts, ready, last_restart = 0, 0, 0.0
     if not initializing:
-        for c in reversed(status.get("containerStatuses") or []):
-            restarts += int(c.get("restartCount") or 0)
-            finished = _parse(((c.get("lastState") or {}).get("terminated") or {})
-                              .get("finishedAt"))
-            last_restart = max(last_restart, finished or 0.0)
-            state = c.get("state") or {}
-            wait, term = state.get("waiting") or {}, state.get("terminated")
-            if wait.get("reason"):
-                reason = wait["reason"]
-            elif term is not None and term.get("reason"):
-                reason = term["reason"]
-            elif term is not None:
-                reason = (f"Signal:{term['signal']}" if term.get("signal")
-                          else f"ExitCode:{term.get('exitCode')}")
-            elif c.get("ready") and "running" in state:
-                running, ready = True, ready + 1
-        if reason == "Completed" and running:
-            has_ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                            for c in conditions)
-            reason = "Running" if has_ready else "NotReady"
+        reason, restarts, ready, last_restart = _containers_status(status, reason)
     if meta.get("deletionTimestamp"):
         if status.get("reason") == "NodeLost":
             reason = "Unknown"
