@@ -6,6 +6,7 @@ reads a real cluster: pod conditions, container states, events by field selector
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -249,3 +250,34 @@ def test_a_partitioned_node_goes_not_ready_and_the_taint_manager_evicts_its_pods
     wait_for(lambda: condition(core.read_node("node-2"), "Ready").status == "True",
              what="node-2 Ready again")
     wait_for(lambda: not core.list_namespaced_pod(ns).items or None, what="the pod to go")
+
+
+def test_a_crashed_node_kills_its_containers_and_reports_them_lost_when_it_returns(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
+    code = "import os, time\nprint('up', os.getpid(), flush=True)\ntime.sleep(120)"
+    for name, restart in (("once", "Never"), ("again", "OnFailure")):
+        spec = pod(name, code, restart=restart)
+        spec["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-2"}
+        core.create_namespaced_pod(ns, spec)
+    pids = [int(pod_log(core, ns, running(core, ns, n).metadata.name).split()[1])
+            for n in ("once", "again")]
+    sim.node("node-2").crash()
+    try:
+        for pid in pids:
+            wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}") or None,
+                     what=f"process {pid} to die with its node")
+        wait_for(lambda: condition(core.read_node("node-2"), "Ready").status == "Unknown",
+                 what="node-2 NotReady")
+    finally:
+        sim.node("node-2").heal()
+    lost = phase(core, ns, "once", "Failed").status.container_statuses[0].state.terminated
+    assert (lost.exit_code, lost.reason) == (137, "ContainerStatusUnknown")
+    assert lost.message == "The container could not be located when the pod was terminated"
+
+    def restarted() -> Any:
+        status = core.read_namespaced_pod("again", ns).status.container_statuses[0]
+        return status if status.restart_count == 1 and status.state.running else None
+    status = wait_for(restarted, what="the OnFailure pod to restart")
+    assert status.last_state.terminated.reason == "ContainerStatusUnknown"
+    wait_for(lambda: condition(core.read_node("node-2"), "Ready").status == "True",
+             what="node-2 Ready again")

@@ -74,6 +74,8 @@ class ContainerState:
         self.instance: runtime.Container | None = None
         self.done = False
         self.exit_code: int | None = None
+        self.recovered: int | None = None  # exit code of an instance lost with its node
+        self.ran_seconds = 0.0
 
     def status(self) -> dict[str, Any]:
         image = self.spec.get("image", "")
@@ -104,6 +106,29 @@ class PodWorker:
         self.evicted: dict[str, str] | None = None
         self._task: asyncio.Task[None] | None = None
         self._sleepers: set[asyncio.Future[None]] = set()
+        self._recover(pod)
+
+    def _recover(self, pod: dict[str, Any]) -> None:
+        """A pod this node ran before its kubelet restarted (node crash and heal): containers
+        reported running are gone, as the kubelet reports them after a reboot."""
+        status = pod.get("status") or {}
+        prior = {cs["name"]: cs for cs in status.get("containerStatuses") or []}
+        self.ip = status.get("podIP", "")
+        self.started_at = status.get("startTime") or timestamp()
+        for c in self.containers:
+            cs = prior.get(c.name)
+            if cs is None:
+                continue
+            c.restart_count = int(cs.get("restartCount", 0))
+            c.last_state = cs.get("lastState") or {}
+            c.container_id = cs.get("containerID")
+            if "running" in (cs.get("state") or {}):
+                c.state = {"terminated": {
+                    "exitCode": 137, "reason": "ContainerStatusUnknown",
+                    "message": "The container could not be located when the pod was terminated",
+                    "startedAt": cs["state"]["running"].get("startedAt"),
+                    "finishedAt": timestamp(), "containerID": c.container_id}}
+                c.recovered = c.exit_code = 137
 
     @property
     def dir(self) -> Path:
@@ -157,8 +182,7 @@ class PodWorker:
     def _admit(self) -> None:
         want = int(workload.requests_of(self.pod).get("nvidia.com/gpu", 0))
         self.gpus = self.kubelet.free_gpus()[:want]
-        self.ip = self.kubelet.allocate_ip()
-        self.started_at = timestamp()
+        self.ip = self.ip or self.kubelet.allocate_ip()
         self.publish()
 
     # -- container lifecycle -------------------------------------------------------------------
@@ -167,7 +191,10 @@ class PodWorker:
         policy = self.pod["spec"].get("restartPolicy", "Always")
         backoff = BACKOFF_START_SECONDS
         while not self.deleting.is_set() and self.evicted is None:
-            code = await self._run_once(c)
+            code, c.recovered = (c.recovered, None) if c.recovered else (
+                await self._run_once(c), None)
+            if c.ran_seconds >= self.kubelet.scaled(2 * BACKOFF_MAX_SECONDS):
+                backoff = BACKOFF_START_SECONDS  # a long healthy run resets the back-off
             if code is None:
                 if not await self._sleep(backoff):
                     break
@@ -222,6 +249,7 @@ class PodWorker:
         self.publish()
         result = await c.instance.wait()
         c.instance = None
+        c.ran_seconds = (result.finished_at - result.started_at).total_seconds()
         c.exit_code = result.exit_code
         c.state = {"terminated": podstatus.terminated(self, c, result)}
         self.publish()
