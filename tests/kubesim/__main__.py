@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from kubesim.config import NodeSpec, SimConfig
-from kubesim.server import run
 
 
 def _node(text: str) -> NodeSpec:
@@ -44,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     config.root.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from kubesim.server import run  # aiohttp loads only once the arguments are good
+
     run(config, args.host, args.port, args.kubeconfig)
     return 0
 

@@ -1,0 +1,91 @@
+"""The fixture and command line: a cluster starts fast, speaks through its kubeconfig, and takes
+its container processes with it when it stops."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+import kubesim
+from kubesim.config import NodeSpec, SimConfig
+
+_PIDFILE_SCRIPT = ("import os, sys, time\n"
+                   "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+                   "time.sleep(120)\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return status != "Z"
+
+
+def test_cluster_starts_in_under_two_seconds_and_serves_its_kubeconfig(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with kubesim.run(root=tmp_path) as sim:
+        elapsed = time.monotonic() - started
+        core = client.CoreV1Api(config.new_client_from_config(str(sim.kubeconfig)))
+        names = [n.metadata.name for n in core.list_namespace().items]
+    assert elapsed < 2.0, f"start took {elapsed:.2f}s"
+    assert {"default", "kube-system"} <= set(names)
+    assert "fixture: server exited with 0" in (tmp_path / "kubesim.log").read_text()
+
+
+def test_stopping_the_cluster_ends_its_container_processes(tmp_path: Path) -> None:
+    pidfile = tmp_path / "container.pid"
+    with kubesim.run(root=tmp_path / "sim", time_scale=0.02) as sim:
+        core = client.CoreV1Api(config.new_client_from_config(str(sim.kubeconfig)))
+        core.create_namespaced_pod("default", {"metadata": {"name": "sleeper"}, "spec": {
+            "restartPolicy": "Never", "containers": [{
+                "name": "main", "image": "python:3.11",
+                "command": [sys.executable, "-c", _PIDFILE_SCRIPT, str(pidfile)]}]}})
+        deadline = time.monotonic() + 15
+        while not (pidfile.exists() and pidfile.read_text()):
+            assert time.monotonic() < deadline, "the container never started"
+            time.sleep(0.05)
+        pid = int(pidfile.read_text())
+        assert _alive(pid)
+    deadline = time.monotonic() + 5
+    while _alive(pid):
+        assert time.monotonic() < deadline, f"container process {pid} outlived the cluster"
+        time.sleep(0.05)
+
+
+def test_a_temporary_root_is_removed_at_the_end() -> None:
+    with kubesim.run() as sim:
+        root = Path(sim.root)
+        assert (root / "kubeconfig").exists()
+    assert not root.exists()
+
+
+def test_config_round_trips_through_json(tmp_path: Path) -> None:
+    original = SimConfig(root=tmp_path, nodes=(NodeSpec("gpu-1", gpus=2, labels={"a": "b"},
+                                                        taints=({"key": "k", "value": "v",
+                                                                 "effect": "NoSchedule"},)),),
+                         images={"ghcr.io/*": kubesim.HostPython(sys.executable),
+                                 "busybox:*": kubesim.Host()}, time_scale=0.1, history=50)
+    assert SimConfig.from_json(original.to_json()) == original
+
+
+def test_command_line_without_root_says_what_is_missing() -> None:
+    done = subprocess.run([sys.executable, "-m", "kubesim", "serve"], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": "tests"}, timeout=30)
+    assert done.returncode == 2
+    assert "serve needs --root DIR (or --config FILE)" in done.stderr
+
+
+@pytest.mark.parametrize("spec", ["gpu-1:x", ":2"])
+def test_command_line_rejects_a_malformed_node(spec: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "kubesim", "serve", "--root", "/tmp/x",
+                           "--node", spec], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": "tests"}, timeout=30)
+    assert done.returncode == 2 and "use NAME or NAME:GPUS" in done.stderr
