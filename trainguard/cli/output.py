@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -12,7 +13,8 @@ from rich.table import Table
 from trainguard.core import report
 from trainguard.core.attempt import AttemptSummary
 
-console = Console()
+# Piped output (CI logs, notebooks' subprocess cells) would otherwise be cut to 80 columns.
+console = Console() if sys.stdout.isatty() else Console(width=160)
 errors = Console(stderr=True)
 
 
@@ -26,7 +28,7 @@ def attempts_table(summaries: Sequence[AttemptSummary], title: str) -> Table:
     """The run's attempts as a rich table, one row per attempt."""
     table = Table(title=title, show_lines=False, expand=False)
     for column in report.TABLE_COLUMNS:
-        table.add_column(column, overflow="fold", max_width=60 if column == "signature" else None)
+        table.add_column(column, overflow="fold")
     styles = {"Completed": "green", "Failed": "red", "Crashed": "magenta"}
     for summary in summaries:
         row = report.table_row(summary)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +49,22 @@ def demo(
 
 
 def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
+    # Without PREFECT_API_URL Prefect starts a local ephemeral server; its first start migrates
+    # the database, which takes longer than Prefect's 20 s default on a busy 2-core machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     from flows.run import training_run
     from trainguard.core.attempt import new_run_id
 
     run_id = new_run_id(spec.name)
     rules = blocks.pop("rules", None)
-    state = training_run(
-        spec, run_id=run_id, backend_block=blocks.get("backend"), evidence_block=blocks.get("evidence"),
-        retry_policy_block=blocks.get("retry_policy"), rules_file=str(rules) if rules else None,
-        return_state=True,
-    )
+    try:
+        state = training_run(
+            spec, run_id=run_id, backend_block=blocks.get("backend"), evidence_block=blocks.get("evidence"),
+            retry_policy_block=blocks.get("retry_policy"), rules_file=str(rules) if rules else None,
+            return_state=True,
+        )
+    except (RuntimeError, OSError) as exc:
+        fail(f"could not run on the Prefect API ({exc}); check PREFECT_API_URL or `prefect server start`", code=1)
     history = state.result(raise_on_failure=False)
     summaries = [AttemptSummary.from_dict(item) for item in history] if isinstance(history, list) else []
     console.print()

@@ -6,6 +6,7 @@ Rendering only: the flows publish these as artifacts, the CLI prints the same ro
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path, PurePath
 
 from trainguard.core.attempt import AttemptSummary
 
@@ -22,17 +23,29 @@ TABLE_COLUMNS = (
 
 
 def table_row(summary: AttemptSummary) -> dict[str, str]:
-    """One attempt as the cells of the attempts table."""
+    """One attempt as the cells of the attempts table (compact: the report has the full values)."""
     return {
         "attempt": f"{summary.attempt}/{summary.max_attempts}",
         "flow run": summary.flow_run_name or summary.flow_run_id or "-",
         "state": summary.state,
         "category": summary.category or "-",
-        "signature": _signature(summary) or "-",
+        "signature": _shorten(_signature(summary), 90) or "-",
         "duration": f"{summary.duration_seconds:.1f}s",
-        "resumed from": summary.resumed_from or "(start)",
-        "evidence": summary.evidence or "-",
+        "resumed from": PurePath(summary.resumed_from).name if summary.resumed_from else "(start)",
+        "evidence": _relative(summary.evidence) if summary.evidence else "-",
     }
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _relative(location: str) -> str:
+    """A local evidence path relative to the working directory when it lies below it."""
+    try:
+        return str(Path(location).relative_to(Path.cwd()))
+    except ValueError:
+        return location
 
 
 def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = ()) -> str:

@@ -13,7 +13,7 @@ def demo_spec(steps: int = 60, fail_at_step: int = 35, delay_seconds: float = 2.
     return {
         "name": "tiny-regression",
         "command": [
-            sys.executable, str(SCRIPT), "--steps", str(steps), "--checkpoint-every", "10",
+            sys.executable, str(SCRIPT), "--steps", str(steps), "--checkpoint-every", "10", "--step-seconds", "0.05",
             "--fail-at-step", str(fail_at_step), "--fail-on-attempt", "1", "--failure", "nccl-timeout",
         ],
         "env": {"DEMO_HUB_TOKEN": "hf_demo_secret_value", "WANDB_MODE": "offline"},
