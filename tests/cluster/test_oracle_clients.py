@@ -8,6 +8,7 @@ is also deserialized with the official models so a shape bug fails here.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -110,3 +111,24 @@ def test_kubernetes_asyncio_follows_a_restarting_job(sim: Any, ns: str, tmp_path
     assert result["previous"] == "crash on first attempt\n"
     assert {"Scheduled", "Started", "BackOff"} <= result["reasons"]
     assert result["remaining"] == []
+
+
+def test_every_kind_deserializes_with_the_official_models(api_client: client.ApiClient,
+                                                          batch: client.BatchV1Api,
+                                                          core: client.CoreV1Api, ns: str,
+                                                          tmp_path: Path) -> None:
+    batch.create_namespaced_job(ns, _job(tmp_path / "marker"))
+    deadline = time.monotonic() + 20
+    while not any(_restarted(p) for p in core.list_namespaced_pod(ns).items):
+        assert time.monotonic() < deadline, "the job's pod never restarted"
+        time.sleep(0.05)
+    for path, klass in [(f"/api/v1/namespaces/{ns}/pods", "V1PodList"),
+                        (f"/apis/batch/v1/namespaces/{ns}/jobs", "V1JobList"),
+                        (f"/api/v1/namespaces/{ns}/events", "CoreV1EventList"),
+                        ("/api/v1/nodes", "V1NodeList"),
+                        ("/api/v1/namespaces", "V1NamespaceList"),
+                        (f"/api/v1/namespaces/{ns}/serviceaccounts", "V1ServiceAccountList")]:
+        raw = api_client.call_api(path, "GET", auth_settings=["BearerToken"],
+                                  _preload_content=False)
+        assert shape(json.loads(raw.data), klass).items, f"{path} listed nothing"
+    batch.delete_namespaced_job("train", ns, propagation_policy="Background")
