@@ -150,6 +150,25 @@ def test_preemption_marks_the_victim_and_records_preempted(
     assert "Preempted" in {e.reason for e in events_for(core, ns, "low")}
 
 
+def test_a_higher_priority_pod_preempts_a_lower_one_for_its_gpus(
+        core: client.CoreV1Api, ns: str) -> None:
+    gpus = {"limits": {"nvidia.com/gpu": "2"}}
+    core.create_namespaced_pod(ns, pod("batch", grace=1, resources=gpus))
+    running(core, ns, "batch")
+    urgent = pod("urgent", "print('mine now')", resources=gpus)
+    urgent["spec"]["priority"] = 1000  # what a PriorityClass would resolve to
+    created = core.create_namespaced_pod(ns, urgent)
+    last = last_state_before_deletion(core, ns, "batch")
+    target = condition(last, "DisruptionTarget")
+    assert (target.reason, target.message) == (
+        "PreemptionByScheduler",
+        "default-scheduler: preempting to accommodate a higher priority pod")
+    preempted = [e for e in events_for(core, ns, "batch") if e.reason == "Preempted"]
+    assert preempted[0].message == f"Preempted by pod {created.metadata.uid} on node node-1"
+    done = phase(core, ns, "urgent", "Succeeded")
+    assert done.spec.node_name == "node-1" and done.status.nominated_node_name is None
+
+
 def test_an_unknown_image_waits_in_err_image_pull_then_image_pull_back_off(
         core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_pod(ns, {**pod("typo"), "spec": {

@@ -72,6 +72,28 @@ def failures(pod: dict[str, Any], node: dict[str, Any], pods: list[dict[str, Any
             if amount > 0 and used.get(key, Decimal(0)) + amount > alloc.get(key, Decimal(0))]
 
 
+def find_victims(pod: dict[str, Any], node: dict[str, Any],
+                 pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Lower-priority pods whose removal lets the pod fit the node; empty when none does."""
+    if any(not r.startswith("Insufficient") for r in failures(pod, node, pods)):
+        return []
+    priority = pod["spec"].get("priority") or 0
+    name = node["metadata"]["name"]
+    candidates = sorted((p for p in pods if p["spec"].get("nodeName") == name
+                         and (p["spec"].get("priority") or 0) < priority
+                         and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+                         and not p["metadata"].get("deletionTimestamp")),
+                        key=lambda p: (p["spec"].get("priority") or 0,
+                                       p["metadata"]["creationTimestamp"]))
+    victims: list[dict[str, Any]] = []
+    for candidate in candidates:
+        victims.append(candidate)
+        gone = {v["metadata"]["uid"] for v in victims}
+        if not failures(pod, node, [p for p in pods if p["metadata"]["uid"] not in gone]):
+            return victims
+    return []
+
+
 def fit_error(n_nodes: int, reasons: dict[str, list[str]]) -> str:
     """`0/N nodes are available: ...` with the preemption post-filter's summary."""
     counts = Counter(r for rs in reasons.values() for r in rs)
@@ -122,8 +144,29 @@ class Scheduler:
             if fitting:
                 pod["spec"]["nodeName"] = fitting[0]
                 self._bind(pod, fitting[0])
-            else:
-                self._unschedulable(pod, fit_error(len(all_nodes), reasons))
+                continue
+            self._unschedulable(pod, fit_error(len(all_nodes), reasons))
+            if not pod.get("status", {}).get("nominatedNodeName"):
+                self._preempt(pod, nodes, pods)
+
+    def _preempt(self, pod: dict[str, Any], nodes: list[dict[str, Any]],
+                 pods: list[dict[str, Any]]) -> None:
+        """Default preemption: on the first node where removing lower-priority pods (lowest
+        first) makes room, delete them and nominate the node for the preemptor."""
+        if pod["spec"].get("preemptionPolicy") == "Never":
+            return
+        for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+            victims = find_victims(pod, node, pods)
+            if not victims:
+                continue
+            meta = pod["metadata"]
+            for victim in victims:
+                vmeta = victim["metadata"]
+                preempt_victim(self.store, vmeta["namespace"], vmeta["name"], meta["uid"])
+            nominated = node["metadata"]["name"]
+            self.store.mutate("pods", meta["namespace"], meta["name"], lambda obj: obj.setdefault(
+                "status", {}).update(nominatedNodeName=nominated))
+            return
 
     def _bind(self, pod: dict[str, Any], node: str) -> None:
         meta = pod["metadata"]
@@ -131,6 +174,7 @@ class Scheduler:
         def bind(obj: dict[str, Any]) -> None:
             obj["spec"]["nodeName"] = node
             _set_condition(obj, "True", None, None)
+            obj["status"].pop("nominatedNodeName", None)
 
         self.store.mutate("pods", meta["namespace"], meta["name"], bind)
         self.store.record_event(
