@@ -112,3 +112,25 @@ async def _wait_for_log(path: Path, text: str) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+def test_volumes_are_bound_at_their_real_path_in_a_private_mount_namespace(
+        tmp_path: Path) -> None:
+    if not runtime.mount_namespaces():
+        pytest.skip("unshare --mount is not permitted here; the path-rewrite fallback applies")
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    target = f"/kubesim-test-{tmp_path.name}/ckpt"
+    code = ("import os; open('step-7.pt', 'w').write('w'); "
+            "print(os.getcwd(), sorted(os.listdir('.')))")
+    launch = runtime.Launch(
+        argv=(sys.executable, "-c", code), env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path,
+        log_path=tmp_path / "logs" / "0.log", mounts=((str(volume), target),), workdir=target)
+    result = asyncio.run(_run(launch))
+    assert result.exit_code == 0
+    assert (volume / "step-7.pt").read_text() == "w"
+    assert f"{target} ['step-7.pt']" in (tmp_path / "logs" / "0.log").read_text()
+    # The host only ever sees an empty mount target, and kubesim removes what it created.
+    assert not any(Path(target).iterdir())
+    runtime.remove_mountpoints()
+    assert not Path(target).parent.exists() or runtime.other_servers_running()

@@ -282,8 +282,13 @@ class PodWorker:
             return None
         except workload.StartError as exc:
             return podstatus.start_failed(self, c, str(exc))
+        return self._launch(c, argv, env, mounts, namespaced)
+
+    def _launch(self, c: ContainerState, argv: tuple[str, ...], env: dict[str, str],
+                mounts: dict[str, Path], namespaced: bool) -> runtime.Launch:
+        container_dir = self.dir / c.name
         (container_dir / "termination-log").touch()
-        work = spec.get("workingDir") or ""
+        work = c.spec.get("workingDir") or ""
         cwd = container_dir / "rootfs"
         if not namespaced and work:
             cwd = Path(workload.rewrite(work, mounts))
@@ -292,7 +297,7 @@ class PodWorker:
             mounts[work] = container_dir / "workdir"
             mounts[work].mkdir(exist_ok=True)
         cwd.mkdir(parents=True, exist_ok=True)
-        limit = ((spec.get("resources") or {}).get("limits") or {}).get("memory")
+        limit = ((c.spec.get("resources") or {}).get("limits") or {}).get("memory")
         return runtime.Launch(
             argv=argv, env=env, cwd=cwd, name=c.name,
             log_path=container_dir / f"{c.restart_count}.log",

@@ -102,7 +102,7 @@ def remove_mountpoints() -> None:
     Removing a path that is a mountpoint in another mount namespace detaches that mount, so
     nothing is removed while another kubesim server (which may use the same targets) runs.
     """
-    if _other_servers_running():
+    if other_servers_running():
         log.warning("kubesim: other kubesim servers run; leaving mount targets %s",
                     sorted(str(p) for p in _mountpoints))
         return
@@ -115,7 +115,7 @@ def remove_mountpoints() -> None:
     _mountpoints.clear()
 
 
-def _other_servers_running() -> bool:
+def other_servers_running() -> bool:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
