@@ -172,19 +172,7 @@ def _parse_rule(raw: _Located, source: str, where: str) -> Rule:
     for key in raw:
         if key not in _KEYS:
             raise fail(key, f"unknown field; expected one of: {', '.join(sorted(_KEYS))}")
-    category = raw.get("category")
-    if category not in {c.value for c in Category}:
-        valid = ", ".join(c.value for c in Category)
-        raise fail("category", f"{category!r} is not a category; expected one of: {valid}")
-    strength = raw.get("strength", "cause")
-    if strength not in STRENGTHS:
-        raise fail("strength", f"{strength!r}; expected one of: {', '.join(STRENGTHS)}")
-    for key in ("retryable", "warnings", "ignore_case", "disabled"):
-        if key in raw and not isinstance(raw[key], bool):
-            raise fail(key, "expected true or false")
-    context_lines = raw.get("context_lines", 40)
-    if not isinstance(context_lines, int) or isinstance(context_lines, bool) or context_lines < 0:
-        raise fail("context_lines", "expected a non-negative whole number of lines")
+    category, strength, context_lines = _scalars(raw, fail)
     ignore_case = bool(raw.get("ignore_case", False))
     patterns = {k: _strings(raw, k, fail) for k in ("log", "log_not", "context")}
     compiled = {
@@ -194,7 +182,7 @@ def _parse_rule(raw: _Located, source: str, where: str) -> Rule:
     if patterns["context"] and not patterns["log"]:
         raise fail("context", "needs a 'log' pattern to be the context of")
     rule = Rule(
-        id=rule_id, category=Category(category), strength=STRENGTHS[strength],
+        id=rule_id, category=category, strength=strength,
         retryable=raw.get("retryable"), log=patterns["log"], log_not=patterns["log_not"],
         context=patterns["context"], context_lines=context_lines,
         warnings=bool(raw.get("warnings", False)), ignore_case=ignore_case,
@@ -208,6 +196,24 @@ def _parse_rule(raw: _Located, source: str, where: str) -> Rule:
         raise fail("log", "a rule needs at least one matcher: log, exit_codes, signals, "
                           "reasons, conditions or events")
     return rule
+
+
+def _scalars(raw: _Located, fail: Any) -> tuple[Category, int, int]:
+    """Validate the single-valued fields; return category, strength and context window."""
+    category = raw.get("category")
+    if category not in {c.value for c in Category}:
+        valid = ", ".join(c.value for c in Category)
+        raise fail("category", f"{category!r} is not a category; expected one of: {valid}")
+    strength = raw.get("strength", "cause")
+    if strength not in STRENGTHS:
+        raise fail("strength", f"{strength!r}; expected one of: {', '.join(STRENGTHS)}")
+    for key in ("retryable", "warnings", "ignore_case", "disabled"):
+        if key in raw and not isinstance(raw[key], bool):
+            raise fail(key, "expected true or false")
+    context_lines = raw.get("context_lines", 40)
+    if not isinstance(context_lines, int) or isinstance(context_lines, bool) or context_lines < 0:
+        raise fail("context_lines", "expected a non-negative whole number of lines")
+    return Category(category), STRENGTHS[strength], context_lines
 
 
 def _strings(raw: _Located, key: str, fail: Any) -> tuple[str, ...]:
