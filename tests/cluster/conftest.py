@@ -89,12 +89,12 @@ def read_log(core: client.CoreV1Api, name: str, namespace: str, **kwargs: Any) -
     return raw.data.decode()  # type: ignore[no-any-return]
 
 
-def kubectl(sim: kubesim.fixture.Sim, *args: str, check: bool = True,
-            timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def kubectl(sim: kubesim.fixture.Sim, *args: str, check: bool = True, timeout: float = 30,
+            stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     if KUBECTL is None:
         pytest.skip("kubectl is not installed on this machine")
     done = subprocess.run([KUBECTL, *args], env=sim.env, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, input=stdin)
     if check and done.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr}")
     return done

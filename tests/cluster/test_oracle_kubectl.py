@@ -108,3 +108,32 @@ def test_kubectl_get_nodes_shows_the_simulated_nodes(sim: Any) -> None:
     names = [line.split()[0] for line in out[1:]]
     assert names == ["node-1", "node-2"]
     assert all(line.split()[1] == "Ready" for line in out[1:])
+
+
+_CM = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n  labels: {{{labels}}}\ndata:\n{data}"
+
+
+def test_kubectl_apply_creates_then_three_way_merges(sim: Any, ns: str) -> None:
+    first = _CM.format(labels="a: '1'", data="  one: '1'\n  two: '2'\n")
+    second = _CM.format(labels="b: '2'", data="  one: '3'\n")
+    assert "configmap/c created" in kubectl(sim, "apply", "-n", ns, "-f", "-",
+                                            stdin=first).stdout
+    assert "configmap/c configured" in kubectl(sim, "apply", "-n", ns, "-f", "-",
+                                               stdin=second).stdout
+    out = kubectl(sim, "get", "cm", "c", "-n", ns, "-o",
+                  "jsonpath={.data} {.metadata.labels}").stdout
+    assert out == '{"one":"3"} {"b":"2"}'
+
+
+def test_kubectl_apply_server_side_creates_the_object(sim: Any, ns: str) -> None:
+    manifest = _CM.format(labels="a: '1'", data="  one: '1'\n")
+    done = kubectl(sim, "apply", "--server-side", "-n", ns, "-f", "-", stdin=manifest)
+    assert "configmap/c serverside-applied" in done.stdout
+    assert kubectl(sim, "get", "cm", "c", "-n", ns, "-o", "jsonpath={.data.one}").stdout == "1"
+
+
+def test_kubectl_generators_sending_protobuf_get_a_clear_415(sim: Any, ns: str) -> None:
+    done = kubectl(sim, "create", "configmap", "g", "-n", ns, "--from-literal=a=b",
+                   check=False)
+    assert done.returncode == 1
+    assert "the body of the request was in an unknown format" in done.stderr

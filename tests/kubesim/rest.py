@@ -16,7 +16,7 @@ from aiohttp import web
 
 from kubesim import admission, deletion, logs, patch, tables, watch
 from kubesim.config import SimConfig
-from kubesim.errors import BadRequest, Expired, MethodNotAllowed, NotFound
+from kubesim.errors import BadRequest, Expired, MethodNotAllowed, NotFound, UnsupportedMediaType
 from kubesim.route import Target
 from kubesim.store import Store, timestamp
 
@@ -99,15 +99,24 @@ class Api:
     # -- writing ---------------------------------------------------------------------------
 
     async def _body(self, request: web.Request) -> Any:
+        if "protobuf" in request.content_type:
+            raise UnsupportedMediaType(f'the body of the request was in an unknown format - '
+                                       f'accepted media types include: application/json, '
+                                       f'application/yaml')
         raw = await request.read()
         if not raw:
             return {}
         try:
-            if "yaml" in request.content_type:
-                return yaml.safe_load(raw)
             return json.loads(raw)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise BadRequest(f"the body of the request could not be decoded: {exc}") from exc
+        except ValueError as exc:
+            if "yaml" not in request.content_type:
+                raise BadRequest(f"the body of the request could not be decoded as JSON: "
+                                 f"{exc}") from exc
+        try:
+            return yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise BadRequest(f"the body of the request could not be decoded as YAML: "
+                             f"{exc}") from exc
 
     def _check_scope(self, t: Target, obj: dict[str, Any]) -> None:
         meta = obj.setdefault("metadata", {})

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from kubesim import discovery, gc, route
+from kubesim import discovery, gc, openapi, route
 from kubesim.config import SimConfig
 from kubesim.control import Control, controllers_module
 from kubesim.errors import ApiError, MethodNotAllowed, NotFound, status_for
@@ -118,6 +118,8 @@ class Server:
         parts = [p for p in path.split("/") if p]
         if path == "/version":
             return discovery.VERSION
+        if path == "/openapi/v3" or path.startswith("/openapi/v3/"):
+            return openapi.lookup(path)
         if path == "/api":
             return discovery.api_versions(self.address)
         if path == "/apis":
