@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,17 @@ def test_the_compiled_database_is_reused_from_the_cache(
     second = scan.Scanner(rules, "hyperscan")
     result = second.scan(OOM)
     assert result.hits and first.scan(OOM).hits == result.hits
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_concurrent_classifications_from_threads_do_not_interfere(engine: str) -> None:
+    logs = [progress(2000) + OOM, progress(1500) + b"Segmentation fault (core dumped)\n"] * 4
+    expected = [triage.classify(triage.Signals(exit_code=1, log=log), engine=engine)
+                for log in logs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        got = list(pool.map(lambda log: triage.classify(
+            triage.Signals(exit_code=1, log=log), engine=engine), logs))
+    assert got == expected
 
 
 def test_required_literals_cover_every_alternative() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +154,15 @@ class HyperscanEngine:
         self._rest_ids = [i for i in range(len(patterns)) if i not in accepted]
         rest = [patterns[i] for i in self._rest_ids]
         self._rest = ReEngine(rest) if rest else None
+        # Hyperscan scratch space is per scan in flight: one per thread (Prefect runs tasks on
+        # threads), cloned from the database's own.
+        self._local = threading.local()
+
+    def _scratch(self) -> Any:
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = _hs.Scratch(self._db)
+        return scratch
 
     def scan(self, buf: bytes, start: int, stop: int, feed: Feed) -> None:
         if self._db is not None:
@@ -165,7 +175,8 @@ class HyperscanEngine:
                     found.append((start + to, pid))
                 else:
                     feed(pid, start + to)
-            self._db.scan(memoryview(buf)[start:stop], match_event_handler=on_match)
+            self._db.scan(memoryview(buf)[start:stop], match_event_handler=on_match,
+                          scratch=self._scratch())
             found.sort()
             for end, pid in found:
                 feed(pid, end)
