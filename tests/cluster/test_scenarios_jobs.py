@@ -175,3 +175,29 @@ def test_ttl_after_finished_deletes_the_job_and_its_pods(
     wait_for(lambda: condition(batch, ns, "brief", "Complete"), what="Complete")
     wait_for(lambda: not batch.list_namespaced_job(ns).items or None, what="TTL deletion")
     wait_for(lambda: not job_pods(core, ns, "brief") or None, what="its pods to go")
+
+
+def test_init_containers_run_first_and_a_failing_one_fails_a_never_pod(
+        core: client.CoreV1Api, ns: str) -> None:
+    def with_init(name: str, init_code: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+            "restartPolicy": "Never",
+            "initContainers": [{"name": "fetch", "image": IMAGE,
+                                "command": ["python", "-c", init_code]}],
+            "containers": [{"name": "train", "image": IMAGE,
+                            "command": ["python", "-c", "print('training')"]}]}}
+
+    core.create_namespaced_pod(ns, with_init("ready", "print('fetched')"))
+    core.create_namespaced_pod(ns, with_init("broken", "import sys; sys.exit(7)"))
+    ok = wait_for(lambda: (p := core.read_namespaced_pod("ready", ns)).status.phase
+                  == "Succeeded" and p, what="ready Succeeded")
+    init = ok.status.init_container_statuses[0]
+    assert (init.state.terminated.exit_code, init.ready) == (0, True)
+    assert pod_log(core, ns, "ready", container="fetch") == "fetched\n"
+    bad = wait_for(lambda: (p := core.read_namespaced_pod("broken", ns)).status.phase
+                   == "Failed" and p, what="broken Failed")
+    assert bad.status.init_container_statuses[0].state.terminated.exit_code == 7
+    assert bad.status.container_statuses[0].state.waiting.reason == "PodInitializing"
+    initialized = next(c for c in bad.status.conditions if c.type == "Initialized")
+    assert (initialized.status, initialized.reason, initialized.message) == (
+        "False", "ContainersNotInitialized", "containers with incomplete status: [fetch]")

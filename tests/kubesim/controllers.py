@@ -123,7 +123,7 @@ def _spawn(cluster: Cluster, coro: Any) -> None:
 def oom_kill(store: Store, namespace: str, pod: str, container: str | None = None) -> dict[str, Any]:
     """Kill a running container as the kernel OOM killer would: 137, reason OOMKilled."""
     worker = _worker(store, namespace, pod)
-    running = [c for c in worker.containers if c.instance is not None
+    running = [c for c in worker.all_containers if c.instance is not None
                and (container is None or c.name == container)]
     if not running:
         raise NotFound(f'container "{container or "(any)"}" of pod "{pod}" is not running')

@@ -45,12 +45,16 @@ def build(worker: PodWorker) -> dict[str, Any]:
         "False", ready_reason,
         None if terminal else f"containers with unready status: [{' '.join(unready)}]")
     sandbox = "False" if terminal else "True"
+    pending_init = [c.name for c in worker.init_containers if c.exit_code != 0]
+    initialized = ("True", None, None) if not pending_init else (
+        "False", "ContainersNotInitialized",
+        f"containers with incomplete status: [{' '.join(pending_init)}]")
     host_ip = f"10.0.0.{worker.kubelet.index + 10}"
     status: dict[str, Any] = {
         "phase": current,
         "conditions": {
             "PodReadyToStartContainers": (sandbox, None, None),
-            "Initialized": ("True", None, None),
+            "Initialized": initialized,
             "ContainersReady": ready,
             "Ready": ready,
         },
@@ -59,6 +63,8 @@ def build(worker: PodWorker) -> dict[str, Any]:
         "startTime": worker.started_at,
         "containerStatuses": [c.status() for c in worker.containers],
     }
+    if worker.init_containers:
+        status["initContainerStatuses"] = [c.status() for c in worker.init_containers]
     if worker.evicted is not None:
         status["reason"], status["message"] = "Evicted", worker.evicted
     return status

@@ -64,8 +64,9 @@ def pod_dir(root: Path, pod: dict[str, Any]) -> Path:
 class ContainerState:
     """What the kubelet knows of one container, in containerStatuses terms."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], *, init: bool = False) -> None:
         self.spec = spec
+        self.init = init
         self.name: str = spec["name"]
         self.state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
         self.last_state: dict[str, Any] = {}
@@ -80,8 +81,10 @@ class ContainerState:
     def status(self) -> dict[str, Any]:
         image = self.spec.get("image", "")
         running = "running" in self.state
+        # A completed init container counts as ready (kubelet_pods.go).
+        ready = running or (self.init and self.exit_code == 0)
         out: dict[str, Any] = {
-            "name": self.name, "image": image, "ready": running, "started": running,
+            "name": self.name, "image": image, "ready": ready, "started": running,
             "restartCount": self.restart_count, "state": self.state,
             "lastState": self.last_state,
             "imageID": f"{image}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
@@ -98,7 +101,12 @@ class PodWorker:
     def __init__(self, kubelet: Kubelet, pod: dict[str, Any]) -> None:
         self.kubelet = kubelet
         self.pod = pod
+        self.init_containers = [ContainerState(c, init=True)
+                                for c in pod["spec"].get("initContainers") or []]
         self.containers = [ContainerState(c) for c in pod["spec"].get("containers", [])]
+        if self.init_containers:
+            for c in self.containers:
+                c.state = {"waiting": {"reason": "PodInitializing"}}
         self.gpus: list[int] = []
         self.ip = ""
         self.finished = False
@@ -112,16 +120,20 @@ class PodWorker:
         """A pod this node ran before its kubelet restarted (node crash and heal): containers
         reported running are gone, as the kubelet reports them after a reboot."""
         status = pod.get("status") or {}
-        prior = {cs["name"]: cs for cs in status.get("containerStatuses") or []}
+        prior = {cs["name"]: cs for cs in [*(status.get("initContainerStatuses") or []),
+                                            *(status.get("containerStatuses") or [])]}
         self.ip = status.get("podIP", "")
         self.started_at = status.get("startTime") or timestamp()
-        for c in self.containers:
+        for c in self.all_containers:
             cs = prior.get(c.name)
             if cs is None:
                 continue
             c.restart_count = int(cs.get("restartCount", 0))
             c.last_state = cs.get("lastState") or {}
             c.container_id = cs.get("containerID")
+            if "terminated" in (cs.get("state") or {}):
+                c.state = cs["state"]
+                c.exit_code = cs["state"]["terminated"].get("exitCode")
             if "running" in (cs.get("state") or {}):
                 c.state = {"terminated": {
                     "exitCode": 137, "reason": "ContainerStatusUnknown",
@@ -161,7 +173,7 @@ class PodWorker:
         """Kill the containers without reporting (node crash, pod object gone)."""
         if self._task is not None:
             self._task.cancel()
-        for c in self.containers:
+        for c in self.all_containers:
             if c.instance is not None:
                 c.instance.signal(9)
                 self.kubelet.reap(c.instance)
@@ -171,7 +183,8 @@ class PodWorker:
         try:
             self._admit()
             watcher = asyncio.ensure_future(self.watch_deletion())
-            await asyncio.gather(*(self._container_loop(c) for c in self.containers))
+            if await self._initialize():
+                await asyncio.gather(*(self._container_loop(c) for c in self.containers))
             watcher.cancel()
             await self._terminate()
         except asyncio.CancelledError:
@@ -187,8 +200,26 @@ class PodWorker:
 
     # -- container lifecycle -------------------------------------------------------------------
 
+    async def _initialize(self) -> bool:
+        """Run the init containers one after the other; False when one failed for good."""
+        for c in self.init_containers:
+            if c.exit_code != 0:
+                await self._container_loop(c)
+            if c.exit_code != 0:
+                return False
+        for c in self.containers:
+            if c.state.get("waiting", {}).get("reason") == "PodInitializing":
+                c.state = {"waiting": {"reason": "ContainerCreating"}}
+        return True
+
+    @property
+    def all_containers(self) -> list[ContainerState]:
+        return [*self.init_containers, *self.containers]
+
     async def _container_loop(self, c: ContainerState) -> None:
         policy = self.pod["spec"].get("restartPolicy", "Always")
+        if c.init and policy == "Always":
+            policy = "OnFailure"  # init containers are only restarted when they fail
         backoff = BACKOFF_START_SECONDS
         while not self.deleting.is_set() and self.evicted is None:
             code, c.recovered = (c.recovered, None) if c.recovered else (
@@ -327,7 +358,7 @@ class PodWorker:
 
     async def stop_containers(self, grace_seconds: float, *, announce: bool = True) -> None:
         stops = []
-        for c in self.containers:
+        for c in self.all_containers:
             if c.instance is not None:
                 if announce:
                     self.kubelet.event(self.pod, "Killing", f"Stopping container {c.name}",
