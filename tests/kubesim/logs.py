@@ -28,7 +28,7 @@ def log_path(root: Path, pod: dict[str, Any], container: str, restart: int) -> P
 
 def _container(pod: dict[str, Any], wanted: str | None) -> str:
     spec = pod.get("spec") or {}
-    names = [c["name"] for c in spec.get("containers") or []]
+    names: list[str] = [c["name"] for c in spec.get("containers") or []]
     all_names = names + [c["name"] for c in spec.get("initContainers") or []]
     pod_name = pod["metadata"]["name"]
     if wanted is None:

@@ -42,7 +42,7 @@ class Api:
     def _wants_table(self, request: web.Request) -> bool:
         return "as=Table" in request.headers.get("Accept", "")
 
-    async def list(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def list_or_watch(self, request: web.Request, t: Target) -> web.StreamResponse:
         query = dict(request.query)
         if t.verb == "watch":
             return await watch.serve(request, self.store, t, query, request.get("fault"))

@@ -54,7 +54,8 @@ class Server:
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         if request.path.startswith("/_kubesim/"):
             try:
-                return await handler(request)
+                response: web.StreamResponse = await handler(request)
+                return response
             except ApiError as exc:
                 return json_response(exc.status(), exc.code, exc.headers)
         target = route.parse(request.method, request.path, request.query)
@@ -103,7 +104,7 @@ class Server:
         target: route.Target | None = request.get("target")
         if target is None:
             raise NotFound("the server could not find the requested resource")
-        handlers = {"list": self.api.list, "watch": self.api.list, "get": self.api.get,
+        handlers = {"list": self.api.list_or_watch, "watch": self.api.list_or_watch, "get": self.api.get,
                     "create": self.api.create, "update": self.api.update,
                     "patch": self.api.patch, "delete": self.api.delete,
                     "deletecollection": self.api.delete}

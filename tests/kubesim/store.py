@@ -8,6 +8,7 @@ Admission (defaults, validation), HTTP and controller logic do not belong here.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import copy
 import time
 import uuid
@@ -173,7 +174,8 @@ class Store:
         if queue in self._subscribers:
             self._subscribers.remove(queue)
 
-    def history_since(self, rv: int) -> list[tuple[int, str, str, dict[str, Any]]] | None:
+    def history_since(self, rv: int
+                      ) -> builtins.list[tuple[int, str, str, dict[str, Any]]] | None:
         """Changes after rv, oldest first; None if rv is older than the history kept."""
         if rv >= self._rv:
             return []
