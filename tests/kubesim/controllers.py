@@ -20,7 +20,7 @@ from kubesim.config import SimConfig
 from kubesim.errors import NotFound
 from kubesim.jobs import JobController
 from kubesim.kubelet import Kubelet, PodWorker
-from kubesim.nodes import NodeLifecycle, node_object
+from kubesim.nodes import LEASE_NAMESPACE, NodeLifecycle, node_object
 from kubesim.scheduler import Scheduler, preempt_victim
 from kubesim.store import AlreadyExists, Store
 
@@ -180,5 +180,11 @@ def heal(node: str, store: Store | None = None) -> dict[str, Any]:
 def delete_node(node: str, store: Store | None = None) -> dict[str, Any]:
     """Crash the node and delete its Node object, so pod GC fails and removes its pods."""
     crash(node, store)
-    _kubelet(node, store).store.remove("nodes", None, node)
+    kubelet = _kubelet(node, store)
+    kubelet.store.remove("nodes", None, node)
+    kubelet.store.remove("leases", LEASE_NAMESPACE, node)
     return {"node": node, "state": "deleted"}
+
+
+# The control API routes POST /_kubesim/nodes/<node>/<action> to a function of that name.
+delete = delete_node

@@ -12,14 +12,15 @@ What does not: running pods (kubelet.py) or placing them (scheduler.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from kubesim.config import NodeSpec, SimConfig
 from kubesim.kubelet import Kubelet
 from kubesim.scheduler import tolerates
-from kubesim.store import Store, timestamp
+from kubesim.store import AlreadyExists, Store, timestamp
 
 HEARTBEAT_SECONDS = 10.0
 MONITOR_GRACE_SECONDS = 40.0
@@ -27,6 +28,7 @@ MONITOR_GRACE_SECONDS = 40.0
 # node flapping NotReady would be a fault nobody asked for.
 MIN_GRACE_SECONDS = 2.0
 UNREACHABLE = "node.kubernetes.io/unreachable"
+LEASE_NAMESPACE = "kube-node-lease"
 _CONDITIONS = (("MemoryPressure", "KubeletHasSufficientMemory",
                 "kubelet has sufficient memory available"),
                ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
@@ -81,6 +83,7 @@ class NodeLifecycle:
         self.store, self.config, self.kubelets = store, config, kubelets
         now = time.monotonic()
         self._last_beat = {name: now for name in kubelets}
+        self._last_renew: dict[str, float] = {}
 
     def scaled(self, seconds: float) -> float:
         return seconds * self.config.time_scale
@@ -100,8 +103,29 @@ class NodeLifecycle:
             self.collect_orphans()
             await asyncio.sleep(min(period, self.grace / 4))
 
+    def renew_lease(self, name: str) -> None:
+        """The kubelet's Lease in kube-node-lease (what `kubectl describe node` shows)."""
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # MicroTime
+        if self.store.mutate("leases", LEASE_NAMESPACE, name,
+                             lambda lease: lease["spec"].update(renewTime=now)) is not None:
+            return
+        if self.store.get("nodes", None, name) is None:
+            return
+        # A real Lease has an ownerReference to its Node; kubesim's garbage collector only
+        # knows owners among namespaced kinds and would collect it, so delete_node removes it.
+        with contextlib.suppress(AlreadyExists):
+            self.store.create("leases", {
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": name, "namespace": LEASE_NAMESPACE},
+                "spec": {"holderIdentity": name, "leaseDurationSeconds": 40,
+                         "renewTime": now}})
+
     def heartbeat(self, name: str) -> None:
         self._last_beat[name] = time.monotonic()
+        if time.monotonic() - self._last_renew.get(name, 0.0) >= max(
+                self.scaled(HEARTBEAT_SECONDS), 1.0):
+            self._last_renew[name] = time.monotonic()
+            self.renew_lease(name)
         now = timestamp()
 
         def beat(node: dict[str, Any]) -> None:
