@@ -184,7 +184,3 @@ def delete_node(node: str, store: Store | None = None) -> dict[str, Any]:
     kubelet.store.remove("nodes", None, node)
     kubelet.store.remove("leases", LEASE_NAMESPACE, node)
     return {"node": node, "state": "deleted"}
-
-
-# The control API routes POST /_kubesim/nodes/<node>/<action> to a function of that name.
-delete = delete_node

@@ -1,0 +1,45 @@
+"""A node that is deleted for good: pod GC fails and removes what was bound to it.
+
+A cluster of its own, since losing a node would change what the shared one can schedule.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import kubesim
+import pytest
+from kubernetes import client, config
+from test_scenarios_disruptions import condition, last_state_before_deletion, pod, running
+from test_scenarios_jobs import wait_for
+
+
+@pytest.fixture(scope="module")
+def lossy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubesim.fixture.Sim]:
+    with kubesim.run(root=tmp_path_factory.mktemp("lossy"),
+                     nodes=[kubesim.Node("node-a"), kubesim.Node("node-b")],
+                     images={"python:*": kubesim.HostPython(sys.executable)},
+                     time_scale=0.02) as sim:
+        yield sim
+
+
+def test_deleting_a_node_lets_pod_gc_fail_and_remove_its_pods(
+        lossy: kubesim.fixture.Sim) -> None:
+    core = client.CoreV1Api(config.new_client_from_config(str(lossy.kubeconfig)))
+    spec = pod("orphaned")
+    spec["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-b"}
+    core.create_namespaced_pod("default", spec)
+    running(core, "default", "orphaned")
+    lossy.node("node-b").delete()
+    last = last_state_before_deletion(core, "default", "orphaned")
+    target = condition(last, "DisruptionTarget")
+    assert (target.reason, target.message) == ("DeletionByPodGC", "PodGC: node no longer exists")
+    assert last.status.phase == "Failed"
+    assert [n.metadata.name for n in core.list_node().items] == ["node-a"]
+    leases = client.CoordinationV1Api(core.api_client).list_namespaced_lease("kube-node-lease")
+    assert [lease.metadata.name for lease in leases.items] == ["node-a"]
+    replacement = pod("elsewhere", "print('fine')")
+    core.create_namespaced_pod("default", replacement)
+    wait_for(lambda: core.read_namespaced_pod("elsewhere", "default").status.phase
+             == "Succeeded" or None, what="a pod on the remaining node")
