@@ -122,3 +122,21 @@ def test_bad_fault_rule_is_refused_with_the_field_named(sim: kubesim.fixture.Sim
     with pytest.raises(kubesim.fixture.ControlError) as err:
         sim.faults.add(**rule)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_outage_refuses_connections_until_the_api_returns(sim: kubesim.fixture.Sim,
+                                                          core: client.CoreV1Api,
+                                                          ns: str) -> None:
+    core.list_namespaced_pod(ns)  # a pooled keep-alive connection: the outage must cut it
+    sim.outage(1.0)
+    with pytest.raises(urllib3.exceptions.MaxRetryError) as err:
+        core.list_namespaced_pod(ns, _request_timeout=0.5)
+    assert "Connection refused" in str(err.value)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            assert core.list_namespaced_pod(ns).items == []
+            break
+        except urllib3.exceptions.MaxRetryError:
+            assert time.monotonic() < deadline, "the API never came back"
+            time.sleep(0.1)

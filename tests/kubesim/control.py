@@ -7,10 +7,11 @@ HTTP calls to them. The Python side of these calls is fixture.py.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
@@ -44,6 +45,9 @@ class Control:
 
     def __init__(self, store: Store, faults: Faults) -> None:
         self.store, self.faults = store, faults
+        # Set by the server once it listens: close the port for some seconds.
+        self.outage: Callable[[float], Awaitable[None]] | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         raw = await request.read()
@@ -72,6 +76,8 @@ class Control:
                 self.faults.requests.clear()
                 return _json({"cleared": True})
             return _json(self.faults.requests)
+        if parts == ["outage"] and method == "POST":
+            return self._outage(await self._body(request))
         if parts == ["compact"] and method == "POST":
             self.store.compact()
             return _json({"resourceVersion": self.store.resource_version})
@@ -83,6 +89,17 @@ class Control:
                                f"{', '.join(NODE_ACTIONS)}")
             return await self._call(NODE_ACTIONS[parts[2]], parts[1], store=self.store)
         raise NotFound(f"control API: no route {method} {request.path}")
+
+    def _outage(self, body: dict[str, Any]) -> web.StreamResponse:
+        seconds = body.get("seconds")
+        if not isinstance(seconds, (int, float)) or not 0 < seconds <= 300:
+            raise BadRequest("control API: outage needs seconds, a number in (0, 300]")
+        if self.outage is None:
+            raise _NotImplemented("control API: the server cannot close its port")
+        task = asyncio.ensure_future(self.outage(float(seconds)))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return _json({"outage_seconds": seconds})
 
     async def _pod_action(self, request: web.Request, namespace: str, name: str,
                           action: str) -> web.StreamResponse:

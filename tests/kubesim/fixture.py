@@ -122,6 +122,14 @@ class Sim:
     def node(self, name: str) -> NodeHandle:
         return NodeHandle(self._http, name)
 
+    def outage(self, seconds: float) -> None:
+        """Close the API port for `seconds` (connections refused, open ones cut), then reopen.
+
+        Returns at once; the port closes about 50 ms later.
+        """
+        self._http.call("POST", "/_kubesim/outage", {"seconds": seconds})
+        time.sleep(0.1)
+
     def compact(self) -> None:
         """Forget the watch history: any older resourceVersion now answers 410."""
         self._http.call("POST", "/_kubesim/compact", {})

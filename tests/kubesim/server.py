@@ -160,16 +160,44 @@ async def _start_controllers(server: Server, url: str) -> list[asyncio.Task[Any]
     return tasks + list(started)
 
 
+class Listener:
+    """The listening socket, which an outage fault closes and reopens on the same port."""
+
+    def __init__(self, runner: web.AppRunner, host: str) -> None:
+        self.runner, self.host = runner, host
+        self.port = 0
+        self.site: web.TCPSite | None = None
+
+    async def open(self) -> None:
+        # Open watches and log follows end with the server; don't wait a minute for them.
+        self.site = web.TCPSite(self.runner, self.host, self.port, shutdown_timeout=0.5)
+        await self.site.start()
+        self.port = self.runner.addresses[0][1]
+
+    async def outage(self, seconds: float) -> None:
+        """Refuse connections for `seconds`, cutting the open ones too, then listen again."""
+        await asyncio.sleep(0.05)  # let the control API's answer leave first
+        if self.site is not None:
+            await self.site.stop()
+        server = self.runner.server
+        for connection in list(server.connections if server is not None else []):
+            connection.force_close()
+        await asyncio.sleep(seconds)
+        await self.open()
+        log.info("outage over after %.2fs", seconds)
+
+
 async def serve(config: SimConfig, host: str = "127.0.0.1", port: int = 0,
                 kubeconfig: Path | None = None) -> None:
     """Run the cluster until SIGTERM/SIGINT, then stop controllers and their processes."""
     server = Server(config)
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
     await runner.setup()
-    # Open watches and log follows end with the server; don't wait a minute for them.
-    site = web.TCPSite(runner, host, port, shutdown_timeout=0.5)
-    await site.start()
-    bound = runner.addresses[0][1]
+    listener = Listener(runner, host)
+    listener.port = port
+    await listener.open()
+    server.control.outage = listener.outage
+    bound = listener.port
     server.address = f"{host}:{bound}"
     url = f"http://{host}:{bound}"
     tasks = await _start_controllers(server, url)
