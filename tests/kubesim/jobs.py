@@ -182,7 +182,7 @@ class JobController:
 
     def _backoff(self, failures: int) -> float:
         seconds = min(BACKOFF_START_SECONDS * 2 ** max(failures - 1, 0), BACKOFF_MAX_SECONDS)
-        return seconds * self.time_scale
+        return float(seconds) * self.time_scale
 
     def _strip_finalizer(self, pod: dict[str, Any]) -> None:
         def strip(obj: dict[str, Any]) -> None:
@@ -239,14 +239,14 @@ class JobController:
 
     def _create_pod(self, job: dict[str, Any]) -> None:
         meta, template = job["metadata"], job["spec"]["template"]
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {**template.get("metadata", {}), "generateName": f"{meta['name']}-",
-                            "namespace": meta["namespace"], "finalizers": [TRACKING],
-                            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
-                                                 "name": meta["name"], "uid": meta["uid"],
-                                                 "controller": True,
-                                                 "blockOwnerDeletion": True}]},
-               "spec": dict(template.get("spec", {}))}
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                 "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+        pod: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {**template.get("metadata", {}), "generateName": f"{meta['name']}-",
+                         "namespace": meta["namespace"], "finalizers": [TRACKING],
+                         "ownerReferences": [owner]},
+            "spec": dict(template.get("spec", {}))}
         pod["metadata"].pop("name", None)
         admission.default("pods", pod)
         created = self.store.create("pods", pod)

@@ -111,7 +111,7 @@ class PodWorker:
         self.ip = ""
         self.finished = False
         self.deleting = asyncio.Event()
-        self.evicted: dict[str, str] | None = None
+        self.evicted: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._sleepers: set[asyncio.Future[None]] = set()
         self._recover(pod)

@@ -42,16 +42,15 @@ def _allocatable(node: dict[str, Any]) -> dict[str, Decimal]:
 
 
 def _used(pods: list[dict[str, Any]], node_name: str) -> dict[str, Decimal]:
-    used: Counter[str] = Counter()
+    used: dict[str, Decimal] = {}
     for pod in pods:
         if pod["spec"].get("nodeName") != node_name:
             continue
         if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        for key, val in workload.requests_of(pod).items():
-            used[key] += val  # type: ignore[assignment]
-        used["pods"] += 1
-    return dict(used)
+        for key, val in {**workload.requests_of(pod), "pods": Decimal(1)}.items():
+            used[key] = used.get(key, Decimal(0)) + val
+    return used
 
 
 def failures(pod: dict[str, Any], node: dict[str, Any], pods: list[dict[str, Any]]) -> list[str]:

@@ -29,7 +29,7 @@ from typing import Any
 
 from kubesim.store import Store
 
-_SUFFIXES = {
+_SUFFIXES: dict[str, Decimal | int] = {
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
     "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
