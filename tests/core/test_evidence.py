@@ -83,7 +83,7 @@ def test_a_crashed_attempt_is_collected_completely_and_every_item_verifies(works
 
 def test_an_entrypoint_killed_before_its_report_leaves_reasons_not_exceptions(workspace, store) -> None:
     ignore_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('hung', flush=True); time.sleep(60)"
-    _run(workspace, ignore_term, deadline_seconds=1.0)
+    _run(workspace, ignore_term, deadline_seconds=3.0)
 
     manifest = collect_local_evidence(workspace, store)
 

@@ -100,10 +100,11 @@ def test_the_deadline_stops_a_sleeping_command(runner, workspace, tmp_path: Path
     pid_file = tmp_path / "pid"
     code = f"import os, time; open({str(pid_file)!r}, 'w').write(f'{{os.getpid()}}\\n'); time.sleep(60)"
     started = time.monotonic()
-    outcome = runner.run(_py(code), workspace=workspace, deadline_seconds=1.5)
+    # long enough for the entrypoint and the command to start even on a loaded machine
+    outcome = runner.run(_py(code), workspace=workspace, deadline_seconds=3.0)
 
     assert outcome.reason == "DeadlineExceeded"
-    assert outcome.message == "still running after the 1.5s deadline; stopped"
+    assert outcome.message == "still running after the 3s deadline; stopped"
     assert outcome.exit_code == 143  # SIGTERM forwarded by the entrypoint, which then reported it
     assert time.monotonic() - started < 15
     assert _gone(int(pid_file.read_text()))
@@ -121,8 +122,8 @@ def test_a_command_that_prints_once_then_hangs_is_stalled(runner, workspace, lin
 
 
 def test_a_command_that_keeps_printing_is_not_stalled(runner, workspace) -> None:
-    code = "import time\nfor i in range(8):\n    print(i)\n    time.sleep(0.25)\n"
-    outcome = runner.run(_py(code), workspace=workspace, stall_seconds=1.0)
+    code = "import time\nfor i in range(14):\n    print(i)\n    time.sleep(0.25)\n"
+    outcome = runner.run(_py(code), workspace=workspace, stall_seconds=2.0)
 
     assert outcome.reason == "Completed"
 
@@ -221,7 +222,9 @@ def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_period(workspa
         "time.sleep(60)\n"
     )
     started = time.monotonic()
-    outcome: ProcessOutcome = LocalProcessRunner(grace_seconds=1.0).run(_py(code), workspace=workspace, deadline_seconds=1.0)
+    outcome: ProcessOutcome = LocalProcessRunner(grace_seconds=1.0).run(
+        _py(code), workspace=workspace, deadline_seconds=3.0
+    )
 
     assert outcome.reason == "DeadlineExceeded"
     assert (outcome.exit_code, outcome.signal) == (137, 9)  # the entrypoint itself was SIGKILLed
@@ -260,9 +263,9 @@ def test_a_slow_post_mortem_after_the_command_ended_is_not_a_stall(workspace, tm
     code = f"open({str(marker)!r}, 'w').close(); raise SystemExit(4)"
 
     outcome = LocalProcessRunner(grace_seconds=1.0).run(
-        _py(code), workspace=workspace, env={"TRAINGUARD_GPU_TIMEOUT_SECONDS": "1.5"}, stall_seconds=0.5
+        _py(code), workspace=workspace, env={"TRAINGUARD_GPU_TIMEOUT_SECONDS": "2.5"}, stall_seconds=1.5
     )
 
     assert (outcome.reason, outcome.exit_code) == ("Error", 4)
     index = json.loads((workspace.snapshot_dir / "gpu-after" / "index.json").read_text())
-    assert "timed out after 1.5s" in index["absent"][0]["reason"]
+    assert "timed out after 2.5s" in index["absent"][0]["reason"]
