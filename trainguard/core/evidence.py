@@ -180,10 +180,12 @@ def _collect_coredumps(c: _Collector, ws: AttemptWorkspace, crash: dict[str, Any
     for relative, path in cores:
         name = f"coredumps/{relative}"
         c.guarded(name, ENTRYPOINT, partial(c.put_file, name, path, ENTRYPOINT))
-    if not cores:
-        reason = (crash or {}).get("core_absent_reason") if crash else None
-        c.absent("coredumps", ENTRYPOINT, str(reason) if reason else
-                 "no core file, and no crash report to say why" if crash is None else "no core file was kept")
+    if cores:
+        return
+    if crash is None:
+        c.absent("coredumps", ENTRYPOINT, "no core file, and no crash report to say why")
+    else:
+        c.absent("coredumps", ENTRYPOINT, str(crash.get("core_absent_reason") or "no core file was kept"))
 
 
 def _tree_size(path: Path) -> int:
