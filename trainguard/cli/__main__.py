@@ -1,4 +1,4 @@
-"""`python -m trainguard.cli`: the same as the `trainguard` command."""
+"""``python -m trainguard.cli``: the same command line as the ``trainguard`` script."""
 
 from trainguard.cli import main
 
