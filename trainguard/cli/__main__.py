@@ -1,4 +1,4 @@
-"""``python -m trainguard.cli``: the same command line as the ``trainguard`` script."""
+"""`python -m trainguard.cli`: the same as the `trainguard` command."""
 
 from trainguard.cli import main
 
