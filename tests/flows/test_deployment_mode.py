@@ -105,7 +105,9 @@ def test_sigterm_mid_training_keeps_evidence_crashes_and_schedules_the_next_atte
     assert (evidence / "manifest.json").exists()
     assert b"injecting failure 'hang'" in next((evidence / "logs").glob("*.log")).read_bytes()
 
-    scheduled = [r for r in attempt_runs("sigterm-1") if r.parameters.get("attempt") == 2]
+    # Hooks run after the Crashed state is committed, so the next attempt may appear a moment later.
+    scheduled = wait_for(lambda: [r for r in attempt_runs("sigterm-1") if r.parameters.get("attempt") == 2],
+                         60, "the next attempt to be scheduled")
     assert len(scheduled) == 1 and scheduled[0].state.is_scheduled()
     assert scheduled[0].expected_start_time > datetime.now(timezone.utc)
     assert scheduled[0].parameters["resume_from"].endswith("step-000010.json")
