@@ -63,3 +63,12 @@ def test_run_prints_the_attempts_table_and_evidence_show_verifies_what_was_kept(
     log.write_bytes(log.read_bytes() + b"tampered")
     tampered = trainguard("evidence", "show", run_id, cwd=tmp_path)
     assert tampered.returncode == 1 and "FAILED" in tampered.stdout
+
+
+def test_submitting_to_a_deployment_that_does_not_exist_is_one_line_naming_it(prefect_server, tmp_path):
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(tiny_spec("nowhere")))
+
+    result = trainguard("run", "run.yaml", "--deployment", "train-attempt/missing", cwd=tmp_path, api_url=prefect_server)
+
+    assert result.returncode == 2
+    assert "train-attempt/missing" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -78,6 +78,7 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
 
 def _submit(spec: TrainingSpec, deployment: str, backend: str | None, evidence: str | None, retry_policy: str | None) -> None:
     from prefect.deployments import run_deployment
+    from prefect.exceptions import PrefectException
 
     from trainguard.core.attempt import lineage_tags, new_run_id
 
@@ -87,6 +88,6 @@ def _submit(spec: TrainingSpec, deployment: str, backend: str | None, evidence: 
     try:
         flow_run = run_deployment(deployment, parameters={k: v for k, v in parameters.items() if v is not None},
                                   timeout=0, tags=lineage_tags(run_id, 1, None))
-    except (RuntimeError, OSError, ValueError) as exc:
+    except (PrefectException, RuntimeError, OSError, ValueError) as exc:
         fail(f"--deployment {deployment}: could not submit ({exc}); check the name (flow/deployment) and PREFECT_API_URL")
     console.print(f"submitted run {run_id}: attempt 1 is flow run {flow_run.name} ({flow_run.id})")
