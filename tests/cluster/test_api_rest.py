@@ -244,3 +244,18 @@ def test_foreground_delete_keeps_owner_until_dependents_are_gone(core: client.Co
     assert core.read_namespaced_pod("child", ns).metadata.deletion_timestamp is not None
     core.patch_namespaced_pod("child", ns, {"metadata": {"finalizers": None}})
     _wait(lambda: not core.list_namespaced_config_map(ns).items)
+
+
+def test_deleted_namespace_terminates_empties_and_goes(core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, seeded_pod("p"))
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "c"}})
+    core.delete_namespace(ns)
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(ns, seeded_pod("q"))
+    if err.value.status == 403:
+        assert "because it is being terminated" in _body(err.value)["message"]
+    else:  # already gone: emptying a namespace of seeded objects takes milliseconds
+        assert err.value.status == 404
+    _wait(lambda: not core.list_namespace(field_selector=f"metadata.name={ns}").items)
+    assert [p.metadata.name for p in core.list_namespaced_pod(ns).items] == []
+    assert core.list_namespaced_config_map(ns).items == []

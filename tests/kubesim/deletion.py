@@ -46,6 +46,8 @@ def delete_object(store: Store, resource: str, namespace: str | None, name: str,
                        f"{obj['metadata']['uid']}")
     if resource == "pods":
         return _delete_pod(store, obj, grace), []
+    if resource == "namespaces":
+        return _delete_namespace(store, obj), []
     warnings: list[str] = []
     if propagation is None:
         propagation = "Orphan" if resource == "jobs" else "Background"
@@ -65,6 +67,16 @@ def delete_object(store: Store, resource: str, namespace: str | None, name: str,
 
     marked = store.mutate(resource, namespace, name, mark)
     return (marked if marked is not None else success_status(resource, obj)), warnings
+
+
+def _delete_namespace(store: Store, ns: dict[str, Any]) -> dict[str, Any]:
+    """Mark it Terminating; the garbage collector empties it and then removes it."""
+    def mark(o: dict[str, Any]) -> None:
+        o["metadata"].setdefault("deletionTimestamp", timestamp())
+        o["metadata"]["deletionGracePeriodSeconds"] = 0
+        o.setdefault("status", {})["phase"] = "Terminating"
+
+    return store.mutate("namespaces", None, ns["metadata"]["name"], mark) or ns
 
 
 def _delete_pod(store: Store, pod: dict[str, Any], grace: int | None) -> dict[str, Any]:

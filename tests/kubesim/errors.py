@@ -98,6 +98,11 @@ class BadRequest(ApiError):
     reason = "BadRequest"
 
 
+class Forbidden(ApiError):
+    code = 403
+    reason = "Forbidden"
+
+
 class Expired(ApiError):
     code = 410
     reason = "Expired"

@@ -2,7 +2,8 @@
 
 Background: dependents whose owners are all gone are deleted. Foreground: an owner marked
 `foregroundDeletion` waits until its dependents are gone. Orphan: the owner's dependents lose
-their reference to it, then the owner goes. How a single object is deleted is deletion.py's.
+their reference to it, then the owner goes. Terminating namespaces are emptied, then removed.
+How a single object is deleted is deletion.py's.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from kubesim.deletion import delete_object
 from kubesim.errors import ApiError
+from kubesim.resources import RESOURCES
 from kubesim.store import Store
 
 log = logging.getLogger(__name__)
@@ -94,8 +96,25 @@ def collect(store: Store) -> None:
             _delete(store, resource, obj, "Background")
 
 
+def empty_namespaces(store: Store) -> None:
+    """Delete the contents of Terminating namespaces; remove each once nothing is left."""
+    for ns in store.list("namespaces"):
+        if not ns["metadata"].get("deletionTimestamp"):
+            continue
+        name = ns["metadata"]["name"]
+        left = [(r.plural, o) for r in RESOURCES.values() if r.namespaced
+                for o in store.list(r.plural, name)]
+        for resource, obj in left:
+            if not obj["metadata"].get("deletionTimestamp"):
+                _delete(store, resource, obj, "Background")
+        if not left:
+            store.remove("namespaces", None, name)
+
+
 def _relevant(event_type: str, resource: str, obj: dict[str, Any]) -> bool:
     meta = obj.get("metadata") or {}
+    if resource == "namespaces" or (event_type == "DELETED" and meta.get("namespace")):
+        return True
     return resource in OWNED_KINDS and (event_type == "DELETED" or bool(
         meta.get("deletionTimestamp") or meta.get("ownerReferences")))
 
@@ -112,5 +131,6 @@ async def run(store: Store) -> None:
             while not queue.empty():
                 queue.get_nowait()
             collect(store)
+            empty_namespaces(store)
     finally:
         store.unsubscribe(queue)

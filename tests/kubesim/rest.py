@@ -16,7 +16,8 @@ from aiohttp import web
 
 from kubesim import admission, deletion, logs, patch, tables, watch
 from kubesim.config import SimConfig
-from kubesim.errors import BadRequest, Expired, MethodNotAllowed, NotFound, UnsupportedMediaType
+from kubesim.errors import (BadRequest, Expired, Forbidden, MethodNotAllowed, NotFound,
+                            UnsupportedMediaType)
 from kubesim.route import Target
 from kubesim.store import Store, timestamp
 
@@ -125,8 +126,13 @@ class Api:
                 raise BadRequest("the namespace of the provided object does not match the "
                                  "namespace sent on the request")
             meta["namespace"] = t.namespace
-            if self.store.get("namespaces", None, t.namespace or "") is None:
+            ns = self.store.get("namespaces", None, t.namespace or "")
+            if ns is None:
                 raise NotFound.of("namespaces", t.namespace or "")
+            if ns["metadata"].get("deletionTimestamp") and t.name is None:
+                raise Forbidden(f"{t.res.qualified} \"{meta.get('name') or ''}\" is forbidden: "
+                                f"unable to create new content in namespace {t.namespace} "
+                                "because it is being terminated")
         if t.name is not None and meta.get("name") and meta["name"] != t.name:
             raise BadRequest("the name of the object (%s) does not match the name on the URL "
                              "(%s)" % (meta["name"], t.name))

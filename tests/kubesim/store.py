@@ -251,7 +251,10 @@ class Store:
         if new == old:
             return copy.deepcopy(old)  # a no-op write keeps its resourceVersion, as etcd does
         meta = new["metadata"]
-        if meta.get("deletionTimestamp") and not meta.get("finalizers") and (
+        # A namespace's own finalizers live in spec; the namespace controller removes it.
+        held = meta.get("finalizers") or (key[0] == "namespaces"
+                                          and (new.get("spec") or {}).get("finalizers"))
+        if meta.get("deletionTimestamp") and not held and (
                 key[0] != "pods" or meta.get("deletionGracePeriodSeconds") == 0):
             self._objects[key] = new
             return self.remove(*key) or new
