@@ -16,6 +16,8 @@ from conftest import read_log, seeded_pod, write_cri_log
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from kubesim import logs
+
 
 def _collect(core: client.CoreV1Api, ns: str, seconds: int, **kwargs: Any) -> list[tuple[str, str]]:
     events = []
@@ -146,3 +148,20 @@ def test_log_follow_streams_until_the_container_terminates(sim: Any, core: clien
     started = time.monotonic()
     text = read_log(core, "p", ns, follow=True, _request_timeout=10)
     assert text == "one\ntwo\n" and time.monotonic() - started < 5
+
+
+_CRI = ["2025-06-01T10:00:01.5Z stdout F one\n",
+        "2025-06-01T10:00:02Z stderr P par\n",
+        "2025-06-01T10:00:02.1Z stderr F tial\n",
+        "2025-06-01T10:00:03Z stdout F three\n"]
+
+
+@pytest.mark.parametrize(("query", "text"), [
+    ({}, "one\npartial\nthree\n"),
+    ({"sinceTime": "2025-06-01T10:00:02Z"}, "partial\nthree\n"),
+    ({"tailLines": "2"}, "tial\nthree\n"),
+    ({"timestamps": "true", "tailLines": "1"}, "2025-06-01T10:00:03Z three\n"),
+    ({"limitBytes": "6"}, "one\npa"),
+])
+def test_cri_lines_render_under_the_log_options(query: dict[str, str], text: str) -> None:
+    assert logs.render(_CRI, query) == text
