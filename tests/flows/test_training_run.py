@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from prefect.artifacts import Artifact
 
 from conftest import attempt_dir, attempt_runs, tiny_spec
 
@@ -46,6 +47,11 @@ def test_a_retryable_failure_is_retried_from_its_checkpoint_and_succeeds(blocks)
     report = json.loads((first / "crash-report.json").read_text())
     assert report["exit_code"] == 1
     assert "step-000030.json" in (first / "checkpoints.json").read_text()
+    report_md = Artifact.get("nccl-then-ok-1-attempt-1").data
+    for expected in ("nccl_error", "retryable | yes", "nccl.", "GPU-seconds", "step-000030.json", "attempt-1"):
+        assert expected in report_md, expected
+    assert len(json.loads(Artifact.get("nccl-then-ok-1-attempts").data)) == 2  # the table of all attempts
+
     store = LocalEvidenceStore(blocks["evidence"])
     for attempt in (1, 2):
         manifest = read_manifest(store, "nccl-then-ok-1", attempt)
