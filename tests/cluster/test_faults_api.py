@@ -140,3 +140,15 @@ def test_outage_refuses_connections_until_the_api_returns(sim: kubesim.fixture.S
         except urllib3.exceptions.MaxRetryError:
             assert time.monotonic() < deadline, "the API never came back"
             time.sleep(0.1)
+
+
+def test_label_selector_rule_fails_only_requests_for_matching_objects(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
+    sim.faults.add(namespace=ns, label_selector="team=ml", status=500)
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(ns, seeded_pod("a", labels={"team": "ml"}))
+    assert err.value.status == 500
+    core.create_namespaced_pod(ns, seeded_pod("b", labels={"team": "web"}))
+    core.patch_namespaced_pod("b", ns, {"metadata": {"labels": {"team": "ml"}}})
+    with pytest.raises(ApiException):
+        core.read_namespaced_pod("b", ns)

@@ -1,6 +1,7 @@
 """Fault rules for API requests and the request log that tests assert on.
 
-A rule matches requests (method, verb, resource, namespace, name, path regex) and then answers
+A rule matches requests (method, verb, resource, namespace, name, path regex, the addressed
+object's labels) and then answers
 with an error Status, delays the answer, or disturbs a watch stream (reset, clean end, 410).
 Faults on nodes and pods (OOM kill, eviction, partition) live with the controllers.
 """
@@ -13,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kubesim import selectors
 from kubesim.errors import BadRequest
 
 WATCH_ACTIONS = ("reset", "end", "expired")
@@ -30,6 +32,8 @@ class Rule:
     name: str | None = None
     subresource: str | None = None
     path: str | None = None
+    # Matches the labels of the object addressed (stored object, or the body of a create).
+    label_selector: str | None = None
     status: int | None = None
     message: str | None = None
     retry_after: int | None = None
@@ -50,6 +54,9 @@ class Rule:
         if self.path is not None and not re.search(self.path, info.get("path", "")):
             return False
         if self.watch is not None and info.get("verb") != "watch":
+            return False
+        if self.label_selector is not None and not selectors.label_matcher(
+                self.label_selector)({"metadata": {"labels": info.get("labels") or {}}}):
             return False
         if self.times is not None and self.hits >= self.times:
             return False
@@ -82,6 +89,8 @@ class Faults:
         if raw.get("status") is None and raw.get("watch") is None and not raw.get("delay"):
             raise BadRequest("fault rule: give status (an error code), delay (seconds) or watch "
                              "(reset|end|expired)")
+        if raw.get("label_selector") is not None:
+            selectors.label_matcher(raw["label_selector"])  # BadRequest for a bad selector
         rule = Rule(id=self._next_id, **raw)
         rule._rng.seed(rule.seed)
         self._next_id += 1
@@ -90,6 +99,11 @@ class Faults:
 
     def clear(self) -> None:
         self.rules.clear()
+
+    @property
+    def wants_labels(self) -> bool:
+        """Whether matching needs the labels of the object a request addresses."""
+        return any(r.label_selector is not None for r in self.rules)
 
     def match(self, info: dict[str, Any]) -> Rule | None:
         """The first rule matching this request, counted as a hit."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import os
 import signal
@@ -66,12 +67,29 @@ class Server:
                 "namespace": target.namespace if target else None,
                 "name": target.name if target else None,
                 "subresource": target.sub if target else None}
+        if target is not None and self.faults.wants_labels:
+            info["labels"] = await self._labels(request, target)
         rule = self.faults.match(info)
+        info.pop("labels", None)
         request["fault"] = rule
         entry = self.faults.log(info, rule)
         response = await self._answer(request, handler, rule)
         entry["code"] = response.status
         return response
+
+    async def _labels(self, request: web.Request, target: route.Target) -> dict[str, str]:
+        """Labels of the object a request addresses: stored, or in a create's body."""
+        if target.name is not None:
+            stored = self.store.get(target.resource, target.namespace, target.name) or {}
+            return dict((stored.get("metadata") or {}).get("labels") or {})
+        if request.method == "POST" and request.can_read_body:
+            try:
+                body = json.loads(await request.read())  # aiohttp keeps it for the handler
+            except ValueError:
+                return {}
+            if isinstance(body, dict):
+                return dict((body.get("metadata") or {}).get("labels") or {})
+        return {}
 
     async def _answer(self, request: web.Request, handler: Any,
                       rule: Rule | None) -> web.StreamResponse:
