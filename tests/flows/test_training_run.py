@@ -105,3 +105,16 @@ def test_a_native_crash_records_signal_139_and_keeps_the_core_dump_when_the_mach
         assert absent and absent[0].reason, "the manifest must say why no core was kept"
         pytest.skip(f"this machine keeps no core dumps ({absent[0].reason}); the manifest says so")
     assert cores[0].size_bytes > 0
+
+
+def test_a_hung_attempt_is_ended_by_the_stall_window_classified_timeout_and_its_evidence_kept(blocks):
+    spec = tiny_spec("stall", "--fail-after-steps", "12", "--failure", "hang", stall_seconds=2,
+                     retry={"max_attempts": 1})
+    state, history = run(spec, blocks, "stall-1")
+
+    assert state.is_failed()
+    assert history[0]["category"] == "timeout" and history[0]["termination_reason"] == "Stalled"
+    assert history[0]["duration_seconds"] < 30
+    evidence = attempt_dir(blocks["evidence"], "stall-1", 1)
+    assert "injecting failure 'hang'" in (evidence / "crash-tail.txt").read_text()
+    assert "stall window" in (evidence / "runner.json").read_text()
