@@ -13,6 +13,7 @@ What does not: running pods (kubelet.py) or cascading deletes (gc.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from datetime import datetime
 from typing import Any
@@ -95,36 +96,54 @@ class JobController:
         self.store = store
         self.time_scale = time_scale
         self._not_before: dict[str, float] = {}
+        self._due: list[float] = []  # epoch seconds at which a Job needs another look
 
     async def run(self) -> None:
         queue = self.store.subscribe()
         try:
             while True:
-                try:
-                    await asyncio.wait_for(queue.get(), _TICK_SECONDS)
-                except TimeoutError:
-                    pass
-                while not queue.empty():
-                    queue.get_nowait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._next_change(queue), self._until_due())
                 self.sync_all()
         finally:
             self.store.unsubscribe(queue)
 
+    @staticmethod
+    async def _next_change(queue: asyncio.Queue[tuple[str, str, dict[str, Any]]]) -> None:
+        while True:
+            _, resource, _ = await queue.get()
+            if resource in ("jobs", "pods"):
+                while not queue.empty():  # one pass serves a burst of changes
+                    queue.get_nowait()
+                return
+
+    def _until_due(self) -> float | None:
+        """Seconds until a deadline, back-off or TTL falls due; None when nothing is timed."""
+        if not self._due:
+            return None
+        return max(min(self._due) - time.time(), _TICK_SECONDS)
+
     def sync_all(self) -> None:
-        self._release_orphans()
-        for job in self.store.list("jobs"):
+        self._due = [t for t in self._not_before.values() if t > time.time()]
+        jobs, pods = self.store.list("jobs"), self.store.list("pods")
+        owned: dict[str, list[dict[str, Any]]] = {}
+        for pod in pods:
+            for ref in pod["metadata"].get("ownerReferences") or []:
+                if ref.get("kind") == "Job":
+                    owned.setdefault(ref.get("uid", ""), []).append(pod)
+        self._release_orphans(jobs, pods)
+        for job in jobs:
             try:
-                self.sync(job)
+                self.sync(job, owned.get(job["metadata"]["uid"], []))
             except ApiError as exc:  # a racing delete: the next pass sees the new state
                 if exc.code != 404:
                     raise
 
-    def _release_orphans(self) -> None:
+    def _release_orphans(self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
         """Pods whose Job is gone or being deleted lose the tracking finalizer at once, so a
         Foreground or Orphan delete of the Job is not held up by them."""
-        live = {j["metadata"]["uid"] for j in self.store.list("jobs")
-                if not j["metadata"].get("deletionTimestamp")}
-        for pod in self.store.list("pods"):
+        live = {j["metadata"]["uid"] for j in jobs if not j["metadata"].get("deletionTimestamp")}
+        for pod in pods:
             if TRACKING not in (pod["metadata"].get("finalizers") or []):
                 continue
             owners = {r.get("uid") for r in pod["metadata"].get("ownerReferences") or []
@@ -132,21 +151,19 @@ class JobController:
             if not owners & live:
                 self._strip_finalizer(pod)
 
-    def pods_of(self, job: dict[str, Any]) -> list[dict[str, Any]]:
-        uid = job["metadata"]["uid"]
-        return [p for p in self.store.list("pods", job["metadata"]["namespace"])
-                if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])]
-
-    def sync(self, job: dict[str, Any]) -> None:
+    def sync(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        """Reconcile one Job given the pods it owns."""
         if _condition(job, "Complete") or _condition(job, "Failed"):
-            self._release(job, self.pods_of(job))
+            self._release(job, pods)
             self._expire(job)
             return
         if job["metadata"].get("deletionTimestamp"):
             return
-        pods = self.pods_of(job)
         status = dict(job.get("status") or {})
         status.setdefault("startTime", timestamp())
+        deadline = job["spec"].get("activeDeadlineSeconds")
+        if deadline is not None:
+            self._due.append(_epoch(status["startTime"]) + int(deadline))
         newly_failed = self._count(job, pods, status)
         verdict = self._verdict(job, pods, status, newly_failed)
         active = [p for p in pods if p["status"].get("phase") not in _TERMINAL
@@ -320,6 +337,7 @@ class JobController:
         done = _condition(job, "Complete") or _condition(job, "Failed")
         if ttl is None or done is None or job["metadata"].get("deletionTimestamp"):
             return
+        self._due.append(_epoch(done["lastTransitionTime"]) + int(ttl))
         if time.time() - _epoch(done["lastTransitionTime"]) >= int(ttl):
             meta = job["metadata"]
             delete_object(self.store, "jobs", meta["namespace"], meta["name"],

@@ -27,6 +27,7 @@ MONITOR_GRACE_SECONDS = 40.0
 # Floor of the scaled grace: a loaded 2-core machine can stall the loop for a second, and a
 # node flapping NotReady would be a fault nobody asked for.
 MIN_GRACE_SECONDS = 2.0
+POD_GC_SECONDS = 2.0
 UNREACHABLE = "node.kubernetes.io/unreachable"
 LEASE_NAMESPACE = "kube-node-lease"
 _CONDITIONS = (("MemoryPressure", "KubeletHasSufficientMemory",
@@ -84,6 +85,8 @@ class NodeLifecycle:
         now = time.monotonic()
         self._last_beat = {name: now for name in kubelets}
         self._last_renew: dict[str, float] = {}
+        self._known_nodes: set[str] = set()
+        self._gc_at = 0.0
 
     def scaled(self, seconds: float) -> float:
         return seconds * self.config.time_scale
@@ -100,7 +103,11 @@ class NodeLifecycle:
                     self.heartbeat(name)
             self.monitor()
             self.evict_tainted()
-            self.collect_orphans()
+            names = {n["metadata"]["name"] for n in self.store.list("nodes")}
+            # Pod GC at once when a node went away, else now and then (it copies every pod).
+            if names != self._known_nodes or time.monotonic() - self._gc_at > POD_GC_SECONDS:
+                self._known_nodes, self._gc_at = names, time.monotonic()
+                self.collect_orphans()
             await asyncio.sleep(min(period, self.grace / 4))
 
     def renew_lease(self, name: str) -> None:

@@ -112,8 +112,10 @@ class PodWorker:
         self.finished = False
         self.deleting = asyncio.Event()
         self.evicted: str | None = None
+        self.stop_grace: float | None = None  # set once the containers are being stopped
         self._task: asyncio.Task[None] | None = None
         self._sleepers: set[asyncio.Future[None]] = set()
+        self._stoppers: set[asyncio.Future[runtime.Exit]] = set()
         self._recover(pod)
 
     def _recover(self, pod: dict[str, Any]) -> None:
@@ -274,6 +276,11 @@ class PodWorker:
                                                        c.container_id[-12:])
         except OSError as exc:
             return podstatus.start_failed(self, c, str(exc))
+        if self.stop_grace is not None:
+            # Deletion or eviction came while this instance was being started.
+            stopping = asyncio.ensure_future(c.instance.stop(self.stop_grace))
+            self._stoppers.add(stopping)
+            stopping.add_done_callback(self._stoppers.discard)
         self.kubelet.event(self.pod, "Created", f"Created container: {c.name}", container=c.name)
         self.kubelet.event(self.pod, "Started", f"Started container {c.name}", container=c.name)
         c.state = {"running": {"startedAt": timestamp(c.instance.started_at.timestamp())}}
@@ -357,13 +364,14 @@ class PodWorker:
     # -- termination ---------------------------------------------------------------------------
 
     async def stop_containers(self, grace_seconds: float, *, announce: bool = True) -> None:
+        self.stop_grace = self.kubelet.scaled(grace_seconds)
         stops = []
         for c in self.all_containers:
             if c.instance is not None:
                 if announce:
                     self.kubelet.event(self.pod, "Killing", f"Stopping container {c.name}",
                                        container=c.name)
-                stops.append(c.instance.stop(self.kubelet.scaled(grace_seconds)))
+                stops.append(c.instance.stop(self.stop_grace))
         await asyncio.gather(*stops)
 
     async def _terminate(self) -> None:

@@ -126,6 +126,8 @@ class Scheduler:
             self.store.unsubscribe(queue)
 
     def schedule_all(self) -> None:
+        if not self.store.list("pods", field_selector="spec.nodeName="):
+            return  # nothing pending: skip copying every pod on each change
         pods = self.store.list("pods")
         nodes = [n for n in self.store.list("nodes") if _ready(n)]
         all_nodes = self.store.list("nodes")
