@@ -3,15 +3,20 @@ expired watches, and the request log that counts a client's calls."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import pytest
 import urllib3
 from conftest import seeded_pod
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
+from kubernetes_asyncio import client as aclient
+from kubernetes_asyncio import config as aconfig
+from kubernetes_asyncio import watch as awatch
 
 import kubesim.fixture
 
@@ -152,3 +157,23 @@ def test_label_selector_rule_fails_only_requests_for_matching_objects(
     core.patch_namespaced_pod("b", ns, {"metadata": {"labels": {"team": "ml"}}})
     with pytest.raises(ApiException):
         core.read_namespaced_pod("b", ns)
+
+
+async def _async_watch(kubeconfig: str, ns: str) -> list[str]:
+    api = await aconfig.new_client_from_config(config_file=kubeconfig)
+    async with api:
+        core = aclient.CoreV1Api(api)
+        seen: list[str] = []
+        async with awatch.Watch().stream(core.list_namespaced_pod, ns,
+                                         timeout_seconds=5) as events:
+            async for event in events:
+                seen.append(event["type"])
+        return seen
+
+
+def test_reset_watch_breaks_the_asyncio_clients_stream(sim: kubesim.fixture.Sim,
+                                                       core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, seeded_pod("p"))
+    sim.faults.add(verb="watch", resource="pods", namespace=ns, watch="reset", after=0.3)
+    with pytest.raises(aiohttp.ClientPayloadError):
+        asyncio.run(_async_watch(str(sim.kubeconfig), ns))
