@@ -177,3 +177,23 @@ def test_reset_watch_breaks_the_asyncio_clients_stream(sim: kubesim.fixture.Sim,
     sim.faults.add(verb="watch", resource="pods", namespace=ns, watch="reset", after=0.3)
     with pytest.raises(aiohttp.ClientPayloadError):
         asyncio.run(_async_watch(str(sim.kubeconfig), ns))
+
+
+def test_probabilistic_rule_is_repeatable_with_its_seed(sim: kubesim.fixture.Sim,
+                                                        core: client.CoreV1Api, ns: str) -> None:
+    def pattern() -> list[bool]:
+        sim.faults.clear()
+        sim.faults.add(verb="list", resource="pods", namespace=ns, status=503,
+                       probability=0.5, seed=7)
+        failed = []
+        for _ in range(20):
+            try:
+                core.list_namespaced_pod(ns)
+                failed.append(False)
+            except ApiException:
+                failed.append(True)
+        return failed
+
+    first = pattern()
+    assert 0 < sum(first) < 20
+    assert pattern() == first
