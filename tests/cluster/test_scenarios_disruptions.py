@@ -187,7 +187,29 @@ def test_an_unknown_image_waits_in_err_image_pull_then_image_pull_back_off(
     assert any(m.startswith('Failed to pull image "ghcr.io/acme/trian:1": ') for m in messages)
 
 
-def test_env_comes_from_field_secret_and_config_map_refs(core: client.CoreV1Api, ns: str) -> None:
+def test_an_unparsable_image_name_waits_in_invalid_image_name(
+        core: client.CoreV1Api, ns: str) -> None:
+    spec = pod("shouty")
+    spec["spec"]["containers"][0]["image"] = "ghcr.io/acme/Train:1"
+
+    def invalid() -> Any:
+        statuses = core.read_namespaced_pod("shouty", ns).status.container_statuses
+        waiting = statuses[0].state.waiting if statuses else None
+        return waiting if waiting and waiting.reason == "InvalidImageName" else None
+
+    core.create_namespaced_pod(ns, spec)
+    waiting = wait_for(invalid, what="InvalidImageName")
+    assert waiting.message == (
+        'Failed to apply default image tag "ghcr.io/acme/Train:1": couldn\'t parse image name '
+        '"ghcr.io/acme/Train:1": invalid reference format: repository name (acme/Train) must '
+        "be lowercase")
+    reasons = {(e.reason, e.message) for e in events_for(core, ns, "shouty")}
+    assert ("InspectFailed", waiting.message) in reasons
+    assert ("Failed", "Error: InvalidImageName") in reasons
+
+
+def test_env_comes_from_field_secret_and_config_map_refs_and_points_at_the_api(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_secret(ns, {"metadata": {"name": "creds"},
                                        "stringData": {"token": "s3cr3t"}})
     core.create_namespaced_config_map(ns, {"metadata": {"name": "knobs"}, "data": {"lr": "0.1"}})
@@ -195,10 +217,12 @@ def test_env_comes_from_field_secret_and_config_map_refs(core: client.CoreV1Api,
            {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
            {"name": "LR", "valueFrom": {"configMapKeyRef": {"name": "knobs", "key": "lr"}}}]
-    code = "import os; print(*(os.environ[k] for k in ('POD', 'NODE', 'TOKEN', 'LR')))"
+    code = ("import os; print(*(os.environ[k] for k in ('POD', 'NODE', 'TOKEN', 'LR', "
+            "'KUBERNETES_SERVICE_HOST', 'KUBERNETES_SERVICE_PORT')))")
     core.create_namespaced_pod(ns, pod("envy", code, env=env))
     phase(core, ns, "envy", "Succeeded")
-    assert pod_log(core, ns, "envy") == "envy node-1 s3cr3t 0.1\n"
+    host, port = sim.url.removeprefix("http://").rsplit(":", 1)
+    assert pod_log(core, ns, "envy") == f"envy node-1 s3cr3t 0.1 {host} {port}\n"
 
 
 def test_a_missing_secret_key_is_a_create_container_config_error(

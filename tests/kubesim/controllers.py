@@ -60,12 +60,24 @@ def start(store: Store, config: SimConfig) -> list[asyncio.Task[None]]:
         JobController(store, config.time_scale).run())
     cluster.tasks["node-lifecycle"] = asyncio.ensure_future(
         NodeLifecycle(store, config, cluster.kubelets).run())
-    if memory.mode == "watchdog":
-        for spec in config.nodes:
-            store.record_event(store.get("nodes", None, spec.name) or {}, "MemoryLimitsEmulated",
-                               "no writable memory cgroup: limits enforced by an RSS watchdog",
-                               type="Warning", component="kubelet", host=spec.name)
+    _announce_fallbacks(store, config, memory)
     return list(cluster.tasks.values())
+
+
+def _announce_fallbacks(store: Store, config: SimConfig, memory: runtime.MemoryControl) -> None:
+    """Warning events on each Node, so a test can see (and skip on) a less faithful node."""
+    fallbacks = []
+    if memory.mode == "watchdog":
+        fallbacks.append(("MemoryLimitsEmulated",
+                          "no writable memory cgroup: limits enforced by an RSS watchdog"))
+    if not runtime.mount_namespaces():
+        fallbacks.append(("MountsRewritten", "no mount namespaces: volumes are reached through "
+                          "KUBESIM_MOUNT_* and rewritten paths, not at their mountPath"))
+    for spec in config.nodes:
+        node = store.get("nodes", None, spec.name) or {}
+        for reason, message in fallbacks:
+            store.record_event(node, reason, message, type="Warning", component="kubelet",
+                               host=spec.name)
 
 
 async def shutdown(store: Store | None = None) -> None:

@@ -12,15 +12,50 @@ What does not: when the states change (podworker.py).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from typing import TYPE_CHECKING, Any
 
 from kubesim import runtime
 from kubesim.store import timestamp
 
 if TYPE_CHECKING:
-    from kubesim.podworker import ContainerState, PodWorker
+    from kubesim.podworker import PodWorker
 
 _OWNED = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+
+
+class ContainerState:
+    """What the kubelet knows of one container, in containerStatuses terms."""
+
+    def __init__(self, spec: dict[str, Any], *, init: bool = False) -> None:
+        self.spec = spec
+        self.init = init
+        self.name: str = spec["name"]
+        self.state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
+        self.last_state: dict[str, Any] = {}
+        self.restart_count = 0
+        self.container_id: str | None = None
+        self.instance: runtime.Container | None = None
+        self.done = False
+        self.exit_code: int | None = None
+        self.recovered: int | None = None  # exit code of an instance lost with its node
+        self.ran_seconds = 0.0
+
+    def status(self) -> dict[str, Any]:
+        image = self.spec.get("image", "")
+        running = "running" in self.state
+        # A completed init container counts as ready (kubelet_pods.go).
+        ready = running or (self.init and self.exit_code == 0)
+        out: dict[str, Any] = {
+            "name": self.name, "image": image, "ready": ready, "started": running,
+            "restartCount": self.restart_count, "state": self.state,
+            "lastState": self.last_state,
+            "imageID": f"{image}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
+                       if self.container_id else "",
+        }
+        if self.container_id:
+            out["containerID"] = self.container_id
+        return out
 
 
 def phase(worker: PodWorker) -> str:
@@ -144,6 +179,15 @@ def pull_failed(worker: PodWorker, c: ContainerState, image: str) -> None:
        container=c.name)
     ev(worker.pod, "Failed", "Error: ErrImagePull", warning=True, container=c.name)
     worker.publish()
+
+def invalid_image(worker: PodWorker, c: ContainerState, message: str) -> None:
+    """An image name the runtime cannot parse: waiting InvalidImageName, retried."""
+    c.state = {"waiting": {"reason": "InvalidImageName", "message": message}}
+    worker.kubelet.event(worker.pod, "InspectFailed", message, warning=True, container=c.name)
+    worker.kubelet.event(worker.pod, "Failed", "Error: InvalidImageName", warning=True,
+                         container=c.name)
+    worker.publish()
+
 
 def start_failed(worker: PodWorker, c: ContainerState, message: str) -> int:
     now = timestamp()

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubesim import podstatus, runtime, workload
+from kubesim.podstatus import ContainerState
 from kubesim.store import timestamp
 
 if TYPE_CHECKING:
@@ -59,40 +59,6 @@ def finalize_deletion(kubelet: Kubelet, pod: dict[str, Any]) -> None:
 def pod_dir(root: Path, pod: dict[str, Any]) -> Path:
     meta = pod["metadata"]
     return root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
-
-
-class ContainerState:
-    """What the kubelet knows of one container, in containerStatuses terms."""
-
-    def __init__(self, spec: dict[str, Any], *, init: bool = False) -> None:
-        self.spec = spec
-        self.init = init
-        self.name: str = spec["name"]
-        self.state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
-        self.last_state: dict[str, Any] = {}
-        self.restart_count = 0
-        self.container_id: str | None = None
-        self.instance: runtime.Container | None = None
-        self.done = False
-        self.exit_code: int | None = None
-        self.recovered: int | None = None  # exit code of an instance lost with its node
-        self.ran_seconds = 0.0
-
-    def status(self) -> dict[str, Any]:
-        image = self.spec.get("image", "")
-        running = "running" in self.state
-        # A completed init container counts as ready (kubelet_pods.go).
-        ready = running or (self.init and self.exit_code == 0)
-        out: dict[str, Any] = {
-            "name": self.name, "image": image, "ready": ready, "started": running,
-            "restartCount": self.restart_count, "state": self.state,
-            "lastState": self.last_state,
-            "imageID": f"{image}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
-                       if self.container_id else "",
-        }
-        if self.container_id:
-            out["containerID"] = self.container_id
-        return out
 
 
 class PodWorker:
@@ -297,6 +263,10 @@ class PodWorker:
         """What to start; an exit code when starting failed; None to retry after back-off."""
         spec, pod, kubelet = c.spec, self.pod, self.kubelet
         image = spec.get("image", "")
+        invalid = workload.image_error(image)
+        if invalid is not None:
+            podstatus.invalid_image(self, c, invalid)
+            return None
         image_runtime = workload.resolve_image(kubelet.config.images, image)
         if image_runtime is None:
             podstatus.pull_failed(self, c, image)

@@ -71,6 +71,33 @@ def requests_of(pod: Mapping[str, Any]) -> dict[str, Decimal]:
     return total
 
 
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?/)?"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REFERENCE = re.compile(
+    rf"^{_DOMAIN}(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)(?::[\w][\w.-]{{0,127}})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+
+
+def image_error(image: str) -> str | None:
+    """The kubelet's InvalidImageName message for an unparsable image name, else None.
+
+    Follows distribution/reference ParseNormalizedNamed: the repository part is checked for
+    upper case first, then the whole name against the reference grammar.
+    """
+    text = (f'Failed to apply default image tag "{image}": couldn\'t parse image name '
+            f'"{image}": invalid reference format')
+    first, slash, rest = image.partition("/")
+    if not slash or (not any(ch in first for ch in ".:") and first != "localhost"
+                     and first.lower() == first):
+        remainder = image if slash else f"library/{image}"
+    else:
+        remainder = rest
+    remote = remainder.split(":", 1)[0]
+    if remote.lower() != remote:
+        return f"{text}: repository name ({remote}) must be lowercase"
+    return None if _REFERENCE.match(image) else text
+
+
 def resolve_image(images: Mapping[str, Any], image: str) -> Any | None:
     """The runtime an image name maps to; None when the image cannot be "pulled"."""
     if not images:
