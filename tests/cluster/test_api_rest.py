@@ -259,3 +259,9 @@ def test_deleted_namespace_terminates_empties_and_goes(core: client.CoreV1Api, n
     _wait(lambda: not core.list_namespace(field_selector=f"metadata.name={ns}").items)
     assert [p.metadata.name for p in core.list_namespaced_pod(ns).items] == []
     assert core.list_namespaced_config_map(ns).items == []
+
+
+def test_dry_run_delete_changes_nothing(sim: Any, core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, seeded_pod("p"))
+    core.delete_namespaced_pod("p", ns, dry_run="All")
+    assert core.read_namespaced_pod("p", ns).metadata.deletion_timestamp is None

@@ -229,6 +229,8 @@ class Api:
             propagation = "Orphan"
         grace = query.get("gracePeriodSeconds", options.get("gracePeriodSeconds"))
         uid = (options.get("preconditions") or {}).get("uid")
+        if "All" in (query.get("dryRun"), *(options.get("dryRun") or [])):
+            return self._dry_delete(t)
         if t.name is None:
             return self._delete_collection(t, dict(query), propagation, grace)
         body, warnings = deletion.delete_object(
@@ -236,6 +238,16 @@ class Api:
             grace=None if grace is None else int(grace), uid=uid)
         headers = {"Warning": warnings[0]} if warnings else None
         return json_response(body, headers=headers)
+
+    def _dry_delete(self, t: Target) -> web.StreamResponse:
+        """What a delete would answer, changing nothing (kubectl delete --dry-run=server)."""
+        if t.name is None:
+            return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                  "status": "Success"})
+        obj = self.store.get(t.resource, t.namespace, t.name)
+        if obj is None:
+            raise NotFound.of(t.resource, t.name)
+        return json_response(obj)
 
     def _delete_collection(self, t: Target, query: dict[str, str], propagation: str | None,
                            grace: Any) -> web.StreamResponse:
