@@ -89,3 +89,17 @@ def test_command_line_rejects_a_malformed_node(spec: str) -> None:
                            "--node", spec], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": "tests"}, timeout=30)
     assert done.returncode == 2 and "use NAME or NAME:GPUS" in done.stderr
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"nodes": ["node-1"]}, "nodes: 'node-1' is not a NodeSpec; use kubesim.Node(name"),
+    ({"images": {"x:*": sys.executable}}, "images['x:*']: "),
+    ({"time_scale": 0}, "time_scale: 0 must be a number above 0"),
+])
+def test_bad_configuration_is_refused_before_anything_starts(tmp_path: Path, kwargs: dict,
+                                                             message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        with kubesim.run(root=tmp_path, **kwargs):
+            pass
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    assert not (tmp_path / "kubesim.json").exists()

@@ -52,6 +52,23 @@ class SimConfig:
     time_scale: float = 1.0
     history: int = 10000
 
+    def __post_init__(self) -> None:
+        for node in self.nodes:
+            if not isinstance(node, NodeSpec):
+                raise ValueError(f"nodes: {node!r} is not a NodeSpec; use kubesim.Node(name, "
+                                 "gpus=...)")
+        if len({n.name for n in self.nodes}) != len(self.nodes):
+            raise ValueError("nodes: node names must be unique")
+        for glob, runtime in self.images.items():
+            if not isinstance(runtime, (HostPython, Host)):
+                raise ValueError(f"images[{glob!r}]: {runtime!r} is not a runtime; use "
+                                 "kubesim.HostPython(sys.executable) or kubesim.Host()")
+        if not self.time_scale > 0:
+            raise ValueError(f"time_scale: {self.time_scale!r} must be a number above 0, "
+                             "e.g. 0.05")
+        if self.history < 1:
+            raise ValueError(f"history: {self.history!r} must be at least 1")
+
     def to_json(self) -> str:
         """Serialise for the server subprocess."""
         return json.dumps({
