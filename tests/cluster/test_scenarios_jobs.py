@@ -201,3 +201,19 @@ def test_init_containers_run_first_and_a_failing_one_fails_a_never_pod(
     initialized = next(c for c in bad.status.conditions if c.type == "Initialized")
     assert (initialized.status, initialized.reason, initialized.message) == (
         "False", "ContainersNotInitialized", "containers with incomplete status: [fetch]")
+
+
+def test_a_suspended_job_runs_nothing_until_resumed(
+        core: client.CoreV1Api, batch: client.BatchV1Api, ns: str) -> None:
+    batch.create_namespaced_job(ns, job("later", "print('resumed')", suspend=True))
+    suspended = wait_for(lambda: condition(batch, ns, "later", "Suspended"), what="Suspended")
+    assert (suspended.status, suspended.reason, suspended.message) == (
+        "True", "JobSuspended", "Job suspended")
+    time.sleep(0.3)
+    assert job_pods(core, ns, "later") == []
+    assert batch.read_namespaced_job_status("later", ns).status.start_time is None
+    batch.patch_namespaced_job("later", ns, {"spec": {"suspend": False}})
+    wait_for(lambda: condition(batch, ns, "later", "Complete"), what="Complete")
+    resumed = condition(batch, ns, "later", "Suspended")
+    assert (resumed.status, resumed.reason, resumed.message) == (
+        "False", "JobResumed", "Job resumed")

@@ -46,10 +46,11 @@ def _condition(job: dict[str, Any], ctype: str) -> dict[str, Any] | None:
     return None
 
 
-def _add_condition(status: dict[str, Any], ctype: str, reason: str, message: str) -> None:
+def _add_condition(status: dict[str, Any], ctype: str, reason: str, message: str, *,
+                   value: str = "True") -> None:
     now = timestamp()
     conds = [c for c in status.get("conditions") or [] if c["type"] != ctype]
-    conds.append({"type": ctype, "status": "True", "reason": reason, "message": message,
+    conds.append({"type": ctype, "status": value, "reason": reason, "message": message,
                   "lastProbeTime": now, "lastTransitionTime": now})
     status["conditions"] = conds
 
@@ -160,9 +161,13 @@ class JobController:
         if job["metadata"].get("deletionTimestamp"):
             return
         status = dict(job.get("status") or {})
-        status.setdefault("startTime", timestamp())
+        suspended = bool(job["spec"].get("suspend"))
+        if suspended:
+            status.pop("startTime", None)  # the deadline clock stops while suspended
+        else:
+            status.setdefault("startTime", timestamp())
         deadline = job["spec"].get("activeDeadlineSeconds")
-        if deadline is not None:
+        if deadline is not None and "startTime" in status:
             self._due.append(_epoch(status["startTime"]) + int(deadline))
         newly_failed = self._count(job, pods, status)
         verdict = self._verdict(job, pods, status, newly_failed)
@@ -171,9 +176,10 @@ class JobController:
         if verdict is None and _condition(job, "FailureTarget") is None:
             if int(status.get("succeeded", 0)) >= int(job["spec"].get("completions") or 1):
                 verdict = ("CompletionsReached", "Reached expected number of succeeded pods")
-            elif job["spec"].get("suspend"):
+            elif suspended:
                 self._suspend(job, active, status)
             else:
+                self._resume(job, status)
                 self._create(job, active, pods, status)
         self._finish(job, pods, status, verdict)
 
@@ -225,7 +231,8 @@ class JobController:
         if int(status.get("failed", 0)) > limit or self._past_limit_on_failure(job, pods, limit):
             return "BackoffLimitExceeded", MESSAGES["BackoffLimitExceeded"]
         deadline = spec.get("activeDeadlineSeconds")
-        if deadline is not None and time.time() - _epoch(status["startTime"]) >= int(deadline):
+        if deadline is not None and "startTime" in status and (
+                time.time() - _epoch(status["startTime"]) >= int(deadline)):
             return "DeadlineExceeded", MESSAGES["DeadlineExceeded"]
         return None
 
@@ -283,9 +290,16 @@ class JobController:
     def _suspend(self, job: dict[str, Any], active: list[dict[str, Any]],
                  status: dict[str, Any]) -> None:
         self._delete_pods(job, active)
-        if not any(c["type"] == "Suspended" for c in status.get("conditions") or []):
+        if not any(c["type"] == "Suspended" and c["status"] == "True"
+                   for c in status.get("conditions") or []):
             _add_condition(status, "Suspended", "JobSuspended", "Job suspended")
             self.store.record_event(job, "Suspended", "Job suspended", component=COMPONENT)
+
+    def _resume(self, job: dict[str, Any], status: dict[str, Any]) -> None:
+        if any(c["type"] == "Suspended" and c["status"] == "True"
+               for c in status.get("conditions") or []):
+            _add_condition(status, "Suspended", "JobResumed", "Job resumed", value="False")
+            self.store.record_event(job, "Resumed", "Job resumed", component=COMPONENT)
 
     def _finish(self, job: dict[str, Any], pods: list[dict[str, Any]], status: dict[str, Any],
                 verdict: tuple[str, str] | None) -> None:
