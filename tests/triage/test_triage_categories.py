@@ -87,6 +87,10 @@ LOG_CASES = [
      "10010).", Category.CONFIG_ERROR),
     ("config_kernel_image", "RuntimeError: CUDA error: no kernel image is available for execution "
      "on the device", Category.CONFIG_ERROR),
+    ("config_disk_full", "    torch.save(state, path)\nOSError: [Errno 28] No space left on device",
+     Category.CONFIG_ERROR),
+    ("config_extension_build", "RuntimeError: Error building extension 'fused_adam'",
+     Category.CONFIG_ERROR),
     ("data_missing", "FileNotFoundError: [Errno 2] No such file or directory: "
      "'/data/imagenet/train/n01440764'", Category.DATA_ERROR),
     ("data_s3_nosuchkey", "botocore.errorfactory.NoSuchKey: An error occurred (NoSuchKey) when "
