@@ -150,6 +150,20 @@ def test_preemption_marks_the_victim_and_records_preempted(
     assert "Preempted" in {e.reason for e in events_for(core, ns, "low")}
 
 
+def test_a_pod_past_its_own_active_deadline_is_failed_by_the_kubelet(
+        core: client.CoreV1Api, ns: str) -> None:
+    spec = pod("overdue", grace=1)
+    spec["spec"]["activeDeadlineSeconds"] = 1
+    core.create_namespaced_pod(ns, spec)
+    failed = phase(core, ns, "overdue", "Failed")
+    message = "Pod was active on the node longer than the specified deadline"
+    assert (failed.status.reason, failed.status.message) == ("DeadlineExceeded", message)
+    assert failed.status.container_statuses[0].state.terminated.exit_code == 143
+    assert "got SIGTERM" in pod_log(core, ns, "overdue")
+    assert ("DeadlineExceeded", message) in {
+        (e.reason, e.message) for e in events_for(core, ns, "overdue")}
+
+
 def test_a_higher_priority_pod_preempts_a_lower_one_for_its_gpus(
         core: client.CoreV1Api, ns: str) -> None:
     gpus = {"limits": {"nvidia.com/gpu": "2"}}

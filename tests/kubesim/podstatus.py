@@ -60,7 +60,7 @@ class ContainerState:
 
 def phase(worker: PodWorker) -> str:
     """The pod phase, as pkg/kubelet's getPhase decides it for these states."""
-    if worker.evicted is not None:
+    if worker.failure is not None:
         return "Failed"
     if worker.finished:
         codes = [c.exit_code for c in worker.containers]
@@ -100,8 +100,8 @@ def build(worker: PodWorker) -> dict[str, Any]:
     }
     if worker.init_containers:
         status["initContainerStatuses"] = [c.status() for c in worker.init_containers]
-    if worker.evicted is not None:
-        status["reason"], status["message"] = "Evicted", worker.evicted
+    if worker.failure is not None:
+        status["reason"], status["message"] = worker.failure
     return status
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,7 +79,8 @@ class PodWorker:
         self.ip = ""
         self.finished = False
         self.deleting = asyncio.Event()
-        self.evicted: str | None = None
+        # (reason, message) once the kubelet fails the pod itself: Evicted, DeadlineExceeded.
+        self.failure: tuple[str, str] | None = None
         self.stop_grace: float | None = None  # set once the containers are being stopped
         self._task: asyncio.Task[None] | None = None
         self._sleepers: set[asyncio.Future[None]] = set()
@@ -131,11 +134,30 @@ class PodWorker:
 
     async def evict(self, resource: str) -> None:
         """Pressure eviction: kill the containers now and fail the pod with reason Evicted."""
-        self.evicted = podstatus.eviction_message(self, resource)
+        await self.fail("Evicted", podstatus.eviction_message(self, resource), grace_seconds=0)
+
+    async def fail(self, reason: str, message: str, *, grace_seconds: float,
+                   warning: bool = True) -> None:
+        """The kubelet fails the pod: stop its containers, phase Failed with this reason."""
+        if self.failure is not None or self.finished:
+            return
+        self.failure = (reason, message)
         self._wake()
-        self.kubelet.event(self.pod, "Evicted", self.evicted, warning=True)
-        await self.stop_containers(0, announce=False)
+        self.kubelet.event(self.pod, reason, message, warning=warning)
+        await self.stop_containers(grace_seconds, announce=grace_seconds > 0)
         self.publish()
+
+    async def _enforce_deadline(self) -> None:
+        # Unscaled like the Job's: the pod's own number stays honest (kubelet active deadline).
+        deadline = self.pod["spec"].get("activeDeadlineSeconds")
+        if deadline is None:
+            return
+        started = datetime.fromisoformat(self.started_at.replace("Z", "+00:00")).timestamp()
+        await asyncio.sleep(max(started + int(deadline) - time.time(), 0))
+        await self.fail("DeadlineExceeded",
+                        "Pod was active on the node longer than the specified deadline",
+                        grace_seconds=self.pod["spec"].get("terminationGracePeriodSeconds", 30),
+                        warning=False)  # active_deadline.go records a Normal event
 
     def abandon(self) -> None:
         """Kill the containers without reporting (node crash, pod object gone)."""
@@ -150,10 +172,12 @@ class PodWorker:
     async def _run(self) -> None:
         try:
             self._admit()
-            watcher = asyncio.ensure_future(self.watch_deletion())
+            watchers = [asyncio.ensure_future(self.watch_deletion()),
+                        asyncio.ensure_future(self._enforce_deadline())]
             if await self._initialize():
                 await asyncio.gather(*(self._container_loop(c) for c in self.containers))
-            watcher.cancel()
+            for watcher in watchers:
+                watcher.cancel()
             await self._terminate()
         except asyncio.CancelledError:
             raise
@@ -189,7 +213,7 @@ class PodWorker:
         if c.init and policy == "Always":
             policy = "OnFailure"  # init containers are only restarted when they fail
         backoff = BACKOFF_START_SECONDS
-        while not self.deleting.is_set() and self.evicted is None:
+        while not self.deleting.is_set() and self.failure is None:
             code, c.recovered = (c.recovered, None) if c.recovered else (
                 await self._run_once(c), None)
             if c.ran_seconds >= self.kubelet.scaled(2 * BACKOFF_MAX_SECONDS):
@@ -199,7 +223,7 @@ class PodWorker:
                     break
                 backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
                 continue
-            if self.deleting.is_set() or self.evicted is not None:
+            if self.deleting.is_set() or self.failure is not None:
                 break
             if policy == "Never" or (policy == "OnFailure" and code == 0):
                 break
@@ -228,7 +252,7 @@ class PodWorker:
                 raise
         finally:
             self._sleepers.discard(sleeper)
-        return not self.deleting.is_set() and self.evicted is None
+        return not self.deleting.is_set() and self.failure is None
 
     async def _run_once(self, c: ContainerState) -> int | None:
         """One container instance; its exit code, or None when it could not start."""
