@@ -21,6 +21,7 @@ from kubesim.store import Store, timestamp
 COMPONENT = "default-scheduler"
 _NOT_HELPFUL = "Preemption is not helpful for scheduling"
 _NO_VICTIMS = "No preemption victims found for incoming pod"
+_TOO_MANY_PODS = "Too many pods"
 
 
 def tolerates(pod: dict[str, Any], taint: dict[str, Any]) -> bool:
@@ -54,27 +55,37 @@ def _used(pods: list[dict[str, Any]], node_name: str) -> dict[str, Decimal]:
 
 
 def failures(pod: dict[str, Any], node: dict[str, Any], pods: list[dict[str, Any]]) -> list[str]:
-    """Why the pod does not fit the node, in FailedScheduling words; empty when it fits."""
+    """Why the pod does not fit the node, in FailedScheduling words; empty when it fits.
+
+    Filters run in the default plugin order (NodeUnschedulable, TaintToleration,
+    NodeAffinity, NodeResourcesFit) and stop at the first that fails, as the scheduler's do.
+    """
     spec = node.get("spec") or {}
     if spec.get("unschedulable"):
         return ["node(s) were unschedulable"]
+    for taint in spec.get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(pod, taint):
+            return [f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"]
     labels = node["metadata"].get("labels") or {}
     selector = pod["spec"].get("nodeSelector") or {}
     if any(labels.get(k) != v for k, v in selector.items()):
         return ["node(s) didn't match Pod's node affinity/selector"]
-    for taint in spec.get("taints") or []:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(pod, taint):
-            return [f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"]
     alloc, used = _allocatable(node), _used(pods, node["metadata"]["name"])
     wanted = {**workload.requests_of(pod), "pods": Decimal(1)}
-    return [f"Insufficient {key}" for key, amount in sorted(wanted.items())
+    return [_TOO_MANY_PODS if key == "pods" else f"Insufficient {key}"
+            for key, amount in sorted(wanted.items())
             if amount > 0 and used.get(key, Decimal(0)) + amount > alloc.get(key, Decimal(0))]
+
+
+def _resolvable(reason: str) -> bool:
+    """Whether evicting pods could cure this reason (so preemption is worth trying)."""
+    return reason.startswith("Insufficient ") or reason == _TOO_MANY_PODS
 
 
 def find_victims(pod: dict[str, Any], node: dict[str, Any],
                  pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Lower-priority pods whose removal lets the pod fit the node; empty when none does."""
-    if any(not r.startswith("Insufficient") for r in failures(pod, node, pods)):
+    if not all(_resolvable(r) for r in failures(pod, node, pods)):
         return []
     priority = pod["spec"].get("priority") or 0
     name = node["metadata"]["name"]
@@ -95,12 +106,12 @@ def find_victims(pod: dict[str, Any], node: dict[str, Any],
 
 def fit_error(n_nodes: int, reasons: dict[str, list[str]]) -> str:
     """`0/N nodes are available: ...` with the preemption post-filter's summary."""
+    # FitError.Error sorts the formatted "<count> <reason>" strings, count first.
     counts = Counter(r for rs in reasons.values() for r in rs)
-    head = ", ".join(f"{n} {r}" for r, n in sorted(counts.items()))
-    helpful = Counter(
-        _NO_VICTIMS if all(r.startswith("Insufficient") for r in rs) else _NOT_HELPFUL
-        for rs in reasons.values())
-    tail = ", ".join(f"{n} {r}" for r, n in sorted(helpful.items()))
+    head = ", ".join(sorted(f"{n} {r}" for r, n in counts.items()))
+    helpful = Counter(_NO_VICTIMS if all(_resolvable(r) for r in rs) else _NOT_HELPFUL
+                      for rs in reasons.values())
+    tail = ", ".join(sorted(f"{n} {r}" for r, n in helpful.items()))
     return (f"0/{n_nodes} nodes are available: {head}. "
             f"preemption: 0/{n_nodes} nodes are available: {tail}.")
 
