@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import tiny_spec
+from flow_helpers import tiny_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,12 +12,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from conftest import attempt_dir, attempt_runs, tiny_spec
+from flow_helpers import attempt_dir, attempt_runs, tiny_spec, wait_for
 from prefect import get_client
 from prefect.deployments import run_deployment
 
@@ -36,16 +35,6 @@ def subprocess_env(api_url: str) -> dict[str, str]:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PYTHONPATH": str(ROOT),
     }
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 import pytest
 from prefect.artifacts import Artifact
 
-from conftest import attempt_dir, attempt_runs, tiny_spec
+from flow_helpers import attempt_dir, attempt_runs, tiny_spec
 
 from flows.run import training_run
 from trainguard.core.manifest import read_manifest, verify_manifest
