@@ -6,6 +6,7 @@ A cluster of its own, since losing a node would change what the shared one can s
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 
 import kubesim
@@ -22,6 +23,32 @@ def lossy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubesim.fixture.
                      images={"python:*": kubesim.HostPython(sys.executable)},
                      time_scale=0.02) as sim:
         yield sim
+
+
+def test_an_out_of_service_taint_lets_pod_gc_force_delete_pods_stuck_terminating(
+        lossy: kubesim.fixture.Sim) -> None:
+    core = client.CoreV1Api(config.new_client_from_config(str(lossy.kubeconfig)))
+    spec = pod("stuck")
+    spec["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-b"}
+    core.create_namespaced_pod("default", spec)
+    running(core, "default", "stuck")
+    lossy.node("node-b").partition()
+    try:
+        wait_for(lambda: condition(core.read_node("node-b"), "Ready").status == "Unknown",
+                 what="node-b NotReady")
+        core.delete_namespaced_pod("stuck", "default")
+        time.sleep(0.5)  # no kubelet to finish the deletion: the pod stays Terminating
+        assert core.read_namespaced_pod("stuck", "default").metadata.deletion_timestamp
+        taints = core.read_node("node-b").spec.taints + [client.V1Taint(
+            key="node.kubernetes.io/out-of-service", value="nodeshutdown", effect="NoExecute")]
+        core.patch_node("node-b", {"spec": {"taints": [t.to_dict() for t in taints]}})
+        last = last_state_before_deletion(core, "default", "stuck")
+        assert last.status.phase == "Failed" and condition(last, "DisruptionTarget") is None
+    finally:
+        core.patch_node("node-b", {"spec": {"taints": None}})
+        lossy.node("node-b").heal()
+    wait_for(lambda: condition(core.read_node("node-b"), "Ready").status == "True",
+             what="node-b Ready again")
 
 
 def test_deleting_a_node_lets_pod_gc_fail_and_remove_its_pods(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -30,6 +31,7 @@ MIN_GRACE_SECONDS = 2.0
 POD_GC_SECONDS = 2.0
 UNREACHABLE = "node.kubernetes.io/unreachable"
 LEASE_NAMESPACE = "kube-node-lease"
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 _CONDITIONS = (("MemoryPressure", "KubeletHasSufficientMemory",
                 "kubelet has sufficient memory available"),
                ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
@@ -224,19 +226,39 @@ class NodeLifecycle:
             p, "DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint", grace))
 
     def collect_orphans(self) -> None:
-        """Pod GC: pods bound to a node that no longer exists fail and are force-deleted."""
-        names = {n["metadata"]["name"] for n in self.store.list("nodes")}
+        """Pod GC (pkg/controller/podgc): pods bound to a node that no longer exists, and
+        terminating pods on a NotReady node tainted out-of-service, fail and are force-deleted."""
+        nodes = {n["metadata"]["name"]: n for n in self.store.list("nodes")}
+        out_of_service = {name for name, n in nodes.items() if not _ready(n) and any(
+            t["key"] == OUT_OF_SERVICE for t in n["spec"].get("taints") or [])}
         for pod in self.store.list("pods"):
-            node = pod["spec"].get("nodeName")
-            if not node or node in names or pod["metadata"].get("deletionGracePeriodSeconds") == 0:
+            meta, node = pod["metadata"], pod["spec"].get("nodeName")
+            if not node or meta.get("deletionGracePeriodSeconds") == 0:
                 continue
+            if node not in nodes:
+                condition = ("DeletionByPodGC", "PodGC: node no longer exists")
+            elif node in out_of_service and meta.get("deletionTimestamp"):
+                condition = None
+            else:
+                continue
+            self.store.mutate("pods", meta["namespace"], meta["name"],
+                              functools.partial(_fail_and_force_delete, condition=condition))
 
-            def gc(p: dict[str, Any]) -> None:
-                _disrupt(p, "DeletionByPodGC", "PodGC: node no longer exists", 0)
-                if p["status"].get("phase") not in ("Succeeded", "Failed"):
-                    p["status"]["phase"] = "Failed"
 
-            self.store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], gc)
+def _ready(node: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in node["status"].get("conditions") or [])
+
+
+def _fail_and_force_delete(pod: dict[str, Any], condition: tuple[str, str] | None) -> None:
+    """markFailedAndDeletePodWithCondition: the condition only for a pod not yet terminal."""
+    status = pod.setdefault("status", {})
+    if status.get("phase") not in ("Succeeded", "Failed"):
+        status["phase"] = "Failed"
+        if condition is not None:
+            _disrupt(pod, *condition, 0)
+    pod["metadata"].setdefault("deletionTimestamp", timestamp())
+    pod["metadata"]["deletionGracePeriodSeconds"] = 0
 
 
 def _pod_not_ready(pod: dict[str, Any]) -> None:
