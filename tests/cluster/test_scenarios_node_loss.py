@@ -5,6 +5,7 @@ A cluster of its own, since losing a node would change what the shared one can s
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ import kubesim
 import pytest
 from kubernetes import client, config
 from test_scenarios_disruptions import condition, last_state_before_deletion, pod, running
-from test_scenarios_jobs import wait_for
+from test_scenarios_jobs import pod_log, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +29,12 @@ def lossy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubesim.fixture.
 def test_an_out_of_service_taint_lets_pod_gc_force_delete_pods_stuck_terminating(
         lossy: kubesim.fixture.Sim) -> None:
     core = client.CoreV1Api(config.new_client_from_config(str(lossy.kubeconfig)))
-    spec = pod("stuck")
+    code = "import os, time\nprint('up', os.getpid(), flush=True)\ntime.sleep(120)"
+    spec = pod("stuck", code)
     spec["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-b"}
     core.create_namespaced_pod("default", spec)
     running(core, "default", "stuck")
+    pid = int(pod_log(core, "default", "stuck").split()[1])
     lossy.node("node-b").partition()
     try:
         wait_for(lambda: condition(core.read_node("node-b"), "Ready").status == "Unknown",
@@ -44,9 +47,12 @@ def test_an_out_of_service_taint_lets_pod_gc_force_delete_pods_stuck_terminating
         core.patch_node("node-b", {"spec": {"taints": [t.to_dict() for t in taints]}})
         last = last_state_before_deletion(core, "default", "stuck")
         assert last.status.phase == "Failed" and condition(last, "DisruptionTarget") is None
+        assert os.path.exists(f"/proc/{pid}"), "the cut-off node's container should run on"
     finally:
         core.patch_node("node-b", {"spec": {"taints": None}})
         lossy.node("node-b").heal()
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}") or None,
+             what="the container to stop once its node learns the pod is gone")
     wait_for(lambda: condition(core.read_node("node-b"), "Ready").status == "True",
              what="node-b Ready again")
 

@@ -182,6 +182,9 @@ def heal(node: str, store: Store | None = None) -> dict[str, Any]:
     """Reconnect the node: heartbeats resume and the kubelet resyncs its pods."""
     kubelet = _kubelet(node, store)
     kubelet.connected = True
+    missed, kubelet.missed_deletions = kubelet.missed_deletions, []
+    for pod in missed:
+        kubelet.forget(pod)
     for pod in kubelet.store.list("pods", field_selector=f"spec.nodeName={node}"):
         kubelet.sync(pod)
     for worker in kubelet.workers.values():

@@ -37,6 +37,7 @@ class Kubelet:
         self.api_url = ""  # set by the server once it listens
         self.workers: dict[str, PodWorker] = {}
         self.reaping: set[asyncio.Future[runtime.Exit]] = set()
+        self.missed_deletions: list[dict[str, Any]] = []
         self._next_ip = 2
 
     def scaled(self, seconds: float) -> float:
@@ -68,7 +69,11 @@ class Kubelet:
                 event_type, resource, obj = await queue.get()
                 if resource != "pods" or obj.get("spec", {}).get("nodeName") != self.name:
                     continue
-                if event_type == "DELETED":
+                if event_type == "DELETED" and not self.connected:
+                    # Cut off, the kubelet cannot see the object go: its containers run on
+                    # (split brain) until it reconnects.
+                    self.missed_deletions.append(obj)
+                elif event_type == "DELETED":
                     self.forget(obj)
                 elif self.connected:
                     self.sync(obj)
