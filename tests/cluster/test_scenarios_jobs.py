@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import kubesim
 from conftest import shape
 from kubernetes import client
 
@@ -217,3 +218,29 @@ def test_a_suspended_job_runs_nothing_until_resumed(
     resumed = condition(batch, ns, "later", "Suspended")
     assert (resumed.status, resumed.reason, resumed.message) == (
         "False", "JobResumed", "Job resumed")
+
+
+def test_an_evicted_pod_matching_an_ignore_rule_is_replaced_without_counting(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, batch: client.BatchV1Api,
+        ns: str) -> None:
+    code = ("import os, sys, time\nmark = '/ckpt/started'\n"
+            "if os.path.exists(mark): sys.exit(0)\n"
+            "open(mark, 'w').close(); print('up', flush=True); time.sleep(60)")
+    spec = job("preemptible", code, backoffLimit=0, podFailurePolicy={"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]})
+    pod_spec = spec["spec"]["template"]["spec"]
+    pod_spec["volumes"] = [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "evict"}}]
+    pod_spec["containers"][0]["volumeMounts"] = [{"name": "ckpt", "mountPath": "/ckpt"}]
+    batch.create_namespaced_job(ns, spec)
+
+    def first_running() -> str | None:
+        pods = job_pods(core, ns, "preemptible")
+        name = pods[0].metadata.name if pods else None
+        return name if name and "up" in pod_log(core, ns, name) else None
+
+    sim.evict(ns, wait_for(first_running, what="the first pod running"))
+    wait_for(lambda: condition(batch, ns, "preemptible", "Complete"), what="Complete")
+    found = batch.read_namespaced_job_status("preemptible", ns)
+    assert (found.status.failed, found.status.succeeded) == (0, 1)
+    phases = sorted(p.status.phase for p in job_pods(core, ns, "preemptible"))
+    assert phases == ["Failed", "Succeeded"]
