@@ -278,6 +278,26 @@ def test_a_command_that_cannot_start_is_a_start_error_with_exit_128(
     assert '"/no/such/binary": executable file not found in $PATH' in terminated.message
 
 
+def test_crash_loop_back_off_names_the_container_and_falls_back_to_logs_for_its_message(
+        core: client.CoreV1Api, ns: str) -> None:
+    code = "import sys\nprint('step 1', flush=True)\nsys.exit('RuntimeError: NCCL error')"
+    spec = pod("looping", code, restart="Always", terminationMessagePolicy="FallbackToLogsOnError")
+    created = core.create_namespaced_pod(ns, spec)
+
+    def backing_off() -> Any:
+        status = core.read_namespaced_pod("looping", ns).status.container_statuses
+        waiting = status[0].state.waiting if status else None
+        return status[0] if waiting and waiting.reason == "CrashLoopBackOff" else None
+
+    status = wait_for(backing_off, what="CrashLoopBackOff")
+    assert status.state.waiting.message.startswith("back-off ")
+    assert status.state.waiting.message.endswith(
+        f"s restarting failed container=train pod=looping_{ns}({created.metadata.uid})")
+    last = status.last_state.terminated
+    assert (last.exit_code, last.reason) == (1, "Error")
+    assert last.message == "step 1\nRuntimeError: NCCL error"
+
+
 def test_a_partitioned_node_goes_not_ready_and_the_taint_manager_evicts_its_pods(
         sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
     spec = pod("stranded", grace=1)
