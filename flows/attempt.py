@@ -54,7 +54,19 @@ def train_attempt(
     retry_policy_block: str | None = None,
     rules_file: str | None = None,
 ) -> dict[str, Any] | State:
-    """Run one attempt of `spec` and judge it; see the module docstring for the shape."""
+    """Run one attempt of `spec` and judge it; see the module docstring for the shape.
+
+    Args:
+        spec: the run spec (command, env, limits, retry settings).
+        attempt: this attempt's number, from 1.
+        run_id: the run all attempts share; derived from this flow run's id when absent.
+        resume_from: the checkpoint the command resumes from (TRAINGUARD_RESUME_FROM).
+        parent_flow_run_id: the failed attempt this one retries (lineage, shown in the UI).
+        history: summaries of the earlier attempts, for the circuit breaker and the report.
+        avoid_nodes: nodes earlier attempts failed on; backends that place work on nodes avoid them.
+        backend_block, evidence_block, retry_policy_block: names of saved blocks; None = defaults.
+        rules_file: a user's triage rule file layered over the shipped rules.
+    """
     run_id = run_id or new_run_id(spec.name, current_run.id)
     backend, evidence_folder = load_backend(backend_block), load_evidence(evidence_block)
     retry_policy, earlier = resolve_policy(spec, retry_policy_block), history or []
@@ -75,7 +87,7 @@ def train_attempt(
         exit_code=outcome.get("exit_code"), termination_reason=outcome.get("reason"),
         duration_seconds=float(outcome.get("duration_seconds") or 0.0), gpus=spec.gpus,
         resumed_from=resume_from, newest_checkpoint=checkpoints[0] if checkpoints else None,
-        **_evidence_fields(evidence), **(_diagnosis_fields(diagnosis)),
+        **_evidence_fields(evidence), **_diagnosis_fields(diagnosis),
     )
     decision = decide_retry(retry_policy, [*history_records(earlier), summary.record()], checkpoints)
     summary = summary.with_decision(decision)
