@@ -9,11 +9,12 @@ import asyncio
 import re
 import signal
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
-from kubesim import runtime
+from kubesim import mounts, runtime
 
 CRI_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z (stdout|stderr) F (.*)$")
 
@@ -116,11 +117,11 @@ async def _wait_for_log(path: Path, text: str) -> None:
 
 def test_volumes_are_bound_at_their_real_path_in_a_private_mount_namespace(
         tmp_path: Path) -> None:
-    if not runtime.mount_namespaces():
+    if not mounts.available():
         pytest.skip("unshare --mount is not permitted here; the path-rewrite fallback applies")
     volume = tmp_path / "volume"
     volume.mkdir()
-    target = f"/kubesim-test-{tmp_path.name}/ckpt"
+    target = f"/kubesim-test-{uuid.uuid4().hex[:8]}/ckpt"
     code = ("import os; open('step-7.pt', 'w').write('w'); "
             "print(os.getcwd(), sorted(os.listdir('.')))")
     launch = runtime.Launch(
@@ -132,5 +133,5 @@ def test_volumes_are_bound_at_their_real_path_in_a_private_mount_namespace(
     assert f"{target} ['step-7.pt']" in (tmp_path / "logs" / "0.log").read_text()
     # The host only ever sees an empty mount target, and kubesim removes what it created.
     assert not any(Path(target).iterdir())
-    runtime.remove_mountpoints()
-    assert not Path(target).parent.exists() or runtime.other_servers_running()
+    mounts.remove_targets()
+    assert not Path(target).parent.exists()

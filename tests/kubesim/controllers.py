@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubesim import runtime
+from kubesim import mounts, runtime
 from kubesim.config import SimConfig
 from kubesim.errors import NotFound
 from kubesim.jobs import JobController
@@ -70,7 +70,7 @@ def _announce_fallbacks(store: Store, config: SimConfig, memory: runtime.MemoryC
     if memory.mode == "watchdog":
         fallbacks.append(("MemoryLimitsEmulated",
                           "no writable memory cgroup: limits enforced by an RSS watchdog"))
-    if not runtime.mount_namespaces():
+    if not mounts.available():
         fallbacks.append(("MountsRewritten", "no mount namespaces: volumes are reached through "
                           "KUBESIM_MOUNT_* and rewritten paths, not at their mountPath"))
     for spec in config.nodes:
@@ -95,7 +95,7 @@ async def shutdown(store: Store | None = None) -> None:
             await asyncio.wait(reaping, timeout=5)
         cluster.memory.close()
         _clusters.pop(key, None)
-    runtime.remove_mountpoints()
+    mounts.remove_targets()
 
 
 def set_api_url(url: str, store: Store | None = None) -> None:

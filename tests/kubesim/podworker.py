@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kubesim import podstatus, runtime, workload
+from kubesim import mounts, podstatus, runtime, workload
 from kubesim.podstatus import ContainerState
 from kubesim.store import timestamp
 
@@ -298,14 +298,14 @@ class PodWorker:
         podstatus.pulled(self, c, image)
         container_dir = self.dir / c.name
         container_dir.mkdir(parents=True, exist_ok=True)
-        namespaced = runtime.mount_namespaces()
+        namespaced = mounts.available()
         try:
             folders = workload.prepare_volumes(kubelet.store, pod, self.dir, kubelet.config.root)
-            mounts = workload.mount_map(spec, folders, container_dir)
-            env = workload.build_env(kubelet.store, pod, spec, self._extra_env(mounts))
+            binds = workload.mount_map(spec, folders, container_dir)
+            env = workload.build_env(kubelet.store, pod, spec, self._extra_env(binds))
             if not namespaced:
-                env = {k: workload.rewrite(v, mounts) for k, v in env.items()}
-            argv = workload.build_argv(spec, image_runtime, env, mounts,
+                env = {k: workload.rewrite(v, binds) for k, v in env.items()}
+            argv = workload.build_argv(spec, image_runtime, env, binds,
                                        rewrite_paths=not namespaced)
         except workload.ConfigError as exc:
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
@@ -314,31 +314,31 @@ class PodWorker:
             return None
         except workload.StartError as exc:
             return podstatus.start_failed(self, c, str(exc))
-        return self._launch(c, argv, env, mounts, namespaced)
+        return self._launch(c, argv, env, binds, namespaced)
 
     def _launch(self, c: ContainerState, argv: tuple[str, ...], env: dict[str, str],
-                mounts: dict[str, Path], namespaced: bool) -> runtime.Launch:
+                binds: dict[str, Path], namespaced: bool) -> runtime.Launch:
         container_dir = self.dir / c.name
         (container_dir / "termination-log").touch()
         work = c.spec.get("workingDir") or ""
         cwd = container_dir / "rootfs"
         if not namespaced and work:
-            cwd = Path(workload.rewrite(work, mounts))
-        elif work and not Path(workload.rewrite(work, mounts)).exists():
+            cwd = Path(workload.rewrite(work, binds))
+        elif work and not Path(workload.rewrite(work, binds)).exists():
             # Runtimes create a missing workingDir; here it is a folder of the container's.
-            mounts[work] = container_dir / "workdir"
-            mounts[work].mkdir(exist_ok=True)
+            binds[work] = container_dir / "workdir"
+            binds[work].mkdir(exist_ok=True)
         cwd.mkdir(parents=True, exist_ok=True)
         limit = ((c.spec.get("resources") or {}).get("limits") or {}).get("memory")
         return runtime.Launch(
             argv=argv, env=env, cwd=cwd, name=c.name,
             log_path=container_dir / f"{c.restart_count}.log",
             memory_limit_bytes=int(workload.quantity(limit)) if limit else None,
-            mounts=tuple((str(local), path) for path, local in mounts.items())
+            mounts=tuple((str(local), path) for path, local in binds.items())
             if namespaced else (), workdir=work if namespaced else "")
 
-    def _extra_env(self, mounts: dict[str, Path]) -> dict[str, str]:
-        extra = workload.mount_env(mounts)
+    def _extra_env(self, binds: dict[str, Path]) -> dict[str, str]:
+        extra = workload.mount_env(binds)
         if self.kubelet.api_url:
             host, _, port = self.kubelet.api_url.rsplit("/", 1)[-1].rpartition(":")
             extra.update({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port})

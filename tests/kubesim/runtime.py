@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from kubesim import mounts
+
 log = logging.getLogger("kubesim.runtime")
 
 _CGROUP_FS = Path("/sys/fs/cgroup")
@@ -38,9 +40,6 @@ _WRAPPER = (
     '[ -n "$wd" ] && { cd "$wd" || exit 125; }; '
     'ulimit -c unlimited 2>/dev/null; exec "$@"'
 )
-_UNSHARE = ("unshare", "--mount", "--propagation", "private")
-_mount_namespaces: bool | None = None
-_mountpoints: dict[Path, int] = {}  # mount targets this server created on the host
 _WATCHDOG_PERIOD_SECONDS = 0.05
 
 
@@ -65,64 +64,6 @@ class Launch:
     # (path inside the container, host path) bound in a private mount namespace.
     mounts: tuple[tuple[str, str], ...] = ()
     workdir: str = ""
-
-
-def mount_namespaces() -> bool:
-    """Whether containers can get a private mount namespace here (root and unshare(2))."""
-    global _mount_namespaces
-    if _mount_namespaces is None:
-        import subprocess
-
-        try:
-            done = subprocess.run([*_UNSHARE, "true"], capture_output=True, timeout=10)
-            _mount_namespaces = done.returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            _mount_namespaces = False
-        if not _mount_namespaces:
-            log.warning("kubesim: no mount namespaces (unshare --mount failed); volumes are "
-                        "exposed through KUBESIM_MOUNT_* and path rewriting instead")
-    return _mount_namespaces
-
-
-def _claim_mountpoints(mounts: tuple[tuple[str, str], ...]) -> None:
-    """Create missing mount targets on the host (empty; the bind is only in the namespace)."""
-    for source, target in mounts:
-        path = Path(target)
-        _mountpoints.update({p: 1 for p in (path, *path.parents) if not p.exists()})
-        if Path(source).is_dir():
-            path.mkdir(parents=True, exist_ok=True)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.touch(exist_ok=True)
-
-
-def remove_mountpoints() -> None:
-    """Remove the empty mount targets this server created (at shutdown).
-
-    Removing a path that is a mountpoint in another mount namespace detaches that mount, so
-    nothing is removed while another kubesim server (which may use the same targets) runs.
-    """
-    if other_servers_running():
-        log.warning("kubesim: other kubesim servers run; leaving mount targets %s",
-                    sorted(str(p) for p in _mountpoints))
-        return
-    for path in sorted(_mountpoints, key=lambda p: len(p.parts), reverse=True):
-        with contextlib.suppress(OSError):
-            if path.is_dir():
-                path.rmdir()
-            elif path.stat().st_size == 0:
-                path.unlink()
-    _mountpoints.clear()
-
-
-def other_servers_running() -> bool:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if b"kubesim\x00serve" in (entry / "cmdline").read_bytes():
-                return True
-    return False
 
 
 @dataclass(frozen=True)
@@ -278,8 +219,8 @@ class Container:
         log_file = open(launch.log_path, "ab")  # noqa: SIM115 - closed when the instance ends
         prefix: tuple[str, ...] = ()
         if launch.mounts or launch.workdir:
-            prefix = _UNSHARE
-            _claim_mountpoints(launch.mounts)
+            prefix = mounts.UNSHARE
+            mounts.claim(launch.mounts)
         pairs = [word for pair in launch.mounts for word in pair]
         try:
             proc = await asyncio.create_subprocess_exec(
