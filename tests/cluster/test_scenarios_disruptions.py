@@ -7,6 +7,7 @@ reads a real cluster: pod conditions, container states, events by field selector
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -237,6 +238,17 @@ def test_env_comes_from_field_secret_and_config_map_refs_and_points_at_the_api(
     phase(core, ns, "envy", "Succeeded")
     host, port = sim.url.removeprefix("http://").rsplit(":", 1)
     assert pod_log(core, ns, "envy") == f"envy node-1 s3cr3t 0.1 {host} {port}\n"
+
+
+def test_a_host_python_image_runs_that_interpreter_from_a_shell_too(
+        core: client.CoreV1Api, ns: str) -> None:
+    spec = pod("shell", "")
+    spec["spec"]["containers"][0]["command"] = [
+        "sh", "-c", "python -c 'import sys; print(sys.prefix == sys.base_prefix)'"]
+    core.create_namespaced_pod(ns, spec)
+    phase(core, ns, "shell", "Succeeded")
+    # The test interpreter is a venv's: a shell finding it on PATH keeps that venv.
+    assert pod_log(core, ns, "shell") == f"{sys.prefix == sys.base_prefix}\n"
 
 
 def test_a_missing_secret_key_is_a_create_container_config_error(

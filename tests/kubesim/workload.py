@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import base64
 import fnmatch
+import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 from collections.abc import Mapping
 from decimal import Decimal
@@ -154,12 +156,33 @@ def rewrite(text: str, mounts: Mapping[str, Path]) -> str:
     return text
 
 
+def python_shims(root: Path, image_runtime: Any) -> Path | None:
+    """For a HostPython image, a folder whose python/python3 run that interpreter, so
+    `sh -c "python ..."` and `#!/usr/bin/env python` scripts find it on PATH too.
+
+    Scripts rather than symlinks: a symlinked venv interpreter would lose its venv.
+    """
+    executable = _executable(image_runtime)
+    if not executable:
+        return None
+    folder = root / "shims" / hashlib.sha256(executable.encode()).hexdigest()[:12]
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("python", "python3"):
+        shim = folder / name
+        if not shim.exists():
+            shim.write_text(f'#!/bin/sh\nexec {shlex.quote(executable)} "$@"\n')
+            shim.chmod(0o755)
+    return folder
+
+
 def build_env(store: Store, pod: Mapping[str, Any], container: Mapping[str, Any],
-              extra: Mapping[str, str]) -> dict[str, str]:
+              extra: Mapping[str, str], *, path_prefix: Path | None = None) -> dict[str, str]:
     """The container's environment; raises ConfigError for a missing Secret/ConfigMap key."""
     ns = pod["metadata"]["namespace"]
     env = {k: os.environ[k] for k in _BASE_ENV_KEYS if k in os.environ}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    if path_prefix is not None:
+        env["PATH"] = f"{path_prefix}:{env['PATH']}"
     env.update({"HOME": "/root", "HOSTNAME": pod["metadata"]["name"], **extra})
     for source in container.get("envFrom") or []:
         env.update(_env_from(store, ns, source))
