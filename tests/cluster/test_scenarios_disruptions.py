@@ -310,6 +310,26 @@ def test_crash_loop_back_off_names_the_container_and_falls_back_to_logs_for_its_
     assert last.message == "step 1\nRuntimeError: NCCL error"
 
 
+def test_only_the_previous_instance_log_survives_a_second_restart(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
+    code = ("import os, sys, time\nn = len(os.listdir('/scratch')) + 1\n"
+            "open(f'/scratch/{n}', 'w').close()\nprint('attempt', n, flush=True)\n"
+            "time.sleep(60) if n >= 3 else sys.exit(1)")
+    spec = pod("forgetful", code, restart="OnFailure",
+               volumeMounts=[{"name": "s", "mountPath": "/scratch"}])
+    spec["spec"]["volumes"] = [{"name": "s", "emptyDir": {}}]
+    created = core.create_namespaced_pod(ns, spec)
+
+    def third_running() -> Any:
+        status = core.read_namespaced_pod("forgetful", ns).status.container_statuses
+        return status and status[0].restart_count == 2 and status[0].state.running
+    wait_for(third_running, what="the third attempt running")
+    wait_for(lambda: pod_log(core, ns, "forgetful") == "attempt 3\n" or None, what="its log")
+    assert pod_log(core, ns, "forgetful", previous=True) == "attempt 2\n"
+    logs = sim.root / "pods" / f"{ns}_forgetful_{created.metadata.uid}" / "train"
+    assert sorted(p.name for p in logs.glob("*.log")) == ["1.log", "2.log"]
+
+
 def test_a_partitioned_node_goes_not_ready_and_the_taint_manager_evicts_its_pods(
         sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
     spec = pod("stranded", grace=1)
