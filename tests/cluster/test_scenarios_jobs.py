@@ -244,3 +244,13 @@ def test_an_evicted_pod_matching_an_ignore_rule_is_replaced_without_counting(
     assert (found.status.failed, found.status.succeeded) == (0, 1)
     phases = sorted(p.status.phase for p in job_pods(core, ns, "preemptible"))
     assert phases == ["Failed", "Succeeded"]
+
+
+def test_parallel_completions_run_side_by_side_and_all_count(
+        core: client.CoreV1Api, batch: client.BatchV1Api, ns: str) -> None:
+    batch.create_namespaced_job(ns, job("pair", "print('shard done')", parallelism=2,
+                                        completions=3))
+    wait_for(lambda: condition(batch, ns, "pair", "Complete"), what="Complete")
+    found = batch.read_namespaced_job_status("pair", ns)
+    assert (found.status.succeeded, found.status.active, found.status.failed) == (3, 0, 0)
+    assert len(job_pods(core, ns, "pair")) == 3
