@@ -103,8 +103,8 @@ class PodWorker:
             c.last_state = cs.get("lastState") or {}
             c.container_id = cs.get("containerID")
             if "terminated" in (cs.get("state") or {}):
-                c.state = cs["state"]
-                c.exit_code = cs["state"]["terminated"].get("exitCode")
+                c.state = cs["state"]  # an instance that ended before: policy decides again
+                c.recovered = c.exit_code = cs["state"]["terminated"].get("exitCode")
             if "running" in (cs.get("state") or {}):
                 c.state = {"terminated": {
                     "exitCode": 137, "reason": "ContainerStatusUnknown",
@@ -214,7 +214,7 @@ class PodWorker:
             policy = "OnFailure"  # init containers are only restarted when they fail
         backoff = BACKOFF_START_SECONDS
         while not self.deleting.is_set() and self.failure is None:
-            code, c.recovered = (c.recovered, None) if c.recovered else (
+            code, c.recovered = (c.recovered, None) if c.recovered is not None else (
                 await self._run_once(c), None)
             if c.ran_seconds >= self.kubelet.scaled(2 * BACKOFF_MAX_SECONDS):
                 backoff = BACKOFF_START_SECONDS  # a long healthy run resets the back-off
