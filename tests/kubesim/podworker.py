@@ -144,7 +144,7 @@ class PodWorker:
         self.failure = (reason, message)
         self._wake()
         self.kubelet.event(self.pod, reason, message, warning=warning)
-        await self.stop_containers(grace_seconds, announce=grace_seconds > 0)
+        await self.stop_containers(grace_seconds)
         self.publish()
 
     async def _enforce_deadline(self) -> None:
@@ -359,14 +359,13 @@ class PodWorker:
 
     # -- termination ---------------------------------------------------------------------------
 
-    async def stop_containers(self, grace_seconds: float, *, announce: bool = True) -> None:
+    async def stop_containers(self, grace_seconds: float) -> None:
         self.stop_grace = self.kubelet.scaled(grace_seconds)
         stops = []
         for c in self.all_containers:
             if c.instance is not None:
-                if announce:
-                    self.kubelet.event(self.pod, "Killing", f"Stopping container {c.name}",
-                                       container=c.name)
+                self.kubelet.event(self.pod, "Killing", f"Stopping container {c.name}",
+                                   container=c.name)
                 stops.append(c.instance.stop(self.stop_grace))
         await asyncio.gather(*stops)
 
