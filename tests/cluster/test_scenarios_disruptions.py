@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import kubesim
@@ -240,15 +241,15 @@ def test_env_comes_from_field_secret_and_config_map_refs_and_points_at_the_api(
     assert pod_log(core, ns, "envy") == f"envy node-1 s3cr3t 0.1 {host} {port}\n"
 
 
-def test_a_host_python_image_runs_that_interpreter_from_a_shell_too(
+def test_a_host_python_image_runs_that_interpreter_and_its_scripts_from_a_shell_too(
         core: client.CoreV1Api, ns: str) -> None:
     spec = pod("shell", "")
     spec["spec"]["containers"][0]["command"] = [
-        "sh", "-c", "python -c 'import sys; print(sys.prefix == sys.base_prefix)'"]
+        "sh", "-c", "python -c 'import sys; print(sys.prefix)' && command -v pytest"]
     core.create_namespaced_pod(ns, spec)
     phase(core, ns, "shell", "Succeeded")
-    # The test interpreter is a venv's: a shell finding it on PATH keeps that venv.
-    assert pod_log(core, ns, "shell") == f"{sys.prefix == sys.base_prefix}\n"
+    # The test interpreter is a venv's: a shell finds it, and the venv's console scripts.
+    assert pod_log(core, ns, "shell") == f"{sys.prefix}\n{Path(sys.executable).parent}/pytest\n"
 
 
 def test_a_missing_secret_key_is_a_create_container_config_error(

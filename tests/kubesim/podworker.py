@@ -304,7 +304,7 @@ class PodWorker:
             binds = workload.mount_map(spec, folders, container_dir)
             env = workload.build_env(
                 kubelet.store, pod, spec, self._extra_env(binds),
-                path_prefix=workload.python_shims(kubelet.config.root, image_runtime))
+                path_prefix=workload.host_python_path(kubelet.config.root, image_runtime))
             if not namespaced:
                 env = {k: workload.rewrite(v, binds) for k, v in env.items()}
             argv = workload.build_argv(spec, image_runtime, env, binds,

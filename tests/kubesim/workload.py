@@ -156,9 +156,10 @@ def rewrite(text: str, mounts: Mapping[str, Path]) -> str:
     return text
 
 
-def python_shims(root: Path, image_runtime: Any) -> Path | None:
-    """For a HostPython image, a folder whose python/python3 run that interpreter, so
-    `sh -c "python ..."` and `#!/usr/bin/env python` scripts find it on PATH too.
+def host_python_path(root: Path, image_runtime: Any) -> str | None:
+    """For a HostPython image, what leads PATH: a folder whose python/python3 run that
+    interpreter (so `sh -c "python ..."` and `#!/usr/bin/env python` find it), then the
+    interpreter's own folder (so a venv's console scripts, e.g. `prefect`, are found).
 
     Scripts rather than symlinks: a symlinked venv interpreter would lose its venv.
     """
@@ -172,11 +173,11 @@ def python_shims(root: Path, image_runtime: Any) -> Path | None:
         if not shim.exists():
             shim.write_text(f'#!/bin/sh\nexec {shlex.quote(executable)} "$@"\n')
             shim.chmod(0o755)
-    return folder
+    return f"{folder}:{Path(executable).parent}"
 
 
 def build_env(store: Store, pod: Mapping[str, Any], container: Mapping[str, Any],
-              extra: Mapping[str, str], *, path_prefix: Path | None = None) -> dict[str, str]:
+              extra: Mapping[str, str], *, path_prefix: str | None = None) -> dict[str, str]:
     """The container's environment; raises ConfigError for a missing Secret/ConfigMap key."""
     ns = pod["metadata"]["namespace"]
     env = {k: os.environ[k] for k in _BASE_ENV_KEYS if k in os.environ}
