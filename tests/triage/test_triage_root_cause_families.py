@@ -100,6 +100,26 @@ CASES = [
         "time is too large.\n")), Category.CONFIG_ERROR),
     ("fp16_without_a_gpu_is_configuration_not_code", triage.Signals(exit_code=1, log=(
         "ValueError: fp16 mixed precision requires a GPU\n")), Category.CONFIG_ERROR),
+    ("a_raise_line_in_a_traceback_is_not_the_error", triage.Signals(exit_code=1, log=(
+        "    raise SSLError(e, request=request)\n"
+        "requests.exceptions.SSLError: HTTPSConnectionPool(host='huggingface.co', port=443): "
+        "Max retries exceeded (Caused by SSLError(SSLCertVerificationError(1, '[SSL: "
+        "CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer "
+        "certificate')))\n")), Category.CONFIG_ERROR),
+    ("a_google_api_deadline_is_transient_not_the_pod_deadline", triage.Signals(exit_code=1, log=(
+        "google.api_core.exceptions.DeadlineExceeded: 504 Deadline Exceeded\n")),
+     Category.TRANSIENT_IO),
+    ("a_failed_checkpoint_write_is_the_disk", triage.Signals(exit_code=1, log=(
+        "RuntimeError: [enforce fail at inline_container.cc:471] . PytorchStreamWriter failed "
+        "writing file data/228: file write failed\n")), Category.CONFIG_ERROR),
+    ("rays_autoscaler_without_a_gpu_node_is_unschedulable", triage.Signals(exit_code=1, log=(
+        "(autoscaler +32s) Error: No available node types can fulfill resource request "
+        "{'CPU': 1.0, 'GPU': 1.0}. Add suitable node types to this cluster.\n")),
+     Category.UNSCHEDULABLE),
+    ("kueue_without_quota_is_unschedulable", triage.Signals(events=(
+        "Warning  Pending  workload/train  couldn't assign flavors to pod set main: insufficient "
+        "quota for nvidia.com/gpu in flavor default-flavor, request > maximum capacity (8 > 4)\n")),
+     Category.UNSCHEDULABLE),
 ]
 
 
