@@ -106,6 +106,15 @@ CASES = [
         "Max retries exceeded (Caused by SSLError(SSLCertVerificationError(1, '[SSL: "
         "CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer "
         "certificate')))\n")), Category.CONFIG_ERROR),
+    ("a_quoted_raise_of_unpicklingerror_is_not_a_corrupt_checkpoint", triage.Signals(
+        exit_code=1, log=(
+            '  File "torch/serialization.py", line 1470, in load\n'
+            "    raise pickle.UnpicklingError(_get_wo_message(str(e))) from None\n"
+            "_pickle.UnpicklingError: Weights only load failed. This file can still be loaded, "
+            "to do so you have two options.\n")), Category.CONFIG_ERROR),
+    ("rich_traceback_source_boxes_are_not_evidence", triage.Signals(exit_code=1, log=(
+        "│ ❱ 1470 │   │   │   raise pickle.UnpicklingError(_get_wo_message(str(e))) from None │\n"
+        "UnpicklingError: Weights only load failed.\n")), Category.CONFIG_ERROR),
     ("a_google_api_deadline_is_transient_not_the_pod_deadline", triage.Signals(exit_code=1, log=(
         "google.api_core.exceptions.DeadlineExceeded: 504 Deadline Exceeded\n")),
      Category.TRANSIENT_IO),

@@ -24,7 +24,7 @@ from trainguard.core.triage.engines import (
     make_engine,
     prefilter_source,
 )
-from trainguard.core.triage.lines import Line, read_line
+from trainguard.core.triage.lines import Line, is_source, read_line
 from trainguard.core.triage.rules import Rule, RuleSet
 from trainguard.core.triage.signals import LogSource
 
@@ -149,7 +149,7 @@ class _Collector:
             self._context_hit(p.rule, line_no + 1)
             return
         rule = self.rules[p.rule]
-        if any(r.search(line.text) for r in rule.log_not_res):
+        if is_source(line.text) or any(r.search(line.text) for r in rule.log_not_res):
             return
         if not rule.warnings and self.warning.search(line.text):
             return
