@@ -94,6 +94,16 @@ CASES = [
      Category.GPU_FAULT),
     ("admission_refused_for_lack_of_devices_is_unschedulable", triage.Signals(
         reason="UnexpectedAdmissionError"), Category.UNSCHEDULABLE),
+    ("a_container_that_cannot_start_for_a_missing_driver_is_a_gpu_fault", triage.Signals(
+        exit_code=128, reason="ContainerCannotRun", log=(
+            "failed to create shim task: OCI runtime create failed: runc create failed: unable to "
+            "start container process: error running hook #0: exit status 1\n"
+            "nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown\n")),
+     Category.GPU_FAULT),
+    ("a_container_that_cannot_start_alone_is_configuration", triage.Signals(
+        exit_code=128, reason="ContainerCannotRun"), Category.CONFIG_ERROR),
+    ("exit_130_is_an_interrupt", triage.Signals(exit_code=130), Category.USER_CANCELLED),
+    ("exit_124_is_the_timeout_command", triage.Signals(exit_code=124), Category.TIMEOUT),
     ("a_skewed_clock_is_the_environment", triage.Signals(exit_code=1, log=(
         "botocore.exceptions.ClientError: An error occurred (RequestTimeTooSkewed) when calling "
         "the PutObject operation: The difference between the request time and the server's "
