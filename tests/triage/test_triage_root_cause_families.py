@@ -104,6 +104,13 @@ CASES = [
         exit_code=128, reason="ContainerCannotRun"), Category.CONFIG_ERROR),
     ("exit_130_is_an_interrupt", triage.Signals(exit_code=130), Category.USER_CANCELLED),
     ("exit_124_is_the_timeout_command", triage.Signals(exit_code=124), Category.TIMEOUT),
+    ("a_ray_worker_prefix_does_not_hide_the_exception", triage.Signals(exit_code=1, log=(
+        "(RayTrainWorker pid=4183, ip=10.0.1.5) Traceback (most recent call last):\n"
+        "(RayTrainWorker pid=4183, ip=10.0.1.5)     out = model(x, mask=m)\n"
+        "(RayTrainWorker pid=4183, ip=10.0.1.5) TypeError: forward() got an unexpected keyword "
+        "argument 'mask'\n"
+        "ray.exceptions.RayTaskError(TypeError): ray::_RayTrainWorker__execute.get_next() "
+        "(pid=4183, ip=10.0.1.5)\n")), Category.CODE_ERROR),
     ("a_skewed_clock_is_the_environment", triage.Signals(exit_code=1, log=(
         "botocore.exceptions.ClientError: An error occurred (RequestTimeTooSkewed) when calling "
         "the PutObject operation: The difference between the request time and the server's "

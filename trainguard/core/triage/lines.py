@@ -23,6 +23,8 @@ _PREFIXES = (
     re.compile(r"^\[(?:\d+),(\d+)\]<(?:stdout|stderr)>: ?"),
     re.compile(r"^(\d+): (?=\S)"),  # srun --label
     re.compile(r"^\[\d+\] (?=\[)"),  # a pid in brackets before another prefix
+    # Ray prefixes every worker's output with its actor and pid: "(RayTrainWorker pid=41, ip=...)".
+    re.compile(r"^\((?:[\w.-]+ )?pid=\d+(?:, [\w-]+=[^,)\s]+)*\) ?|^\(raylet\) ?"),
     re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z?: ?"),
     # Determined-style "[2022-05-31T14:29:44.164Z] dc5b74e6 [rank=0] || ".
     re.compile(r"^\[\d{4}-\d\d-\d\dT[\d:.]+Z?\] (?:\w+ )?(?:\[rank=(\d+)\] )?\|\| ?"),
