@@ -101,9 +101,9 @@ class Api:
 
     async def _body(self, request: web.Request) -> Any:
         if "protobuf" in request.content_type:
-            raise UnsupportedMediaType(f'the body of the request was in an unknown format - '
-                                       f'accepted media types include: application/json, '
-                                       f'application/yaml')
+            raise UnsupportedMediaType('the body of the request was in an unknown format - '
+                                       'accepted media types include: application/json, '
+                                       'application/yaml')
         raw = await request.read()
         if not raw:
             return {}

@@ -129,8 +129,8 @@ class Server:
         handler = handlers.get(target.verb)
         if handler is None or (target.sub == "log" and request.method != "GET") or (
                 target.sub == "eviction" and request.method != "POST"):
-            raise MethodNotAllowed(f"the server does not allow this method on the requested "
-                                   f"resource")
+            raise MethodNotAllowed("the server does not allow this method on the requested "
+                                   "resource")
         return await handler(request, target)
 
     def _discovery(self, path: str) -> dict[str, Any] | None:
