@@ -155,8 +155,10 @@ def test_preemption_marks_the_victim_and_records_preempted(
 def test_a_pod_past_its_own_active_deadline_is_failed_by_the_kubelet(
         core: client.CoreV1Api, ns: str) -> None:
     spec = pod("overdue", grace=1)
-    spec["spec"]["activeDeadlineSeconds"] = 1
+    # startTime has whole seconds, so 2 s leave the container at least 1 s to trap SIGTERM.
+    spec["spec"]["activeDeadlineSeconds"] = 2
     core.create_namespaced_pod(ns, spec)
+    running(core, ns, "overdue")
     failed = phase(core, ns, "overdue", "Failed")
     message = "Pod was active on the node longer than the specified deadline"
     assert (failed.status.reason, failed.status.message) == ("DeadlineExceeded", message)
