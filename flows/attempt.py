@@ -16,7 +16,7 @@ from prefect.states import Failed, State
 
 from blocks import load_backend, load_evidence, resolve_policy
 from flows.hooks import schedule_next_attempt
-from tasks.evidence import collect_evidence
+from tasks.evidence import collect_evidence, record_verdict
 from tasks.report import publish_report
 from tasks.training import TrainingFailed, provision_workspace, run_training
 from tasks.triage import classify_failure, decide_retry
@@ -92,6 +92,8 @@ def train_attempt(
     decision = decide_retry(retry_policy, [*history_records(earlier), summary.record()], checkpoints)
     summary = summary.with_decision(decision)
     publish_report(summary, [AttemptSummary.from_dict(item) for item in earlier])
+    if evidence is not None:
+        record_verdict(evidence_folder, summary, return_state=True)  # a failure here must not mask the attempt's
     emit_event(
         event="trainguard.attempt.finished",
         resource={"prefect.resource.id": f"trainguard.run.{run_id}", "prefect.resource.name": run_id},

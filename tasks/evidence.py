@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from datetime import datetime, timezone
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -9,6 +11,7 @@ from prefect.cache_policies import NO_CACHE
 
 from blocks.evidence import EvidenceFolder
 from trainguard.core import evidence, manifest
+from trainguard.core.attempt import AttemptSummary
 from trainguard.core.workspace import AttemptWorkspace
 
 
@@ -24,3 +27,11 @@ def collect_evidence(
     get_run_logger().info("kept %d evidence items in %s%s", len(collected.items), location,
                           f" (absent: {absent})" if absent else "")
     return {"location": location, "items": len(collected.items), "missing": len(collected.missing)}
+
+
+@task(name="record_verdict", cache_policy=NO_CACHE)
+def record_verdict(store_block: EvidenceFolder, summary: AttemptSummary) -> None:
+    """Keep the attempt's classification and retry decision with its evidence (`verdict.json`)."""
+    data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
+    now = datetime.now(timezone.utc).isoformat()
+    manifest.add_items(store_block.store(), summary.run_id, summary.attempt, {"verdict.json": data}, "flow", now)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.core.manifest import (
+    add_items,
     Manifest,
     ManifestError,
     ManifestItem,
@@ -167,6 +168,18 @@ def test_a_manifest_round_trips_through_the_store_and_verifies(store) -> None:
     assert stored.key == "runs/r1/attempt-2/manifest.json"
     assert read_manifest(store, "r1", 2) == manifest
     assert verify_manifest(store, manifest) == []
+
+
+def test_added_items_are_listed_in_the_rewritten_manifest_and_replace_their_namesakes(store) -> None:
+    write_manifest(store, _manifest(store))
+
+    add_items(store, "r1", 2, {"verdict.json": b'{"category": "divergence"}'}, "flow", "2026-01-01T00:00:02+00:00")
+    updated = add_items(store, "r1", 2, {"verdict.json": b'{"category": "nccl_error"}'}, "flow", "2026-01-01T00:00:03+00:00")
+
+    assert read_manifest(store, "r1", 2) == updated
+    assert [item.name for item in updated.items].count("verdict.json") == 1
+    assert store.get_bytes("runs/r1/attempt-2/verdict.json") == b'{"category": "nccl_error"}'
+    assert verify_manifest(store, updated) == [] and updated.missing == _manifest(store).missing
 
 
 def test_verify_manifest_catches_a_tampered_and_a_vanished_object(store) -> None:

@@ -58,6 +58,7 @@ def test_run_prints_the_attempts_table_and_evidence_show_verifies_what_was_kept(
     shown = trainguard("evidence", "show", run_id, cwd=tmp_path)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "crash-report.json" in shown.stdout and "absent" in shown.stdout and "FAILED" not in shown.stdout
+    assert "verdict.json" in shown.stdout and "nccl_error (nccl." in shown.stdout
 
     log = next((tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/logs").glob("*.log"))
     log.write_bytes(log.read_bytes() + b"tampered")

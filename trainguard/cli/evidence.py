@@ -70,9 +70,20 @@ def _show_attempt(store: EvidenceStore, run_id: str, attempt: int) -> int:
 
 
 def _print_crash_summary(store: EvidenceStore, run_id: str, attempt: int) -> None:
+    prefix = manifests.attempt_prefix(run_id, attempt)
+    report, verdict = _json(store, f"{prefix}/crash-report.json"), _json(store, f"{prefix}/verdict.json")
+    if report:
+        signal = f", signal {report.get('signal_name')}" if report.get("signal") else ""
+        console.print(f"  exit code {report.get('exit_code')}{signal}, {report.get('duration_seconds', 0):.1f}s")
+    if verdict and verdict.get("category"):
+        console.print(f"  {verdict['category']} ({verdict.get('rule_id')}): {verdict.get('signature')}", highlight=False)
+    if verdict and verdict.get("decision"):
+        console.print(f"  next: {verdict['decision'].get('reason')}", highlight=False)
+
+
+def _json(store: EvidenceStore, key: str) -> dict | None:
     try:
-        report = json.loads(store.get_bytes(f"{manifests.attempt_prefix(run_id, attempt)}/crash-report.json"))
+        data = json.loads(store.get_bytes(key))
     except (EvidenceNotFound, ValueError):
-        return
-    signal = f", signal {report.get('signal_name')}" if report.get("signal") else ""
-    console.print(f"  exit code {report.get('exit_code')}{signal}, {report.get('duration_seconds', 0):.1f}s")
+        return None
+    return data if isinstance(data, dict) else None

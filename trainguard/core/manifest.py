@@ -131,3 +131,23 @@ def verify_manifest(store: EvidenceStore, manifest: Manifest) -> list[str]:
         if digest != item.sha256:
             problems.append(f"{item.key}: sha256 is {digest}, the manifest says {item.sha256}")
     return problems
+
+
+def add_items(
+    store: EvidenceStore, run_id: str, attempt: int, items: dict[str, bytes], source: str, collected_at: str
+) -> Manifest:
+    """Store `items` beside an attempt's evidence and list them in its manifest (rewritten last).
+
+    Used for what is only known after collection, such as the attempt's verdict; an item of the
+    same name replaces the listed one.
+    """
+    current = read_manifest(store, run_id, attempt)
+    prefix = attempt_prefix(run_id, attempt)
+    added = []
+    for name, data in items.items():
+        stored = store.put_bytes(f"{prefix}/{name}", data)
+        added.append(ManifestItem(name, stored.key, stored.sha256, stored.size_bytes, source, collected_at))
+    kept = tuple(item for item in current.items if item.name not in items)
+    updated = Manifest(current.run_id, current.attempt, current.created_at, kept + tuple(added), current.missing)
+    write_manifest(store, updated)
+    return updated
