@@ -110,6 +110,51 @@ def test_logs_read_current_and_previous_instances(sim: Any, core: client.CoreV1A
     assert stamped.splitlines()[1] == "2025-06-01T10:00:58.5Z boom"
 
 
+def test_a_container_in_crash_loop_back_off_serves_the_crashed_run_as_current_and_previous(
+        sim: Any, core: client.CoreV1Api, ns: str) -> None:
+    # validateContainerLogStatus: with no running or terminated instance, the last terminated
+    # one answers both the plain and the --previous read.
+    core.create_namespaced_pod(ns, seeded_pod("p"))
+    core.patch_namespaced_pod_status("p", ns, {"status": {"phase": "Running",
+                                                          "containerStatuses": [{
+        "name": "main", "image": "python:3.11", "imageID": "", "ready": False, "restartCount": 2,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s"}},
+        "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                                     "containerID": "kubesim://b"}}}]}})
+    pod = core.api_client.sanitize_for_serialization(core.read_namespaced_pod("p", ns))
+    write_cri_log(sim, pod, "main", 0, [("2025-06-01T10:00:01Z", "stdout", "attempt 1")])
+    write_cri_log(sim, pod, "main", 1, [("2025-06-01T10:00:11Z", "stdout", "attempt 2")])
+    assert read_log(core, "p", ns) == "attempt 2\n"
+    assert read_log(core, "p", ns, previous=True) == "attempt 2\n"
+    assert read_log(core, "p", ns, follow=True, _request_timeout=5) == "attempt 2\n"
+
+
+def _waiting(reason: str) -> dict[str, Any]:
+    return {"state": {"waiting": {"reason": reason}}}
+
+
+@pytest.mark.parametrize(("status", "message"), [
+    (_waiting("ContainerCreating"), "is waiting to start: ContainerCreating"),
+    (_waiting("ErrImagePull"), "is waiting to start: image can't be pulled"),
+    (_waiting("ImagePullBackOff"), "is waiting to start: trying and failing to pull image"),
+    (_waiting("CreateContainerConfigError"), "is waiting to start: CreateContainerConfigError"),
+    ({"state": {"terminated": {"exitCode": 128, "reason": "StartError"}}}, "is terminated"),
+    ({"state": {}}, "is waiting to start - no logs yet"),
+    (None, "is not available"),
+])
+def test_log_of_a_container_that_never_ran_answers_with_the_kubelet_wording(
+        core: client.CoreV1Api, ns: str, status: dict[str, Any] | None, message: str) -> None:
+    core.create_namespaced_pod(ns, seeded_pod("p"))
+    if status is not None:
+        core.patch_namespaced_pod_status("p", ns, {"status": {"containerStatuses": [{
+            "name": "main", "image": "python:3.11", "imageID": "", "ready": False,
+            "restartCount": 0, **status}]}})
+    with pytest.raises(ApiException) as err:
+        read_log(core, "p", ns)
+    assert err.value.status == 400
+    assert json.loads(err.value.body)["message"] == f'container "main" in pod "p" {message}'
+
+
 @pytest.mark.parametrize(("containers", "kwargs", "message"), [
     (("main",), {"previous": True}, 'previous terminated container "main" in pod "p" not found'),
     (("main",), {}, 'container "main" in pod "p" is waiting to start: ContainerCreating'),

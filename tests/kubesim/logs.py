@@ -50,24 +50,42 @@ def _status_of(pod: dict[str, Any], container: str) -> dict[str, Any] | None:
     return None
 
 
-def _instance(root: Path, pod: dict[str, Any], container: str, previous: bool) -> Path:
+# Waiting reasons the kubelet words for people rather than echoing (validateContainerLogStatus).
+_PULL_WORDING = {"ErrImagePull": "image can't be pulled",
+                 "ImagePullBackOff": "trying and failing to pull image"}
+
+
+def _instance(root: Path, pod: dict[str, Any], container: str,
+              previous: bool) -> tuple[Path, bool]:
+    """The log file the kubelet would pick (validateContainerLogStatus), and whether it is live.
+
+    A running or terminated instance is preferred; otherwise the last terminated one, which is
+    why a container waiting in CrashLoopBackOff still shows the crashed run's output.
+    """
     name, status = pod["metadata"]["name"], _status_of(pod, container)
-    restarts = int((status or {}).get("restartCount") or 0)
+    if status is None:
+        raise BadRequest(f'container "{container}" in pod "{name}" is not available')
+    restarts = int(status.get("restartCount") or 0)
+    state, last = status.get("state") or {}, (status.get("lastState") or {}).get("terminated")
+    # The instance that ended last is restartCount - 1 once the kubelet has counted the restart.
+    last_path = log_path(root, pod, container, restarts - 1) if restarts >= 1 else None
     if previous:
-        path = log_path(root, pod, container, restarts - 1)
-        if status is None or not (status.get("lastState") or {}).get("terminated") \
-                or restarts < 1 or not path.exists():
+        if not last or last_path is None or not last_path.exists():
             raise BadRequest(f'previous terminated container "{container}" in pod "{name}" '
                              "not found")
-        return path
-    waiting = ((status or {}).get("state") or {}).get("waiting")
-    path = log_path(root, pod, container, restarts)
-    if status is None or (waiting and not path.exists()):
-        reason = (waiting or {}).get("reason") or "ContainerCreating"
-        if reason in ("ErrImagePull", "ImagePullBackOff"):
-            reason = "trying and failing to pull image"
-        raise BadRequest(f'container "{container}" in pod "{name}" is waiting to start: {reason}')
-    return path
+        return last_path, False
+    # A terminated state without a containerID is an instance that never started.
+    if "running" in state or (state.get("terminated") or {}).get("containerID"):
+        return log_path(root, pod, container, restarts), True
+    if last or "terminated" in state:
+        if not last or last_path is None or not last_path.exists():
+            raise BadRequest(f'container "{container}" in pod "{name}" is terminated')
+        return last_path, False
+    if "waiting" in state:
+        reason = (state["waiting"] or {}).get("reason") or ""
+        raise BadRequest(f'container "{container}" in pod "{name}" is waiting to start: '
+                         f"{_PULL_WORDING.get(reason, reason)}")
+    raise BadRequest(f'container "{container}" in pod "{name}" is waiting to start - no logs yet')
 
 
 def _parse_line(raw: str) -> tuple[str, str, bool, str] | None:
@@ -119,10 +137,12 @@ async def serve(request: web.Request, store: Store, root: Path, namespace: str,
         raise NotFound.of("pods", name)
     container = _container(pod, query.get("container"))
     previous = query.get("previous", "") in ("true", "1", "True")
-    path = _instance(root, pod, container, previous)
+    path, live = _instance(root, pod, container, previous)
     lines = path.read_text(errors="replace").splitlines(keepends=True) if path.exists() else []
     text = render(lines, query)
-    if previous or query.get("follow", "") not in ("true", "1", "True"):
+    # Following an instance that has already ended returns what it wrote, as for a dead runtime
+    # container.
+    if not live or query.get("follow", "") not in ("true", "1", "True"):
         return web.Response(text=text, content_type="text/plain")
     return await _follow(request, store, path, pod, container, text, query)
 
