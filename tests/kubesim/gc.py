@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 # Kinds that own or are owned in this cluster; events are never owners of anything.
 OWNED_KINDS = ("jobs", "pods", "configmaps", "secrets", "persistentvolumeclaims", "leases")
+# Cluster-scoped kinds own namespaced objects too: a Node owns its Lease in kube-node-lease.
+CLUSTER_OWNER_KINDS = ("nodes", "namespaces")
 _DEBOUNCE_SECONDS = 0.02
 
 
@@ -81,7 +83,8 @@ def _delete(store: Store, resource: str, obj: dict[str, Any], propagation: str) 
 def collect(store: Store) -> None:
     """One pass over all owned kinds; safe to run at any time."""
     objects = [(r, o) for r in OWNED_KINDS for o in store.list(r)]
-    alive = {o["metadata"]["uid"] for _, o in objects}
+    owners = objects + [(r, o) for r in CLUSTER_OWNER_KINDS for o in store.list(r)]
+    alive = {o["metadata"]["uid"] for _, o in owners}
     for resource, obj in objects:
         meta = obj["metadata"]
         fins = meta.get("finalizers") or []
@@ -113,7 +116,8 @@ def empty_namespaces(store: Store) -> None:
 
 def _relevant(event_type: str, resource: str, obj: dict[str, Any]) -> bool:
     meta = obj.get("metadata") or {}
-    if resource == "namespaces" or (event_type == "DELETED" and meta.get("namespace")):
+    if resource == "namespaces" or (event_type == "DELETED" and (
+            meta.get("namespace") or resource in CLUSTER_OWNER_KINDS)):
         return True
     return resource in OWNED_KINDS and (event_type == "DELETED" or bool(
         meta.get("deletionTimestamp") or meta.get("ownerReferences")))
