@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import kubesim
 import pytest
@@ -64,15 +65,26 @@ def test_deleting_a_node_lets_pod_gc_fail_and_remove_its_pods(
     spec["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-b"}
     core.create_namespaced_pod("default", spec)
     running(core, "default", "orphaned")
+    leases = client.CoordinationV1Api(core.api_client)
+    node_b = core.read_node("node-b")
+    owners = wait_for(lambda: _lease_owners(leases, "node-b"), what="node-b's Lease")
+    assert [(o.kind, o.name, o.uid) for o in owners] == [("Node", "node-b", node_b.metadata.uid)]
     lossy.node("node-b").delete()
     last = last_state_before_deletion(core, "default", "orphaned")
     target = condition(last, "DisruptionTarget")
     assert (target.reason, target.message) == ("DeletionByPodGC", "PodGC: node no longer exists")
     assert last.status.phase == "Failed"
     assert [n.metadata.name for n in core.list_node().items] == ["node-a"]
-    leases = client.CoordinationV1Api(core.api_client).list_namespaced_lease("kube-node-lease")
-    assert [lease.metadata.name for lease in leases.items] == ["node-a"]
+    # The garbage collector removes the Lease its Node owned.
+    wait_for(lambda: [lease.metadata.name for lease in leases.list_namespaced_lease(
+        "kube-node-lease").items] == ["node-a"] or None, what="node-b's Lease collected")
     replacement = pod("elsewhere", "print('fine')")
     core.create_namespaced_pod("default", replacement)
     wait_for(lambda: core.read_namespaced_pod("elsewhere", "default").status.phase
              == "Succeeded" or None, what="a pod on the remaining node")
+
+
+def _lease_owners(leases: client.CoordinationV1Api, node: str) -> Any:
+    found = leases.list_namespaced_lease("kube-node-lease").items
+    return next((lease.metadata.owner_references for lease in found
+                 if lease.metadata.name == node), None)

@@ -20,7 +20,7 @@ from kubesim.config import SimConfig
 from kubesim.errors import NotFound
 from kubesim.jobs import JobController
 from kubesim.kubelet import Kubelet, PodWorker
-from kubesim.nodes import LEASE_NAMESPACE, NodeLifecycle, node_object
+from kubesim.nodes import NodeLifecycle, node_object
 from kubesim.scheduler import Scheduler, preempt_victim
 from kubesim.store import AlreadyExists, Store
 
@@ -196,6 +196,5 @@ def delete_node(node: str, store: Store | None = None) -> dict[str, Any]:
     """Crash the node and delete its Node object, so pod GC fails and removes its pods."""
     crash(node, store)
     kubelet = _kubelet(node, store)
-    kubelet.store.remove("nodes", None, node)
-    kubelet.store.remove("leases", LEASE_NAMESPACE, node)
+    kubelet.store.remove("nodes", None, node)  # its Lease follows through the garbage collector
     return {"node": node, "state": "deleted"}

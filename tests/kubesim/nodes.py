@@ -118,14 +118,18 @@ class NodeLifecycle:
         if self.store.mutate("leases", LEASE_NAMESPACE, name,
                              lambda lease: lease["spec"].update(renewTime=now)) is not None:
             return
-        if self.store.get("nodes", None, name) is None:
+        node = self.store.get("nodes", None, name)
+        if node is None:
             return
-        # A real Lease has an ownerReference to its Node; kubesim's garbage collector only
-        # knows owners among namespaced kinds and would collect it, so delete_node removes it.
+        # As the kubelet's lease controller sets it: the garbage collector removes the Lease
+        # once its Node is deleted.
+        owner = {"apiVersion": "v1", "kind": "Node", "name": name,
+                 "uid": node["metadata"]["uid"]}
         with contextlib.suppress(AlreadyExists):
             self.store.create("leases", {
                 "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": name, "namespace": LEASE_NAMESPACE},
+                "metadata": {"name": name, "namespace": LEASE_NAMESPACE,
+                             "ownerReferences": [owner]},
                 "spec": {"holderIdentity": name, "leaseDurationSeconds": 40,
                          "renewTime": now}})
 
