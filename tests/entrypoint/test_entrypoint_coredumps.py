@@ -17,17 +17,17 @@ def _policy(pattern: str | None, *, uses_pid: bool = False, reason: str | None =
 @pytest.mark.parametrize(
     ("pattern", "uses_pid", "expected"),
     [
-        ("core", False, "/work/cwd/core"),
-        ("core", True, "/work/cwd/core.4242"),
-        ("core.%p", True, "/work/cwd/core.4242"),
-        ("cores/core.%e.%p.%t", False, "/work/cwd/cores/core.*.4242.*"),
+        ("core", False, "/srv/job/core"),
+        ("core", True, "/srv/job/core.4242"),
+        ("core.%p", True, "/srv/job/core.4242"),
+        ("cores/core.%e.%p.%t", False, "/srv/job/cores/core.*.4242.*"),
         ("/var/crash/core.%e.%p", False, "/var/crash/core.*.4242"),
         ("/var/crash/core-%s-%%", False, "/var/crash/core-11-%"),
-        ("core[1]", False, "/work/cwd/core[[]1]"),
+        ("core[1]", False, "/srv/job/core[[]1]"),
     ],
 )
 def test_the_core_glob_follows_core_pattern(pattern: str, uses_pid: bool, expected: str) -> None:
-    got = core_glob(_policy(pattern, uses_pid=uses_pid), pid=4242, cwd=Path("/work/cwd"), signal_number=11)
+    got = core_glob(_policy(pattern, uses_pid=uses_pid), pid=4242, cwd=Path("/srv/job"), signal_number=11)
 
     assert got == expected
 
