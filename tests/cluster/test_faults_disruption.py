@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+from conftest import seeded_pod
 from kubernetes import client, watch
 
 import kubesim.fixture
@@ -110,6 +111,28 @@ def test_preemption_marks_the_victim_and_records_preempted(sim: kubesim.fixture.
     while not core.list_namespaced_event(ns, field_selector="reason=Preempted").items:
         assert time.monotonic() < deadline, "no Preempted event"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize(("grace_seconds", "expected"), [(7, 7), (None, 30)])
+def test_preemption_gives_the_victim_the_grace_period_asked_for(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str,
+        grace_seconds: int | None, expected: int) -> None:
+    # A seeded pod: no kubelet finishes its deletion, so the grace period stays readable.
+    core.create_namespaced_pod(ns, seeded_pod("p"))
+    sim.preempt(ns, "p", grace_seconds=grace_seconds)
+    pod = core.read_namespaced_pod("p", ns)
+    assert pod.metadata.deletion_timestamp is not None
+    assert pod.metadata.deletion_grace_period_seconds == expected
+
+
+@pytest.mark.parametrize("grace_seconds", [-1, "soon", 2.5, True])
+def test_preemption_with_a_bad_grace_period_is_refused_in_one_line(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str, grace_seconds: Any) -> None:
+    core.create_namespaced_pod(ns, seeded_pod("p"))
+    with pytest.raises(kubesim.fixture.ControlError) as err:
+        sim.preempt(ns, "p", grace_seconds=grace_seconds)
+    assert "400 control API: preempt grace_seconds must be a whole number" in str(err.value)
+    assert core.read_namespaced_pod("p", ns).metadata.deletion_timestamp is None
 
 
 def test_partitioned_node_goes_unknown_and_heals(sim: kubesim.fixture.Sim,

@@ -114,7 +114,7 @@ class Control:
                                     resource=body.get("resource", "memory"))
         if action == "preempt":
             return await self._call("preempt", self.store, namespace, name,
-                                    grace_seconds=body.get("grace_seconds"))
+                                    grace_seconds=_grace_seconds(body))
         raise NotFound(f"control API: unknown pod action {action!r}; use oom-kill, evict or "
                        "preempt")
 
@@ -127,6 +127,16 @@ class Control:
         if inspect.isawaitable(result):
             result = await result
         return _json({"done": function, "result": result if _plain(result) else None})
+
+
+def _grace_seconds(body: dict[str, Any]) -> int | None:
+    """The victim's grace period from a preempt body; None keeps the pod's own."""
+    grace = body.get("grace_seconds")
+    # bool is an int to isinstance, but true is no grace period.
+    if grace is None or (isinstance(grace, int) and not isinstance(grace, bool) and grace >= 0):
+        return grace
+    raise BadRequest(f"control API: preempt grace_seconds must be a whole number of seconds "
+                     f">= 0 or null, not {grace!r}")
 
 
 def _plain(value: Any) -> bool:
