@@ -4,7 +4,10 @@ expired watches, and the request log that counts a client's calls."""
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -137,6 +140,27 @@ def test_outage_refuses_connections_until_the_api_returns(sim: kubesim.fixture.S
     with pytest.raises(urllib3.exceptions.MaxRetryError) as err:
         core.list_namespaced_pod(ns, _request_timeout=0.5)
     assert "Connection refused" in str(err.value)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            assert core.list_namespaced_pod(ns).items == []
+            break
+        except urllib3.exceptions.MaxRetryError:
+            assert time.monotonic() < deadline, "the API never came back"
+            time.sleep(0.1)
+
+
+def test_the_port_is_closed_by_the_time_the_outage_call_answers(sim: kubesim.fixture.Sim,
+                                                                core: client.CoreV1Api,
+                                                                ns: str) -> None:
+    # Straight after the answer, with no grace: a client told of the outage must not get in.
+    host, port = sim.url.removeprefix("http://").rsplit(":", 1)
+    request = urllib.request.Request(f"{sim.url}/_kubesim/outage", method="POST",
+                                     data=json.dumps({"seconds": 1.0}).encode())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert json.loads(response.read()) == {"outage_seconds": 1.0}
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=2).close()
     deadline = time.monotonic() + 5
     while True:
         try:

@@ -7,7 +7,6 @@ HTTP calls to them. The Python side of these calls is fixture.py.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import inspect
 import json
@@ -45,9 +44,9 @@ class Control:
 
     def __init__(self, store: Store, faults: Faults) -> None:
         self.store, self.faults = store, faults
-        # Set by the server once it listens: close the port for some seconds.
-        self.outage: Callable[[float], Awaitable[None]] | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        # Set by the server once it listens: close the port now (sparing the asking connection),
+        # reopen it some seconds later.
+        self.outage: Callable[[float, object], Awaitable[None]] | None = None
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         raw = await request.read()
@@ -77,7 +76,7 @@ class Control:
                 return _json({"cleared": True})
             return _json(self.faults.requests)
         if parts == ["outage"] and method == "POST":
-            return self._outage(await self._body(request))
+            return await self._outage(request, await self._body(request))
         if parts == ["compact"] and method == "POST":
             self.store.compact()
             return _json({"resourceVersion": self.store.resource_version})
@@ -90,16 +89,15 @@ class Control:
             return await self._call(NODE_ACTIONS[parts[2]], parts[1], store=self.store)
         raise NotFound(f"control API: no route {method} {request.path}")
 
-    def _outage(self, body: dict[str, Any]) -> web.StreamResponse:
+    async def _outage(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         seconds = body.get("seconds")
         if not isinstance(seconds, (int, float)) or not 0 < seconds <= 300:
             raise BadRequest("control API: outage needs seconds, a number in (0, 300]")
         if self.outage is None:
             raise _NotImplemented("control API: the server cannot close its port")
-        task = asyncio.ensure_future(self.outage(float(seconds)))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return _json({"outage_seconds": seconds})
+        await self.outage(float(seconds), request.protocol)
+        # This connection was spared so the answer can leave; it is not kept for another request.
+        return web.json_response({"outage_seconds": seconds}, headers={"Connection": "close"})
 
     async def _pod_action(self, request: web.Request, namespace: str, name: str,
                           action: str) -> web.StreamResponse:

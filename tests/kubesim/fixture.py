@@ -125,10 +125,9 @@ class Sim:
     def outage(self, seconds: float) -> None:
         """Close the API port for `seconds` (connections refused, open ones cut), then reopen.
 
-        Returns at once; the port closes about 50 ms later.
+        Returns once the port is closed; it reopens in the background.
         """
         self._http.call("POST", "/_kubesim/outage", {"seconds": seconds})
-        time.sleep(0.1)
 
     def compact(self) -> None:
         """Forget the watch history: any older resourceVersion now answers 410."""

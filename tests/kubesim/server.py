@@ -185,6 +185,7 @@ class Listener:
         self.runner, self.host = runner, host
         self.port = 0
         self.site: web.TCPSite | None = None
+        self._reopening: set[asyncio.Task[None]] = set()
 
     async def open(self) -> None:
         # Open watches and log follows end with the server; don't wait a minute for them.
@@ -192,14 +193,24 @@ class Listener:
         await self.site.start()
         self.port = self.runner.addresses[0][1]
 
-    async def outage(self, seconds: float) -> None:
-        """Refuse connections for `seconds`, cutting the open ones too, then listen again."""
-        await asyncio.sleep(0.05)  # let the control API's answer leave first
+    async def outage(self, seconds: float, spare: object = None) -> None:
+        """Refuse connections from now on, cutting the open ones but `spare` (the connection
+        that asked, so its answer can leave); listen again `seconds` later, in the background.
+
+        The port is closed when this returns, so a client told the outage began cannot reach
+        the server on any connection.
+        """
         if self.site is not None:
             await self.site.stop()
         server = self.runner.server
         for connection in list(server.connections if server is not None else []):
-            connection.force_close()
+            if connection is not spare:
+                connection.force_close()
+        task = asyncio.ensure_future(self._reopen(seconds))
+        self._reopening.add(task)
+        task.add_done_callback(self._reopening.discard)
+
+    async def _reopen(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
         await self.open()
         log.info("outage over after %.2fs", seconds)
