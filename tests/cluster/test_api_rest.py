@@ -237,7 +237,8 @@ def test_foreground_delete_keeps_owner_until_dependents_are_gone(core: client.Co
     pod["metadata"]["finalizers"] = ["example.com/hold"]
     core.create_namespaced_pod(ns, pod)
     core.delete_namespaced_config_map("owner", ns, propagation_policy="Foreground")
-    time.sleep(0.3)
+    # The collector reaches the dependent in its own time: wait for that, not for a fixed delay.
+    _wait(lambda: core.read_namespaced_pod("child", ns).metadata.deletion_timestamp is not None)
     held = core.read_namespaced_config_map("owner", ns)
     assert held.metadata.deletion_timestamp is not None
     assert "foregroundDeletion" in held.metadata.finalizers

@@ -19,24 +19,37 @@ from kubernetes.client.rest import ApiException
 from kubesim import logs
 
 
-def _collect(core: client.CoreV1Api, ns: str, seconds: int, **kwargs: Any) -> list[tuple[str, str]]:
+def _collect(core: client.CoreV1Api, ns: str, seconds: int, started: threading.Event | None = None,
+             **kwargs: Any) -> list[tuple[str, str]]:
+    """Every event of one watch; `started` is set once the watch has delivered its first."""
     events = []
     for event in watch.Watch().stream(core.list_namespaced_pod, ns, timeout_seconds=seconds,
                                       **kwargs):
         events.append((event["type"], event["object"].metadata.name))
+        if started is not None:
+            started.set()
     return events
+
+
+def _once_watching(started: threading.Event, change: Any) -> None:
+    """Make the changes once the watch is open, however long opening it takes on a busy box."""
+    def run() -> None:
+        if started.wait(timeout=10):
+            change()
+
+    threading.Thread(target=run).start()
 
 
 def test_watch_sends_current_objects_then_live_changes(core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_pod(ns, seeded_pod("before"))
 
     def later() -> None:
-        time.sleep(0.3)
         core.create_namespaced_pod(ns, seeded_pod("after"))
         core.delete_namespaced_pod("after", ns)
 
-    threading.Thread(target=later).start()
-    events = _collect(core, ns, 1)
+    started = threading.Event()
+    _once_watching(started, later)
+    events = _collect(core, ns, 2, started)
     assert events == [("ADDED", "before"), ("ADDED", "after"), ("DELETED", "after")]
 
 
@@ -45,12 +58,12 @@ def test_watch_turns_selector_transitions_into_added_and_deleted(core: client.Co
     core.create_namespaced_pod(ns, seeded_pod("p", labels={"app": "x"}))
 
     def relabel() -> None:
-        time.sleep(0.3)
         core.patch_namespaced_pod("p", ns, {"metadata": {"labels": {"app": "y"}}})
         core.patch_namespaced_pod("p", ns, {"metadata": {"labels": {"app": "x"}}})
 
-    threading.Thread(target=relabel).start()
-    events = _collect(core, ns, 1, label_selector="app=x")
+    started = threading.Event()
+    _once_watching(started, relabel)
+    events = _collect(core, ns, 2, started, label_selector="app=x")
     assert events == [("ADDED", "p"), ("DELETED", "p"), ("ADDED", "p")]
 
 
@@ -187,7 +200,8 @@ def test_log_follow_streams_until_the_container_terminates(sim: Any, core: clien
         time.sleep(0.3)
         core.patch_namespaced_pod_status("p", ns, {"status": {"containerStatuses": [{
             "name": "main", "image": "python:3.11", "imageID": "", "ready": False,
-            "restartCount": 1, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}})
+            "restartCount": 1, "state": {"terminated": {
+                "exitCode": 0, "reason": "Completed", "containerID": "kubesim://second"}}}]}})
 
     threading.Thread(target=finish).start()
     started = time.monotonic()
