@@ -48,11 +48,17 @@ def condition(p: client.V1Pod, ctype: str) -> Any:
     return next((c for c in p.status.conditions or [] if c.type == ctype), None)
 
 
-def last_state_before_deletion(core: client.CoreV1Api, ns: str, name: str,
+def last_state_before_deletion(core: client.CoreV1Api, ns: str, seen: client.V1Pod,
                                timeout: int = 20) -> client.V1Pod:
-    """Watch the pod until it is deleted; the object the DELETED event carries."""
+    """The object the pod's DELETED event carries.
+
+    The watch starts from `seen`, a state read before the deletion was set off, so a deletion
+    that completes before the watch is open is still delivered.
+    """
+    name = seen.metadata.name
     for event in watch.Watch().stream(core.list_namespaced_pod, ns,
                                       field_selector=f"metadata.name={name}",
+                                      resource_version=seen.metadata.resource_version,
                                       timeout_seconds=timeout):
         if event["type"] == "DELETED":
             return event["object"]
@@ -86,11 +92,11 @@ def test_gpus_that_fit_are_bound_and_their_indices_reach_the_container(
 def test_the_eviction_api_adds_disruption_target_and_sigterm_gives_143(
         core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_pod(ns, pod("drained"))
-    running(core, ns, "drained")
+    seen = running(core, ns, "drained")
     core.create_namespaced_pod_eviction("drained", ns, {
         "apiVersion": "policy/v1", "kind": "Eviction",
         "metadata": {"name": "drained", "namespace": ns}})
-    last = last_state_before_deletion(core, ns, "drained")
+    last = last_state_before_deletion(core, ns, seen)
     target = condition(last, "DisruptionTarget")
     assert (target.reason, target.message) == ("EvictionByEvictionAPI", "Eviction API: evicting")
     terminated = last.status.container_statuses[0].state.terminated
@@ -100,9 +106,9 @@ def test_the_eviction_api_adds_disruption_target_and_sigterm_gives_143(
 
 def test_a_deleted_pod_loses_its_logs_with_it(core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_pod(ns, pod("doomed", grace=1))
-    running(core, ns, "doomed")
+    seen = running(core, ns, "doomed")
     core.delete_namespaced_pod("doomed", ns)
-    last = last_state_before_deletion(core, ns, "doomed")
+    last = last_state_before_deletion(core, ns, seen)
     assert last.status.container_statuses[0].state.terminated.exit_code == 143
     try:
         pod_log(core, ns, "doomed")
@@ -142,9 +148,9 @@ def test_an_oom_kill_fault_reports_oom_killed_137_with_signal_9(
 def test_preemption_marks_the_victim_and_records_preempted(
         sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_pod(ns, pod("low", grace=1))
-    running(core, ns, "low")
+    seen = running(core, ns, "low")
     sim.preempt(ns, "low")
-    last = last_state_before_deletion(core, ns, "low")
+    last = last_state_before_deletion(core, ns, seen)
     target = condition(last, "DisruptionTarget")
     assert (target.reason, target.message) == (
         "PreemptionByScheduler",
@@ -172,11 +178,11 @@ def test_a_higher_priority_pod_preempts_a_lower_one_for_its_gpus(
         core: client.CoreV1Api, ns: str) -> None:
     gpus = {"limits": {"nvidia.com/gpu": "2"}}
     core.create_namespaced_pod(ns, pod("batch", grace=1, resources=gpus))
-    running(core, ns, "batch")
+    seen = running(core, ns, "batch")
     urgent = pod("urgent", "print('mine now')", resources=gpus)
     urgent["spec"]["priority"] = 1000  # what a PriorityClass would resolve to
     created = core.create_namespaced_pod(ns, urgent)
-    last = last_state_before_deletion(core, ns, "batch")
+    last = last_state_before_deletion(core, ns, seen)
     target = condition(last, "DisruptionTarget")
     assert (target.reason, target.message) == (
         "PreemptionByScheduler",

@@ -235,8 +235,12 @@ def test_an_evicted_pod_matching_an_ignore_rule_is_replaced_without_counting(
 
     def first_running() -> str | None:
         pods = job_pods(core, ns, "preemptible")
-        name = pods[0].metadata.name if pods else None
-        return name if name and "up" in pod_log(core, ns, name) else None
+        statuses = (pods[0].status.container_statuses or []) if pods else []
+        # Until its container runs the pod has no log to read: the API answers 400.
+        if not (statuses and statuses[0].state.running):
+            return None
+        name: str = pods[0].metadata.name
+        return name if "up" in pod_log(core, ns, name) else None
 
     sim.evict(ns, wait_for(first_running, what="the first pod running"))
     wait_for(lambda: condition(batch, ns, "preemptible", "Complete"), what="Complete")

@@ -42,11 +42,12 @@ def test_an_out_of_service_taint_lets_pod_gc_force_delete_pods_stuck_terminating
                  what="node-b NotReady")
         core.delete_namespaced_pod("stuck", "default")
         time.sleep(0.5)  # no kubelet to finish the deletion: the pod stays Terminating
-        assert core.read_namespaced_pod("stuck", "default").metadata.deletion_timestamp
+        seen = core.read_namespaced_pod("stuck", "default")
+        assert seen.metadata.deletion_timestamp
         taints = core.read_node("node-b").spec.taints + [client.V1Taint(
             key="node.kubernetes.io/out-of-service", value="nodeshutdown", effect="NoExecute")]
         core.patch_node("node-b", {"spec": {"taints": [t.to_dict() for t in taints]}})
-        last = last_state_before_deletion(core, "default", "stuck")
+        last = last_state_before_deletion(core, "default", seen)
         assert last.status.phase == "Failed" and condition(last, "DisruptionTarget") is None
         assert os.path.exists(f"/proc/{pid}"), "the cut-off node's container should run on"
     finally:
@@ -64,13 +65,13 @@ def test_deleting_a_node_lets_pod_gc_fail_and_remove_its_pods(
     spec = pod("orphaned")
     spec["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-b"}
     core.create_namespaced_pod("default", spec)
-    running(core, "default", "orphaned")
+    seen = running(core, "default", "orphaned")
     leases = client.CoordinationV1Api(core.api_client)
     node_b = core.read_node("node-b")
     owners = wait_for(lambda: _lease_owners(leases, "node-b"), what="node-b's Lease")
     assert [(o.kind, o.name, o.uid) for o in owners] == [("Node", "node-b", node_b.metadata.uid)]
     lossy.node("node-b").delete()
-    last = last_state_before_deletion(core, "default", "orphaned")
+    last = last_state_before_deletion(core, "default", seen)
     target = condition(last, "DisruptionTarget")
     assert (target.reason, target.message) == ("DeletionByPodGC", "PodGC: node no longer exists")
     assert last.status.phase == "Failed"
