@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import kubesim
 from conftest import shape
-from kubernetes import client
+from kubernetes import client, watch
 
 T = TypeVar("T")
 IMAGE = "python:3.11"
@@ -172,10 +172,28 @@ def test_a_succeeding_job_completes_in_two_steps_with_completion_time(
 
 def test_ttl_after_finished_deletes_the_job_and_its_pods(
         core: client.CoreV1Api, batch: client.BatchV1Api, ns: str) -> None:
-    batch.create_namespaced_job(ns, job("brief", "print('bye')", ttlSecondsAfterFinished=1))
-    wait_for(lambda: condition(batch, ns, "brief", "Complete"), what="Complete")
-    wait_for(lambda: not batch.list_namespaced_job(ns).items or None, what="TTL deletion")
+    created = batch.create_namespaced_job(ns, job("brief", "print('bye')",
+                                                  ttlSecondsAfterFinished=1))
+    # At this time scale the Job lives ~20 ms once Complete: a poll can miss it, a watch from
+    # its creation cannot.
+    states = _job_states_until_deleted(batch, ns, created)
+    assert any(c.type == "Complete" and c.status == "True"
+               for j in states for c in j.status.conditions or [])
     wait_for(lambda: not job_pods(core, ns, "brief") or None, what="its pods to go")
+
+
+def _job_states_until_deleted(batch: client.BatchV1Api, ns: str,
+                              created: client.V1Job) -> list[client.V1Job]:
+    """Every state of a Job from its creation until the watch reports it deleted."""
+    states: list[client.V1Job] = []
+    for event in watch.Watch().stream(batch.list_namespaced_job, ns,
+                                      field_selector=f"metadata.name={created.metadata.name}",
+                                      resource_version=created.metadata.resource_version,
+                                      timeout_seconds=20):
+        if event["type"] == "DELETED":
+            return states
+        states.append(event["object"])
+    raise AssertionError(f"job {created.metadata.name} was not deleted within 20s")
 
 
 def test_init_containers_run_first_and_a_failing_one_fails_a_never_pod(
