@@ -56,7 +56,7 @@ def plan_after(flow: Any, flow_run: Any, state: Any) -> tuple[AttemptSummary, po
         if not isinstance(data, AttemptFailed):
             return None  # failed before an attempt existed (bad parameters, blocks): nothing to retry
         summary = data.summary
-        return summary, policy.RetryDecision(**{**summary.decision, "avoid_nodes": tuple(summary.decision.get("avoid_nodes", ()))})
+        return summary, policy.RetryDecision.from_dict(summary.decision)
     if state.is_crashed():
         return _plan_after_crash(params, flow_run, state)
     return None

@@ -8,6 +8,7 @@ from trainguard.core.policy import (
     AttemptRecord,
     Backoff,
     CategoryOverride,
+    RetryDecision,
     RetryPolicy,
     backoff_seconds,
     decide,
@@ -120,3 +121,8 @@ def test_success_is_never_retried():
 def test_an_impossible_policy_is_refused(kwargs):
     with pytest.raises(ValueError):
         RetryPolicy(**kwargs)
+
+
+def test_a_decision_survives_its_round_trip_through_json_ready_data():
+    decision = decide(RetryPolicy(), [failed(1, Category.GPU_FAULT, node="n1")], CKPTS)
+    assert RetryDecision.from_dict(decision.to_dict()) == decision

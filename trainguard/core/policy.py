@@ -112,6 +112,22 @@ class RetryDecision:
             "avoid_nodes": list(self.avoid_nodes),
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> RetryDecision:
+        """The decision `to_dict` wrote, e.g. read back from a flow state's data."""
+        nodes = data.get("avoid_nodes") or ()
+        delay = data.get("delay_seconds") or 0.0
+        next_attempt = data.get("next_attempt")
+        resume_from = data.get("resume_from")
+        return cls(
+            retry=bool(data.get("retry")),
+            reason=str(data.get("reason", "")),
+            next_attempt=int(next_attempt) if isinstance(next_attempt, int) else None,
+            delay_seconds=float(delay) if isinstance(delay, (int, float)) else 0.0,
+            resume_from=str(resume_from) if resume_from else None,
+            avoid_nodes=tuple(str(n) for n in nodes) if isinstance(nodes, (list, tuple)) else (),
+        )
+
 
 def backoff_seconds(policy: RetryPolicy, failed_attempt: int, category: Category) -> float:
     """The wait before the attempt after `failed_attempt` (1-based)."""
