@@ -29,13 +29,11 @@ def _alive(pid: int) -> bool:
     return status != "Z"
 
 
-def test_cluster_starts_in_under_two_seconds_and_serves_its_kubeconfig(tmp_path: Path) -> None:
-    started = time.monotonic()
+def test_a_started_cluster_serves_its_kubeconfig_and_exits_cleanly(tmp_path: Path) -> None:
+    # How fast it starts is measured by benchmarks/kubesim_startup.py, not asserted here.
     with kubesim.run(root=tmp_path) as sim:
-        elapsed = time.monotonic() - started
         core = client.CoreV1Api(config.new_client_from_config(str(sim.kubeconfig)))
         names = [n.metadata.name for n in core.list_namespace().items]
-    assert elapsed < 2.0, f"start took {elapsed:.2f}s"
     assert {"default", "kube-system"} <= set(names)
     assert "fixture: server exited with 0" in (tmp_path / "kubesim.log").read_text()
 
