@@ -140,14 +140,7 @@ def test_outage_refuses_connections_until_the_api_returns(sim: kubesim.fixture.S
     with pytest.raises(urllib3.exceptions.MaxRetryError) as err:
         core.list_namespaced_pod(ns, _request_timeout=0.5)
     assert "Connection refused" in str(err.value)
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            assert core.list_namespaced_pod(ns).items == []
-            break
-        except urllib3.exceptions.MaxRetryError:
-            assert time.monotonic() < deadline, "the API never came back"
-            time.sleep(0.1)
+    _wait_until_the_api_is_back(core, ns)
 
 
 def test_the_port_is_closed_by_the_time_the_outage_call_answers(sim: kubesim.fixture.Sim,
@@ -161,14 +154,7 @@ def test_the_port_is_closed_by_the_time_the_outage_call_answers(sim: kubesim.fix
         assert json.loads(response.read()) == {"outage_seconds": 1.0}
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((host, int(port)), timeout=2).close()
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            assert core.list_namespaced_pod(ns).items == []
-            break
-        except urllib3.exceptions.MaxRetryError:
-            assert time.monotonic() < deadline, "the API never came back"
-            time.sleep(0.1)
+    _wait_until_the_api_is_back(core, ns)
 
 
 def test_label_selector_rule_fails_only_requests_for_matching_objects(
@@ -221,3 +207,15 @@ def test_probabilistic_rule_is_repeatable_with_its_seed(sim: kubesim.fixture.Sim
     first = pattern()
     assert 0 < sum(first) < 20
     assert pattern() == first
+
+
+def _wait_until_the_api_is_back(core: client.CoreV1Api, ns: str) -> None:
+    """Poll until the outage is over and the namespace lists (empty) again, for at most 5 s."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            assert core.list_namespaced_pod(ns).items == []
+            return
+        except urllib3.exceptions.MaxRetryError:
+            assert time.monotonic() < deadline, "the API never came back"
+            time.sleep(0.1)
