@@ -15,7 +15,7 @@ from pydantic import Field
 
 from trainguard.core import evidence
 from trainguard.core.local import LocalProcessRunner
-from trainguard.core.workspace import AttemptWorkspace
+from trainguard.core.workspace import AttemptWorkspace, run_checkpoint_dir
 
 
 class LocalProcessBackend(Block):
@@ -51,5 +51,5 @@ class LocalProcessBackend(Block):
 
     def checkpoints(self, run_id: str) -> list[str]:
         """The run's checkpoints, newest first, as paths."""
-        folder = self.root() / "runs" / run_id / "checkpoints"
+        folder = run_checkpoint_dir(self.root(), run_id)
         return [str(path) for path in evidence.newest_checkpoints(folder)] if folder.is_dir() else []

@@ -40,6 +40,11 @@ def validate_attempt(attempt: int) -> int:
     return attempt
 
 
+def run_checkpoint_dir(work_root: Path, run_id: str) -> Path:
+    """``{work_root}/runs/{run_id}/checkpoints``: the folder every attempt of a run shares."""
+    return Path(work_root) / "runs" / validate_run_id(run_id) / "checkpoints"
+
+
 @dataclass(frozen=True)
 class AttemptWorkspace:
     """The folders of one attempt, and the checkpoint folder shared by every attempt of its run."""
@@ -93,12 +98,12 @@ class AttemptWorkspace:
         """
         validate_run_id(run_id)
         validate_attempt(attempt)
-        run_dir = Path(work_root) / "runs" / run_id
+        checkpoint_dir = run_checkpoint_dir(work_root, run_id)
         workspace = cls(
-            root=run_dir / f"attempt-{attempt}",
+            root=checkpoint_dir.parent / f"attempt-{attempt}",
             run_id=run_id,
             attempt=attempt,
-            checkpoint_dir=run_dir / "checkpoints",
+            checkpoint_dir=checkpoint_dir,
         )
         folders = (workspace.logs_dir, workspace.coredumps_dir, workspace.snapshot_dir)
         try:
