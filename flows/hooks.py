@@ -48,9 +48,13 @@ def bound_parameters(flow: Any, passed: dict[str, Any]) -> dict[str, Any]:
     return {**defaults, **passed}
 
 
-def plan_after(flow: Any, flow_run: Any, state: Any) -> tuple[AttemptSummary, policy.RetryDecision] | None:
-    """What the finished attempt was and what should follow it; None when nothing can be said."""
-    params = bound_parameters(flow, dict(flow_run.parameters))
+def plan_after(
+    params: dict[str, Any], flow_run: Any, state: Any
+) -> tuple[AttemptSummary, policy.RetryDecision] | None:
+    """What the finished attempt was and what should follow it; None when nothing can be said.
+
+    `params` are the run's parameters with the flow's defaults filled in (`bound_parameters`).
+    """
     if state.is_failed():
         data = state.result(raise_on_failure=False)
         if not isinstance(data, AttemptFailed):
@@ -93,7 +97,8 @@ def schedule_next_attempt(flow: Any, flow_run: Any, state: Any) -> None:
     """on_failure / on_crashed hook: schedule the next attempt as a new run of the same deployment."""
     if flow_run.deployment_id is None:
         return  # a direct call or subflow: its caller (the training-run flow) loops attempts
-    plan = plan_after(flow, flow_run, state)
+    params = bound_parameters(flow, dict(flow_run.parameters))
+    plan = plan_after(params, flow_run, state)
     if plan is None:
         logger.info("flow run %s failed before an attempt was made; nothing to retry", flow_run.id)
         return
@@ -101,7 +106,7 @@ def schedule_next_attempt(flow: Any, flow_run: Any, state: Any) -> None:
     if not decision.retry:
         logger.info("no further attempt for %s: %s", summary.run_id, decision.reason)
         return
-    params = next_parameters(bound_parameters(flow, dict(flow_run.parameters)), summary, decision, str(flow_run.id))
+    params = next_parameters(params, summary, decision, str(flow_run.id))
     params["spec"] = parse_spec(params["spec"]).model_dump(mode="json")
     when = datetime.now(timezone.utc) + timedelta(seconds=decision.delay_seconds)
     next_run = run_deployment(
