@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +38,3 @@ def attempt_dir(evidence_root: Path, run_id: str, attempt: int) -> Path:
     return evidence_root / "runs" / run_id / f"attempt-{attempt}"
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll `predicate` until it returns something truthy, or fail naming `what`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -16,7 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from flow_helpers import attempt_dir, attempt_runs, tiny_spec, wait_for
+from flow_helpers import attempt_dir, attempt_runs, tiny_spec
+from waiting import wait_for
 from prefect import get_client
 from prefect.deployments import run_deployment
 
