@@ -1,0 +1,65 @@
+"""The backend seam's values and the one function that builds the training container's environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.core.attempt import AttemptSummary, next_parameters
+from trainguard.core.backend import AttemptOutcome, Backend, Launch, container_env
+from trainguard.core.local_backend import LocalBackend
+from trainguard.core.policy import RetryDecision
+
+
+def _launch(**changes: object) -> Launch:
+    fields: dict[str, object] = {"run_id": "r-1", "attempt": 2, "command": ("python", "t.py"),
+                                 "env": {"WANDB_PROJECT": "x"}, "resume_from": "/ck/step-5.pt"}
+    fields.update(changes)
+    return Launch(**fields)  # type: ignore[arg-type]
+
+
+def test_container_env_adds_trainguards_variables_over_the_users() -> None:
+    env = container_env(_launch(env={"WANDB_PROJECT": "x", "TRAINGUARD_ATTEMPT": "9"}),
+                        workspace="/ws", checkpoint_dir="/ck", base={"PATH": "/bin"})
+    assert env == {
+        "PATH": "/bin", "WANDB_PROJECT": "x", "TRAINGUARD_RUN_ID": "r-1", "TRAINGUARD_ATTEMPT": "2",
+        "TRAINGUARD_WORKSPACE": "/ws", "TRAINGUARD_RESUME_FROM": "/ck/step-5.pt", "TRAINGUARD_CHECKPOINT_DIR": "/ck",
+    }
+
+
+def test_a_fresh_start_resumes_from_nothing_and_keeps_the_workdir() -> None:
+    env = container_env(_launch(resume_from=None, workdir="/src"), workspace="/ws", checkpoint_dir=None)
+    assert env["TRAINGUARD_RESUME_FROM"] == "" and env["TRAINGUARD_WORKDIR"] == "/src"
+    assert "TRAINGUARD_CHECKPOINT_DIR" not in env
+
+
+@pytest.mark.parametrize("env, field", [({"A=B": "1"}, "A=B"), ({"A": "x\0y"}, "'A'"), ({"": "1"}, "''")])
+def test_container_env_refuses_what_no_process_can_receive_in_one_line(env: dict[str, str], field: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        container_env(_launch(env=env), workspace="/ws", checkpoint_dir=None)
+    assert field in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_an_outcome_survives_its_json_form_with_conditions_and_events() -> None:
+    outcome = AttemptOutcome(
+        exit_code=137, signal=9, reason="OOMKilled", message="killed", node="gpu-3",
+        conditions=({"type": "DisruptionTarget", "status": "True"},),
+        events=({"reason": "Evicted", "message": "The node was low on memory"},),
+    )
+    again = AttemptOutcome.from_dict(outcome.to_dict())
+    assert again == outcome and not again.succeeded
+    assert AttemptOutcome(0, None, "Completed", "ok").succeeded
+    assert not AttemptOutcome(0, None, "DeadlineExceeded", "late").succeeded
+
+
+def test_the_local_backend_is_a_backend(tmp_path) -> None:
+    assert isinstance(LocalBackend(tmp_path), Backend)
+
+
+def test_next_parameters_carry_the_nodes_to_avoid_and_move_the_lineage_on() -> None:
+    summary = AttemptSummary(run_id="r-1", attempt=1, max_attempts=3, state="Failed", flow_run_id="f1",
+                             category="gpu_fault", node="gpu-3")
+    decision = RetryDecision(True, "gpu_fault is retryable", 2, 0.0, "/ck/step-5.pt", ("gpu-3",))
+    params = next_parameters({"spec": {"name": "x"}, "attempt": 1, "backend_block": "b"}, summary, decision, "f1")
+    assert params["attempt"] == 2 and params["avoid_nodes"] == ["gpu-3"] and params["parent_flow_run_id"] == "f1"
+    assert params["resume_from"] == "/ck/step-5.pt" and params["backend_block"] == "b"
+    assert [h["attempt"] for h in params["history"]] == [1]
