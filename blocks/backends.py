@@ -1,21 +1,19 @@
 """Backend blocks: where a training attempt runs. Configuration only; the work is in the core.
 
-`LocalProcessBackend` runs the command as a child process of the flow, through the container
-entrypoint, on this machine. The Kubernetes backend lives beside it once it exists. The factory
-methods (`workspace`, `runner`, `checkpoints`) are the one seam tests go through.
+Every backend block has a `backend()` factory that builds the core adapter behind the
+`trainguard.core.backend.Backend` seam, the way `EvidenceFolder.store()` builds a store. Flows load
+a backend block by its reference (`slug/name`) whatever its type and only ever call the factory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
 from pathlib import Path
 
 from prefect.blocks.core import Block
 from pydantic import Field
 
-from trainguard.core import evidence
-from trainguard.core.local import LocalProcessRunner
-from trainguard.core.workspace import AttemptWorkspace, run_checkpoint_dir
+from trainguard.core.local_backend import LocalBackend
 
 
 class LocalProcessBackend(Block):
@@ -27,29 +25,22 @@ class LocalProcessBackend(Block):
 
     work_root: str = Field(
         default="trainguard-data/work",
+        title="Work folder",
         description="Folder for attempt workspaces and checkpoints (relative to the flow's working directory).",
     )
     grace_seconds: float = Field(
-        default=10.0, ge=0, description="How long a stopped command gets between SIGTERM and SIGKILL."
+        default=10.0, ge=0, title="Grace period (s)",
+        description="How long a stopped command gets between SIGTERM and SIGKILL.",
     )
     python: str | None = Field(
-        default=None, description="Interpreter that runs the container entrypoint; defaults to the flow's own."
+        default=None, title="Python",
+        description="Interpreter that runs the container entrypoint; defaults to the flow's own.",
     )
 
-    def root(self) -> Path:
-        return Path(self.work_root).expanduser().resolve()
-
-    def workspace(self, run_id: str, attempt: int) -> AttemptWorkspace:
-        """Lay out (and create) the attempt's workspace."""
-        return AttemptWorkspace.create(self.root(), run_id, attempt)
-
-    def runner(self, on_line: Callable[[str], None] | None = None) -> LocalProcessRunner:
-        """The process runner configured by this block."""
-        import sys
-
-        return LocalProcessRunner(python=self.python or sys.executable, grace_seconds=self.grace_seconds, on_line=on_line)
-
-    def checkpoints(self, run_id: str) -> list[str]:
-        """The run's checkpoints, newest first, as paths."""
-        folder = run_checkpoint_dir(self.root(), run_id)
-        return [str(path) for path in evidence.newest_checkpoints(folder)] if folder.is_dir() else []
+    def backend(self) -> LocalBackend:
+        """The local-process adapter this block describes."""
+        return LocalBackend(
+            work_root=Path(self.work_root).expanduser().resolve(),
+            grace_seconds=self.grace_seconds,
+            python=self.python or sys.executable,
+        )

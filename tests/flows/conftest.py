@@ -33,7 +33,7 @@ def blocks(prefect_server, tmp_path) -> dict[str, Any]:
     LocalProcessBackend(work_root=str(tmp_path / "work"), grace_seconds=2).save(f"backend-{suffix}")
     EvidenceFolder(root=str(tmp_path / "evidence")).save(f"evidence-{suffix}")
     return {
-        "backend_block": f"backend-{suffix}",
+        "backend_block": f"trainguard-local-process-backend/backend-{suffix}",
         "evidence_block": f"evidence-{suffix}",
         "work": tmp_path / "work",
         "evidence": tmp_path / "evidence",

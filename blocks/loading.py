@@ -1,0 +1,65 @@
+"""Loading backend and evidence blocks by reference, whatever their type.
+
+A reference is Prefect's `block-type-slug/block-name`. A bare name still means a local-process
+backend (or an evidence folder), the only types that existed before the seam. The loaded block must
+have the factory the flow calls (`backend()` or `store()`); anything else is refused in one line.
+"""
+
+from __future__ import annotations
+
+from prefect.blocks.core import Block
+
+import blocks.backends as _backends  # noqa: F401  (registers the block types before Block.load)
+import blocks.evidence as _evidence  # noqa: F401
+from trainguard.core.backend import Backend
+from trainguard.core.stores import EvidenceStore
+
+
+class BlockReferenceError(ValueError):
+    """A block reference names no usable block; the message says which and how to fix it."""
+
+
+def _load(reference: str, default_slug: str, field: str) -> Block:
+    ref = reference if "/" in reference else f"{default_slug}/{reference}"
+    try:
+        return Block.load(ref)
+    except ValueError as exc:
+        raise BlockReferenceError(
+            f"{field} {reference!r}: no such block ({exc}); save one, or pass 'block-type-slug/name' "
+            "as shown by `prefect block ls`"
+        ) from None
+
+
+def load_backend(reference: str | None) -> Backend:
+    """The backend adapter of the block `reference` names; the local-process default when None."""
+    if not reference:
+        return _backends.LocalProcessBackend().backend()
+    block = _load(reference, _backends.LocalProcessBackend.get_block_type_slug(), "backend_block")
+    factory = getattr(block, "backend", None)
+    if not callable(factory):
+        raise BlockReferenceError(
+            f"backend_block {reference!r} is a {type(block).__name__}, not a trainguard backend; "
+            "name a trainguard-*-backend block"
+        )
+    built = factory()
+    if not isinstance(built, Backend):
+        raise BlockReferenceError(f"backend_block {reference!r}: its backend() does not build a trainguard backend")
+    return built
+
+
+def load_evidence(reference: str | None) -> EvidenceStore:
+    """The evidence store of the block `reference` names; the evidence-folder default when None."""
+    if not reference:
+        return _evidence.EvidenceFolder().store()
+    block = _load(reference, _evidence.EvidenceFolder.get_block_type_slug(), "evidence_block")
+    factory = getattr(block, "store", None)
+    if not callable(factory):
+        raise BlockReferenceError(
+            f"evidence_block {reference!r} is a {type(block).__name__}, not a trainguard evidence store; "
+            "name a trainguard evidence block"
+        )
+    store: EvidenceStore = factory()
+    return store
+
+
+__all__ = ["BlockReferenceError", "load_backend", "load_evidence"]

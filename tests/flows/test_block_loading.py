@@ -1,0 +1,37 @@
+"""Flows load backend and evidence blocks by reference, whatever their type, and refuse the wrong kind."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from blocks import BlockReferenceError, EvidenceFolder, LocalProcessBackend, RetryPolicy, load_backend, load_evidence
+from trainguard.core.backend import Backend
+from trainguard.core.local_backend import LocalBackend
+
+
+def test_a_backend_block_loads_by_slug_and_name_and_builds_its_adapter(prefect_server, tmp_path) -> None:
+    name = f"b-{uuid.uuid4().hex[:8]}"
+    LocalProcessBackend(work_root=str(tmp_path / "w"), grace_seconds=3).save(name)
+    backend = load_backend(f"trainguard-local-process-backend/{name}")
+    assert isinstance(backend, Backend) and isinstance(backend, LocalBackend)
+    assert backend.work_root == (tmp_path / "w").resolve() and backend.grace_seconds == 3
+    assert load_backend(name) == backend  # a bare name still means the local-process backend
+
+
+def test_a_block_of_another_kind_is_refused_in_one_line(prefect_server) -> None:
+    name = f"p-{uuid.uuid4().hex[:8]}"
+    RetryPolicy().save(name)
+    with pytest.raises(BlockReferenceError) as caught:
+        load_backend(f"trainguard-retry-policy/{name}")
+    assert "not a trainguard backend" in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(BlockReferenceError, match="no such block"):
+        load_evidence("trainguard-evidence-folder/never-saved")
+
+
+def test_an_evidence_block_loads_by_reference(prefect_server, tmp_path) -> None:
+    name = f"e-{uuid.uuid4().hex[:8]}"
+    EvidenceFolder(root=str(tmp_path / "ev")).save(name)
+    store = load_evidence(f"trainguard-evidence-folder/{name}")
+    assert str(tmp_path / "ev") in store.describe()
