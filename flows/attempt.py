@@ -18,9 +18,10 @@ from blocks import load_backend, load_evidence, resolve_policy
 from flows.hooks import schedule_next_attempt
 from tasks.evidence import collect_evidence, record_verdict
 from tasks.report import publish_report
-from tasks.training import TrainingFailed, provision_workspace, run_training
+from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
 from tasks.triage import classify_failure, decide_retry
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, history_records, new_run_id
+from trainguard.core.backend import AttemptOutcome, launch_for
 from trainguard.core.spec import TrainingSpec
 
 
@@ -64,28 +65,36 @@ def train_attempt(
         parent_flow_run_id: the failed attempt this one retries (lineage, shown in the UI).
         history: summaries of the earlier attempts, for the circuit breaker and the report.
         avoid_nodes: nodes earlier attempts failed on; backends that place work on nodes avoid them.
-        backend_block, evidence_block, retry_policy_block: names of saved blocks; None = defaults.
+        backend_block, evidence_block, retry_policy_block: saved blocks as `slug/name` (a bare name means
+            the local-process backend or evidence folder); None = the defaults.
         rules_file: a user's triage rule file layered over the shipped rules.
     """
     run_id = run_id or new_run_id(spec.name, current_run.id)
-    backend, evidence_folder = load_backend(backend_block), load_evidence(evidence_block)
+    backend, store = load_backend(backend_block), load_evidence(evidence_block)
     retry_policy, earlier = resolve_policy(spec, retry_policy_block), history or []
-    workspace, train_state = None, None
+    launch = launch_for(
+        spec.command, run_id=run_id, attempt=attempt, env=spec.env, gpus=spec.gpus, workdir=spec.workdir,
+        deadline_seconds=spec.deadline_seconds, stall_seconds=spec.stall_seconds, resume_from=resume_from,
+        avoid_nodes=avoid_nodes or (),
+    )
+    ref, train_state, evidence_state = None, None, None
     try:
-        workspace = provision_workspace(backend, run_id, attempt)
-        train_state = run_training(backend, spec, workspace, resume_from, return_state=True)
+        ref = provision_workspace(backend, run_id, attempt)
+        train_state = run_training(backend, ref, launch, return_state=True)
     finally:  # also on SIGTERM and deadlines: freeze the crime scene before anything else
-        evidence_state = collect_evidence(evidence_folder, workspace, return_state=True) if workspace else None
+        if ref is not None:
+            evidence_state = collect_evidence(backend, ref, store, _outcome(train_state), return_state=True)
+            release_attempt(backend, ref, return_state=True)  # only now may the platform clean up
     outcome = _outcome(train_state)
-    diagnosis = classify_failure(outcome, workspace, rules_file)
+    diagnosis = classify_failure(backend, ref, outcome, rules_file)
     checkpoints = backend.checkpoints(run_id)
     evidence = evidence_state.result(raise_on_failure=False) if evidence_state else None
     summary = AttemptSummary(
         run_id=run_id, attempt=attempt, max_attempts=retry_policy.max_attempts,
-        state="Completed" if outcome.get("exit_code") == 0 else "Failed",
+        state="Completed" if outcome.succeeded else "Failed",
         flow_run_id=str(current_run.id), flow_run_name=current_run.name,
-        exit_code=outcome.get("exit_code"), termination_reason=outcome.get("reason"),
-        duration_seconds=float(outcome.get("duration_seconds") or 0.0), gpus=spec.gpus,
+        exit_code=outcome.exit_code, termination_reason=outcome.reason, node=outcome.node,
+        duration_seconds=outcome.duration_seconds, gpus=spec.gpus,
         resumed_from=resume_from, newest_checkpoint=checkpoints[0] if checkpoints else None,
         **_evidence_fields(evidence), **_diagnosis_fields(diagnosis),
     )
@@ -93,7 +102,7 @@ def train_attempt(
     summary = summary.with_decision(decision)
     publish_report(summary, [AttemptSummary.from_dict(item) for item in earlier])
     if evidence is not None:
-        record_verdict(evidence_folder, summary, return_state=True)  # a failure here must not mask the attempt's
+        record_verdict(store, summary, return_state=True)  # a failure here must not mask the attempt's
     emit_event(
         event="trainguard.attempt.finished",
         resource={"prefect.resource.id": f"trainguard.run.{run_id}", "prefect.resource.name": run_id},
@@ -105,16 +114,16 @@ def train_attempt(
     return Failed(message=message, data=AttemptFailed(message, summary.to_dict()))
 
 
-def _outcome(train_state: State | None) -> dict[str, Any]:
-    """The runner's outcome from the train task's state, whether it completed or failed."""
+def _outcome(train_state: State | None) -> AttemptOutcome:
+    """The backend's outcome from the train task's state, whether it completed or failed."""
     if train_state is None:
-        return {"exit_code": None, "reason": "Error", "message": "training never started"}
+        return AttemptOutcome.never_ran("training never started")
     result = train_state.result(raise_on_failure=False)
     if isinstance(result, TrainingFailed):
-        return result.outcome
+        return AttemptOutcome.from_dict(result.outcome)
     if isinstance(result, BaseException):
-        return {"exit_code": None, "reason": "Error", "message": f"{type(result).__name__}: {result}"}
-    return dict(result)
+        return AttemptOutcome.never_ran(f"{type(result).__name__}: {result}")
+    return AttemptOutcome.from_dict(result)
 
 
 def _evidence_fields(evidence: Any) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 A notebook or `trainguard run` calls this; a deployment instead chains attempts through the attempt
 flow's state hooks. Both follow the decision the attempt flow made, so there is one policy and two
-drivers. The backoff here is a plain sleep in the parent run.
+drivers; `next_parameters` moves the lineage on for both. The backoff here is a plain sleep in
+the parent run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from prefect import flow, tags
 from prefect.states import Completed, Failed, State
 
 from flows.attempt import spec_name, train_attempt
-from trainguard.core.attempt import AttemptFailed, AttemptSummary, lineage_tags, new_run_id
+from trainguard.core.attempt import AttemptFailed, AttemptSummary, lineage_tags, new_run_id, next_parameters
+from trainguard.core.policy import RetryDecision
 from trainguard.core.spec import TrainingSpec
 
 
@@ -29,27 +31,26 @@ def training_run(
 ) -> State:
     """Run attempts of `spec` until one succeeds or the retry policy says stop."""
     run_id = run_id or new_run_id(spec.name)
+    params: dict[str, Any] = {
+        "spec": spec, "attempt": 1, "run_id": run_id, "backend_block": backend_block,
+        "evidence_block": evidence_block, "retry_policy_block": retry_policy_block, "rules_file": rules_file,
+    }
     history: list[dict[str, Any]] = []
-    resume_from, parent, attempt = None, None, 1
     while True:
-        with tags(*lineage_tags(run_id, attempt, parent)):
-            state = train_attempt(
-                spec, attempt=attempt, run_id=run_id, resume_from=resume_from, parent_flow_run_id=parent,
-                history=list(history), backend_block=backend_block, evidence_block=evidence_block,
-                retry_policy_block=retry_policy_block, rules_file=rules_file, return_state=True,
-            )
+        with tags(*lineage_tags(run_id, params["attempt"], params.get("parent_flow_run_id"))):
+            state = train_attempt(**params, return_state=True)
         summary = attempt_summary(state)
         if summary is None:
-            return Failed(message=f"attempt {attempt} failed before it ran: {state.message}", data=history)
+            return Failed(message=f"attempt {params['attempt']} failed before it ran: {state.message}", data=history)
         history.append(summary.to_dict())
-        decision = summary.decision
-        if summary.succeeded or not decision.get("retry"):
+        decision = RetryDecision.from_dict(summary.decision)
+        if summary.succeeded or not decision.retry:
             break
-        time.sleep(float(decision.get("delay_seconds", 0)))
-        resume_from, parent, attempt = decision.get("resume_from"), summary.flow_run_id, attempt + 1
+        time.sleep(decision.delay_seconds)
+        params = next_parameters(params, summary, decision, str(summary.flow_run_id))
     if summary.succeeded:
-        return Completed(message=f"{run_id} succeeded on attempt {attempt}", data=history)
-    return Failed(message=f"{run_id} failed: {decision.get('reason')}", data=history)
+        return Completed(message=f"{run_id} succeeded on attempt {summary.attempt}", data=history)
+    return Failed(message=f"{run_id} failed: {decision.reason}", data=history)
 
 
 def attempt_summary(state: State) -> AttemptSummary | None:

@@ -1,4 +1,4 @@
-"""The evidence task: freeze what the attempt left behind into the evidence store."""
+"""The evidence tasks: freeze what the attempt left behind, and keep the verdict beside it."""
 
 from __future__ import annotations
 
@@ -9,29 +9,27 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from blocks.evidence import EvidenceFolder
-from trainguard.core import evidence, manifest
+from trainguard.core import manifest
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.workspace import AttemptWorkspace
+from trainguard.core.backend import AttemptOutcome, AttemptRef, Backend
+from trainguard.core.stores import EvidenceStore
 
 
 @task(name="collect_evidence", cache_policy=NO_CACHE)
 def collect_evidence(
-    store_block: EvidenceFolder, workspace: AttemptWorkspace, extra: dict[str, bytes] | None = None
+    backend: Backend, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None
 ) -> dict[str, Any]:
-    """Copy logs, snapshots, crash report, checkpoint and core dumps to the store; never raise for a missing piece."""
-    store = store_block.store()
-    collected = evidence.collect_local_evidence(workspace, store, extra=extra)
-    location = store.describe(manifest.attempt_prefix(workspace.run_id, workspace.attempt))
-    absent = "; ".join(f"{item.name}: {item.reason}" for item in collected.missing)
-    get_run_logger().info("kept %d evidence items in %s%s", len(collected.items), location,
+    """Have the backend copy everything the attempt left into the store; never raise for a missing piece."""
+    collected = backend.collect_evidence(ref, store, outcome)
+    absent = "; ".join(f"{item.name}: {item.reason}" for item in collected.manifest.missing)
+    get_run_logger().info("kept %d evidence items in %s%s", len(collected.manifest.items), collected.location,
                           f" (absent: {absent})" if absent else "")
-    return {"location": location, "items": len(collected.items), "missing": len(collected.missing)}
+    return collected.summary
 
 
 @task(name="record_verdict", cache_policy=NO_CACHE)
-def record_verdict(store_block: EvidenceFolder, summary: AttemptSummary) -> None:
+def record_verdict(store: EvidenceStore, summary: AttemptSummary) -> None:
     """Keep the attempt's classification and retry decision with its evidence (`verdict.json`)."""
     data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
     now = datetime.now(timezone.utc).isoformat()
-    manifest.add_items(store_block.store(), summary.run_id, summary.attempt, {"verdict.json": data}, "flow", now)
+    manifest.add_items(store, summary.run_id, summary.attempt, {"verdict.json": data}, "flow", now)

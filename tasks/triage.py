@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from trainguard.core import policy, triage
-from trainguard.core.workspace import AttemptWorkspace
+from trainguard.core.backend import AttemptOutcome, AttemptRef, Backend
 
 
 @task(name="classify_failure", cache_policy=NO_CACHE)
 def classify_failure(
-    outcome: dict[str, Any], workspace: AttemptWorkspace, rules_file: str | None = None
+    backend: Backend, ref: AttemptRef, outcome: AttemptOutcome, rules_file: str | None = None
 ) -> triage.Diagnosis | None:
-    """Classify the attempt from its exit code, termination reason and log; None for a success."""
-    signals = triage.Signals(
-        exit_code=outcome.get("exit_code"),
-        reason=outcome.get("reason"),
-        log=workspace.log_path if workspace.log_path.exists() else None,
-    )
+    """Classify the attempt from every signal the backend has (exit code, reason, conditions, events, log)."""
+    signals = backend.signals(ref, outcome)
     return triage.classify(signals, rules=triage.load_rules(rules_file) if rules_file else None)
 
 
