@@ -1,16 +1,21 @@
 """Evidence store blocks: where the frozen crime scene of every attempt is kept.
 
-`EvidenceFolder` keeps evidence in a local (or mounted) folder. An object-store block joins it behind
-the same `store()` factory.
+`EvidenceFolder` keeps evidence in a local (or mounted) folder; `S3EvidenceStore` in an S3 bucket
+(or an S3-compatible store), through a local spool. Both build their store with `store()`.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
+from typing import Literal
 
 from prefect.blocks.core import Block
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 
+from trainguard.core.s3 import S3Bucket, S3Settings
+from trainguard.core.s3store import S3Store, UploadPolicy
+from trainguard.core.spool import MIN_PART_BYTES, Spool
 from trainguard.core.stores import EvidenceStore, LocalEvidenceStore
 
 
@@ -26,3 +31,65 @@ class EvidenceFolder(Block):
     def store(self) -> EvidenceStore:
         """The store this block describes."""
         return LocalEvidenceStore(Path(self.root).expanduser().resolve())
+
+
+class S3EvidenceStore(Block):
+    """Keeps each attempt's evidence under `{prefix}/runs/{run_id}/attempt-{n}/` in an S3 bucket.
+
+    Credentials come from the standard AWS chain (environment, shared profile, instance or pod
+    role) unless an access key is set here. Every write is spooled under `spool_dir` first; what
+    S3 cannot take in time stays there for `trainguard evidence flush`.
+    """
+
+    _block_type_name = "trainguard S3 Evidence Store"
+    _block_type_slug = "trainguard-s3-evidence-store"
+    _description = "Store attempt evidence in S3 or an S3-compatible store: checksummed, encrypted, spooled."
+
+    bucket: str = Field(..., description="The bucket.")
+    prefix: str = Field(default="trainguard", description="Key prefix for everything trainguard stores.")
+    region: str | None = Field(default=None, description="The bucket's region (None: the AWS chain's default).")
+    endpoint_url: str | None = Field(default=None, description="For S3-compatible stores (MinIO, Ceph, ...).")
+    aws_access_key_id: str | None = Field(default=None, description="Leave empty to use the standard AWS chain.")
+    aws_secret_access_key: SecretStr | None = Field(default=None, description="With aws_access_key_id.")
+    server_side_encryption: Literal["AES256", "aws:kms"] = Field(default="AES256")
+    kms_key_id: str | None = Field(default=None, description="KMS key for aws:kms (None: the bucket's default).")
+    spool_dir: str = Field(default="trainguard-data/spool", description="Local folder where writes wait for S3.")
+    upload_budget_seconds: float = Field(default=900.0, gt=0, description="Longest time one collection uploads.")
+    retry_attempts: int = Field(default=5, ge=1, le=20, description="Tries per S3 request on transient errors.")
+    retry_base_delay_seconds: float = Field(default=0.5, ge=0, description="First backoff; doubles per retry.")
+    part_size_bytes: int = Field(default=8 * 1024 * 1024, ge=MIN_PART_BYTES, description="Multipart part size.")
+    concurrency: int = Field(default=4, ge=1, le=32, description="Parts uploaded at once.")
+    link_expiry_seconds: int = Field(default=7 * 24 * 3600, ge=60, le=7 * 24 * 3600,
+                                     description="How long the report's presigned links work (at most 7 days).")
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_is_a_key(cls, value: str) -> str:
+        from trainguard.core.stores import validate_key
+
+        stripped = value.strip("/")
+        return validate_key(stripped) if stripped else ""
+
+    def settings(self) -> S3Settings:
+        secret = self.aws_secret_access_key.get_secret_value() if self.aws_secret_access_key else None
+        return S3Settings(
+            bucket=self.bucket, region=self.region, endpoint_url=self.endpoint_url,
+            access_key_id=self.aws_access_key_id, secret_access_key=secret,
+            server_side_encryption=self.server_side_encryption, kms_key_id=self.kms_key_id,
+            max_connections=self.concurrency + 2,
+        )
+
+    def spool_path(self) -> Path:
+        """This bucket's spool: one per bucket and endpoint, shared by every prefix in it."""
+        endpoint = hashlib.sha256((self.endpoint_url or "aws").encode()).hexdigest()[:8]
+        return Path(self.spool_dir).expanduser().resolve() / f"{self.bucket}-{endpoint}"
+
+    def store(self, budget_seconds: float | None = -1.0) -> S3Store:
+        """The store this block describes (``budget_seconds=None``: no time limit, as `flush` wants)."""
+        policy = UploadPolicy(
+            attempts=self.retry_attempts, base_delay_seconds=self.retry_base_delay_seconds,
+            budget_seconds=self.upload_budget_seconds if budget_seconds == -1.0 else budget_seconds,
+            part_bytes=self.part_size_bytes, concurrency=self.concurrency,
+        )
+        spool = Spool(self.spool_path(), preferred_part_bytes=self.part_size_bytes)
+        return S3Store(S3Bucket(self.settings()), self.prefix, spool, policy)

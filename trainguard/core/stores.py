@@ -2,8 +2,8 @@
 
 A store holds immutable-once-written objects under "/"-separated keys, like an object store.
 Writes are atomic: a reader sees no object or the whole object, never a part. What goes into a
-store and under which names is ``evidence``'s and ``manifest``'s business; an object-store
-implementation lives in its own adapter module behind this same protocol.
+store and under which names is ``evidence``'s and ``manifest``'s business; the S3 store lives in
+``s3store`` behind this same protocol.
 """
 
 from __future__ import annotations
@@ -30,11 +30,26 @@ class EvidenceNotFound(EvidenceStoreError):
 
 @dataclass(frozen=True)
 class StoredItem:
-    """An object as written: its key, SHA-256 (hex) and size."""
+    """An object as written: its key, SHA-256 (hex) and size.
+
+    ``checksum_sha256`` is the store's own checksum of the object as it keeps it (S3's
+    ``ChecksumSHA256``: base64, ``-N`` for an N-part upload); "" for a store that keeps none.
+    """
 
     key: str
     sha256: str
     size_bytes: int
+    checksum_sha256: str = ""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a store says about an object without reading it."""
+
+    key: str
+    size_bytes: int
+    checksum_sha256: str  # as `StoredItem.checksum_sha256`; "" when the store keeps none
+    spooled: bool = False  # still waiting in a local spool for the store to take it
 
 
 @runtime_checkable
@@ -63,6 +78,22 @@ class EvidenceStore(Protocol):
 
     def describe(self, key: str = "") -> str:
         """A location a person can open: a path here, ``s3://bucket/key`` for an object store."""
+        ...
+
+    def head(self, key: str) -> ObjectInfo:
+        """Size and stored checksum of the object under ``key``, without reading it."""
+        ...
+
+    def read_chunks(self, key: str) -> Iterator[bytes]:
+        """The object under ``key`` as a stream of chunks, in bounded memory."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove the object under ``key``; removing an absent object is not an error."""
+        ...
+
+    def link(self, key: str, expires_seconds: int) -> str:
+        """A URL a person can open to fetch the object (presigned, expiring, for object stores)."""
         ...
 
 
@@ -174,6 +205,46 @@ class LocalEvidenceStore:
         """The folder or file path for ``key`` (the store's root for "")."""
         key = key.rstrip("/")  # a prefix such as "runs/r1/" names a folder here
         return str(self._path(key)) if key else str(self.root)
+
+    def head(self, key: str) -> ObjectInfo:
+        """The file's size; a folder keeps no checksum, so verifying means reading."""
+        try:
+            stat = self._path(key).stat()
+        except FileNotFoundError as exc:
+            raise EvidenceNotFound(f"no evidence under {key!r} in {self.root}") from exc
+        except OSError as exc:
+            raise EvidenceStoreError(f"cannot read {key!r} in {self.root}: {exc.strerror or exc}") from exc
+        return ObjectInfo(key, stat.st_size, "")
+
+    def read_chunks(self, key: str) -> Iterator[bytes]:
+        """The file in 1 MiB chunks."""
+        try:
+            handle = self._path(key).open("rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise EvidenceNotFound(f"no evidence under {key!r} in {self.root}") from exc
+        except OSError as exc:
+            raise EvidenceStoreError(f"cannot read {key!r} in {self.root}: {exc.strerror or exc}") from exc
+        with handle:
+            yield from _chunks(handle)
+
+    def delete(self, key: str) -> None:
+        """Remove the file and the folders it leaves empty (up to the root)."""
+        path = self._path(key)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise EvidenceStoreError(f"cannot delete {key!r} in {self.root}: {exc.strerror or exc}") from exc
+        for folder in path.parents:
+            if folder == self.root or not folder.is_relative_to(self.root):
+                break
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # not empty
+
+    def link(self, key: str, expires_seconds: int) -> str:
+        """A ``file://`` URL: a folder needs no expiry."""
+        return self._path(key).as_uri()
 
 
 def _chunks(handle: BinaryIO) -> Iterator[bytes]:

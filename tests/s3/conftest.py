@@ -1,0 +1,32 @@
+"""S3 store tests: boto3 against moto in server mode on loopback, through the fault proxy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from s3fixtures import S3Server, s3, s3_server  # noqa: F401  (fixtures)
+
+from trainguard.core.s3 import S3Bucket, S3Settings
+from trainguard.core.s3store import S3Store, UploadPolicy
+from trainguard.core.spool import MIN_PART_BYTES, Spool
+
+FAST = UploadPolicy(attempts=4, base_delay_seconds=0.01, max_delay_seconds=0.05, budget_seconds=None,
+                    part_bytes=MIN_PART_BYTES, concurrency=3)
+
+
+@pytest.fixture
+def make_store(s3: S3Server, tmp_path: Path) -> Callable[..., S3Store]:
+    """A store on a fresh bucket (or ``bucket=``), through the proxy, spooling under this test's folder."""
+    made: dict[str, str] = {}
+
+    def make(bucket: str | None = None, prefix: str = "tg", policy: UploadPolicy = FAST, **kw: Any) -> S3Store:
+        name = bucket or made.setdefault("bucket", s3.new_bucket())
+        settings = S3Settings(bucket=name, region="us-east-1", endpoint_url=s3.proxy.url,
+                              connect_timeout_seconds=2, read_timeout_seconds=10, **kw)
+        return S3Store(S3Bucket(settings), prefix, Spool(tmp_path / "spool", policy.part_bytes), policy)
+
+    return make
