@@ -23,10 +23,14 @@ def make_store(s3: S3Server, tmp_path: Path) -> Callable[..., S3Store]:
     """A store on a fresh bucket (or ``bucket=``), through the proxy, spooling under this test's folder."""
     made: dict[str, str] = {}
 
-    def make(bucket: str | None = None, prefix: str = "tg", policy: UploadPolicy = FAST, **kw: Any) -> S3Store:
-        name = bucket or made.setdefault("bucket", s3.new_bucket())
+    def make(bucket: str | None = None, prefix: str = "tg", policy: UploadPolicy = FAST, clock: Any = None,
+             **kw: Any) -> S3Store:
+        if bucket is None and "bucket" not in made:
+            made["bucket"] = s3.new_bucket()
+        name = bucket or made["bucket"]
         settings = S3Settings(bucket=name, region="us-east-1", endpoint_url=s3.proxy.url,
                               connect_timeout_seconds=2, read_timeout_seconds=10, **kw)
-        return S3Store(S3Bucket(settings), prefix, Spool(tmp_path / "spool", policy.part_bytes), policy)
+        timing = {"clock": clock} if clock else {}
+        return S3Store(S3Bucket(settings), prefix, Spool(tmp_path / "spool", policy.part_bytes), policy, **timing)
 
     return make

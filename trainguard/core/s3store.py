@@ -221,8 +221,8 @@ class S3Store:
                     return entry.checksum_sha256  # completed before the spool could forget it
                 entry = self.spool.update(entry, upload_id="")
                 listed = {}
-            wanted = {n: b64_of_hex(digest) for n, digest in enumerate(entry.part_sha256, 1)}
-            done = {n: part for n, part in listed.items() if wanted.get(n) == part[1]}
+            done = {n: (etag, b64_of_hex(entry.part_sha256[n - 1])) for n, (etag, checksum) in listed.items()
+                    if n <= len(entry.part_sha256) and self._part_matches(entry, n, etag, checksum)}
         if not entry.upload_id:
             upload_id = self._retrying(lambda: self.bucket.create_multipart_upload(entry.key, entry.tags))
             entry = self.spool.update(entry, upload_id=upload_id)
@@ -230,6 +230,14 @@ class S3Store:
         done.update(self._send_parts(entry, todo))
         parts = [(n, etag, checksum) for n, (etag, checksum) in sorted(done.items())]
         return self._retrying(lambda: self.bucket.complete_multipart_upload(entry.key, entry.upload_id, parts))
+
+    def _part_matches(self, entry: SpoolEntry, number: int, etag: str, checksum: str) -> bool:
+        """Whether an uploaded part is ours: by its SHA-256, or by its MD5 ETag where S3 lists no checksum."""
+        if checksum:
+            return checksum == b64_of_hex(entry.part_sha256[number - 1])
+        offset = (number - 1) * entry.part_bytes
+        body = self.spool.read(entry, offset, min(entry.part_bytes, entry.size_bytes - offset))
+        return etag.strip('"') == hashlib.md5(body, usedforsecurity=False).hexdigest()
 
     def _already_stored(self, entry: SpoolEntry) -> bool:
         try:
