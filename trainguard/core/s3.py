@@ -9,10 +9,11 @@ object is `EvidenceNotFound`; 5xx, SlowDown/throttling, timeouts and dropped con
 
 from __future__ import annotations
 
+import io
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlencode
 
 import boto3
@@ -157,7 +158,8 @@ class S3Bucket:
                               ChecksumAlgorithm="SHA256", **self._encryption(), **extra)
         return str(response["UploadId"])
 
-    def upload_part(self, key: str, upload_id: str, number: int, body: bytes, checksum_sha256: str) -> str:
+    def upload_part(self, key: str, upload_id: str, number: int, body: IO[bytes] | io.RawIOBase,
+                    checksum_sha256: str) -> str:
         """Send one part (S3 checks it against ``checksum_sha256``); return its ETag."""
         response = self._call(f"upload part {number} of {key}", "upload_part", Key=key, UploadId=upload_id,
                               PartNumber=number, Body=body, ChecksumAlgorithm="SHA256", ChecksumSHA256=checksum_sha256)

@@ -273,12 +273,18 @@ class S3Store:
         return results
 
     def _send_part(self, entry: SpoolEntry, number: int) -> tuple[str, str]:
+        """One part, streamed from the spool file (memory stays small whatever the part size)."""
         offset = (number - 1) * entry.part_bytes
-        body = self.spool.read(entry, offset, min(entry.part_bytes, entry.size_bytes - offset))
-        _check_part(entry, number, body)
+        length = min(entry.part_bytes, entry.size_bytes - offset)
+        if self.spool.range_sha256(entry, offset, length) != entry.part_sha256[number - 1]:
+            raise _damaged(entry, number)
         checksum = b64_of_hex(entry.part_sha256[number - 1])
-        etag = self._retrying(lambda: self.bucket.upload_part(entry.key, entry.upload_id, number, body, checksum))
-        return etag, checksum
+
+        def send() -> str:
+            with self.spool.open_range(entry, offset, length) as body:
+                return self.bucket.upload_part(entry.key, entry.upload_id, number, body, checksum)
+
+        return self._retrying(send), checksum
 
     def _retrying(self, call: Callable[[], T]) -> T:
         """``call`` with exponential backoff on transient errors, within the time budget."""
@@ -312,5 +318,9 @@ def same_checksum(stored: str, expected: str) -> bool:
 
 def _check_part(entry: SpoolEntry, number: int, body: bytes) -> None:
     if hashlib.sha256(body).hexdigest() != entry.part_sha256[number - 1]:
-        raise S3Error(f"spooled data for {entry.key!r} (part {number}) changed on disk since it was spooled; "
-                      f"the spool entry {entry.seq} is damaged")
+        raise _damaged(entry, number)
+
+
+def _damaged(entry: SpoolEntry, number: int) -> S3Error:
+    return S3Error(f"spooled data for {entry.key!r} (part {number}) changed on disk since it was spooled; "
+                   f"the spool entry {entry.seq} is damaged")

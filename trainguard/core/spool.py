@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from trainguard.core.stores import EvidenceStoreError
 
@@ -179,6 +179,18 @@ class Spool:
             handle.seek(offset)
             return handle.read(entry.size_bytes - offset if length is None else length)
 
+    def open_range(self, entry: SpoolEntry, offset: int, length: int) -> RangeReader:
+        """A file-like view of ``length`` bytes of an entry's data from ``offset``, read as it is sent."""
+        return RangeReader(self.data_path(entry), offset, length)
+
+    def range_sha256(self, entry: SpoolEntry, offset: int, length: int) -> str:
+        """SHA-256 (hex) of a range of an entry's data, read in 1 MiB chunks."""
+        digest = hashlib.sha256()
+        with self.open_range(entry, offset, length) as reader:
+            while chunk := reader.read(_COPY_BYTES):
+                digest.update(chunk)
+        return digest.hexdigest()
+
     def chunks(self, entry: SpoolEntry) -> Iterator[bytes]:
         with self.data_path(entry).open("rb") as handle:
             while chunk := handle.read(_COPY_BYTES):
@@ -218,6 +230,50 @@ class Spool:
                 yield True
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class RangeReader(io.RawIOBase):
+    """A seekable, sized, read-only window onto part of a file, so a part streams from disk."""
+
+    def __init__(self, path: Path, offset: int, length: int) -> None:
+        super().__init__()
+        self._file = path.open("rb")
+        self._start, self._length, self._pos = offset, length, 0
+        self._file.seek(offset)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return self._length
+
+    def read(self, size: int | None = -1) -> bytes:
+        remaining = self._length - self._pos
+        wanted = remaining if size is None or size < 0 else min(size, remaining)
+        data = self._file.read(wanted) if wanted > 0 else b""
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = max(0, min(self._length, base + offset))
+        self._file.seek(self._start + self._pos)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 
 def _copy_hashing(source: BinaryIO, out: _Sink, part_bytes: int) -> tuple[str, tuple[str, ...], int]:

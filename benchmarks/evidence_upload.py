@@ -1,0 +1,146 @@
+"""Uploading a 1 GiB evidence bundle to S3: trainguard's S3 store vs boto3's `upload_file`.
+
+The bundle (a core dump, a checkpoint and a training log, 1 GiB together) goes to the same local S3
+server (moto in server mode on loopback, started here) twice per round, each time from a fresh
+child process so that peak RSS is that upload's alone:
+
+- baseline: boto3's `upload_file` with default settings (the AWS CLI's transfer engine: 8 MiB
+  parts, 10 threads), one call per file;
+- trainguard: `S3Store.put_file` per file with the block's defaults, which spools each file
+  locally first (copying and hashing it), then uploads it with a SHA-256 per part, in order.
+
+Prints each round, then the medians, the throughput ratio (goal >= 1.0x) and the memory ratio (goal
+<= 0.5x). Usage: `.venv/bin/python benchmarks/evidence_upload.py [--rounds 2] [--mib 1024]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARES = (("coredumps/core.4242", 0.75), ("checkpoint/step-000900.pt", 0.1875), ("logs/train-rank0.log", 0.0625))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_moto(port: int) -> subprocess.Popen[bytes]:
+    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=2).close()
+            return server
+        except OSError:
+            time.sleep(0.2)
+    server.kill()
+    raise SystemExit("moto_server did not answer within 60 s")
+
+
+def make_bundle(folder: Path, total_mib: int) -> list[Path]:
+    """Files of pseudo-random bytes (one random MiB repeated, a counter in each MiB)."""
+    block = os.urandom(1024 * 1024)
+    files = []
+    for name, share in SHARES:
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as out:
+            for i in range(max(1, round(total_mib * share))):
+                out.write(i.to_bytes(8, "little") + block[8:])
+        files.append(path)
+    return files
+
+
+def child(kind: str, endpoint: str, bucket: str, folder: Path, spool: Path) -> None:
+    """Upload the bundle one way and print seconds and peak RSS as JSON."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    started = time.perf_counter()
+    if kind == "baseline":
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        for path in files:
+            client.upload_file(str(path), bucket, f"baseline/{path.relative_to(folder).as_posix()}")
+    else:
+        from trainguard.core.s3 import S3Bucket, S3Settings
+        from trainguard.core.s3store import S3Store, UploadPolicy
+        from trainguard.core.spool import Spool
+
+        policy = UploadPolicy()
+        store = S3Store(S3Bucket(S3Settings(bucket=bucket, region="us-east-1", endpoint_url=endpoint,
+                                            max_connections=policy.concurrency + 2)),
+                        "trainguard", Spool(spool, policy.part_bytes), policy)
+        for path in files:
+            store.put_file(f"runs/bench/attempt-1/{path.relative_to(folder).as_posix()}", path)
+        if store.pending():
+            raise SystemExit(f"not uploaded: {store.pending()} ({store.last_error})")
+    seconds = time.perf_counter() - started
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": seconds, "peak_rss_mib": peak_mib, "bytes": sum(p.stat().st_size for p in files)}))
+
+
+def run_child(kind: str, endpoint: str, bucket: str, folder: Path, spool: Path) -> dict[str, float]:
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, __file__, "--child", kind, endpoint, bucket, str(folder), str(spool)],
+                         check=True, capture_output=True, text=True, env=env)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--mib", type=int, default=1024)
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, endpoint, bucket, folder, spool = args.child
+        return child(kind, endpoint, bucket, Path(folder), Path(spool))
+    port = free_port()
+    server = start_moto(port)
+    endpoint = f"http://127.0.0.1:{port}"
+    results: dict[str, list[dict[str, float]]] = {"baseline": [], "trainguard": []}
+    try:
+        with tempfile.TemporaryDirectory(prefix="tg-bench-") as tmp:
+            folder = Path(tmp) / "bundle"
+            files = make_bundle(folder, args.mib)
+            print(f"bundle: {len(files)} files, {sum(p.stat().st_size for p in files) / 2**20:.0f} MiB; "
+                  f"moto_server at {endpoint}")
+            os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"})
+            for round_no in range(1, args.rounds + 1):
+                for kind in ("baseline", "trainguard"):  # interleaved, so drift in load hits both
+                    bucket = f"bench-{kind}-{round_no}"
+                    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{bucket}", method="PUT")).close()
+                    result = run_child(kind, endpoint, bucket, folder, Path(tmp) / f"spool-{round_no}")
+                    results[kind].append(result)
+                    print(f"round {round_no} {kind:10s} {result['seconds']:6.2f} s "
+                          f"{result['bytes'] / 2**20 / result['seconds']:6.1f} MiB/s  peak RSS {result['peak_rss_mib']:.1f} MiB")
+                    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")).close()
+    finally:
+        server.terminate()
+        server.wait(30)
+    summary = {kind: (statistics.median(r["seconds"] for r in rs), statistics.median(r["peak_rss_mib"] for r in rs))
+               for kind, rs in results.items()}
+    mib = args.mib
+    (base_s, base_rss), (ours_s, ours_rss) = summary["baseline"], summary["trainguard"]
+    print(f"baseline upload_file: {base_s:.2f} s ({mib / base_s:.1f} MiB/s), peak RSS {base_rss:.1f} MiB")
+    print(f"trainguard S3 store:  {ours_s:.2f} s ({mib / ours_s:.1f} MiB/s), peak RSS {ours_rss:.1f} MiB")
+    print(f"throughput ratio {base_s / ours_s:.2f}x (goal >= 1.0x); memory ratio {ours_rss / base_rss:.2f}x (goal <= 0.5x)")
+
+
+if __name__ == "__main__":
+    main()
