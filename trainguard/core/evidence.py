@@ -82,7 +82,8 @@ class _Collector:
 
     def _record(self, name: str, source: str, stored: StoredItem) -> None:
         stamp = self.now().isoformat()
-        self.items.append(ManifestItem(name, stored.key, stored.sha256, stored.size_bytes, source, stamp))
+        self.items.append(ManifestItem(name, stored.key, stored.sha256, stored.size_bytes, source, stamp,
+                                       stored.checksum_sha256))
 
     def put_file(self, name: str, path: Path, source: str) -> None:
         self._record(name, source, self.store.put_file(f"{self.prefix}/{name}", path))

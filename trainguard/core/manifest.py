@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass
 from typing import Any
 
 from trainguard.core.stores import EvidenceNotFound, EvidenceStore, StoredItem
@@ -32,6 +32,7 @@ class ManifestItem:
     size_bytes: int
     source: str  # who produced it: "entrypoint", "runner", "local-workspace", "flow"
     collected_at: str  # ISO-8601 UTC
+    checksum_sha256: str = ""  # the store's own stored checksum (S3 ChecksumSHA256), "" if it keeps none
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,10 @@ def _field(data: dict[str, Any], name: str, kind: type) -> Any:
 
 
 def _entry(entry: Any, field: str, kind: type) -> dict[str, Any]:
-    names = set(kind.__dataclass_fields__)  # type: ignore[attr-defined]
-    if not isinstance(entry, dict) or set(entry) != names:
+    fields = kind.__dataclass_fields__  # type: ignore[attr-defined]
+    names = set(fields)
+    required = {name for name, f in fields.items() if f.default is MISSING}
+    if not isinstance(entry, dict) or not required <= set(entry) <= names:
         raise ManifestError(f"manifest field {field!r}: each entry needs exactly {sorted(names)}, got {entry!r}")
     return entry
 
@@ -146,7 +149,8 @@ def add_items(
     added = []
     for name, data in items.items():
         stored = store.put_bytes(f"{prefix}/{name}", data)
-        added.append(ManifestItem(name, stored.key, stored.sha256, stored.size_bytes, source, collected_at))
+        added.append(ManifestItem(name, stored.key, stored.sha256, stored.size_bytes, source, collected_at,
+                                  stored.checksum_sha256))
     kept = tuple(item for item in current.items if item.name not in items)
     updated = Manifest(current.run_id, current.attempt, current.created_at, kept + tuple(added), current.missing)
     write_manifest(store, updated)

@@ -240,6 +240,16 @@ class RangeReader(io.RawIOBase):
         self._file = path.open("rb")
         self._start, self._length, self._pos = offset, length, 0
         self._file.seek(offset)
+        self._digest, self._hashed = hashlib.sha256(), 0
+        self.read_sha256 = ""  # SHA-256 (hex) of the window, once it has been read from start to end
+
+    def _hash(self, data: bytes) -> None:
+        """Hash what is read in one straight pass, so checking costs no extra read."""
+        if self._pos == self._hashed:
+            self._digest.update(data)
+            self._hashed += len(data)
+            if self._hashed == self._length and not self.read_sha256:
+                self.read_sha256 = self._digest.hexdigest()
 
     def readable(self) -> bool:
         return True
@@ -254,6 +264,7 @@ class RangeReader(io.RawIOBase):
         remaining = self._length - self._pos
         wanted = remaining if size is None or size < 0 else min(size, remaining)
         data = self._file.read(wanted) if wanted > 0 else b""
+        self._hash(data)
         self._pos += len(data)
         return data
 
