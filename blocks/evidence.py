@@ -84,12 +84,13 @@ class S3EvidenceStore(Block):
         endpoint = hashlib.sha256((self.endpoint_url or "aws").encode()).hexdigest()[:8]
         return Path(self.spool_dir).expanduser().resolve() / f"{self.bucket}-{endpoint}"
 
-    def store(self, budget_seconds: float | None = -1.0) -> S3Store:
-        """The store this block describes (``budget_seconds=None``: no time limit, as `flush` wants)."""
+    def store(self, no_time_limit: bool = False) -> S3Store:
+        """The store this block describes; `flush` asks for one with no upload time limit."""
         policy = UploadPolicy(
             attempts=self.retry_attempts, base_delay_seconds=self.retry_base_delay_seconds,
-            budget_seconds=self.upload_budget_seconds if budget_seconds == -1.0 else budget_seconds,
+            budget_seconds=None if no_time_limit else self.upload_budget_seconds,
             part_bytes=self.part_size_bytes, concurrency=self.concurrency,
         )
         spool = Spool(self.spool_path(), preferred_part_bytes=self.part_size_bytes)
-        return S3Store(S3Bucket(self.settings()), self.prefix, spool, policy)
+        return S3Store(S3Bucket(self.settings()), self.prefix, spool, policy,
+                       link_expiry_seconds=self.link_expiry_seconds)

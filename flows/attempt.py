@@ -129,7 +129,9 @@ def _outcome(train_state: State | None) -> AttemptOutcome:
 def _evidence_fields(evidence: Any) -> dict[str, Any]:
     if not isinstance(evidence, dict):
         return {"evidence": None}
-    return {"evidence": evidence["location"], "evidence_items": evidence["items"], "evidence_missing": evidence["missing"]}
+    return {"evidence": evidence["location"], "evidence_items": evidence["items"], "evidence_missing": evidence["missing"],
+            **{f"evidence_{name}": evidence[name] for name in ("spooled", "upload_error", "links", "links_expire_at")
+               if name in evidence}}
 
 
 def _diagnosis_fields(diagnosis: Any) -> dict[str, Any]:

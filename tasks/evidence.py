@@ -9,7 +9,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from trainguard.core import manifest
+from trainguard.core import bundles, manifest, retention
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backend import AttemptOutcome, AttemptRef, Backend
 from trainguard.core.stores import EvidenceStore
@@ -24,7 +24,11 @@ def collect_evidence(
     absent = "; ".join(f"{item.name}: {item.reason}" for item in collected.manifest.missing)
     get_run_logger().info("kept %d evidence items in %s%s", len(collected.manifest.items), collected.location,
                           f" (absent: {absent})" if absent else "")
-    return collected.summary
+    status = bundles.upload_status(store, collected.manifest)
+    if status["spooled"]:
+        get_run_logger().warning("%d evidence items wait in the local spool (%s); `trainguard evidence flush` "
+                                 "uploads them", len(status["spooled"]), status["upload_error"])
+    return {**collected.summary, **status}
 
 
 @task(name="record_verdict", cache_policy=NO_CACHE)
@@ -33,3 +37,4 @@ def record_verdict(store: EvidenceStore, summary: AttemptSummary) -> None:
     data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
     now = datetime.now(timezone.utc).isoformat()
     manifest.add_items(store, summary.run_id, summary.attempt, {"verdict.json": data}, "flow", now)
+    retention.mark_outcome(store, summary.run_id, summary.attempt, summary.succeeded)  # lifecycle rules key on it

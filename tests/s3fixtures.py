@@ -50,6 +50,7 @@ class FaultProxy:
     held: threading.Event = field(default_factory=threading.Event)
     _release: threading.Event = field(default_factory=threading.Event)
     _down: bool = False
+    _down_on: Match | None = None
     _server: ThreadingHTTPServer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -83,6 +84,10 @@ class FaultProxy:
         """Keep the next matching request waiting until `release` or `down`; `held` is set meanwhile."""
         self._hold, self.held, self._release = match, threading.Event(), threading.Event()
 
+    def down_on(self, match: Match) -> None:
+        """Go down the moment a matching request arrives, dropping it unanswered: S3 dying mid-upload."""
+        self._down_on = match
+
     def release(self) -> None:
         self._release.set()
 
@@ -90,7 +95,7 @@ class FaultProxy:
         with self._lock:
             self._faults.clear()
             self.requests.clear()
-        self._hold = None
+        self._hold = self._down_on = None
         self._release.set()
 
     def _fault_for(self, method: str, path: str) -> _Fault | None:
@@ -112,6 +117,9 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def _relay(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if proxy._down_on is not None and proxy._down_on(self.command, self.path):
+                proxy._down_on = None
+                proxy.down()
             if proxy._down:
                 self.close_connection = True
                 return

@@ -15,6 +15,7 @@ from prefect.settings import PREFECT_API_URL
 from prefect.testing.utilities import prefect_test_harness
 
 from blocks import EvidenceFolder, LocalProcessBackend
+from s3fixtures import s3, s3_server  # noqa: F401  (fixtures for the S3 evidence tests)
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 

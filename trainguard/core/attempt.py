@@ -45,6 +45,10 @@ class AttemptSummary:
     evidence: str | None = None
     evidence_items: int = 0
     evidence_missing: int = 0
+    evidence_spooled: Sequence[str] = ()  # items still waiting in the local spool for the object store
+    evidence_upload_error: str = ""  # why they wait
+    evidence_links: Mapping[str, str] = field(default_factory=dict)  # item name -> (presigned) URL
+    evidence_links_expire_at: str = ""
     node: str | None = None
     decision: Mapping[str, Any] = field(default_factory=dict)
 

@@ -13,9 +13,10 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol, runtime_checkable
 
-from trainguard.core.manifest import Manifest, ManifestItem, read_manifest
+from trainguard.core.manifest import Manifest, ManifestItem, attempt_prefix, read_manifest
 from trainguard.core.spool import b64_of_hex
 from trainguard.core.stores import EvidenceNotFound, EvidenceStore
 
@@ -112,3 +113,40 @@ def _check(store: EvidenceStore, item: ManifestItem, deep: bool) -> str:
     if digest.hexdigest() != item.sha256:
         return f"sha256 is {digest.hexdigest()}, the manifest says {item.sha256}"
     return ""
+
+
+DEFAULT_LINK_SECONDS = 7 * 24 * 3600  # the longest a SigV4 presigned URL may live
+MAX_LINKS = 50
+
+
+@runtime_checkable
+class SpoolingStore(Protocol):
+    """A store that spools writes until its remote side takes them (the S3 store)."""
+
+    last_error: str
+
+    def pending(self, prefix: str = "") -> list[str]: ...
+
+
+def upload_status(store: EvidenceStore, manifest: Manifest, now: datetime | None = None) -> dict[str, Any]:
+    """What a report says about a bundle beyond its counts: what is still spooled, and links to the items.
+
+    Returns ``spooled`` (item names still waiting locally), ``upload_error`` (why), ``links``
+    (item name → URL, at most 50, presigned where the store is remote) and ``links_expire_at``.
+    """
+    prefix = attempt_prefix(manifest.run_id, manifest.attempt) + "/"
+    spooled: list[str] = []
+    error = ""
+    if isinstance(store, SpoolingStore):
+        spooled = [key[len(prefix):] for key in store.pending(prefix)]
+        error = store.last_error if spooled else ""
+    seconds = int(getattr(store, "link_expiry_seconds", DEFAULT_LINK_SECONDS))
+    links: dict[str, str] = {}
+    for item in manifest.items[:MAX_LINKS]:
+        try:
+            links[item.name] = store.link(item.key, seconds)
+        except Exception:  # a link is a convenience; the report goes out without it
+            continue
+    expires = (now or datetime.now(UTC)) + timedelta(seconds=seconds)
+    return {"spooled": spooled, "upload_error": error, "links": links,
+            "links_expire_at": expires.isoformat(timespec="seconds") if isinstance(store, SpoolingStore) else ""}

@@ -71,10 +71,29 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
         f"| duration | {summary.duration_seconds:.1f} s |",
         f"| GPU-seconds | {summary.gpu_seconds:.1f} ({summary.gpus} GPU x wall time) |",
     ]
+    if summary.evidence_spooled:
+        lines.append(f"| not yet uploaded | {len(summary.evidence_spooled)} items wait in the local spool "
+                     f"({_cell(summary.evidence_upload_error or 'upload pending')}); "
+                     "`trainguard evidence flush` uploads them |")
     if decision:
         lines.append(f"| next | {_cell(str(decision.get('reason', '-')))} |")
+    lines += _links(summary)
     lines += ["", "## All attempts of this run", "", render_table([*earlier, summary])]
     return "\n".join(lines)
+
+
+def _links(summary: AttemptSummary) -> list[str]:
+    """The evidence items as links (presigned ones expire); spooled items are named, not linked."""
+    if not summary.evidence_links and not summary.evidence_spooled:
+        return []
+    expiry = f" (links expire {summary.evidence_links_expire_at})" if summary.evidence_links_expire_at else ""
+    lines = ["", f"## Evidence{expiry}", ""]
+    for name, url in summary.evidence_links.items():
+        if name not in summary.evidence_spooled:
+            label = _cell(name).replace("[", "\\[").replace("]", "\\]")
+            lines.append(f"- [{label}](<{url.replace('>', '%3E')}>)")
+    lines += [f"- `{_cell(name).replace('`', chr(39))}` (spooled, not uploaded yet)" for name in summary.evidence_spooled]
+    return lines
 
 
 def render_table(summaries: Sequence[AttemptSummary]) -> str:

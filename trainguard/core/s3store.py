@@ -69,12 +69,14 @@ class S3Store:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        link_expiry_seconds: int = 7 * 24 * 3600,
     ) -> None:
         self.bucket, self.spool, self.policy = bucket, spool, policy
         self.prefix = validate_key(prefix.strip("/")) + "/" if prefix.strip("/") else ""
         self.last_error = ""
+        self.link_expiry_seconds = link_expiry_seconds
         self._clock, self._sleep = clock, sleep
-        self._deadline = None if policy.budget_seconds is None else clock() + policy.budget_seconds
+        self._deadline: float | None = None  # the budget starts with the first upload, not at construction
         self._stopped = False
 
     def _full(self, key: str) -> str:
@@ -174,6 +176,8 @@ class S3Store:
 
     def _drain(self) -> FlushResult:
         uploaded: list[str] = []
+        if self._deadline is None and self.policy.budget_seconds is not None:
+            self._deadline = self._clock() + self.policy.budget_seconds
         if not self._stopped:
             with self.spool.uploading() as ours:
                 if ours:

@@ -1,0 +1,103 @@
+"""Attempts whose evidence block is an S3 store: real flows, boto3 against moto on loopback.
+
+The S3 side is moto in server mode behind the fault proxy (tests/s3fixtures.py); nothing of boto3
+is patched. When the proxy goes down mid-collection it is S3 dying mid-upload, as clients see it.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+import uuid
+
+from prefect.artifacts import Artifact
+
+from flow_helpers import tiny_spec
+from s3fixtures import CREDENTIALS
+
+from blocks.evidence import S3EvidenceStore
+from flows.run import training_run
+from trainguard.core import bundles
+from trainguard.core.manifest import read_manifest
+from trainguard.core.retention import OUTCOME_TAG
+from trainguard.core.spec import parse_spec
+
+SECRET = "planted-secret-4242"
+
+
+def _s3_block(s3, tmp_path) -> tuple[str, S3EvidenceStore]:
+    block = S3EvidenceStore(
+        bucket=s3.new_bucket(), prefix="evidence", region="us-east-1", endpoint_url=s3.proxy.url,
+        spool_dir=str(tmp_path / "spool"), retry_attempts=2, retry_base_delay_seconds=0.01,
+        upload_budget_seconds=60,
+    )
+    name = f"s3-{uuid.uuid4().hex[:8]}"
+    block.save(name)
+    return f"trainguard-s3-evidence-store/{name}", block
+
+
+def _run_one_failing_attempt(blocks, evidence_block: str, run_id: str):
+    spec = tiny_spec(run_id, "--fail-at-step", "35", "--fail-on-attempt", "1", env={"WANDB_API_KEY": SECRET},
+                     retry={"max_attempts": 1})
+    state = training_run(parse_spec(spec), run_id=run_id, backend_block=blocks["backend_block"],
+                         evidence_block=evidence_block, return_state=True)
+    return state, state.result(raise_on_failure=False)
+
+
+def test_an_attempts_bundle_round_trips_through_s3_with_checksums_links_and_no_secrets(blocks, s3, tmp_path) -> None:
+    reference, block = _s3_block(s3, tmp_path)
+
+    state, history = _run_one_failing_attempt(blocks, reference, "s3-round-trip")
+
+    assert not state.is_completed() and history[0]["category"] == "nccl_error"
+    store = block.store()
+    manifest = read_manifest(store, "s3-round-trip", 1)
+    names = {item.name for item in manifest.items}
+    assert {"crash-report.json", "crash-tail.txt", "snapshot/env.json", "verdict.json"} <= names
+    assert all(item.checksum_sha256 for item in manifest.items)
+    assert bundles.verify(store, manifest) == {} and bundles.verify(store, manifest, deep=True) == {}
+    stored = s3.objects(block.bucket)
+    assert set(stored) == {f"evidence/{item.key}" for item in manifest.items} | {
+        "evidence/runs/s3-round-trip/attempt-1/manifest.json"}
+    for key, data in stored.items():
+        assert SECRET.encode() not in data and CREDENTIALS["AWS_SECRET_ACCESS_KEY"].encode() not in data, key
+    tags = s3.client().get_object_tagging(Bucket=block.bucket, Key="evidence/runs/s3-round-trip/attempt-1/crash-tail.txt")
+    assert {"Key": OUTCOME_TAG, "Value": "failed"} in tags["TagSet"]
+    assert store.pending() == [] and not list((tmp_path / "spool").rglob("*.data"))
+
+    report = Artifact.get("s3-round-trip-attempt-1").data
+    assert "links expire" in report
+    link = re.search(r"\[crash-tail\.txt\]\(<([^>]+)>\)", report).group(1)
+    assert "X-Amz-Expires=" in link and "X-Amz-Signature=" in link
+    with urllib.request.urlopen(link, timeout=10) as answer:  # no credentials: the signature is the access
+        assert answer.read() == stored["evidence/runs/s3-round-trip/attempt-1/crash-tail.txt"]
+
+
+def test_s3_dying_mid_upload_leaves_the_attempt_classified_its_evidence_spooled_and_flush_completes_it(
+    blocks, s3, tmp_path
+) -> None:
+    reference, block = _s3_block(s3, tmp_path)
+    s3.proxy.down_on(lambda method, path: method == "PUT" and "/snapshot/" in path)
+
+    state, history = _run_one_failing_attempt(blocks, reference, "s3-outage")
+
+    assert history[0]["category"] == "nccl_error" and "Watchdog" in history[0]["signature"]
+    spooled = history[0]["evidence_spooled"]
+    assert "manifest.json" in spooled and any(name.startswith("snapshot/") for name in spooled)
+    assert "gave up after 2 tries" in history[0]["evidence_upload_error"]
+    report = Artifact.get("s3-outage-attempt-1").data
+    assert f"{len(spooled)} items wait in the local spool" in report and "trainguard evidence flush" in report
+    assert not any(key.endswith("manifest.json") for key in s3.objects(block.bucket))  # never claims completeness
+
+    s3.proxy.up()
+    result = block.store(no_time_limit=True).flush()
+
+    assert result.pending == () and result.error == ""
+    store = block.store()
+    manifest = read_manifest(store, "s3-outage", 1)
+    assert "verdict.json" in {item.name for item in manifest.items}  # recorded while S3 was down
+    assert bundles.verify(store, manifest, deep=True) == {}
+    stored = s3.objects(block.bucket)
+    assert sorted(stored) == sorted({f"evidence/{item.key}" for item in manifest.items}
+                                    | {"evidence/runs/s3-outage/attempt-1/manifest.json"})
+    assert s3.client().list_multipart_uploads(Bucket=block.bucket).get("Uploads", []) == []
