@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -11,6 +12,7 @@ from rich.table import Table
 
 from trainguard.cli.app import app
 from trainguard.cli.output import console, fail
+from trainguard.core import bundles
 from trainguard.core import manifest as manifests
 from trainguard.core.stores import EvidenceNotFound, EvidenceStore, LocalEvidenceStore
 
@@ -24,10 +26,15 @@ _ATTEMPT = re.compile(r"^runs/[^/]+/attempt-(\d+)/manifest\.json$")
 def show(
     run_id: str = typer.Argument(..., help="The run id printed by `trainguard run` / `demo`."),
     root: Path = typer.Option(Path("trainguard-data/evidence"), help="Evidence folder (used without --block)."),
-    block: str | None = typer.Option(None, help="Name of a saved evidence block to read instead of --root."),
+    block: str | None = typer.Option(None, help="A saved evidence block ('block-type-slug/name') instead of --root."),
+    deep: bool = typer.Option(False, "--deep", help="Download and hash every item instead of trusting stored checksums."),
 ) -> None:
-    """List each attempt's evidence items, verify their sha256, and say why anything is missing."""
-    store = _store(root, block)
+    """List each attempt's evidence items, verify them against the manifest, and say why anything is missing.
+
+    Verification compares each object's size and the store's stored SHA-256 checksum with the
+    manifest, without downloading; `--deep` downloads and hashes every object.
+    """
+    store = open_store(root, block)
     attempts = sorted(
         int(m.group(1)) for key in store.list_keys(f"runs/{run_id}/") if (m := _ATTEMPT.match(key))
     )
@@ -35,30 +42,41 @@ def show(
         fail(f"no evidence for run {run_id!r} in {store.describe()}; check the run id and --root/--block")
     bad = 0
     for attempt in attempts:
-        bad += _show_attempt(store, run_id, attempt)
+        bad += _show_attempt(store, run_id, attempt, deep)
     if bad:
         fail(f"{bad} evidence item(s) failed verification", code=1)
 
 
-def _store(root: Path, block: str | None) -> EvidenceStore:
+def open_store(root: Path, block: str | None, no_time_limit: bool = False) -> EvidenceStore:
+    """The store `--block` names (a saved block reference), else the folder `--root`."""
     if block:
-        from blocks import load_evidence  # Prefect only when a saved block is asked for
+        from blocks import BlockReferenceError, load_evidence  # Prefect only when a saved block is asked for
 
-        return load_evidence(block).store()
+        try:
+            store = load_evidence(block)
+        except BlockReferenceError as exc:
+            fail(f"--block: {exc}")
+        if no_time_limit and hasattr(store, "policy"):  # a command may wait on S3 as long as it takes
+            store.policy = dataclasses.replace(store.policy, budget_seconds=None)
+        return store
     if not root.is_dir():
         fail(f"--root: no evidence folder at {root}; pass the folder your runs wrote to")
     return LocalEvidenceStore(root.resolve())
 
 
-def _show_attempt(store: EvidenceStore, run_id: str, attempt: int) -> int:
+def _show_attempt(store: EvidenceStore, run_id: str, attempt: int, deep: bool) -> int:
     found = manifests.read_manifest(store, run_id, attempt)
-    problems = manifests.verify_manifest(store, found)
+    checked = bundles.verify(store, found, deep=deep)
+    problems = [f"{name}: {problem}" for name, problem in checked.items()]
+    spooled = set(store.pending(manifests.attempt_prefix(run_id, attempt) + "/")) if isinstance(
+        store, bundles.SpoolingStore) else set()
     table = Table(title=f"{run_id} attempt {attempt}: {store.describe(manifests.attempt_prefix(run_id, attempt))}")
     for column in ("item", "size", "sha256", "source", "status"):
         table.add_column(column, overflow="fold")
-    broken = {p.split(":", 1)[0] for p in problems}
     for item in found.items:
-        status = "[red]FAILED[/]" if item.key in broken or item.name in broken else "[green]ok[/]"
+        status = "[red]FAILED[/]" if item.name in checked else "[green]ok[/]"
+        if item.name in spooled:
+            status += " [yellow](spooled, not uploaded yet)[/]"
         table.add_row(item.name, f"{item.size_bytes:,}", item.sha256[:12], item.source, status)
     for missing in found.missing:
         table.add_row(missing.name, "-", "-", missing.source, f"[yellow]absent[/]: {missing.reason}")

@@ -71,7 +71,9 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
     console.print(attempts_table(summaries, title=f"trainguard run {run_id}"))
     console.print(f"{state.name}: {state.message}")
     if summaries and summaries[-1].evidence:
-        console.print(f"evidence: {Path(summaries[-1].evidence).parent}  (trainguard evidence show {run_id})")
+        # the location is a path or an s3:// URI: Path() would fold "s3://" into "s3:/"
+        run_location = summaries[-1].evidence.rstrip("/").rpartition("/")[0]
+        console.print(f"evidence: {run_location}  (trainguard evidence show {run_id})", highlight=False)
     if not state.is_completed():
         raise typer.Exit(1)
 

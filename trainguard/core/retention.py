@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from trainguard.core.bundles import AttemptRecord, records
 from trainguard.core.manifest import attempt_prefix, manifest_key
+from trainguard.core.s3store import S3Store
 from trainguard.core.stores import EvidenceStore
 
 OUTCOME_TAG = "trainguard-outcome"
@@ -137,3 +138,12 @@ def _parse(stamp: str, fallback: datetime) -> datetime:
     except ValueError:
         return fallback  # an unreadable date counts as new: never delete on a guess
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def apply_lifecycle(store: S3Store, retention: Retention) -> list[dict[str, Any]]:
+    """Put the rules for ``store``'s prefix on its bucket (keeping the bucket's other rules); return them as read back."""
+    ours = lifecycle_rules(store.prefix, retention)
+    existing = store.bucket.get_lifecycle()
+    store.bucket.put_lifecycle(merge_rules(existing, ours))
+    ids = {rule["ID"] for rule in ours}
+    return [rule for rule in store.bucket.get_lifecycle() if rule.get("ID") in ids]

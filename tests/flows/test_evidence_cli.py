@@ -1,0 +1,163 @@
+"""`trainguard evidence show | get | list | flush | retention apply | prune` on both kinds of store.
+
+The S3 side is moto on loopback behind the fault proxy; the S3 block is saved on the session's real
+Prefect server and loaded by reference, as a user's command would.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from typer.testing import CliRunner
+
+from trainguard.cli import app
+from trainguard.core.manifest import Manifest, ManifestItem, write_manifest
+from trainguard.core.stores import LocalEvidenceStore
+
+from blocks.evidence import S3EvidenceStore
+
+runner = CliRunner()
+LOG = b"step 1\n" * 300_000  # 2 MiB: more than one 1 MiB read
+
+
+def _bundle(store, run_id: str, attempt: int, state: str, created: datetime | None = None) -> None:
+    items = []
+    for name, data in (("logs/train.log", LOG), ("verdict.json", json.dumps({"state": state, "category":
+                                                                             None if state == "Completed" else "cuda_oom"}).encode())):
+        stored = store.put_bytes(f"runs/{run_id}/attempt-{attempt}/{name}", data)
+        items.append(ManifestItem(name, stored.key, stored.sha256, stored.size_bytes, "test",
+                                  "2026-01-01T00:00:00+00:00", stored.checksum_sha256))
+    stamp = (created or datetime.now(UTC)).isoformat()
+    write_manifest(store, Manifest(run_id, attempt, stamp, tuple(items), ()))
+
+
+@pytest.fixture
+def s3_block(prefect_server, s3, tmp_path):
+    block = S3EvidenceStore(bucket=s3.new_bucket(), prefix="ev", region="us-east-1", endpoint_url=s3.proxy.url,
+                            spool_dir=str(tmp_path / "spool"), retry_attempts=2, retry_base_delay_seconds=0.01)
+    name = f"s3-{uuid.uuid4().hex[:8]}"
+    block.save(name)
+    return f"trainguard-s3-evidence-store/{name}", block
+
+
+def test_show_verifies_s3_objects_by_their_stored_checksums_without_downloading_them(s3_block, s3) -> None:
+    reference, block = s3_block
+    _bundle(block.store(), "r1", 1, "Failed")
+    s3.proxy.requests.clear()
+
+    shown = runner.invoke(app, ["evidence", "show", "r1", "--block", reference])
+
+    assert shown.exit_code == 0, shown.output
+    assert "logs/train.log" in shown.output and "ok" in shown.output
+    assert not [p for m, p in s3.proxy.requests if m == "GET" and p.endswith("logs/train.log")]
+    assert [p for m, p in s3.proxy.requests if m == "HEAD" and p.endswith("logs/train.log")]
+
+    deep = runner.invoke(app, ["evidence", "show", "r1", "--block", reference, "--deep"])
+    assert deep.exit_code == 0 and [p for m, p in s3.proxy.requests if m == "GET" and p.endswith("logs/train.log")]
+
+
+def test_show_reports_an_object_changed_in_the_bucket(s3_block, s3) -> None:
+    reference, block = s3_block
+    _bundle(block.store(), "r1", 1, "Failed")
+    changed = LOG.replace(b"step 1", b"step 2")
+    s3.client().put_object(Bucket=block.bucket, Key="ev/runs/r1/attempt-1/logs/train.log", Body=changed,
+                           ChecksumSHA256=base64.b64encode(hashlib.sha256(changed).digest()).decode())
+
+    shown = runner.invoke(app, ["evidence", "show", "r1", "--block", reference])
+
+    assert shown.exit_code == 1
+    assert "FAILED" in shown.output and "stored checksum is" in shown.output
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_get_streams_an_item_to_a_file_and_checks_its_sha256(kind, s3_block, tmp_path) -> None:
+    reference, block = s3_block
+    store, where = (block.store(), ["--block", reference]) if kind == "s3" else (
+        LocalEvidenceStore(tmp_path / "ev"), ["--root", str(tmp_path / "ev")])
+    _bundle(store, "r1", 1, "Failed")
+    target = tmp_path / "out" / "train.log"
+    target.parent.mkdir()
+
+    got = runner.invoke(app, ["evidence", "get", "r1", "1", "logs/train.log", "-o", str(target), *where])
+
+    assert got.exit_code == 0, got.output
+    assert target.read_bytes() == LOG and "sha256 verified" in got.output
+    assert sorted(p.name for p in target.parent.iterdir()) == ["train.log"]  # no partial file left
+
+    missing = runner.invoke(app, ["evidence", "get", "r1", "1", "nope.txt", *where])
+    assert missing.exit_code == 2 and "not in the manifest" in missing.output and "logs/train.log" in missing.output
+
+
+def test_list_shows_recent_runs_with_their_verdicts(s3_block) -> None:
+    reference, block = s3_block
+    store = block.store()
+    _bundle(store, "old-run", 1, "Completed", datetime.now(UTC) - timedelta(days=2))
+    _bundle(store, "new-run", 1, "Failed")
+    _bundle(store, "new-run", 2, "Failed")
+
+    listed = runner.invoke(app, ["evidence", "list", "--block", reference])
+
+    assert listed.exit_code == 0, listed.output
+    lines = listed.output.splitlines()
+    new, old = (next(i for i, line in enumerate(lines) if name in line) for name in ("new-run", "old-run"))
+    assert new < old and "failed" in lines[new] and "cuda_oom" in lines[new] and "succeeded" in lines[old]
+
+
+def test_retention_apply_puts_lifecycle_rules_that_read_back(s3_block, s3) -> None:
+    reference, block = s3_block
+    s3.client().put_bucket_lifecycle_configuration(Bucket=block.bucket, LifecycleConfiguration={"Rules": [
+        {"ID": "someone-elses", "Status": "Enabled", "Filter": {"Prefix": "other/"}, "Expiration": {"Days": 90}}]})
+
+    applied = runner.invoke(app, ["evidence", "retention", "apply", "--block", reference])
+
+    assert applied.exit_code == 0, applied.output
+    rules = {r["ID"]: r for r in s3.client().get_bucket_lifecycle_configuration(Bucket=block.bucket)["Rules"]}
+    assert rules["someone-elses"]["Expiration"] == {"Days": 90}  # left alone
+    failed, succeeded = rules["trainguard-failed:ev/"], rules["trainguard-succeeded:ev/"]
+    assert failed["Expiration"] == {"Days": 30} and succeeded["Expiration"] == {"Days": 7}
+    assert failed["Filter"]["And"]["Prefix"] == "ev/runs/"
+    assert failed["Filter"]["And"]["Tags"] == [{"Key": "trainguard-outcome", "Value": "failed"}]
+    assert rules["trainguard-incomplete-uploads:ev/"]["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 7}
+
+    too_short = runner.invoke(app, ["evidence", "retention", "apply", "--block", reference, "--succeeded-days", "3"])
+    assert too_short.exit_code == 2 and "--succeeded-days=3" in too_short.output and "at least 7 days" in too_short.output
+
+
+def test_flush_uploads_what_s3_refused_and_a_403_is_one_clear_line_with_the_spool_kept(s3_block, s3) -> None:
+    reference, block = s3_block
+    s3.proxy.fail(lambda method, path: method == "PUT" and "/runs/" in path, 403, "AccessDenied")
+    _bundle(block.store(), "r1", 1, "Failed")
+
+    refused = runner.invoke(app, ["evidence", "flush", "--block", reference])
+
+    assert refused.exit_code == 1
+    assert "access denied" in refused.output and "spool" in refused.output and "Traceback" not in refused.output
+    s3.proxy.reset()
+    flushed = runner.invoke(app, ["evidence", "flush", "--block", reference])
+    assert flushed.exit_code == 0 and "uploaded 3, still spooled 0" in flushed.output
+    assert len(s3.objects(block.bucket)) == 3
+
+
+def test_prune_deletes_expired_attempts_but_never_a_runs_newest_failure(tmp_path) -> None:
+    store = LocalEvidenceStore(tmp_path / "ev")
+    long_ago = datetime.now(UTC) - timedelta(days=60)
+    _bundle(store, "r1", 1, "Failed", long_ago)
+    _bundle(store, "r1", 2, "Failed", long_ago)
+    _bundle(store, "r1", 3, "Completed", long_ago)
+    _bundle(store, "r2", 1, "Completed", datetime.now(UTC) - timedelta(days=3))
+
+    dry = runner.invoke(app, ["evidence", "prune", "--root", str(tmp_path / "ev"), "--dry-run"])
+    assert dry.exit_code == 0 and "2 of 4 attempt(s) would be deleted" in dry.output
+    assert len(store.list_keys("runs/")) == 12
+
+    pruned = runner.invoke(app, ["evidence", "prune", "--root", str(tmp_path / "ev")])
+
+    assert pruned.exit_code == 0, pruned.output
+    assert "r1 attempt 2: kept (the run's newest failure" in pruned.output
+    remaining = {key.rsplit("/", 2)[0] for key in store.list_keys("runs/")}
+    assert remaining == {"runs/r1/attempt-2", "runs/r2/attempt-1"}

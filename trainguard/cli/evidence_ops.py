@@ -1,0 +1,208 @@
+"""`trainguard evidence get | list | flush | retention apply | prune`: working with stored evidence.
+
+Every command works on the evidence folder (`--root`) or on a saved evidence block (`--block`,
+e.g. `trainguard-s3-evidence-store/prod`); `flush` and `retention apply` need an S3 block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from trainguard.cli.evidence import evidence_app, open_store
+from trainguard.cli.output import console, fail
+from trainguard.core import bundles, retention
+from trainguard.core.manifest import ManifestError, ManifestItem, read_manifest
+from trainguard.core.s3store import S3Store
+from trainguard.core.stores import EvidenceNotFound, EvidenceStoreError
+
+PROGRESS_FROM_BYTES = 8 * 1024 * 1024
+ROOT_OPTION = typer.Option(Path("trainguard-data/evidence"), help="Evidence folder (used without --block).")
+BLOCK_OPTION = typer.Option(None, help="A saved evidence block, 'block-type-slug/name' (e.g. an S3 store).")
+
+retention_app = typer.Typer(help="How long evidence is kept.", no_args_is_help=True)
+evidence_app.add_typer(retention_app, name="retention")
+
+
+@evidence_app.command("get")
+def get(
+    run_id: str = typer.Argument(..., help="The run id."),
+    attempt: int = typer.Argument(..., help="The attempt number, from 1."),
+    item: str = typer.Argument(..., help="The item's name in the manifest, e.g. logs/train-rank0.log."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Where to write it ('-' for stdout)."),
+    root: Path = ROOT_OPTION,
+    block: str | None = BLOCK_OPTION,
+) -> None:
+    """Download one evidence item, checking its SHA-256 against the manifest on the way."""
+    store = open_store(root, block)
+    found = _item(store, run_id, attempt, item)
+    target = output or Path(Path(found.name).name)
+    if str(target) == "-":
+        digest = _copy(store, found, sys.stdout.buffer, show_progress=False)
+    else:
+        digest = _download(store, found, target)
+    if digest != found.sha256:
+        fail(f"{found.name}: the downloaded bytes hash to {digest}, the manifest says {found.sha256}; "
+             "nothing was kept", code=1)
+    if str(target) != "-":
+        console.print(f"{escape(found.name)}: {found.size_bytes:,} bytes, sha256 verified, written to "
+                      f"{escape(str(target))}", highlight=False)
+
+
+def _item(store: Any, run_id: str, attempt: int, name: str) -> ManifestItem:
+    try:
+        manifest = read_manifest(store, run_id, attempt)
+    except EvidenceNotFound:
+        fail(f"no manifest for run {run_id!r} attempt {attempt} in {store.describe()}; "
+             "`trainguard evidence show RUN_ID` lists the attempts")
+    except (ManifestError, EvidenceStoreError) as exc:
+        fail(f"cannot read the manifest of {run_id!r} attempt {attempt}: {exc}", code=1)
+    for candidate in manifest.items:
+        if name in (candidate.name, candidate.key):
+            return candidate
+    names = ", ".join(i.name for i in manifest.items[:12])
+    fail(f"ITEM {name!r} is not in the manifest of {run_id!r} attempt {attempt}; it lists: {names}")
+
+
+def _download(store: Any, item: ManifestItem, target: Path) -> str:
+    """Stream into a temporary file beside ``target`` and rename it only once it is whole."""
+    folder = target.parent if str(target.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=folder)
+    except OSError as exc:
+        fail(f"-o {target}: cannot write there ({exc.strerror or exc}); pass a writable path")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            digest = _copy(store, item, out, show_progress=item.size_bytes >= PROGRESS_FROM_BYTES)
+        if digest == item.sha256:
+            os.replace(tmp, target)
+        return digest
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _copy(store: Any, item: ManifestItem, out: BinaryIO, show_progress: bool) -> str:
+    digest = hashlib.sha256()
+    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    try:
+        with Progress(*columns, console=console, disable=not show_progress, transient=True) as progress:
+            task = progress.add_task("download", total=item.size_bytes)
+            for chunk in store.read_chunks(item.key):
+                out.write(chunk)
+                digest.update(chunk)
+                progress.advance(task, len(chunk))
+    except EvidenceStoreError as exc:
+        fail(f"{item.name}: {exc}", code=1)
+    return digest.hexdigest()
+
+
+@evidence_app.command("list")
+def list_runs(
+    limit: int = typer.Option(20, min=1, help="How many runs, newest first."),
+    root: Path = ROOT_OPTION,
+    block: str | None = BLOCK_OPTION,
+) -> None:
+    """Recent runs, each with its attempts and the verdict of its last attempt."""
+    store = open_store(root, block)
+    try:
+        runs: dict[str, list[bundles.AttemptRecord]] = {}
+        for found in bundles.records(store):
+            runs.setdefault(found.run_id, []).append(found)
+    except EvidenceStoreError as exc:
+        fail(f"cannot list {store.describe()}: {exc}", code=1)
+    if not runs:
+        fail(f"no evidence in {store.describe()}; check --root/--block", code=1)
+    table = Table(title=f"runs in {escape(store.describe())}")
+    for column in ("run", "attempts", "last verdict", "category", "last attempt at"):
+        table.add_column(column, overflow="fold")
+    newest = sorted(runs.values(), key=lambda attempts: max(a.created_at for a in attempts), reverse=True)
+    for attempts in newest[:limit]:
+        last = max(attempts, key=lambda a: a.attempt)
+        verdict = {"Completed": "[green]succeeded[/]", None: "[yellow]no verdict[/]"}.get(last.state, "[red]failed[/]")
+        table.add_row(escape(last.run_id), str(len(attempts)), verdict, escape(last.category or "-"), last.created_at)
+    console.print(table)
+
+
+def _s3_store(block: str | None, command: str) -> S3Store:
+    if not block:
+        fail(f"--block: `trainguard evidence {command}` needs a saved S3 evidence block "
+             "(trainguard-s3-evidence-store/NAME); a folder has nothing to upload or expire")
+    store = open_store(Path("."), block, no_time_limit=True)
+    if not isinstance(store, S3Store):
+        fail(f"--block {block}: not an S3 evidence store; name a trainguard-s3-evidence-store block")
+    return store
+
+
+@evidence_app.command("flush")
+def flush(block: str | None = BLOCK_OPTION) -> None:
+    """Upload what waits in the local spool (evidence S3 could not take in time), manifests last."""
+    store = _s3_store(block, "flush")
+    waiting = store.pending()
+    if not waiting:
+        console.print(f"nothing spooled for {escape(store.describe())}", highlight=False)
+        return
+    console.print(f"uploading {len(waiting)} spooled item(s) to {escape(store.describe())}", highlight=False)
+    result = store.flush()
+    console.print(f"uploaded {len(result.uploaded)}, still spooled {len(result.pending)}", highlight=False)
+    if result.pending:
+        fail(f"{result.error or 'upload incomplete'}; the spool at {store.spool.root} is kept", code=1)
+
+
+@retention_app.command("apply")
+def retention_apply(
+    block: str | None = BLOCK_OPTION,
+    failed_days: int = typer.Option(30, help="Days to keep failed attempts (at least 7)."),
+    succeeded_days: int = typer.Option(7, help="Days to keep successful attempts (at least 7)."),
+) -> None:
+    """Put lifecycle rules on the block's prefix: failed and successful attempts expire after their days."""
+    keep = _retention(failed_days, succeeded_days)
+    store = _s3_store(block, "retention apply")
+    try:
+        rules = retention.apply_lifecycle(store, keep)
+    except EvidenceStoreError as exc:
+        fail(str(exc), code=1)
+    for rule in rules:
+        action = rule.get("Expiration") or rule.get("AbortIncompleteMultipartUpload")
+        console.print(f"{escape(rule['ID'])}: {escape(str(action))}", highlight=False)
+
+
+def _retention(failed_days: int, succeeded_days: int) -> retention.Retention:
+    try:
+        return retention.Retention(failed_days=failed_days, succeeded_days=succeeded_days)
+    except retention.RetentionError as exc:
+        fail(f"--{str(exc).replace('_', '-')}")
+
+
+@evidence_app.command("prune")
+def prune(
+    failed_days: int = typer.Option(30, help="Delete failed attempts older than this (at least 7)."),
+    succeeded_days: int = typer.Option(7, help="Delete successful attempts older than this (at least 7)."),
+    dry_run: bool = typer.Option(False, help="Only say what would be deleted."),
+    root: Path = ROOT_OPTION,
+    block: str | None = BLOCK_OPTION,
+) -> None:
+    """Delete attempts past their retention; a run's newest failure is always kept."""
+    keep = _retention(failed_days, succeeded_days)
+    store = open_store(root, block)
+
+    def say(decision: retention.PruneDecision) -> None:
+        verb = ("would delete" if dry_run else "deleted") if decision.delete else "kept"
+        console.print(f"{escape(decision.attempt.run_id)} attempt {decision.attempt.attempt}: {verb} "
+                      f"({escape(decision.reason)})", highlight=False)
+
+    try:
+        decisions = retention.prune(store, keep, dry_run=dry_run, on_decision=say)
+    except EvidenceStoreError as exc:
+        fail(f"prune stopped: {exc}", code=1)
+    console.print(f"{sum(d.delete for d in decisions)} of {len(decisions)} attempt(s) "
+                  f"{'would be ' if dry_run else ''}deleted", highlight=False)
