@@ -45,7 +45,7 @@ class UploadPolicy:
     max_delay_seconds: float = 8.0
     budget_seconds: float | None = 900.0
     part_bytes: int = 8 * 1024 * 1024
-    concurrency: int = 8
+    concurrency: int = 4
 
 
 @dataclass(frozen=True)
