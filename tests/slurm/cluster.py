@@ -96,7 +96,7 @@ class SlurmCluster:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core_Memory",
             "SchedulerType=sched/backfill",
-            "ReturnToService=2",
+            "ReturnToService=1",  # a node an admin set DOWN stays down until resumed
             "MaxJobCount=10000",
             "MinJobAge=600",
             "KillWait=5",
