@@ -78,7 +78,7 @@ def job_name(run_id: str, attempt: int) -> str:
 def job_comment(run_id: str, attempt: int, shared_folder: str) -> str:
     """The comment that tells this attempt's job apart from a namesake of another installation."""
     place = hashlib.sha256(shared_folder.encode("utf-8", "surrogateescape")).hexdigest()[:12]
-    return f"trainguard run={run_id} attempt={attempt} shared={place}"
+    return f"trainguard:{run_id}:attempt-{attempt}:shared-{place}"  # no '=': scontrol's key=value text stays readable
 
 
 def time_limit_minutes(deadline_seconds: float | None) -> int | None:
