@@ -10,12 +10,14 @@ from blocks.backends import LocalProcessBackend
 from blocks.evidence import EvidenceFolder
 from blocks.loading import BlockReferenceError, load_backend, load_evidence
 from blocks.retry import RetryPolicy, resolve_policy
+from blocks.slurm import SlurmBackend
 
 __all__ = [
     "BlockReferenceError",
     "EvidenceFolder",
     "LocalProcessBackend",
     "RetryPolicy",
+    "SlurmBackend",
     "load_backend",
     "load_evidence",
     "resolve_policy",

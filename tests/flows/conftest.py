@@ -1,4 +1,4 @@
-"""One real Prefect server for every flow test (it takes ~10 s to start), and per-test blocks.
+"""Per-test blocks for the flow tests, on the session's one real Prefect server (tests/conftest.py).
 
 Flow tests run real flows against it: real processes, real files, the real triage engine. The only
 thing that cannot exist here is a GPU; no test needs one.
@@ -6,25 +6,13 @@ thing that cannot exist here is a GPU; no test needs one.
 
 from __future__ import annotations
 
-import os
 import uuid
 from typing import Any
 
 import pytest
-from prefect.settings import PREFECT_API_URL
-from prefect.testing.utilities import prefect_test_harness
 
 from blocks import EvidenceFolder, LocalProcessBackend
 from s3fixtures import s3, s3_server  # noqa: F401  (fixtures for the S3 evidence tests)
-
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
-
-@pytest.fixture(scope="session")
-def prefect_server():
-    """A real Prefect API server for the session; yields its URL for subprocesses."""
-    with prefect_test_harness(server_startup_timeout=90):
-        yield PREFECT_API_URL.value()
 
 
 @pytest.fixture

@@ -1,0 +1,22 @@
+"""Fixtures shared by more than one test folder: one real Prefect server for the whole session.
+
+Flow tests of every backend (tests/flows, tests/slurm) run real flows against the same server,
+which takes ~10 s to start on 2 cores; each folder's conftest adds its own blocks and services.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from prefect.settings import PREFECT_API_URL
+from prefect.testing.utilities import prefect_test_harness
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """A real Prefect API server for the session; yields its URL for subprocesses."""
+    with prefect_test_harness(server_startup_timeout=90):
+        yield PREFECT_API_URL.value()

@@ -1,0 +1,189 @@
+"""A throwaway single-node Slurm for the tests: munged, slurmctld and slurmd on loopback, all under one folder.
+
+Nothing system-wide is read or written: the configuration, munge key and socket, state, spool, pid
+and log files live under the folder given, and every command reaches this cluster through
+`SLURM_CONF`. The node is this machine, tracked with `proctrack/linuxproc` and `task/none` (no
+cgroups needed), as root. Job completion records go to `jobcomp/filetxt`; there is no slurmdbd.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def missing_binaries() -> list[str]:
+    return [name for name in (*DAEMONS, "sbatch", "squeue", "scontrol", "scancel", "sinfo") if not shutil.which(name)]
+
+
+def _memory_mb() -> int:
+    with open("/proc/meminfo", encoding="ascii") as handle:
+        total_kb = int(next(line for line in handle if line.startswith("MemTotal:")).split()[1])
+    return max(512, total_kb // 1024 - 1024)  # a little under the machine's, as slurmd checks it
+
+
+@dataclass
+class SlurmCluster:
+    """One node, one partition (`debug`), private ports; `env` points commands at it."""
+
+    root: Path
+    node: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    partition: str = "debug"
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    @property
+    def jobcomp_log(self) -> Path:
+        return self.root / "log" / "jobcomp.txt"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.root / "munge" / "munge.socket"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def write_config(self) -> None:
+        for sub in ("etc", "state", "spool", "run", "log", "munge"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        ctl_port, node_port = free_port(), free_port()
+        r = self.root
+        self.conf.write_text("\n".join([
+            "ClusterName=trainguard-test",
+            f"SlurmctldHost={self.node}(127.0.0.1)",
+            f"SlurmctldPort={ctl_port}",
+            f"SlurmdPort={node_port}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            f"StateSaveLocation={r}/state",
+            f"SlurmdSpoolDir={r}/spool",
+            f"SlurmctldPidFile={r}/run/slurmctld.pid",
+            f"SlurmdPidFile={r}/run/slurmd.pid",
+            f"SlurmctldLogFile={r}/log/slurmctld.log",
+            f"SlurmdLogFile={r}/log/slurmd.log",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            f"PlugStackConfig={r}/etc/plugstack.conf",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/linux",
+            "JobAcctGatherFrequency=1",
+            "JobAcctGatherParams=OverMemoryKill",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/filetxt",
+            f"JobCompLoc={self.jobcomp_log}",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core_Memory",
+            "SchedulerType=sched/backfill",
+            "ReturnToService=1",  # a node an admin set DOWN stays down until resumed
+            "MaxJobCount=10000",
+            "MinJobAge=600",
+            "KillWait=5",
+            "InactiveLimit=0",
+            "SlurmdTimeout=30",
+            "MessageTimeout=10",
+            "MpiDefault=none",
+            "SwitchType=switch/none",
+            "LaunchParameters=use_interactive_step",
+            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} RealMemory={_memory_mb()} State=UNKNOWN",
+            f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
+            "",
+        ]))
+        (self.root / "etc" / "plugstack.conf").write_text("")
+
+    def _munge_key(self) -> Path:
+        key = self.root / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        (self.root / "munge").chmod(0o700)
+        return key
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = (self.root / "log" / f"{name}.stdout").open("ab")
+        self.processes[name] = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+
+    def start(self) -> None:
+        """Write the configuration and start the three daemons in the foreground of their own sessions."""
+        self.write_config()
+        m = self.root / "munge"
+        self._spawn("munged", [
+            "munged", "--foreground", "--force", f"--key-file={self._munge_key()}", f"--socket={self.munge_socket}",
+            f"--pid-file={m}/munged.pid", f"--log-file={m}/munged.log", f"--seed-file={m}/munged.seed",
+        ])
+        self._wait_for_path(self.munge_socket, "munged's socket")
+        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.node])
+
+    def _wait_for_path(self, path: Path, what: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not appear at {path} within {timeout:g}s")
+            time.sleep(0.05)
+
+    def _check_alive(self) -> None:
+        for name, proc in self.processes.items():
+            if proc.poll() is not None:
+                log = (self.root / "log" / f"{name}.stdout").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{name} exited with {proc.returncode}: {log}")
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """A Slurm command against this cluster."""
+        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, check=check, timeout=timeout)
+
+    def node_state(self) -> str:
+        """The node's state as sinfo prints it (idle, alloc, down*, ...), or '' while unreachable."""
+        self._check_alive()
+        done = self.run("sinfo", "--noheader", "--nodes", self.node, "--format=%T", check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    def set_node(self, state: str, reason: str = "") -> None:
+        argv = ["scontrol", "update", f"nodename={self.node}", f"state={state}"]
+        self.run(*argv, *([f"reason={reason}"] if reason else []))
+
+    def jobs(self) -> list[str]:
+        """Ids of the jobs the cluster still holds queued or running."""
+        done = self.run("squeue", "--noheader", "--format=%i", check=False)
+        return done.stdout.split() if done.returncode == 0 else []
+
+    def stop(self) -> None:
+        """Cancel what still runs, then stop the daemons (slurmd first), each by its own process."""
+        if self.processes.get("slurmctld") is not None and self.processes["slurmctld"].poll() is None:
+            self.run("scancel", f"--user={os.getuid()}", check=False)
+            deadline = time.monotonic() + 15
+            while self.jobs() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        for name in reversed(DAEMONS):
+            proc = self.processes.get(name)
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -1,0 +1,90 @@
+"""The attempt flow on a real single-node Slurm: retries from checkpoints, fail-fast, limits and cancels.
+
+Every job is a real `sbatch --no-requeue` job running the entrypoint under srun and the tiny
+trainer; the flow follows it with squeue and reads its end from scontrol and the crash report.
+"""
+
+from __future__ import annotations
+
+import json
+
+from slurm_helpers import Meanwhile, jobcomp_lines, log_says, run, running_job, tiny_spec
+from waiting import wait_for
+
+from trainguard.core.manifest import read_manifest, verify_manifest
+from trainguard.core.slurm_job import job_name
+from trainguard.core.stores import LocalEvidenceStore
+
+
+def test_an_nccl_timeout_on_slurm_is_retried_from_its_checkpoint_and_succeeds(slurm_blocks, slurm_cluster):
+    spec = tiny_spec("slurm-nccl", "--fail-at-step", "35", "--fail-on-attempt", "1", env={"HF_TOKEN": "hf_planted42"})
+    state, history = run(spec, slurm_blocks, "slurm-nccl-1")
+
+    assert state.is_completed(), state.message
+    assert [(h["state"], h["category"]) for h in history] == [("Failed", "nccl_error"), ("Completed", None)]
+    assert history[0]["node"] == slurm_cluster.node
+    assert history[1]["resumed_from"].endswith("step-000030.json")
+    evidence = slurm_blocks["evidence"] / "runs" / "slurm-nccl-1"
+    assert "attempt 2: resumed from step 30" in next((evidence / "attempt-2" / "logs").glob("train-*.log")).read_text()
+
+    store = LocalEvidenceStore(slurm_blocks["evidence"])
+    manifest = read_manifest(store, "slurm-nccl-1", 1)
+    assert verify_manifest(store, manifest) == []
+    names = {item.name for item in manifest.items}
+    job_id = json.loads((evidence / "attempt-1" / "slurm" / "slurm-job.json").read_text())["job_id"]
+    for expected in (f"slurm/slurm-{job_id}.out", f"slurm/slurm-{job_id}.err", "slurm/scontrol-show-job.txt",
+                     "slurm/batch-script.sh", "slurm/jobcomp.txt", "crash-report.json", "snapshot/env.json"):
+        assert expected in names, expected
+    assert "JobState=FAILED" in (evidence / "attempt-1" / "slurm" / "scontrol-show-job.txt").read_text()
+    assert "Requeue=0" in (evidence / "attempt-1" / "slurm" / "scontrol-show-job.txt").read_text()  # --no-requeue
+    assert "Watchdog caught collective" in (evidence / "attempt-1" / "slurm" / f"slurm-{job_id}.out").read_text()
+    assert "srun" in (evidence / "attempt-1" / "slurm" / "batch-script.sh").read_text()
+    accounting = {item.name: item.reason for item in manifest.missing if item.name.startswith("slurm/sacct")}
+    assert "slurm/sacct.json" in names or "accounting storage is disabled" in accounting.get("slurm/sacct.json", "")
+    assert "hf_planted42" not in (evidence / "attempt-1" / "snapshot" / "env.json").read_text()
+
+
+def test_a_type_error_on_slurm_fails_fast_with_one_job(slurm_blocks, slurm_cluster):
+    state, history = run(tiny_spec("slurm-typeerror", "--fail-after-steps", "3", "--failure", "type-error"),
+                         slurm_blocks, "slurm-typeerror-1")
+
+    assert state.is_failed()
+    assert len(history) == 1 and history[0]["category"] == "code_error"
+    assert history[0]["exit_code"] == 1 and history[0]["termination_reason"] == "Error"
+    assert len(jobcomp_lines(slurm_cluster, job_name("slurm-typeerror-1", 1))) == 1
+    assert jobcomp_lines(slurm_cluster, job_name("slurm-typeerror-1", 2)) == []
+
+
+def test_scancel_by_a_user_is_user_cancelled_and_not_retried(slurm_blocks, slurm_cluster):
+    spec = tiny_spec("slurm-scancel", "--steps", "600", "--step-seconds", "0.1")
+
+    def cancel() -> str:
+        job_id = running_job(slurm_cluster, "slurm-scancel-1", 1)
+        wait_for(log_says(slurm_blocks["shared"], "slurm-scancel-1", 1, "step 5/"), what="training to make progress")
+        slurm_cluster.run("scancel", job_id)
+        return job_id
+
+    beside = Meanwhile(cancel)
+    beside.start()
+    state, history = run(spec, slurm_blocks, "slurm-scancel-1")
+    beside.join_checked()
+
+    assert state.is_failed()
+    assert [(h["category"], h["termination_reason"]) for h in history] == [("user_cancelled", "Cancelled")]
+    assert "not retryable" in history[0]["decision"]["reason"]
+    assert jobcomp_lines(slurm_cluster, job_name("slurm-scancel-1", 2)) == []
+
+
+def test_a_job_over_its_time_limit_is_a_timeout(prefect_server, slurm_node_up, tmp_path):
+    from conftest import save_slurm_blocks
+
+    blocks = save_slurm_blocks(slurm_node_up, tmp_path, signal_lead_seconds=0)
+    spec = tiny_spec("slurm-timeout", "--steps", "100000", "--step-seconds", "0.5", deadline_seconds=30,
+                     retry={"max_attempts": 1})
+    state, history = run(spec, blocks, "slurm-timeout-1")
+
+    assert state.is_failed()
+    assert (history[0]["category"], history[0]["termination_reason"]) == ("timeout", "DeadlineExceeded")
+    assert "TIMEOUT" in history[0]["signature"] or history[0]["rule_id"] == "reason.deadline"
+    assert "TimeLimit=00:01:00" in (blocks["evidence"] / "runs" / "slurm-timeout-1" / "attempt-1" / "slurm"
+                                    / "scontrol-show-job.txt").read_text()

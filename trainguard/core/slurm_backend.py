@@ -1,0 +1,335 @@
+"""The Slurm backend: a training attempt as one batch job on an HPC cluster, behind the `Backend` seam.
+
+The attempt's folder and the run's checkpoints live on the cluster's shared filesystem, which the
+flow's machine also mounts. `run` submits the attempt's job (or adopts the one a previous flow
+process already submitted, found by its recorded id or by name and comment), follows it with
+`squeue` on its own id with backoff, streams the entrypoint's log to `on_line`, and reads the end
+from `scontrol show job` and the entrypoint's crash report. Evidence is ``slurm_evidence``'s; the
+job's shape is ``slurm_job``'s; the commands are ``slurm``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from trainguard_entrypoint.files import write_json_atomic
+
+from trainguard.core import evidence, slurm_evidence, slurm_job
+from trainguard.core.backend import (
+    CANCELLED, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, container_env,
+)
+from trainguard.core.slurm import JobInfo, JobNotFound, SlurmClient, SlurmError, SlurmUnavailable, TERMINAL_STATES
+from trainguard.core.slurm_tail import LogTail
+from trainguard.core.stores import EvidenceStore
+from trainguard.core.triage.signals import Signals
+from trainguard.core.workspace import AttemptWorkspace, run_checkpoint_dir
+
+KIND = "slurm"
+JOB_RECORD = "slurm-job.json"
+_PASSED_THROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SLURM_CONF")
+
+
+def _print_line(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+@dataclass(frozen=True)
+class SlurmBackend:
+    """Runs attempts as Slurm batch jobs; workspaces and checkpoints under `shared_folder`.
+
+    Attributes:
+        shared_folder: A folder on the cluster's shared filesystem, mounted at the same path here.
+        settings: The job's site settings (partition, account, resources, extra options).
+        python: The interpreter on the compute nodes that runs the entrypoint.
+        client: The Slurm command adapter.
+        clock, sleep: Injected for the supervision loop.
+        poll_min_seconds, poll_max_seconds: The `squeue` backoff range while a job is queued or running.
+    """
+
+    shared_folder: Path
+    settings: slurm_job.JobSettings = field(default_factory=slurm_job.JobSettings)
+    python: str = sys.executable
+    client: SlurmClient = field(default_factory=SlurmClient)
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    poll_min_seconds: float = 0.25
+    poll_max_seconds: float = 2.0
+    kind: str = KIND
+
+    def workspace(self, ref: AttemptRef) -> AttemptWorkspace:
+        """The attempt's folders on the shared filesystem, recreated if need be."""
+        return AttemptWorkspace.create(self.shared_folder, ref.run_id, ref.attempt)
+
+    def provision(self, run_id: str, attempt: int) -> AttemptRef:
+        ws = AttemptWorkspace.create(self.shared_folder, run_id, attempt)
+        return AttemptRef(KIND, run_id, attempt, name=slurm_job.job_name(run_id, attempt), workspace=str(ws.root),
+                          checkpoint_dir=str(ws.checkpoint_dir))
+
+    def run(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None = None) -> AttemptOutcome:
+        ws = self.workspace(ref)
+        started_at = datetime.now(UTC)
+        try:
+            job_id = self._submit_or_adopt(ws, launch)
+        except (SlurmError, OSError) as exc:
+            return self._never_started(ws, f"sbatch failed: {exc}")
+        stopped_for: str | None = None
+        try:
+            stopped_for = self._supervise(ws, job_id, launch, on_line or _print_line)
+        except BaseException as exc:  # the flow is being stopped: the job must not outlive it
+            self._cancel_quietly(job_id)
+            self._write_runner(ws, job_id, None, CANCELLED, f"the flow was interrupted ({type(exc).__name__}); "
+                               f"Slurm job {job_id} was cancelled")
+            raise
+        return self._outcome(ws, job_id, stopped_for, started_at)
+
+    def collect_evidence(
+        self, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None,
+        extra: Mapping[str, bytes] | None = None,
+    ) -> CollectedEvidence:
+        ws = self.workspace(ref)
+        manifest = slurm_evidence.collect(ws, self.client, store, job_id=self.recorded_job_id(ws),
+                                          node_failed=bool(outcome and outcome.reason == "NodeLost"), extra=extra)
+        return CollectedEvidence(manifest, store.describe(f"runs/{ref.run_id}/attempt-{ref.attempt}"))
+
+    def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
+        log = Path(outcome.log_path) if outcome.log_path else self.workspace(ref).log_path
+        return Signals(
+            exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
+            events=outcome.events, log=log if log.exists() else (outcome.log_tail or None),
+        )
+
+    def checkpoints(self, run_id: str) -> list[str]:
+        folder = run_checkpoint_dir(self.shared_folder, run_id)
+        return [str(path) for path in evidence.newest_checkpoints(folder)] if folder.is_dir() else []
+
+    def release(self, ref: AttemptRef) -> None:
+        """Nothing to delete: Slurm ages the job's record out itself; the folder stays for resumes."""
+
+    # --- submission and adoption -------------------------------------------------------------
+
+    def recorded_job_id(self, ws: AttemptWorkspace) -> str | None:
+        """The job id this attempt's folder records, if a job was submitted for it."""
+        try:
+            record = json.loads((ws.root / JOB_RECORD).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        job_id = record.get("job_id") if isinstance(record, dict) else None
+        return job_id if isinstance(job_id, str) and job_id.isdigit() else None
+
+    def _adoptable(self, ws: AttemptWorkspace, launch: Launch) -> str | None:
+        name = slurm_job.job_name(launch.run_id, launch.attempt)
+        recorded = self.recorded_job_id(ws)
+        if recorded is not None:
+            try:
+                if self.client.show_job(recorded).fields.get("JobName") == name:
+                    return recorded
+            except JobNotFound:
+                pass  # aged out of Slurm's memory: look for a namesake still queued or running
+        comment = slurm_job.job_comment(launch.run_id, launch.attempt, str(self.shared_folder))
+        found = self.client.find(name, comment)
+        return found[0][0] if found else None
+
+    def _submit_or_adopt(self, ws: AttemptWorkspace, launch: Launch) -> str:
+        adopted = self._adoptable(ws, launch)
+        if adopted is not None:
+            self._record(ws, adopted, adopted=True)
+            return adopted
+        script = ws.root / "slurm-batch.sh"
+        entry = slurm_evidence.entrypoint_archive(self.shared_folder)
+        script.write_text(slurm_job.batch_script(
+            python=self.python, entrypoint=str(entry), command=launch.command, workspace=str(ws.root),
+            run_id=launch.run_id, attempt=launch.attempt,
+        ), encoding="utf-8")
+        options = slurm_job.sbatch_options(self.settings, launch, workspace=str(ws.root),
+                                           shared_folder=str(self.shared_folder), exclude=self._exclusions(launch))
+        env = container_env(launch, workspace=str(ws.root), checkpoint_dir=str(ws.checkpoint_dir),
+                            base=self._base_env())
+        job_id = self.client.submit(str(script), options, env)
+        self._record(ws, job_id, adopted=False, options=options)
+        return job_id
+
+    def _base_env(self) -> dict[str, str]:
+        client_env = self.client.env if self.client.env is not None else os.environ
+        return {name: client_env[name] for name in _PASSED_THROUGH if name in client_env}
+
+    def _exclusions(self, launch: Launch) -> list[str]:
+        """Nodes to keep off: those earlier attempts failed on, if the partition has others left."""
+        if not launch.avoid_nodes:
+            return []
+        try:
+            nodes = {node for node, _ in self.client.nodes(self.settings.partition)}
+        except SlurmError:
+            return []
+        avoid = [node for node in launch.avoid_nodes if node in nodes]
+        return avoid if nodes - set(avoid) else []  # else the job waits for the node to come back
+
+    def _record(self, ws: AttemptWorkspace, job_id: str, *, adopted: bool, options: list[str] | None = None) -> None:
+        path = ws.root / JOB_RECORD
+        previous: dict[str, Any] = {}
+        try:
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+            previous = loaded if isinstance(loaded, dict) and loaded.get("job_id") == job_id else {}
+        except (OSError, ValueError):
+            pass
+        record = {**previous, "job_id": job_id, "job_name": slurm_job.job_name(ws.run_id, ws.attempt)}
+        stamp = datetime.now(UTC).isoformat()
+        if adopted:
+            record["adopted_at"] = [*previous.get("adopted_at", []), stamp]
+        else:
+            record.update(submitted_at=stamp, sbatch_options=options or [])
+        write_json_atomic(path, record)
+
+    # --- supervision --------------------------------------------------------------------------
+
+    def _supervise(self, ws: AttemptWorkspace, job_id: str, launch: Launch, on_line: LineSink) -> str | None:
+        """Follow the job until it is terminal; return why trainguard stopped it, if it did."""
+        tail = LogTail(ws.log_path, on_line, self.clock)
+        delay, running_since, stopped_for = self.poll_min_seconds, None, None
+        while True:
+            tail.poll()
+            try:
+                state = self.client.state(job_id)
+            except SlurmUnavailable:
+                state = "UNKNOWN"  # the controller is busy or restarting: ask again, later
+            if state is None or state in TERMINAL_STATES:
+                tail.poll(final=True)
+                return stopped_for
+            if state == "RUNNING":
+                running_since = running_since if running_since is not None else self.clock()
+                silent_since = max(running_since, tail.last_output)
+                if (stopped_for is None and launch.stall_seconds is not None
+                        and self.clock() - silent_since >= launch.stall_seconds):
+                    stopped_for = slurm_job.STALLED
+                    self._cancel_quietly(job_id)
+                    delay = self.poll_min_seconds
+            self.sleep(delay)
+            delay = min(delay * 1.5, self.poll_max_seconds) if state != "COMPLETING" else self.poll_min_seconds
+
+    def _cancel_quietly(self, job_id: str) -> None:
+        try:
+            self.client.cancel(job_id)
+        except SlurmError:
+            pass  # the job may be gone already; the outcome says what Slurm last knew
+
+    # --- the end ------------------------------------------------------------------------------
+
+    def _outcome(self, ws: AttemptWorkspace, job_id: str, stopped_for: str | None, started: datetime) -> AttemptOutcome:
+        info = self._final_info(ws, job_id)
+        crash = _read_json(ws.crash_report_path)
+        exit_code, sig = _exit_status(crash, info)
+        state = info.state if info is not None else "UNKNOWN"
+        signalled = (ws.root / slurm_job.SIGNAL_MARKER).exists()
+        reason = slurm_job.termination(state, exit_code, signalled=signalled, stopped_for=stopped_for)
+        nodes = self._hostnames(info.node_list) if info is not None and info.node_list else []
+        node = self._failed_node(ws, nodes) if reason == "NodeLost" else (nodes[0] if nodes else None)
+        message = _message(job_id, info, exit_code, sig, stopped_for, signalled)
+        self._write_runner(ws, job_id, exit_code, reason, message, sig)
+        event = {"type": "Warning" if reason != "Completed" else "Normal", "reason": state, "message": message,
+                 "involvedObject": {"kind": "SlurmJob", "name": job_id}}
+        return AttemptOutcome(
+            exit_code=exit_code, signal=sig, reason=reason, message=message,
+            started_at=_iso(info.start_time) if info else started.isoformat(),
+            finished_at=_iso(info.end_time) if info else datetime.now(UTC).isoformat(),
+            duration_seconds=info.run_seconds if info else 0.0, node=node, events=(event,),
+            log_path=str(ws.log_path),
+        )
+
+    def _final_info(self, ws: AttemptWorkspace, job_id: str) -> JobInfo | None:
+        """`scontrol show job` right at the end, kept in the folder before the record ages out."""
+        try:
+            info = self.client.show_job(job_id)
+            (ws.root / "slurm").mkdir(exist_ok=True)
+            (ws.root / "slurm" / "scontrol-show-job.txt").write_text(self.client.show_job_text(job_id), "utf-8")
+            return info
+        except (SlurmError, OSError):
+            return None
+
+    def _hostnames(self, node_list: str) -> list[str]:
+        try:
+            return self.client.hostnames(node_list)
+        except SlurmError:
+            return [node_list]
+
+    def _failed_node(self, ws: AttemptWorkspace, nodes: list[str]) -> str | None:
+        """The job's node Slurm marked down or failing (its `scontrol show node` kept), else the first."""
+        for node in nodes:
+            try:
+                text = self.client.show_node(node)
+            except SlurmError:
+                continue
+            (ws.root / "slurm").mkdir(exist_ok=True)
+            (ws.root / "slurm" / f"scontrol-show-node-{node}.txt").write_text(text, "utf-8")
+            if any(word in text for word in ("State=DOWN", "+DRAIN", "State=FAIL", "NOT_RESPONDING", "State=DRAIN")):
+                return node
+        return nodes[0] if nodes else None
+
+    def _never_started(self, ws: AttemptWorkspace, message: str) -> AttemptOutcome:
+        self._write_runner(ws, None, None, "StartError", message)
+        return AttemptOutcome(exit_code=None, signal=None, reason="StartError", message=message,
+                              log_path=str(ws.log_path))
+
+    @staticmethod
+    def _write_runner(ws: AttemptWorkspace, job_id: str | None, exit_code: int | None, reason: str, message: str,
+                      sig: int | None = None) -> None:
+        payload = {"format": 1, "backend": KIND, "run_id": ws.run_id, "attempt": ws.attempt, "job_id": job_id,
+                   "reason": reason, "message": message, "exit_code": exit_code, "signal": sig,
+                   "entrypoint_pid": None, "finished_at": datetime.now(UTC).isoformat(),
+                   "log_path": str(ws.log_path)}
+        try:
+            write_json_atomic(ws.runner_report_path, payload)
+        except OSError:
+            pass  # shows up as missing evidence; the outcome is still returned
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def _exit_status(crash: dict[str, Any] | None, info: JobInfo | None) -> tuple[int | None, int | None]:
+    """The command's own status from the crash report; else the batch script's as Slurm saw it."""
+    if crash is not None and isinstance(crash.get("exit_code"), int):
+        sig = crash.get("signal")
+        return crash["exit_code"], sig if isinstance(sig, int) else None
+    if info is None:
+        return None, None
+    if info.signal:
+        return 128 + info.signal, info.signal
+    return info.exit_code, None
+
+
+def _message(job_id: str, info: JobInfo | None, code: int | None, sig: int | None, stopped_for: str | None,
+             signalled: bool) -> str:
+    if info is None:
+        return f"Slurm job {job_id} ended, but Slurm no longer has its record; exit code {code}"
+    why = f", reason {info.reason}" if info.reason and info.reason != "None" else ""
+    text = f"Slurm job {job_id} ended {info.state}{why} on {info.node_list or 'no node'}; exit code {code}"
+    if sig:
+        text += f" (signal {sig})"
+    if stopped_for == slurm_job.STALLED:
+        text += "; cancelled by trainguard: no new log output within the stall window"
+    elif signalled and info.state != "COMPLETED":
+        text += "; Slurm warned of its time limit (--signal) and the command stopped"
+    return text
+
+
+def _iso(slurm_time: str | None) -> str | None:
+    """Slurm's local `YYYY-MM-DDTHH:MM:SS` as ISO-8601 with this machine's UTC offset."""
+    if not slurm_time:
+        return None
+    try:
+        return datetime.fromisoformat(slurm_time).astimezone(UTC).isoformat()
+    except ValueError:
+        return None
