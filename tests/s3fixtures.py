@@ -21,11 +21,18 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from trainguard.core.s3store import UploadPolicy
+from trainguard.core.spool import MIN_PART_BYTES
+
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "AKIATRAINGUARDTEST",
     "AWS_SECRET_ACCESS_KEY": "planted-aws-secret-7d1f0c",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+
+# Uploads that give up fast: the tests inject faults and must not wait out production backoff.
+FAST = UploadPolicy(attempts=4, base_delay_seconds=0.01, max_delay_seconds=0.05, budget_seconds=None,
+                    part_bytes=MIN_PART_BYTES, concurrency=3)
 
 Match = Callable[[str, str], bool]  # (method, path with query) -> whether a rule applies
 

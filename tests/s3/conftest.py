@@ -8,14 +8,12 @@ from typing import Any
 
 import pytest
 
-from s3fixtures import S3Server, s3, s3_server  # noqa: F401  (fixtures)
+from s3fixtures import FAST, S3Server, s3, s3_server  # noqa: F401  (fixtures)
 
 from trainguard.core.s3 import S3Bucket, S3Settings
 from trainguard.core.s3store import S3Store, UploadPolicy
-from trainguard.core.spool import MIN_PART_BYTES, Spool
+from trainguard.core.spool import Spool
 
-FAST = UploadPolicy(attempts=4, base_delay_seconds=0.01, max_delay_seconds=0.05, budget_seconds=None,
-                    part_bytes=MIN_PART_BYTES, concurrency=3)
 
 
 @pytest.fixture

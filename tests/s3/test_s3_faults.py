@@ -6,7 +6,7 @@ import hashlib
 import threading
 from pathlib import Path
 
-from conftest import FAST
+from s3fixtures import FAST
 from waiting import wait_for
 
 from trainguard.core.s3store import UploadPolicy

@@ -8,14 +8,13 @@ folder; `./dev test` installs slurm-wlm and munge. The flows run on the session'
 from __future__ import annotations
 
 import shutil
-import uuid
 from typing import Any
 
 import pytest
 from slurm.cluster import SlurmCluster, missing_binaries
+from slurm_helpers import save_slurm_blocks
 from waiting import wait_for
 
-from blocks import EvidenceFolder, SlurmBackend
 
 
 @pytest.fixture(scope="session")
@@ -45,20 +44,6 @@ def slurm_node_up(slurm_cluster):
     yield slurm_cluster
     if slurm_cluster.node_state() not in ("idle", "mixed", "allocated"):
         slurm_cluster.set_node("resume")
-
-
-def save_slurm_blocks(cluster: SlurmCluster, tmp_path, **fields: Any) -> dict[str, Any]:
-    """Saved Slurm backend and evidence blocks for one test, with its own shared folder."""
-    suffix = uuid.uuid4().hex[:8]
-    SlurmBackend(shared_folder=str(tmp_path / "shared"), slurm_conf=str(cluster.conf), poll_max_seconds=0.5,
-                 **fields).save(f"slurm-{suffix}")
-    EvidenceFolder(root=str(tmp_path / "evidence")).save(f"evidence-{suffix}")
-    return {
-        "backend_block": f"trainguard-slurm-backend/slurm-{suffix}",
-        "evidence_block": f"evidence-{suffix}",
-        "shared": tmp_path / "shared",
-        "evidence": tmp_path / "evidence",
-    }
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from slurm.cluster import SlurmCluster
 from waiting import wait_for
 
+from blocks import EvidenceFolder, SlurmBackend
 from flows.run import training_run
 from trainguard.core.slurm_job import job_name
 from trainguard.core.spec import parse_spec
@@ -78,3 +80,17 @@ def jobcomp_lines(cluster: SlurmCluster, name: str) -> list[str]:
     if not cluster.jobcomp_log.is_file():
         return []
     return [line for line in cluster.jobcomp_log.read_text().splitlines() if f" Name={name} " in line]
+
+
+def save_slurm_blocks(cluster: SlurmCluster, tmp_path, **fields: Any) -> dict[str, Any]:
+    """Saved Slurm backend and evidence blocks for one test, with its own shared folder."""
+    suffix = uuid.uuid4().hex[:8]
+    SlurmBackend(shared_folder=str(tmp_path / "shared"), slurm_conf=str(cluster.conf), poll_max_seconds=0.5,
+                 **fields).save(f"slurm-{suffix}")
+    EvidenceFolder(root=str(tmp_path / "evidence")).save(f"evidence-{suffix}")
+    return {
+        "backend_block": f"trainguard-slurm-backend/slurm-{suffix}",
+        "evidence_block": f"evidence-{suffix}",
+        "shared": tmp_path / "shared",
+        "evidence": tmp_path / "evidence",
+    }

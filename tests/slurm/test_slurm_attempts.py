@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from slurm_helpers import Meanwhile, jobcomp_lines, log_says, run, running_job, tiny_spec
+from slurm_helpers import Meanwhile, jobcomp_lines, log_says, run, running_job, save_slurm_blocks, tiny_spec
 from waiting import wait_for
 
 from trainguard.core.manifest import read_manifest, verify_manifest
@@ -76,8 +76,6 @@ def test_scancel_by_a_user_is_user_cancelled_and_not_retried(slurm_blocks, slurm
 
 
 def test_a_job_over_its_time_limit_is_a_timeout(prefect_server, slurm_node_up, tmp_path):
-    from conftest import save_slurm_blocks
-
     blocks = save_slurm_blocks(slurm_node_up, tmp_path, signal_lead_seconds=0)
     spec = tiny_spec("slurm-timeout", "--steps", "100000", "--step-seconds", "0.5", deadline_seconds=30,
                      retry={"max_attempts": 1})
