@@ -36,20 +36,27 @@ def classify_command(
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
     jsonl: str | None = typer.Option(
         None, "--jsonl", help="Batch: JSON Lines file (or - for stdin), one failure per line."),
+    engine: str = typer.Option(
+        "auto", "--engine", help="Log scanner: auto (Hyperscan when installed), hyperscan or re."),
 ) -> None:
     """Say which failure category an attempt belongs to and whether a retry can help."""
     try:
         ruleset = triage.load_rules(rules)
+        if engine not in ("auto", "hyperscan", "re"):
+            raise InputError(f"--engine: {engine!r}; expected auto, hyperscan or re")
+        if engine == "hyperscan" and not triage.hyperscan_available():
+            raise InputError("--engine hyperscan: hyperscan cannot be imported here; "
+                             "install it or use --engine auto")
         if jsonl is not None:
             if log is not None:
                 raise InputError("give either LOG or --jsonl, not both")
-            _batch(jsonl, ruleset)
+            _batch(jsonl, ruleset, engine)
             return
         signals = triage.Signals(
             exit_code=_int_option("--exit-code", exit_code), reason=reason,
             events=_read_events(events) if events else (), log=_log_source(log),
         )
-        diagnosis = triage.classify(signals, rules=ruleset)
+        diagnosis = triage.classify(signals, rules=ruleset, engine=engine)
     except (InputError, triage.RuleFileError) as exc:
         _fail(str(exc))
     if as_json:
@@ -108,11 +115,11 @@ def _events_value(data: Any, where: str) -> tuple[Mapping[str, Any], ...] | str:
                      "kubectl text or null")
 
 
-def _batch(source: str, ruleset: triage.RuleSet) -> None:
+def _batch(source: str, ruleset: triage.RuleSet, engine: str) -> None:
     out = sys.stdout
     for number, record in _records(source):
         where = f"{'stdin' if source == '-' else source} line {number}"
-        diagnosis = triage.classify(_signals(record, where), rules=ruleset)
+        diagnosis = triage.classify(_signals(record, where), rules=ruleset, engine=engine)
         result = diagnosis.to_dict() if diagnosis else dict(_EMPTY)
         if "id" in record:
             result["id"] = record["id"]
