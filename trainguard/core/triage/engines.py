@@ -308,6 +308,44 @@ class HyperscanEngine:
         # Hyperscan scratch space is per scan in flight: one per thread (Prefect runs tasks on
         # threads), cloned from the database's own.
         self._local = threading.local()
+        self._patterns = patterns
+        self._accepted = accepted
+        self._singles: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def lines(self, buf: bytes, start: int, stop: int, pid: int) -> list[int] | None:
+        """Where the lines of ``buf[start:stop]`` that the pattern may match start, ascending.
+
+        One scan of a database holding only this pattern, reporting every match: the cost is
+        one callback per match of the one pattern whose lines are wanted. None when Hyperscan
+        refused the pattern.
+        """
+        if pid not in self._accepted:
+            return None
+        single = self._singles.get(pid)
+        if single is None:
+            with self._lock:
+                single = self._singles.get(pid)
+                if single is None:
+                    single = self._singles[pid] = _single_database(self._patterns[pid])
+        scratches = self._local.__dict__.setdefault("singles", {})
+        scratch = scratches.get(pid)
+        if scratch is None:
+            scratch = scratches[pid] = _hs.Scratch(single)
+        ends: list[int] = []
+        single.scan(memoryview(buf)[start:stop], scratch=scratch,
+                    match_event_handler=lambda _id, _from, to, *_: ends.append(to))
+        out: list[int] = []
+        last = -1
+        for end in ends:
+            if end + start <= last:
+                continue
+            line_start = buf.rfind(b"\n", start, max(end + start - 1, start)) + 1 or start
+            if line_start != (out[-1] if out else -1):
+                out.append(line_start)
+            last = buf.find(b"\n", end + start - 1, stop)
+            last = stop if last < 0 else last
+        return out
 
     def _scratch(self) -> Any:
         scratch = getattr(self._local, "scratch", None)
@@ -354,6 +392,14 @@ def _flags(p: Pattern) -> int:
     flags = (_hs.HS_FLAG_PREFILTER | _hs.HS_FLAG_MULTILINE | _hs.HS_FLAG_ALLOWEMPTY
              | _hs.HS_FLAG_SINGLEMATCH)
     return int(flags | (_hs.HS_FLAG_CASELESS if p.caseless else 0))
+
+
+def _single_database(p: Pattern) -> Any:
+    assert _hs is not None
+    db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+    db.compile(expressions=[p.prefilter], ids=[0],
+               flags=[_flags(p) & ~_hs.HS_FLAG_SINGLEMATCH])
+    return db
 
 
 def _compiles(p: Pattern) -> bool:

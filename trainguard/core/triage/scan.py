@@ -57,6 +57,7 @@ MAX_PENDING = 16
 SATURATION = 64
 HINT_SATURATION = 8
 MAX_REMEMBERED = 1 << 14
+NOISY_CHUNK = 64  # candidate lines in a chunk past which distinct shapes are searched instead
 _BLANK = b" \t\r\n"
 
 
@@ -209,6 +210,11 @@ def _lines_of(masked: bytes, shape: bytes, base: int) -> list[int]:
     return out
 
 
+def _shape(buf: bytes, start: int, stop: int) -> bytes:
+    end = buf.find(b"\n", start, stop)
+    return buf[start:stop if end < 0 else end].translate(MASK)
+
+
 def chunks(buf: bytes, start: int, stop: int) -> list[Chunk]:
     """Cut a block into line-aligned chunks of about CHUNK_BYTES."""
     out: list[Chunk] = []
@@ -268,13 +274,14 @@ class _Collector:
         self.waiting: list[_Waiting] = []
         self.tail: deque[bytes] = deque(maxlen=max(info.window, 1))
         self.base = 0
+        self.noisy = False
 
     def block(self, engine: ReEngine | HyperscanEngine, buf: bytes, start: int, stop: int) -> None:
         """Scan one block of whole lines."""
         found: list[tuple[int, int, Line]] = []
         parts = chunks(buf, start, stop)
         for (a, b), pids in zip(parts, engine.present(buf, parts), strict=True):
-            found.extend(self._chunk(buf, a, b, pids))
+            found.extend(self._chunk(engine, buf, a, b, pids))
             for rule in {r for _, r, _ in found}:
                 if self.confirmed[rule] >= self.info.limits[rule]:
                     self.done.add(rule)
@@ -292,29 +299,18 @@ class _Collector:
         self._remember_tail(buf, start, stop)
         self.base = line_no + buf.count(b"\n", pos, stop)
 
-    def _chunk(self, buf: bytes, a: int, b: int, pids: list[int]) -> list[tuple[int, int, Line]]:
+    def _chunk(self, engine: ReEngine | HyperscanEngine, buf: bytes, a: int, b: int,
+               pids: list[int]) -> list[tuple[int, int, Line]]:
         todo = [pid for pid in pids
                 if self.patterns[pid].rule in self.active and self.patterns[pid].rule not in self.done]
         if not todo:
             return []
-        # Noise repeats itself: look for literals among the chunk's distinct digit-masked lines,
-        # and at the real lines only for shapes not already known to fail.
-        masked = buf[a:b].translate(MASK)
-        shapes = b"\n".join(dict.fromkeys(masked.split(b"\n")))
-        lowered: bytes | None = None
         out: list[tuple[int, int, Line]] = []
         seen: set[tuple[int, int]] = set()
-        for pid in todo:
-            finder, rule = self.finders[pid], self.patterns[pid].rule
-            if finder.caseless and lowered is None:
-                lowered = shapes.lower()
-            found = finder.shapes(shapes, lowered)
-            if found is None:
-                spans = finder.candidates(buf, a, b, buf[a:b].lower() if finder.caseless else None)
-                lines = [(s, masked[s - a:e - a]) for s, e in spans]
-            else:
-                lines = [(s, shape) for shape in found if (pid, shape) not in self.rejected
-                         for s in _lines_of(masked, shape, a)]
+        occurrences = 0
+        for pid, lines in self._candidates(engine, buf, a, b, todo):
+            rule = self.patterns[pid].rule
+            occurrences += len(lines)
             for line_start, shape in lines:
                 if (pid, shape) in self.rejected or (rule, line_start) in seen:
                     continue
@@ -323,7 +319,37 @@ class _Collector:
                 if line is not None:
                     out.append((line_start, rule, line))
                     self.confirmed[rule] += 1
+        self.noisy = occurrences > NOISY_CHUNK
         return out
+
+    def _candidates(self, engine: ReEngine | HyperscanEngine, buf: bytes, a: int, b: int,
+                    pids: list[int]) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
+        """For each pattern, the (start, digit-masked text) of the lines it may match.
+
+        Where the last chunk was noisy, the chunk's distinct masked lines are searched once for
+        every pattern's literals and only shapes not known to fail are looked up among the real
+        lines; otherwise each pattern's own lines are found and masked one by one.
+        """
+        masked = shapes = lowered = b""
+        for pid in pids:
+            finder = self.finders[pid]
+            found = None
+            if self.noisy and finder.masked is not None:
+                if not shapes:
+                    masked = buf[a:b].translate(MASK)
+                    shapes = b"\n".join(dict.fromkeys(masked.split(b"\n")))
+                if finder.caseless and not lowered:
+                    lowered = shapes.lower()
+                found = finder.shapes(shapes, lowered or None)
+            if found is not None:
+                yield pid, [(s, shape) for shape in found if (pid, shape) not in self.rejected
+                            for s in _lines_of(masked, shape, a)]
+                continue
+            starts = engine.lines(buf, a, b, pid) if isinstance(engine, HyperscanEngine) else None
+            if starts is None:
+                starts = [s for s, _ in finder.candidates(
+                    buf, a, b, buf[a:b].lower() if finder.caseless else None)]
+            yield pid, [(s, _shape(buf, s, b)) for s in starts]
 
     def _confirm(self, pid: int, buf: bytes, start: int, end: int, shape: bytes) -> Line | None:
         """The read line if the pattern's rule accepts it; else remember the shape if it may."""
