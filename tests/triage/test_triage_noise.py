@@ -11,7 +11,7 @@ import pytest
 
 from trainguard.core import triage
 from trainguard.core.taxonomy import Category
-from trainguard.core.triage import scan
+from trainguard.core.triage import scan, shapes
 
 ENGINES = ["re"] + (["hyperscan"] if triage.hyperscan_available() else [])
 RETRY_NOISE = (b"[rank%d]: WARNING:urllib3.connectionpool:Retrying (Retry(total=4)) after connection"
@@ -109,10 +109,10 @@ def test_context_further_away_than_the_window_does_not_count() -> None:
     (r"[1-9] items", False),
 ])
 def test_digit_blindness_is_read_from_the_regex(pattern: str, blind: bool) -> None:
-    assert scan.digit_blind(pattern) is blind
+    assert shapes.digit_blind(pattern) is blind
 
 
 def test_a_veto_by_a_mixed_regex_is_remembered_only_through_its_digit_blind_part() -> None:
     import re
-    parts = scan.blind_parts(re.compile(r"c10d|ProcessGroup|\[retry \d|NCCL"))
+    parts = shapes.blind_parts(re.compile(r"c10d|ProcessGroup|\[retry \d|NCCL"))
     assert [p.pattern for p in parts] == ["ProcessGroup", r"\[retry \d", "NCCL"]
