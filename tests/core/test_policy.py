@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from trainguard.core.policy import (
@@ -126,3 +128,12 @@ def test_an_impossible_policy_is_refused(kwargs):
 def test_a_decision_survives_its_round_trip_through_json_ready_data():
     decision = decide(RetryPolicy(), [failed(1, Category.GPU_FAULT, node="n1")], CKPTS)
     assert RetryDecision.from_dict(decision.to_dict()) == decision
+
+
+def test_a_gpu_fault_repeating_on_a_different_node_does_not_trip_the_breakers():
+    history = [failed(1, Category.GPU_FAULT, node="n1"), failed(2, Category.GPU_FAULT, node="n2")]
+    history = [replace(r, fingerprint="same", resumed_from="ckpt-1", newest_checkpoint="ckpt-1")
+               for r in history]
+    assert decide(RetryPolicy(max_attempts=4), history, CKPTS).retry
+    on_one_node = [replace(r, node="n1") for r in history]
+    assert not decide(RetryPolicy(max_attempts=4), on_one_node, CKPTS).retry

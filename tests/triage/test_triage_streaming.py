@@ -19,7 +19,7 @@ from trainguard.core import triage
 from trainguard.core.taxonomy import Category
 from trainguard.core.triage import engines, scan
 
-DEV = Path(__file__).parents[2] / ".." / "shared" / "failure-corpus" / "dev.jsonl"
+DEV = Path(__file__).parent / "corpus" / "dev" / "dev.jsonl"
 OOM = b"[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.\n"
 ENGINES = ["re"] + (["hyperscan"] if triage.hyperscan_available() else [])
 

@@ -18,7 +18,7 @@ from trainguard.cli.app import app
 from trainguard.core import triage
 
 _EMPTY = {k: None for k in ("category", "retryable", "rule_id", "signature", "line_number",
-                            "rank", "remediation", "fingerprint")}
+                            "rank", "remediation", "fingerprint", "strength", "weak")}
 
 
 class InputError(ValueError):
@@ -36,26 +36,42 @@ def classify_command(
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
     jsonl: str | None = typer.Option(
         None, "--jsonl", help="Batch: JSON Lines file (or - for stdin), one failure per line."),
+    engine: str = typer.Option(
+        "auto", "--engine", help="Log scanner: auto (Hyperscan when installed), hyperscan or re."),
+    explain: bool = typer.Option(
+        False, "--explain", help="Also list every rule that matched, its strength and line, "
+                                 "and why the winner won."),
 ) -> None:
     """Say which failure category an attempt belongs to and whether a retry can help."""
     try:
         ruleset = triage.load_rules(rules)
+        if engine not in ("auto", "hyperscan", "re"):
+            raise InputError(f"--engine: {engine!r}; expected auto, hyperscan or re")
+        if engine == "hyperscan" and not triage.hyperscan_available():
+            raise InputError("--engine hyperscan: hyperscan cannot be imported here; "
+                             "install it or use --engine auto")
         if jsonl is not None:
             if log is not None:
                 raise InputError("give either LOG or --jsonl, not both")
-            _batch(jsonl, ruleset)
+            _batch(jsonl, ruleset, engine, explain)
             return
         signals = triage.Signals(
             exit_code=_int_option("--exit-code", exit_code), reason=reason,
             events=_read_events(events) if events else (), log=_log_source(log),
         )
-        diagnosis = triage.classify(signals, rules=ruleset)
+        explanation = triage.explain(signals, rules=ruleset, engine=engine)
     except (InputError, triage.RuleFileError) as exc:
         _fail(str(exc))
+    diagnosis = explanation.diagnosis
     if as_json:
-        print(json.dumps(diagnosis.to_dict() if diagnosis else _EMPTY))
-    else:
-        _show(diagnosis)
+        result = diagnosis.to_dict() if diagnosis else dict(_EMPTY)
+        if explain:
+            result.update(_explanation_fields(explanation))
+        print(json.dumps(result))
+        return
+    _show(diagnosis)
+    if explain:
+        _show_explanation(explanation)
 
 
 def _fail(message: str) -> NoReturn:
@@ -108,12 +124,20 @@ def _events_value(data: Any, where: str) -> tuple[Mapping[str, Any], ...] | str:
                      "kubectl text or null")
 
 
-def _batch(source: str, ruleset: triage.RuleSet) -> None:
+def _explanation_fields(explanation: triage.Explanation) -> dict[str, Any]:
+    data = explanation.to_dict()
+    return {"evidence": data["evidence"], "reason": data["reason"]}
+
+
+def _batch(source: str, ruleset: triage.RuleSet, engine: str, explain: bool) -> None:
     out = sys.stdout
     for number, record in _records(source):
         where = f"{'stdin' if source == '-' else source} line {number}"
-        diagnosis = triage.classify(_signals(record, where), rules=ruleset)
+        explanation = triage.explain(_signals(record, where), rules=ruleset, engine=engine)
+        diagnosis = explanation.diagnosis
         result = diagnosis.to_dict() if diagnosis else dict(_EMPTY)
+        if explain:
+            result.update(_explanation_fields(explanation))
         if "id" in record:
             result["id"] = record["id"]
         out.write(json.dumps(result) + "\n")
@@ -173,6 +197,28 @@ def _show(diagnosis: triage.Diagnosis | None) -> None:
     table.add_row("category", Text.assemble((diagnosis.category.value, "bold"), " (", verdict, ")"))
     table.add_row("evidence", Text(f"{where}: {diagnosis.signature}"))
     table.add_row("rule", Text(diagnosis.rule_id))
+    if diagnosis.weak:
+        table.add_row("confidence", Text(
+            "weak call: no decisive rule matched" if diagnosis.strength == "none"
+            else "weak call: only hint-strength evidence", "yellow"))
     table.add_row("fix", Text(diagnosis.remediation))
     table.add_row("fingerprint", Text(diagnosis.fingerprint))
     console.print(table)
+
+
+def _show_explanation(explanation: triage.Explanation) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console()
+    if explanation.evidence:
+        console.print(Text("evidence, strongest first:", "bold"))
+    for e in explanation.evidence:
+        where = f"line {e.line_number}" if e.line_number else "platform signal"
+        if e.rank is not None:
+            where += f", rank {e.rank}"
+        # Log text can hold "[...]" that rich would read as markup: pass it as plain Text.
+        console.print(Text.assemble(
+            "  ", (f"{e.strength:<11}", "bold"), f" {e.rule_id} -> {e.category}, {where}: ",
+            e.text))
+    console.print(Text.assemble(("why: ", "bold"), explanation.reason))

@@ -193,18 +193,31 @@ def _refusal(policy: RetryPolicy, history: Sequence[AttemptRecord]) -> str | Non
     limit = policy.same_signature_limit
     recent = history[-limit:] if limit else ()
     repeated = len(recent) == limit and len({r.fingerprint for r in recent}) == 1 and last.fingerprint
-    if limit and repeated and last.category not in PLATFORM_CAUSED:
+    if limit and repeated and last.category not in PLATFORM_CAUSED and not _moved(recent):
         return (
             f"circuit breaker: the same failure signature repeated {limit} times in a row "
             f"({category}, fingerprint {last.fingerprint[:12]})"
         )
-    if policy.require_checkpoint_progress and last.category not in PLATFORM_CAUSED:
+    if policy.require_checkpoint_progress and last.category not in PLATFORM_CAUSED \
+            and not _moved(history[-2:]):
         if last.resumed_from is not None and last.newest_checkpoint == last.resumed_from:
             return (
                 f"circuit breaker: attempt {last.attempt} resumed from {last.resumed_from} "
                 f"and made no checkpoint progress before failing ({category})"
             )
     return None
+
+
+def _moved(records: Sequence[AttemptRecord]) -> bool:
+    """A hardware fault that followed the run onto other nodes: each attempt on its own node.
+
+    Such a repeat says the fleet has more than one bad node, not that retrying is futile, so the
+    circuit breakers do not count it.
+    """
+    last = records[-1]
+    nodes = [r.node for r in records]
+    return (last.category is not None and INFO[last.category].avoid_node and len(records) > 1
+            and all(nodes) and len(set(nodes)) == len(nodes))
 
 
 def _resume_point(last: AttemptRecord, checkpoints: Sequence[str]) -> tuple[str | None, str]:

@@ -22,11 +22,13 @@ from trainguard.core.triage.rules import (
     shipped_rules_text,
 )
 from trainguard.core.triage.engines import hyperscan_available
+from trainguard.core.triage.explain import Evidence, Explanation
+from trainguard.core.triage.explain import explain as _explain
 from trainguard.core.triage.signals import Diagnosis, Signals
 
 __all__ = [
-    "Diagnosis", "RuleFileError", "RuleSet", "Signals", "classify", "hyperscan_available",
-    "load_rules",
+    "Diagnosis", "Evidence", "Explanation", "RuleFileError", "RuleSet", "Signals", "classify",
+    "explain", "hyperscan_available", "load_rules",
 ]
 
 
@@ -70,3 +72,10 @@ def classify(signals: Signals, *, rules: RuleSet | None = None,
         says otherwise).
     """
     return decide(signals, rules or load_rules(), previous, engine)
+
+
+def explain(signals: Signals, *, rules: RuleSet | None = None,
+            previous: Sequence[Diagnosis] = (), engine: str = "auto") -> Explanation:
+    """Classify one attempt and say which rules matched, with strength and line, and why the
+    winner won (``trainguard classify --explain``)."""
+    return _explain(signals, rules or load_rules(), previous, engine)

@@ -18,8 +18,8 @@ from typing import Any
 from trainguard.core.taxonomy import INFO, Category
 from trainguard.core.triage.fingerprint import fingerprint
 from trainguard.core.triage.lines import trim
-from trainguard.core.triage.rules import STRENGTHS, Rule, RuleSet, mapping_get
-from trainguard.core.triage.scan import Scanner
+from trainguard.core.triage.rules import STRENGTHS, Rule, RuleSet, mapping_get, strength_name
+from trainguard.core.triage.scan import Scanner, ScanResult
 from trainguard.core.triage.signals import Diagnosis, Signals
 
 # Categories whose default says "retry once": a repeat of the same root cause is not retried.
@@ -45,6 +45,27 @@ def scanner_for(rules: RuleSet, engine: str = "auto") -> Scanner:
 def decide(signals: Signals, rules: RuleSet, previous: Sequence[Diagnosis],
            engine: str = "auto") -> Diagnosis | None:
     """Classify one attempt; None when it succeeded (exit code 0, nothing saying otherwise)."""
+    candidates, last = gather(signals, rules, engine)
+    return conclude(signals, rules, previous, candidates, last)
+
+
+def conclude(signals: Signals, rules: RuleSet, previous: Sequence[Diagnosis],
+             candidates: list[Candidate], last: ScanResult | None) -> Diagnosis | None:
+    """The diagnosis from already gathered evidence (see ``decide``)."""
+    if signals.exit_code == 0:
+        candidates = [c for c in candidates if c.strength >= STRENGTHS["verdict"]]
+        if not candidates:
+            return None
+    if not candidates:
+        return _fallback(signals, last, previous)
+    winner = pick(candidates)
+    rule = rules.rules[winner.rule]
+    return _diagnosis(rule, winner, previous)
+
+
+def gather(signals: Signals, rules: RuleSet,
+           engine: str = "auto") -> tuple[list[Candidate], ScanResult | None]:
+    """Every piece of evidence some rule accepts, and the scan of the log (None without one)."""
     candidates: list[Candidate] = []
     active: set[int] = set()
     for index, rule in enumerate(rules.rules):
@@ -63,15 +84,7 @@ def decide(signals: Signals, rules: RuleSet, previous: Sequence[Diagnosis],
                       h.line.rank, h.line.timestamp) for h in result.hits
         )
         last = result
-    if signals.exit_code == 0:
-        candidates = [c for c in candidates if c.strength >= STRENGTHS["verdict"]]
-        if not candidates:
-            return None
-    if not candidates:
-        return _fallback(signals, last, previous)
-    winner = pick(candidates)
-    rule = rules.rules[winner.rule]
-    return _diagnosis(rule, winner, previous)
+    return candidates, last
 
 
 def pick(candidates: Sequence[Candidate]) -> Candidate:
@@ -88,10 +101,15 @@ def _diagnosis(rule: Rule, c: Candidate, previous: Sequence[Diagnosis]) -> Diagn
     signature = trim(c.signature)
     fp = fingerprint(rule.category, rule.id, signature)
     retryable = INFO[rule.category].retryable if rule.retryable is None else rule.retryable
+    remediation = INFO[rule.category].remediation
+    if rule.strength <= STRENGTHS["hint"]:
+        why = f" ({rule.description.rstrip('.')})" if rule.description else ""
+        remediation = (f"Weak call: only hint-strength evidence names this{why}; "
+                       f"check the evidence line. {remediation}")
     return Diagnosis(
         category=rule.category, retryable=retryable and not _repeat(rule.category, fp, previous),
         rule_id=rule.id, signature=signature, line_number=c.line_number, rank=c.rank,
-        remediation=INFO[rule.category].remediation, fingerprint=fp,
+        remediation=remediation, fingerprint=fp, strength=strength_name(rule.strength),
     )
 
 
@@ -103,7 +121,8 @@ def _repeat(category: Category, fp: str, previous: Sequence[Diagnosis]) -> bool:
     return any(p.category is category and p.fingerprint == fp for p in previous)
 
 
-def _fallback(signals: Signals, scanned: Any, previous: Sequence[Diagnosis]) -> Diagnosis:
+def _fallback(signals: Signals, scanned: ScanResult | None,
+              previous: Sequence[Diagnosis]) -> Diagnosis:
     parts = []
     if signals.exit_code is not None:
         parts.append(describe_exit(signals.exit_code))
@@ -112,13 +131,14 @@ def _fallback(signals: Signals, scanned: Any, previous: Sequence[Diagnosis]) -> 
     if scanned is not None and scanned.last_line is not None:
         parts.append(scanned.last_line.text)
     signature = trim("; ".join(parts) or "no evidence")
-    line = scanned.last_line_number if scanned is not None and scanned.last_line else None
+    last = scanned.last_line if scanned is not None else None
+    line = scanned.last_line_number if scanned is not None and last is not None else None
     fp = fingerprint(Category.UNKNOWN, "fallback.unknown", signature)
     return Diagnosis(
         category=Category.UNKNOWN, retryable=not _repeat(Category.UNKNOWN, fp, previous),
         rule_id="fallback.unknown", signature=signature, line_number=line,
-        rank=scanned.last_line.rank if line else None,
-        remediation=INFO[Category.UNKNOWN].remediation, fingerprint=fp,
+        rank=last.rank if last is not None and line else None,
+        remediation=INFO[Category.UNKNOWN].remediation, fingerprint=fp, strength="none",
     )
 
 

@@ -4,22 +4,24 @@ Two engines give the same answers: Hyperscan (one compiled database, one pass, c
 because compiling costs more than the rest of ``trainguard classify``) and pure ``re`` for
 machines where Hyperscan cannot be imported. The ``re`` engine looks for a literal every match
 must contain (found from the parsed pattern) with ``bytes.find`` and runs the regex only on the
-lines holding it. Engines report (pattern id, absolute end offset); confirming a report against
-the stripped line is ``scan``'s business.
+lines holding it. Engines say which patterns occur in each line-aligned chunk of a block;
+``LineFinder`` lists a pattern's lines in a chunk; confirming a line against the stripped text is
+``scan``'s business.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from re import _parser as _sre  # type: ignore[attr-defined]  # stdlib regex parser, 3.11+
+from trainguard.core.triage.literals import required_literals
 
 _hs: Any
 try:  # Hyperscan is an optional accelerator; the pure-re engine gives the same answers.
@@ -27,11 +29,7 @@ try:  # Hyperscan is an optional accelerator; the pure-re engine gives the same 
 except ImportError:  # pragma: no cover - exercised by forcing engine="re" in tests
     _hs = None
 
-Feed = Callable[[int, int], None]
 _BOUNDED_ANY = re.compile(r"(?<!\\)\.\{\d*,\d+\}")
-MIN_LITERAL = 3
-MAX_BUFFERED = 1 << 16
-MAX_EXPANSION = 64
 
 
 @dataclass(frozen=True)
@@ -58,124 +56,164 @@ def prefilter_source(pattern: str) -> bytes:
     return pattern.encode("utf-8")
 
 
-class ReEngine:
-    """Pure-``re`` engine: literal search with ``bytes.find``, the regex only on candidate lines."""
+Chunk = tuple[int, int]  # a line-aligned byte range of the block being scanned
+MASK = bytes.maketrans(b"123456789", b"000000000")  # every digit reads as 0
+
+
+class LineFinder:
+    """The lines of a byte range that one pattern matches, found with C-speed searches.
+
+    A literal every match must contain is looked for with ``bytes.find`` and the regex runs only
+    on the line holding it; patterns without such a literal run as one ``finditer``.
+    """
+
+    def __init__(self, p: Pattern) -> None:
+        self.caseless = p.caseless or "(?i" in p.regex.pattern
+        flags = re.MULTILINE | (re.IGNORECASE if p.caseless else 0)
+        self.regex = re.compile(p.prefilter, flags)
+        literals = required_literals(p.prefilter.decode("utf-8"))
+        self.literals = [lit.lower() for lit in literals] if literals and self.caseless \
+            else literals
+        # The same literals as they read in a digit-masked line ("Errno 28" -> "Errno 00").
+        self.masked = None if self.literals is None else list(dict.fromkeys(
+            lit.translate(MASK) for lit in self.literals))
+
+    def first(self, buf: bytes, start: int, stop: int, lowered: bytes | None, base: int,
+              memo: dict[int, tuple[int, int]] | None = None) -> int:
+        """Where the first matching line in ``buf[start:stop]`` starts, or -1.
+
+        ``lowered`` is ``buf[base:...].lower()`` when the pattern is caseless (else unused).
+        ``memo`` carries each literal's last answer between calls on one range that move
+        forward, so that a literal seen far ahead is not searched for again line after line.
+        """
+        if self.literals is None:
+            m = self.regex.search(buf, start, stop)
+            return -1 if m is None else buf.rfind(b"\n", 0, m.start()) + 1
+        memo = {} if memo is None else memo
+        best = -1
+        for index, lit in enumerate(self.literals):
+            since, line = memo.get(index, (stop + 1, -1))
+            if not (since <= start and (line == -1 or line >= start)):
+                line = self._first_of(lit, buf, start, stop, lowered, base)
+                memo[index] = (start, line)
+            if line >= 0 and (best < 0 or line < best):
+                best = line
+        return best
+
+    def _first_of(self, lit: bytes, buf: bytes, start: int, stop: int, lowered: bytes | None,
+                  base: int) -> int:
+        hay, off = (lowered, base) if self.caseless and lowered is not None else (buf, 0)
+        pos = start
+        while pos < stop and (i := hay.find(lit, pos - off, stop - off)) >= 0:
+            at = i + off
+            line_start = buf.rfind(b"\n", 0, at) + 1
+            line_end = buf.find(b"\n", at, stop)
+            line_end = stop if line_end < 0 else line_end
+            if line_start >= start and self.regex.search(buf, line_start, line_end):
+                return line_start
+            pos = line_end + 1
+        return -1
+
+    def shapes(self, text: bytes, lowered: bytes | None) -> list[bytes] | None:
+        """The lines of ``text`` (distinct digit-masked lines, one per line) that may match.
+
+        None when the pattern has no literal to look for; then only the real lines will do.
+        ``lowered`` is ``text.lower()`` when the pattern is caseless.
+        """
+        if self.masked is None:
+            return None
+        hay = lowered if self.caseless and lowered is not None else text
+        out: dict[bytes, None] = {}
+        for lit in self.masked:
+            i = hay.find(lit)
+            while i >= 0:
+                line_start = text.rfind(b"\n", 0, i) + 1
+                line_end = text.find(b"\n", i)
+                line_end = len(text) if line_end < 0 else line_end
+                out[text[line_start:line_end]] = None
+                i = hay.find(lit, line_end + 1)
+        return list(out)
+
+    def candidates(self, buf: bytes, start: int, stop: int,
+                   lowered: bytes | None) -> list[tuple[int, int]]:
+        """(start, end) of the lines of the chunk ``buf[start:stop]`` that may match.
+
+        Unverified: every line holding one of the pattern's literals (or matched by its regex,
+        when it has none); the caller confirms each line, and remembers what it rejected.
+        ``lowered`` is ``buf[start:stop].lower()`` when the pattern is caseless.
+        """
+        out: list[tuple[int, int]] = []
+        if self.literals is None:
+            pos = start
+            while (m := self.regex.search(buf, pos, stop)) is not None:
+                line_start = buf.rfind(b"\n", start, m.start()) + 1 or start
+                line_end = buf.find(b"\n", m.start(), stop)
+                line_end = stop if line_end < 0 else line_end
+                out.append((line_start, line_end))
+                pos = line_end + 1
+            return out
+        hay, off = (lowered, start) if self.caseless and lowered is not None else (buf, 0)
+        for lit in self.literals:
+            i = hay.find(lit, start - off, stop - off)
+            while i >= 0:
+                line_start = buf.rfind(b"\n", start, i + off) + 1 or start
+                line_end = buf.find(b"\n", i + off, stop)
+                line_end = stop if line_end < 0 else line_end
+                out.append((line_start, line_end))
+                i = hay.find(lit, line_end + 1 - off, stop - off)
+        return out
+
+
+class Finders:
+    """One ``LineFinder`` per pattern, built on first use: parsing for literals is not free."""
 
     def __init__(self, patterns: Sequence[Pattern]) -> None:
-        self._plans: list[tuple[int, re.Pattern[bytes], list[bytes] | None, bool]] = []
-        for pid, p in enumerate(patterns):
-            caseless = p.caseless or "(?i" in p.regex.pattern
-            flags = re.MULTILINE | (re.IGNORECASE if p.caseless else 0)
-            literals = required_literals(p.prefilter.decode("utf-8"))
-            if literals and caseless:
-                literals = [lit.lower() for lit in literals]
-            self._plans.append((pid, re.compile(p.prefilter, flags), literals, caseless))
-        self._any_caseless = any(plan[3] and plan[2] for plan in self._plans)
+        self._patterns = patterns
+        self._built: dict[int, LineFinder] = {}
+        self._lock = threading.Lock()
 
-    def scan(self, buf: bytes, start: int, stop: int, feed: Feed) -> None:
-        found: list[tuple[int, int]] = []
-        lowered = buf[start:stop].lower() if self._any_caseless else b""
-        for pid, regex, literals, caseless in self._plans:
-            if literals is None:
-                found.extend((max(m.end(), m.start() + 1), pid)
-                             for m in regex.finditer(buf, start, stop))
-                continue
-            hay, base = (lowered, start) if caseless else (buf, 0)
-            for lit in literals:
-                pos = start - base
-                while (i := hay.find(lit, pos, stop - base)) >= 0:
-                    line_start = buf.rfind(b"\n", start, i + base) + 1 or start
-                    line_end = buf.find(b"\n", i + base, stop)
-                    line_end = stop if line_end < 0 else line_end
-                    m = regex.search(buf, line_start, line_end)
-                    if m is not None:
-                        found.append((max(m.end(), m.start() + 1), pid))
-                    pos = line_end + 1 - base
-        found.sort()
-        for end, pid in found:
-            feed(pid, end)
+    def __getitem__(self, pid: int) -> LineFinder:
+        finder = self._built.get(pid)
+        if finder is None:
+            with self._lock:
+                finder = self._built.setdefault(pid, LineFinder(self._patterns[pid]))
+        return finder
+
+    def __len__(self) -> int:
+        return len(self._patterns)
 
 
-def required_literals(pattern: str) -> list[bytes] | None:
-    """Literals of which every match contains one, or None when no useful set exists."""
-    try:
-        parsed = _sre.parse(pattern)
-    except (re.error, RecursionError, ValueError):
-        return None
-    best = _sequence(list(parsed))
-    if not best or min(len(x) for x in best) < MIN_LITERAL:
-        return None
-    return [x.encode("utf-8") for x in best]
+class ReEngine:
+    """Pure-``re`` engine: which patterns occur in which chunk, by literal search and regex."""
 
+    def __init__(self, patterns: Sequence[Pattern]) -> None:
+        self.finders = [LineFinder(p) for p in patterns]
 
-def _sequence(items: list[Any]) -> list[str] | None:
-    """The best literal set of a sequence: runs of exactly-known text, or one item's own set."""
-    candidates: list[list[str]] = []
-    run = [""]
-    for op, av in items:
-        exact = _exact(op, av)
-        if exact is not None and len(run) * len(exact) <= MAX_EXPANSION:
-            run = [a + b for a in run for b in exact]
-            continue
-        if any(run):
-            candidates.append(run)
-        run = [""]
-        sub = _item(op, av)
-        if sub:
-            candidates.append(sub)
-    if any(run):
-        candidates.append(run)
-    if not candidates:
-        return None
-    return max(candidates, key=lambda c: min(len(x) for x in c))
-
-
-def _exact(op: Any, av: Any) -> list[str] | None:
-    """Every string one item can match, when that is a short finite list."""
-    if op is _sre.LITERAL:
-        return [chr(av)]
-    if op is _sre.IN and all(o is _sre.LITERAL for o, _ in av) and len(av) <= 8:
-        return [chr(v) for _, v in av]
-    if op is _sre.MAX_REPEAT and av[0] == 0 and av[1] == 1:  # optional: "" or the item
-        inner = _exact_sequence(list(av[2]))
-        return [""] + inner if inner is not None and len(inner) < MAX_EXPANSION else None
-    if op is _sre.SUBPATTERN or op is _sre.BRANCH:
-        branches = [list(av[-1])] if op is _sre.SUBPATTERN else [list(b) for b in av[1]]
-        out: list[str] = []
-        for branch in branches:
-            strings = _exact_sequence(branch)
-            if strings is None:
-                return None
-            out.extend(strings)
-        return out if len(out) <= MAX_EXPANSION else None
-    return None
-
-
-def _exact_sequence(items: list[Any]) -> list[str] | None:
-    strings = [""]
-    for op, av in items:
-        part = _exact(op, av)
-        if part is None or len(strings) * len(part) > MAX_EXPANSION:
-            return None
-        strings = [a + b for a in strings for b in part]
-    return strings
-
-
-def _item(op: Any, av: Any) -> list[str] | None:
-    if op is _sre.SUBPATTERN:
-        return _sequence(list(av[-1]))
-    if op is _sre.BRANCH:
-        alternatives = [_sequence(list(branch)) for branch in av[1]]
-        if all(alternatives):
-            return [x for alt in alternatives if alt for x in alt]
-        return None
-    if op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT) and av[0] >= 1:
-        return _sequence(list(av[2]))
-    return None
+    def present(self, buf: bytes, chunks: Sequence[Chunk]) -> list[list[int]]:
+        """For each chunk, the ids of the patterns that occur in it."""
+        out: list[list[int]] = [[] for _ in chunks]
+        if not chunks:
+            return out
+        start, stop = chunks[0][0], chunks[-1][1]
+        ends = [c[1] for c in chunks]
+        lowered = buf[start:stop].lower() if any(f.caseless for f in self.finders) else None
+        for pid, finder in enumerate(self.finders):
+            pos = start
+            memo: dict[int, tuple[int, int]] = {}
+            while pos < stop and (line := finder.first(buf, pos, stop, lowered, start, memo)) >= 0:
+                index = bisect.bisect_right(ends, line)
+                out[index].append(pid)
+                pos = ends[index]  # one report per pattern and chunk is all that is needed
+        return out
 
 
 class HyperscanEngine:
-    """Hyperscan block mode over line-aligned blocks; patterns it refuses fall to ``re``."""
+    """Hyperscan block mode, one report per pattern and chunk; patterns it refuses fall to ``re``.
+
+    Every pattern is compiled single-match: a scan says which patterns occur in a chunk, at the
+    cost of one callback per pattern and chunk however many lines match, and the lines are then
+    found by ``LineFinder`` only for the patterns whose rule still needs them.
+    """
 
     def __init__(self, patterns: Sequence[Pattern]) -> None:
         assert _hs is not None
@@ -191,6 +229,44 @@ class HyperscanEngine:
         # Hyperscan scratch space is per scan in flight: one per thread (Prefect runs tasks on
         # threads), cloned from the database's own.
         self._local = threading.local()
+        self._patterns = patterns
+        self._accepted = accepted
+        self._singles: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def lines(self, buf: bytes, start: int, stop: int, pid: int) -> list[int] | None:
+        """Where the lines of ``buf[start:stop]`` that the pattern may match start, ascending.
+
+        One scan of a database holding only this pattern, reporting every match: the cost is
+        one callback per match of the one pattern whose lines are wanted. None when Hyperscan
+        refused the pattern.
+        """
+        if pid not in self._accepted:
+            return None
+        single = self._singles.get(pid)
+        if single is None:
+            with self._lock:
+                single = self._singles.get(pid)
+                if single is None:
+                    single = self._singles[pid] = _single_database(self._patterns[pid])
+        scratches = self._local.__dict__.setdefault("singles", {})
+        scratch = scratches.get(pid)
+        if scratch is None:
+            scratch = scratches[pid] = _hs.Scratch(single)
+        ends: list[int] = []
+        single.scan(memoryview(buf)[start:stop], scratch=scratch,
+                    match_event_handler=lambda _id, _from, to, *_: ends.append(to))
+        out: list[int] = []
+        last = -1
+        for end in ends:
+            if end + start <= last:
+                continue
+            line_start = buf.rfind(b"\n", start, max(end + start - 1, start)) + 1 or start
+            if line_start != (out[-1] if out else -1):
+                out.append(line_start)
+            last = buf.find(b"\n", end + start - 1, stop)
+            last = stop if last < 0 else last
+        return out
 
     def _scratch(self) -> Any:
         scratch = getattr(self._local, "scratch", None)
@@ -198,25 +274,22 @@ class HyperscanEngine:
             scratch = self._local.scratch = _hs.Scratch(self._db)
         return scratch
 
-    def scan(self, buf: bytes, start: int, stop: int, feed: Feed) -> None:
-        if self._db is not None:
-            # Reports are gathered and sorted so line numbers are counted in one forward pass;
-            # past a bound they are fed as they come (the collector recounts when out of order).
-            found: list[tuple[int, int]] = []
-
-            def on_match(pid: int, _from: int, to: int, _flags: int, _ctx: Any) -> None:
-                if len(found) < MAX_BUFFERED:
-                    found.append((start + to, pid))
-                else:
-                    feed(pid, start + to)
-            self._db.scan(memoryview(buf)[start:stop], match_event_handler=on_match,
-                          scratch=self._scratch())
-            found.sort()
-            for end, pid in found:
-                feed(pid, end)
+    def present(self, buf: bytes, chunks: Sequence[Chunk]) -> list[list[int]]:
+        """For each chunk, the ids of the patterns that occur in it."""
+        out: list[list[int]] = []
+        view = memoryview(buf)
+        scratch = self._scratch() if self._db is not None else None
+        for a, b in chunks:
+            found: list[int] = []
+            if self._db is not None:
+                self._db.scan(view[a:b], match_event_handler=lambda pid, *_: found.append(pid),
+                              scratch=scratch)
+            out.append(found)
         if self._rest is not None:
             ids = self._rest_ids
-            self._rest.scan(buf, start, stop, lambda pid, end: feed(ids[pid], end))
+            for index, pids in enumerate(self._rest.present(buf, chunks)):
+                out[index].extend(ids[pid] for pid in pids)
+        return out
 
 
 def hyperscan_available() -> bool:
@@ -237,8 +310,17 @@ def make_engine(patterns: Sequence[Pattern], engine: str = "auto") -> ReEngine |
 
 def _flags(p: Pattern) -> int:
     assert _hs is not None
-    flags = _hs.HS_FLAG_PREFILTER | _hs.HS_FLAG_MULTILINE | _hs.HS_FLAG_ALLOWEMPTY
+    flags = (_hs.HS_FLAG_PREFILTER | _hs.HS_FLAG_MULTILINE | _hs.HS_FLAG_ALLOWEMPTY
+             | _hs.HS_FLAG_SINGLEMATCH)
     return int(flags | (_hs.HS_FLAG_CASELESS if p.caseless else 0))
+
+
+def _single_database(p: Pattern) -> Any:
+    assert _hs is not None
+    db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+    db.compile(expressions=[p.prefilter], ids=[0],
+               flags=[_flags(p) & ~_hs.HS_FLAG_SINGLEMATCH])
+    return db
 
 
 def _compiles(p: Pattern) -> bool:

@@ -32,7 +32,7 @@ _PREFIXES = (
 # A traceback quotes the code that raised ("raise SSLError(e, request=request)", "except
 # OSError:"), and rich tracebacks box their source excerpts between "│" rails: such a line names
 # an exception class or a message without it having happened.
-_SOURCE = re.compile(r"^(?:raise\s+[\w.]+|except\b[\w.\s,()]*(?:\bas\s+\w+)?:?$)|^│.*│$")
+SOURCE = re.compile(r"^(?:raise\s+[\w.]+|except\b[\w.\s,()]*(?:\bas\s+\w+)?:?$)|^│.*│$")
 _RANK_IN_TEXT = re.compile(r"\[(?:Rank|rank) ?(\d+)\]|\brank[:= ]\s*(\d+)\b|\blocal_rank: (\d+)")
 _ISO_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
 # glog and c10 stamps: "E0626 06:24:44.903881" or torch's unpadded "[E626 06:24:44.903881913".
@@ -82,7 +82,7 @@ def read_line(raw: bytes | str) -> Line:
 
 def is_source(text: str) -> bool:
     """Whether a read line quotes a traceback's source code rather than saying what happened."""
-    return _SOURCE.match(text) is not None
+    return SOURCE.match(text) is not None
 
 
 def _timestamp(text: str) -> tuple[int, int, float] | None:

@@ -61,6 +61,7 @@ class Rule:
     category: Category
     strength: int
     retryable: bool | None = None
+    description: str = ""
     log: tuple[str, ...] = ()
     log_not: tuple[str, ...] = ()
     context: tuple[str, ...] = ()
@@ -183,7 +184,8 @@ def _parse_rule(raw: _Located, source: str, where: str) -> Rule:
         raise fail("context", "needs a 'log' pattern to be the context of")
     rule = Rule(
         id=rule_id, category=category, strength=strength,
-        retryable=raw.get("retryable"), log=patterns["log"], log_not=patterns["log_not"],
+        retryable=raw.get("retryable"), description=_description(raw, fail),
+        log=patterns["log"], log_not=patterns["log_not"],
         context=patterns["context"], context_lines=context_lines,
         warnings=bool(raw.get("warnings", False)), ignore_case=ignore_case,
         exit_codes=_exit_codes(raw, fail),
@@ -214,6 +216,13 @@ def _scalars(raw: _Located, fail: Any) -> tuple[Category, int, int]:
     if not isinstance(context_lines, int) or isinstance(context_lines, bool) or context_lines < 0:
         raise fail("context_lines", "expected a non-negative whole number of lines")
     return Category(category), STRENGTHS[strength], context_lines
+
+
+def _description(raw: _Located, fail: Any) -> str:
+    value = raw.get("description", "")
+    if not isinstance(value, str):
+        raise fail("description", "expected one sentence saying which mechanism the rule recognises")
+    return " ".join(value.split())
 
 
 def _strings(raw: _Located, key: str, fail: Any) -> tuple[str, ...]:
@@ -311,3 +320,8 @@ def mapping_get(obj: Mapping[str, Any], *keys: str) -> Any:
         if key in obj:
             return obj[key]
     return None
+
+
+def strength_name(value: int) -> str:
+    """The name of a strength value ("cause", "hint", ...)."""
+    return next((name for name, v in STRENGTHS.items() if v == value), str(value))

@@ -1,39 +1,61 @@
-"""Streaming the log once through every rule's patterns, in bounded memory.
+"""Streaming the log once through every rule's patterns, in bounded memory and bounded work.
 
-The log is read in blocks that end on a line break; one multi-pattern engine (``engines``) finds
-the lines any pattern may match. Only those lines are decoded, stripped of prefixes (``lines``)
-and checked with the rule's own regex, so the cost of a long log does not grow with the number of
-rules. What is kept is bounded: the first match of each rule on each rank, plus the last
-non-empty line for the fallback verdict.
+The log is read in blocks that end on a line break, and each block in line-aligned chunks; one
+multi-pattern engine (``engines``) says which patterns occur in each chunk. Only then are the
+lines of those patterns found, decoded, stripped of prefixes (``lines``) and checked with the
+rule's own regex, so the cost of a long log grows neither with the number of rules nor with the
+number of lines that match:
+
+- a rule that already has ``SATURATION`` confirmed lines (``HINT_SATURATION`` for hint-strength
+  rules) is not looked at again: its earliest lines are known, later ones cannot win;
+- a line a rule rejects (a warning, a quoted source line, its ``log_not``) is remembered with
+  its digits masked, so the next checkpoint save or retry warning of the same shape costs one
+  dictionary look-up; only rejections by digit-blind regexes are remembered;
+- ``context`` patterns are not scanned for: they are checked only in the window of lines
+  around a candidate line, from the block in hand and a ring buffer of the previous block's last
+  lines.
+
+What is kept is bounded: the first match of each rule on each rank, plus the last non-empty line
+for the fallback verdict.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from trainguard.core.triage.engines import (
+    Chunk,
     HyperscanEngine,
+    MASK,
+    Finders,
     Pattern,
     ReEngine,
     hyperscan_available,
     make_engine,
     prefilter_source,
 )
-from trainguard.core.triage.lines import Line, is_source, read_line
-from trainguard.core.triage.rules import Rule, RuleSet
+from trainguard.core.triage.lines import SOURCE, Line, read_line
+from trainguard.core.triage.shapes import blind_parts, digit_blind
+from trainguard.core.triage.rules import STRENGTHS, Rule, RuleSet
 from trainguard.core.triage.signals import LogSource
 
 __all__ = ["Hit", "ScanResult", "Scanner", "blocks", "hyperscan_available", "patterns_of"]
 
 BLOCK_BYTES = 8 << 20
 MAX_LINE_BYTES = 64 << 10
+CHUNK_BYTES = 64 << 10
 MAX_HITS = 4096
 MAX_PENDING = 16
+SATURATION = 64
+HINT_SATURATION = 8
+MAX_REMEMBERED = 1 << 14
+NOISY_CHUNK = 64  # candidate lines in a chunk past which distinct shapes are searched instead
 _BLANK = b" \t\r\n"
 
 
@@ -54,14 +76,11 @@ class ScanResult:
 
 
 def patterns_of(rules: Sequence[Rule]) -> list[Pattern]:
-    """Every log and context pattern of the rules, in one flat table."""
+    """Every log pattern of the rules, in one flat table (context patterns are not scanned for)."""
     out: list[Pattern] = []
     for index, rule in enumerate(rules):
         for regex in rule.log_res:
             out.append(Pattern(index, regex, False, prefilter_source(regex.pattern),
-                               rule.ignore_case))
-        for regex in rule.context_res:
-            out.append(Pattern(index, regex, True, prefilter_source(regex.pattern),
                                rule.ignore_case))
     return out
 
@@ -106,108 +125,254 @@ def _split(fh: BinaryIO | io.BytesIO) -> Iterator[Block]:
         yield carry, 0, len(carry)
 
 
-class _Collector:
-    """Turns raw engine reports into verified, bounded hits; one instance per scan."""
+def _lines_of(masked: bytes, shape: bytes, base: int) -> list[int]:
+    """Where the lines that read ``shape`` once masked start (offsets into the block)."""
+    out = []
+    size, end = len(shape), len(masked)
+    i = masked.find(shape)
+    while i >= 0:
+        if (i == 0 or masked[i - 1] == 10) and (i + size == end or masked[i + size] == 10):
+            out.append(base + i)
+        i = masked.find(shape, i + max(size, 1))
+    return out
 
-    def __init__(self, rules: RuleSet, patterns: Sequence[Pattern], active: set[int]) -> None:
-        self.rules = rules.rules
-        self.warning = rules.warning_line
+
+def _shape(buf: bytes, start: int, stop: int) -> bytes:
+    end = buf.find(b"\n", start, stop)
+    return buf[start:stop if end < 0 else end].translate(MASK)
+
+
+def chunks(buf: bytes, start: int, stop: int) -> list[Chunk]:
+    """Cut a block into line-aligned chunks of about CHUNK_BYTES."""
+    out: list[Chunk] = []
+    while start < stop:
+        end = min(start + CHUNK_BYTES, stop)
+        if end < stop:
+            cut = buf.rfind(b"\n", start, end) + 1
+            end = cut if cut > start else (buf.find(b"\n", end, stop) + 1 or stop)
+        out.append((start, end))
+        start = end
+    return out
+
+
+class _Rules:
+    """What the collector needs of each rule, worked out once per scanner (lazily: most rules
+    never see a candidate line, and parsing regexes costs more than a quiet log's scan)."""
+
+    def __init__(self, ruleset: RuleSet) -> None:
+        self.rules = ruleset.rules
+        self.warning_line = ruleset.warning_line
+        self.limits = [HINT_SATURATION if r.strength <= STRENGTHS["hint"] else SATURATION
+                       for r in ruleset.rules]
+        self.window = max((r.context_lines for r in ruleset.rules if r.context_res), default=0)
+        self._rejectors: dict[int, list[tuple[re.Pattern[str], list[re.Pattern[str]]]]] = {}
+
+    def rejectors(self, index: int) -> list[tuple[re.Pattern[str], list[re.Pattern[str]]]]:
+        """The regexes that veto a candidate line of the rule, each with its digit-blind parts."""
+        found = self._rejectors.get(index)
+        if found is None:
+            rule = self.rules[index]
+            own = [SOURCE, *rule.log_not_res] + ([] if rule.warnings else [self.warning_line])
+            found = self._rejectors[index] = [(r, blind_parts(r)) for r in own]
+        return found
+
+
+@dataclass
+class _Waiting:
+    """A candidate line whose context window runs past the end of its block."""
+
+    hit: Hit
+    lines_left: int
+
+
+class _Collector:
+    """Turns engine reports into verified, bounded hits; one instance per scan."""
+
+    def __init__(self, info: _Rules, patterns: Sequence[Pattern], finders: Finders,
+                 active: set[int]) -> None:
+        self.info = info
         self.patterns = patterns
+        self.finders = finders
         self.active = active
         self.hits: dict[tuple[int, int | None], Hit] = {}
-        self.context_seen: dict[int, deque[int]] = {}
-        self.pending: dict[int, list[Hit]] = {}
+        self.confirmed = [0] * len(info.rules)
+        self.done: set[int] = set()  # saturated rules
+        self.rejected: set[tuple[int, bytes]] = set()  # (pattern, masked line) known to fail
+        self.waiting: list[_Waiting] = []
+        self.tail: deque[bytes] = deque(maxlen=max(info.window, 1))
         self.base = 0
-        self._start_block((b"", 0, 0))
+        self.noisy = False
 
-    def _start_block(self, block: Block) -> None:
-        self.buf, self.start, self.stop = block
-        self.pos = self.start
-        self.line_no = self.base
-        self.seen: dict[int, int] = {}
-        self.cache: tuple[int, Line] | None = None
+    def block(self, engine: ReEngine | HyperscanEngine, buf: bytes, start: int, stop: int) -> None:
+        """Scan one block of whole lines."""
+        found: list[tuple[int, int, Line]] = []
+        parts = chunks(buf, start, stop)
+        for (a, b), pids in zip(parts, engine.present(buf, parts), strict=True):
+            found.extend(self._chunk(engine, buf, a, b, pids))
+            for rule in {r for _, r, _ in found}:
+                if self.confirmed[rule] >= self.info.limits[rule]:
+                    self.done.add(rule)
+        self._settle_waiting(buf, start, stop)
+        found.sort(key=lambda f: (f[0], f[1]))
+        line_no, pos = self.base, start
+        for offset, rule, line in found:
+            line_no += buf.count(b"\n", pos, offset)
+            pos = offset
+            hit = Hit(rule, line_no + 1, line)
+            if not self.info.rules[rule].context_res:
+                self._add(hit)
+            elif (rule, line.rank) not in self.hits:
+                self._with_context(hit, buf, start, stop, offset)
+        self._remember_tail(buf, start, stop)
+        self.base = line_no + buf.count(b"\n", pos, stop)
 
-    def feed(self, pid: int, end: int) -> None:
+    def _chunk(self, engine: ReEngine | HyperscanEngine, buf: bytes, a: int, b: int,
+               pids: list[int]) -> list[tuple[int, int, Line]]:
+        todo = [pid for pid in pids
+                if self.patterns[pid].rule in self.active and self.patterns[pid].rule not in self.done]
+        if not todo:
+            return []
+        out: list[tuple[int, int, Line]] = []
+        seen: set[tuple[int, int]] = set()
+        occurrences = 0
+        for pid, lines in self._candidates(engine, buf, a, b, todo):
+            rule = self.patterns[pid].rule
+            occurrences += len(lines)
+            for line_start, shape in lines:
+                if (pid, shape) in self.rejected or (rule, line_start) in seen:
+                    continue
+                seen.add((rule, line_start))
+                line = self._confirm(pid, buf, line_start, line_start + len(shape), shape)
+                if line is not None:
+                    out.append((line_start, rule, line))
+                    self.confirmed[rule] += 1
+        self.noisy = occurrences > NOISY_CHUNK
+        return out
+
+    def _candidates(self, engine: ReEngine | HyperscanEngine, buf: bytes, a: int, b: int,
+                    pids: list[int]) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
+        """For each pattern, the (start, digit-masked text) of the lines it may match.
+
+        Where the last chunk was noisy, the chunk's distinct masked lines are searched once for
+        every pattern's literals and only shapes not known to fail are looked up among the real
+        lines; otherwise each pattern's own lines are found and masked one by one.
+        """
+        masked = shapes = lowered = b""
+        for pid in pids:
+            finder = self.finders[pid]
+            found = None
+            if self.noisy and finder.masked is not None:
+                if not shapes:
+                    masked = buf[a:b].translate(MASK)
+                    shapes = b"\n".join(dict.fromkeys(masked.split(b"\n")))
+                if finder.caseless and not lowered:
+                    lowered = shapes.lower()
+                found = finder.shapes(shapes, lowered or None)
+            if found is not None:
+                yield pid, [(s, shape) for shape in found if (pid, shape) not in self.rejected
+                            for s in _lines_of(masked, shape, a)]
+                continue
+            starts = engine.lines(buf, a, b, pid) if isinstance(engine, HyperscanEngine) else None
+            if starts is None:
+                starts = [s for s, _ in finder.candidates(
+                    buf, a, b, buf[a:b].lower() if finder.caseless else None)]
+            yield pid, [(s, _shape(buf, s, b)) for s in starts]
+
+    def _confirm(self, pid: int, buf: bytes, start: int, end: int, shape: bytes) -> Line | None:
+        """The read line if the pattern's rule accepts it; else remember the shape if it may."""
         p = self.patterns[pid]
-        if p.rule not in self.active:
-            return
-        buf, at = self.buf, max(end - 1, self.start)
-        start = buf.rfind(b"\n", self.start, at) + 1 or self.start
-        if self.seen.get(pid) == start:
-            return
-        self.seen[pid] = start
-        if start >= self.pos:
-            self.line_no += buf.count(b"\n", self.pos, start)
-            self.pos = start
-            line_no = self.line_no
-        else:  # an engine may report out of order; recount rather than guess
-            line_no = self.base + buf.count(b"\n", self.start, start)
-        line = self._line(start, at)
-        if p.regex.search(line.text) is None:
-            return
-        if p.is_context:
-            self._context_hit(p.rule, line_no + 1)
-            return
-        rule = self.rules[p.rule]
-        if is_source(line.text) or any(r.search(line.text) for r in rule.log_not_res):
-            return
-        if not rule.warnings and self.warning.search(line.text):
-            return
-        hit = Hit(p.rule, line_no + 1, line)
-        if rule.context_res:
-            self._needs_context(rule, hit)
-        else:
-            self._add(hit)
-
-    def _line(self, start: int, at: int) -> Line:
-        if self.cache is not None and self.cache[0] == start:
-            return self.cache[1]
-        stop = self.buf.find(b"\n", at, self.stop)
-        stop = self.stop if stop < 0 else stop
-        line = read_line(self.buf[start:min(stop, start + MAX_LINE_BYTES)])
-        self.cache = (start, line)
+        line = read_line(buf[start:min(end, start + MAX_LINE_BYTES)])
+        text = line.text
+        # Vetoes first: a veto by a digit-blind regex holds for every line of this shape.
+        for regex, parts in self.info.rejectors(p.rule):
+            if regex.search(text):
+                if any(part.search(text) for part in parts):
+                    self._remember((pid, shape))
+                return None
+        if p.regex.search(text) is None:
+            if digit_blind(p.regex.pattern, p.regex.flags):
+                self._remember((pid, shape))
+            return None
         return line
+
+    def _remember(self, key: tuple[int, bytes]) -> None:
+        if len(self.rejected) >= MAX_REMEMBERED:
+            self.rejected.clear()
+        self.rejected.add(key)
 
     def _add(self, hit: Hit) -> None:
         key = (hit.rule, hit.line.rank)
         if key not in self.hits and len(self.hits) < MAX_HITS:
             self.hits[key] = hit
 
-    def _needs_context(self, rule: Rule, hit: Hit) -> None:
-        seen = self.context_seen.get(hit.rule, ())
-        if any(hit.line_number - n <= rule.context_lines for n in seen):
+    def _with_context(self, hit: Hit, buf: bytes, start: int, stop: int, offset: int) -> None:
+        rule = self.info.rules[hit.rule]
+        window = rule.context_lines
+        before: list[bytes] = []
+        pos = offset
+        while len(before) < window and pos > start:
+            prev = buf.rfind(b"\n", start, pos - 1) + 1 or start
+            before.append(buf[prev:pos - 1])
+            pos = prev
+        if len(before) < window:
+            before.extend(reversed(list(self.tail)[-(window - len(before)):] if window else []))
+        after: list[bytes] = []
+        pos = offset
+        while len(after) <= window and pos < stop:
+            end = buf.find(b"\n", pos, stop)
+            end = stop if end < 0 else end
+            after.append(buf[pos:end])
+            pos = end + 1
+        if self._context_in(rule, before + after):
             self._add(hit)
-            return
-        waiting = self.pending.setdefault(hit.rule, [])
-        if len(waiting) < MAX_PENDING:
-            waiting.append(hit)
+        elif len(after) <= window and len(self.waiting) < MAX_PENDING * 4:
+            self.waiting.append(_Waiting(hit, window + 1 - len(after)))
 
-    def _context_hit(self, rule_index: int, line_number: int) -> None:
-        self.context_seen.setdefault(rule_index, deque(maxlen=8)).append(line_number)
-        waiting = self.pending.get(rule_index)
-        if not waiting:
+    def _settle_waiting(self, buf: bytes, start: int, stop: int) -> None:
+        waiting, self.waiting = self.waiting, []
+        for w in waiting:
+            lines: list[bytes] = []
+            pos = start
+            while len(lines) < w.lines_left and pos < stop:
+                end = buf.find(b"\n", pos, stop)
+                end = stop if end < 0 else end
+                lines.append(buf[pos:end])
+                pos = end + 1
+            if self._context_in(self.info.rules[w.hit.rule], lines):
+                self._add(w.hit)
+
+    @staticmethod
+    def _context_in(rule: Rule, raw_lines: list[bytes]) -> bool:
+        for raw in raw_lines:
+            text = read_line(raw[:MAX_LINE_BYTES]).text
+            if any(r.search(text) for r in rule.context_res):
+                return True
+        return False
+
+    def _remember_tail(self, buf: bytes, start: int, stop: int) -> None:
+        if not self.info.window:
             return
-        window = self.rules[rule_index].context_lines
-        for hit in [h for h in waiting if line_number - h.line_number <= window]:
-            self._add(hit)
-        self.pending[rule_index] = []
+        lines: list[bytes] = []
+        pos = stop
+        while len(lines) < self.info.window and pos > start:
+            prev = buf.rfind(b"\n", start, pos - 1) + 1 or start
+            lines.append(buf[prev:min(pos - 1, prev + MAX_LINE_BYTES)])
+            pos = prev
+        if len(lines) >= self.info.window:
+            self.tail.clear()
+        self.tail.extend(reversed(lines))
 
     def scan(self, engine: ReEngine | HyperscanEngine, source: LogSource) -> ScanResult:
         last: tuple[bytes, int] | None = None
-        for block in blocks(source):
-            self._start_block(block)
-            buf, start, stop = block
-            engine.scan(buf, start, stop, self.feed)
-            # Reports counted lines up to self.pos already; count only the rest of the block.
-            newlines = self.line_no - self.base + buf.count(b"\n", self.pos, stop)
+        for buf, start, stop in blocks(source):
+            self.block(engine, buf, start, stop)
             end = stop
             while end > start and buf[end - 1] in _BLANK:
                 end -= 1
             if end > start:
                 idx = buf.rfind(b"\n", start, end) + 1 or start
-                number = self.base + newlines - buf.count(b"\n", idx, stop) + 1
+                number = self.base - buf.count(b"\n", idx, stop) + 1
                 last = (buf[idx:min(end, idx + MAX_LINE_BYTES)], number)
-            self.base += newlines
         hits = sorted(self.hits.values(), key=lambda h: (h.line_number, h.rule))
         if last is None:
             return ScanResult(tuple(hits), None, None)
@@ -220,6 +385,8 @@ class Scanner:
     def __init__(self, rules: RuleSet, engine: str = "auto") -> None:
         self.rules = rules
         self.patterns = patterns_of(rules.rules)
+        self.finders = Finders(self.patterns)
+        self.info = _Rules(rules)
         self.engine = make_engine(self.patterns, engine)
         self.engine_name = "hyperscan" if isinstance(self.engine, HyperscanEngine) else "re"
 
@@ -227,4 +394,4 @@ class Scanner:
         """Scan one log; ``active`` limits which rules may match (all with log patterns)."""
         if active is None:
             active = {i for i, r in enumerate(self.rules.rules) if r.log_res}
-        return _Collector(self.rules, self.patterns, active).scan(self.engine, source)
+        return _Collector(self.info, self.patterns, self.finders, active).scan(self.engine, source)

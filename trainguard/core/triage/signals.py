@@ -49,6 +49,12 @@ class Diagnosis:
     rank: int | None
     remediation: str
     fingerprint: str
+    strength: str = "cause"
+
+    @property
+    def weak(self) -> bool:
+        """Whether only hint-strength evidence (or none) decided: a weak call to check by hand."""
+        return self.strength in ("hint", "none")
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict; the category is its taxonomy id."""
@@ -61,4 +67,6 @@ class Diagnosis:
             "rank": self.rank,
             "remediation": self.remediation,
             "fingerprint": self.fingerprint,
+            "strength": self.strength,
+            "weak": self.weak,
         }

@@ -1,0 +1,118 @@
+"""Noisy logs: many lines match a pattern, few are failures; the answer must not change.
+
+The scan remembers rejected lines by their digit-masked shape, stops looking at a rule once it
+has enough lines, and checks context patterns only around a candidate line. Each shortcut is
+checked here against the case it could get wrong.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.core import triage
+from trainguard.core.taxonomy import Category
+from trainguard.core.triage import scan, shapes
+
+ENGINES = ["re"] + (["hyperscan"] if triage.hyperscan_available() else [])
+RETRY_NOISE = (b"[rank%d]: WARNING:urllib3.connectionpool:Retrying (Retry(total=4)) after connection"
+               b" broken by 'ReadTimeoutError(\"HTTPSConnectionPool(host='s3.amazonaws.com', "
+               b"port=443): Read timed out.\")': /bucket/shard-%d.tar\n")
+NCCL_NOISE = b"h-%d:1234:5678 [%d] NCCL INFO Call to connect returned Connection refused, retrying\n"
+SAVE = b"[rank0]: checkpoint saved to /ckpt/run-7/step_%d.pt\n"
+
+
+def noisy(lines: int) -> bytes:
+    out = []
+    for i in range(lines):
+        out.append(b"[rank%d]: iter %d | lm loss: 1.%04d\n" % (i % 8, i, i % 9999))
+        if i % 3 == 0:
+            out.append(RETRY_NOISE % (i % 8, i))
+        if i % 5 == 0:
+            out.append(NCCL_NOISE % (i % 8, i % 8))
+        if i % 7 == 0:
+            out.append(SAVE % i)
+    return b"".join(out)
+
+
+def classify(log: bytes, engine: str, **signals: object) -> triage.Diagnosis:
+    diagnosis = triage.classify(triage.Signals(exit_code=1, log=log, **signals),  # type: ignore[arg-type]
+                                engine=engine)
+    assert diagnosis is not None
+    return diagnosis
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_real_error_after_thousands_of_retry_warnings_of_the_same_kind_is_found(engine: str) -> None:
+    log = noisy(20000) + b"requests.exceptions.ConnectionError: HTTPSConnectionPool(host='s3.amazonaws.com', port=443): Read timed out.\n"
+    diagnosis = classify(log, engine)
+    assert diagnosis.category is Category.TRANSIENT_IO
+    assert diagnosis.line_number == log.count(b"\n")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_line_of_a_remembered_shape_with_other_digits_is_judged_on_its_own(engine: str) -> None:
+    # Both read "HTTP Error 000 ..." once masked; only the 503 is a server error.
+    log = b"".join(b"[rank0]: HTTP Error 404 for url https://hub/x/%d\n" % i for i in range(2000))
+    log += b"[rank0]: HTTP Error 503 for url https://hub/x/1\n"
+    diagnosis = classify(log, engine)
+    assert diagnosis.category is Category.TRANSIENT_IO
+    assert diagnosis.line_number == 2001
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_noise_does_not_change_the_diagnosis(engine: str) -> None:
+    crash = b"[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+    quiet = classify(b"[rank0]: iter 1 | lm loss: 1.0\n" + crash, engine)
+    loud = classify(noisy(5000) + crash + noisy(100), engine)
+    assert (loud.category, loud.rule_id, loud.rank, loud.signature) == (
+        quiet.category, quiet.rule_id, quiet.rank, quiet.signature)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_saturated_rule_keeps_its_earliest_line_on_each_rank(engine: str) -> None:
+    warning = (b"[rank%d]:[W socket.cpp:663] [c10d] The client socket has failed to connect to "
+               b"[localhost]:29500 (errno: 97 - Address family not supported by protocol).\n")
+    log = b"".join(warning % (i % 4) for i in range(5000))
+    result = scan.Scanner(triage.load_rules(), engine).scan(log)
+    rule = next(i for i, r in enumerate(triage.load_rules().rules) if r.id == "nccl.error")
+    firsts = {h.line.rank: h.line_number for h in result.hits if h.rule == rule}
+    assert firsts == {0: 1, 1: 2, 2: 3, 3: 4}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("block_bytes", [256, 4096, 1 << 20])
+def test_context_is_found_before_and_after_the_line_across_blocks(
+        monkeypatch: pytest.MonkeyPatch, engine: str, block_bytes: int) -> None:
+    monkeypatch.setattr(scan, "BLOCK_BYTES", block_bytes)
+    filler = b"".join(b"[rank0]: iter %d | lm loss: 1.0\n" % i for i in range(200))
+    eof = b"EOFError: Ran out of input\n"
+    before = filler + b'  File "/opt/torch/serialization.py", line 1025, in load\n' + filler[:300] + eof
+    after = filler + eof + b"while calling torch.load on /ckpt/last.pt\n" + filler
+    neither = filler + eof + filler
+    assert classify(before, engine).category is Category.CHECKPOINT_CORRUPTED
+    assert classify(after, engine).category is Category.CHECKPOINT_CORRUPTED
+    assert classify(neither, engine).category is not Category.CHECKPOINT_CORRUPTED
+
+
+def test_context_further_away_than_the_window_does_not_count() -> None:
+    far = (b'  File "/opt/torch/serialization.py", line 1025, in load\n'
+           + b"".join(b"[rank0]: iter %d\n" % i for i in range(60)) + b"EOFError: Ran out of input\n")
+    assert classify(far, "re").category is not Category.CHECKPOINT_CORRUPTED
+
+
+@pytest.mark.parametrize("pattern, blind", [
+    (r"Connection refused|NCCL", True),
+    (r"\bretry \d+\b", True),
+    (r"c10d|NCCL", False),
+    (r"HTTP Error (?:429|503)", False),
+    (r"[0-9]+ items", True),
+    (r"[1-9] items", False),
+])
+def test_digit_blindness_is_read_from_the_regex(pattern: str, blind: bool) -> None:
+    assert shapes.digit_blind(pattern) is blind
+
+
+def test_a_veto_by_a_mixed_regex_is_remembered_only_through_its_digit_blind_part() -> None:
+    import re
+    parts = shapes.blind_parts(re.compile(r"c10d|ProcessGroup|\[retry \d|NCCL"))
+    assert [p.pattern for p in parts] == ["ProcessGroup", r"\[retry \d", "NCCL"]

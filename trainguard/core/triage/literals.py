@@ -1,0 +1,93 @@
+"""Literals a regex's every match must contain, read from the parsed pattern.
+
+The pure-``re`` engine and ``LineFinder`` search for these with ``bytes.find`` (memchr speed) and
+run the regex only on the lines holding one. Nothing here knows about rules or logs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from re import _parser as _sre  # type: ignore[attr-defined]  # stdlib regex parser, 3.11+
+
+MIN_LITERAL = 3
+MAX_EXPANSION = 64
+
+
+def required_literals(pattern: str) -> list[bytes] | None:
+    """Literals of which every match contains one, or None when no useful set exists."""
+    try:
+        parsed = _sre.parse(pattern)
+    except (re.error, RecursionError, ValueError):
+        return None
+    best = _sequence(list(parsed))
+    if not best or min(len(x) for x in best) < MIN_LITERAL:
+        return None
+    return [x.encode("utf-8") for x in best]
+
+
+def _sequence(items: list[Any]) -> list[str] | None:
+    """The best literal set of a sequence: runs of exactly-known text, or one item's own set."""
+    candidates: list[list[str]] = []
+    run = [""]
+    for op, av in items:
+        exact = _exact(op, av)
+        if exact is not None and len(run) * len(exact) <= MAX_EXPANSION:
+            run = [a + b for a in run for b in exact]
+            continue
+        if any(run):
+            candidates.append(run)
+        run = [""]
+        sub = _item(op, av)
+        if sub:
+            candidates.append(sub)
+    if any(run):
+        candidates.append(run)
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: min(len(x) for x in c))
+
+
+def _exact(op: Any, av: Any) -> list[str] | None:
+    """Every string one item can match, when that is a short finite list."""
+    if op is _sre.LITERAL:
+        return [chr(av)]
+    if op is _sre.IN and all(o is _sre.LITERAL for o, _ in av) and len(av) <= 8:
+        return [chr(v) for _, v in av]
+    if op is _sre.MAX_REPEAT and av[0] == 0 and av[1] == 1:  # optional: "" or the item
+        inner = _exact_sequence(list(av[2]))
+        return [""] + inner if inner is not None and len(inner) < MAX_EXPANSION else None
+    if op is _sre.SUBPATTERN or op is _sre.BRANCH:
+        branches = [list(av[-1])] if op is _sre.SUBPATTERN else [list(b) for b in av[1]]
+        out: list[str] = []
+        for branch in branches:
+            strings = _exact_sequence(branch)
+            if strings is None:
+                return None
+            out.extend(strings)
+        return out if len(out) <= MAX_EXPANSION else None
+    return None
+
+
+def _exact_sequence(items: list[Any]) -> list[str] | None:
+    strings = [""]
+    for op, av in items:
+        part = _exact(op, av)
+        if part is None or len(strings) * len(part) > MAX_EXPANSION:
+            return None
+        strings = [a + b for a in strings for b in part]
+    return strings
+
+
+def _item(op: Any, av: Any) -> list[str] | None:
+    if op is _sre.SUBPATTERN:
+        return _sequence(list(av[-1]))
+    if op is _sre.BRANCH:
+        alternatives = [_sequence(list(branch)) for branch in av[1]]
+        if all(alternatives):
+            return [x for alt in alternatives if alt for x in alt]
+        return None
+    if op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT) and av[0] >= 1:
+        return _sequence(list(av[2]))
+    return None

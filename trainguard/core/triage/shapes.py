@@ -1,0 +1,84 @@
+"""Digit-blind regexes: whose answer cannot change when every digit of a line reads as 0.
+
+The scan remembers a rejected line by its digit-masked shape; that is sound only for the
+regexes this module says are blind, because two lines of one shape differ only in digits.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+from re import _parser as _sre  # type: ignore[attr-defined]  # stdlib regex parser, 3.11+
+
+
+@lru_cache(maxsize=1024)
+def digit_blind(pattern: str, flags: int = 0) -> bool:
+    """Whether the regex cannot tell one digit from another, so masking digits keeps its answer."""
+    try:
+        return _blind(list(_sre.parse(pattern, flags)))
+    except (re.error, RecursionError, ValueError):
+        return False
+
+
+def blind_parts(regex: re.Pattern[str]) -> list[re.Pattern[str]]:
+    """The top-level alternatives of the regex that are digit-blind, compiled on their own.
+
+    When one of them matches a line, every line of the same digit-masked shape matches the
+    regex too: that is what lets a rejection by ``'c10d|NCCL|...'`` be remembered by shape.
+    """
+    if digit_blind(regex.pattern, regex.flags):
+        return [regex]
+    out = []
+    for part in _alternatives(regex.pattern):
+        try:
+            compiled = re.compile(part, regex.flags)
+        except re.error:
+            continue
+        if digit_blind(compiled.pattern, compiled.flags):
+            out.append(compiled)
+    return out
+
+
+def _alternatives(pattern: str) -> list[str]:
+    """Split a regex at its top-level ``|`` (outside groups and character classes)."""
+    parts, depth, in_class, escaped, start = [], 0, False, False, 0
+    for i, ch in enumerate(pattern):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif in_class:
+            in_class = ch != "]" or pattern[i - 1] == "["
+        elif ch == "[":
+            in_class = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "|" and depth == 0:
+            parts.append(pattern[start:i])
+            start = i + 1
+    parts.append(pattern[start:])
+    return parts
+
+
+def _blind(items: list[Any]) -> bool:
+    for op, av in items:
+        if op in (_sre.LITERAL, _sre.NOT_LITERAL) and 0x30 <= av <= 0x39:
+            return False
+        if op is _sre.RANGE and not (av[1] < 0x30 or av[0] > 0x39 or av[0] <= 0x30 <= 0x39 <= av[1]):
+            return False
+        if op in (_sre.GROUPREF, _sre.GROUPREF_EXISTS):
+            return False
+        if op is _sre.IN and not _blind(list(av)):
+            return False
+        if op is _sre.BRANCH and not all(_blind(list(b)) for b in av[1]):
+            return False
+        if op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT, _sre.POSSESSIVE_REPEAT) and not _blind(list(av[2])):
+            return False
+        if op in (_sre.SUBPATTERN, _sre.ATOMIC_GROUP, _sre.ASSERT, _sre.ASSERT_NOT):
+            if not _blind(list(av[-1])):
+                return False
+    return True
