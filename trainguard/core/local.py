@@ -181,7 +181,7 @@ class LocalProcessRunner:
             self._python, "-m", "trainguard_entrypoint", "--workspace", str(workspace.root),
             "--run-id", workspace.run_id, "--attempt", str(workspace.attempt),
             "--checkpoint-dir", str(workspace.checkpoint_dir), "--log-file", str(workspace.log_path),
-            "--", *command,
+            "--grace-seconds", f"{self._grace:g}", "--", *command,
         ]
 
     @staticmethod
