@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from trainguard.cli.app import app
-from trainguard.cli.output import attempts_table, console, fail
+from trainguard.cli.output import attempts_table, console, fail, plain, say
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.spec import SpecError, TrainingSpec, load_spec, parse_spec
 
@@ -44,7 +44,7 @@ def demo(
     from trainguard.demo import demo_spec
 
     spec = parse_spec(demo_spec(delay_seconds=delay), "demo")
-    console.print(f"[bold]trainguard demo[/]: {' '.join(spec.command[1:])}")
+    say(plain("trainguard demo", "bold"), ": ", " ".join(spec.command[1:]))
     _run_here(spec)
 
 
@@ -69,11 +69,11 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
     summaries = [AttemptSummary.from_dict(item) for item in history] if isinstance(history, list) else []
     console.print()
     console.print(attempts_table(summaries, title=f"trainguard run {run_id}"))
-    console.print(f"{state.name}: {state.message}")
+    say(f"{state.name}: {state.message}")
     if summaries and summaries[-1].evidence:
         # the location is a path or an s3:// URI: Path() would fold "s3://" into "s3:/"
         run_location = summaries[-1].evidence.rstrip("/").rpartition("/")[0]
-        console.print(f"evidence: {run_location}  (trainguard evidence show {run_id})", highlight=False)
+        say(f"evidence: {run_location}  (trainguard evidence show {run_id})")
     if not state.is_completed():
         raise typer.Exit(1)
 
@@ -92,4 +92,4 @@ def _submit(spec: TrainingSpec, deployment: str, backend: str | None, evidence: 
                                   timeout=0, tags=lineage_tags(run_id, 1, None))
     except (PrefectException, RuntimeError, OSError, ValueError) as exc:
         fail(f"--deployment {deployment}: could not submit ({exc}); check the name (flow/deployment) and PREFECT_API_URL")
-    console.print(f"submitted run {run_id}: attempt 1 is flow run {flow_run.name} ({flow_run.id})")
+    say(f"submitted run {run_id}: attempt 1 is flow run {flow_run.name} ({flow_run.id})")

@@ -29,6 +29,7 @@ from trainguard_entrypoint.coredumps import signal_name
 from trainguard_entrypoint.files import write_json_atomic
 from trainguard_entrypoint.redact import redact_argv
 
+from trainguard.core import masking
 from trainguard.core.workspace import AttemptWorkspace
 
 COMPLETED = "Completed"
@@ -63,10 +64,14 @@ def _print_line(line: str) -> None:
 class _OutputWatcher(threading.Thread):
     """Reads the entrypoint's output, hands out lines, and notes when output last arrived."""
 
-    def __init__(self, stream: IO[bytes], on_line: Callable[[str], None] | None, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, stream: IO[bytes], on_line: Callable[[str], None] | None, clock: Callable[[], float],
+        masker: masking.Masker,
+    ) -> None:
         super().__init__(name="trainguard-output", daemon=True)
         self._fd = stream.fileno()
         self._on_line = on_line
+        self._masker = masker
         self._clock = clock
         self.last_output = clock()
         self.problem: str | None = None
@@ -89,7 +94,8 @@ class _OutputWatcher(threading.Thread):
         if self._on_line is None:
             return
         try:
-            self._on_line(raw.rstrip(b"\r").decode("utf-8", errors="replace"))
+            # shown live: secrets masked; colours kept (the tails made for reading later strip them)
+            self._on_line(self._masker.mask(raw.rstrip(b"\r").decode("utf-8", errors="replace")))
         except Exception as exc:  # a broken display must not stall the pipe and fake a Stalled attempt
             self.problem = f"on_line failed, live output stopped: {type(exc).__name__}: {exc}"
             self._on_line = None
@@ -143,6 +149,7 @@ class LocalProcessRunner:
         """
         argv = self._argv(command, workspace)
         full_env = self._environment(env)
+        masking.register_environment(env or {})  # evidence and reports of this attempt mask them too
         _check_limit("deadline_seconds", deadline_seconds)
         _check_limit("stall_seconds", stall_seconds)
         started_at, start = datetime.now(UTC), self._clock()
@@ -154,7 +161,7 @@ class LocalProcessRunner:
             message = f"cannot start the entrypoint with python {self._python!r}: {exc.strerror or exc}"
             return self._finish(workspace, command, None, code, None, START_ERROR, message, started_at, start)
         assert proc.stdout is not None
-        watcher = _OutputWatcher(proc.stdout, self._on_line, self._clock)
+        watcher = _OutputWatcher(proc.stdout, self._on_line, self._clock, masking.current())
         watcher.start()
         try:
             ended = self._wait(proc, watcher, workspace, start, deadline_seconds, stall_seconds)
@@ -310,7 +317,6 @@ def _write_runner_report(
         "run_id": workspace.run_id,
         "attempt": workspace.attempt,
         "reason": outcome.reason,
-        "message": outcome.message,
         "exit_code": outcome.exit_code,
         "signal": outcome.signal,
         "signal_name": signal_name(outcome.signal),
@@ -318,7 +324,8 @@ def _write_runner_report(
         "finished_at": outcome.finished_at.isoformat(),
         "duration_seconds": round(outcome.duration_seconds, 3),
         "entrypoint_pid": pid,
-        "command": redact_argv(command),
+        "command": [masking.current().mask(arg) for arg in redact_argv(command)],
+        "message": masking.for_people(outcome.message),
         "log_path": str(outcome.log_path),
     }
     try:
