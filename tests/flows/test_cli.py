@@ -28,7 +28,15 @@ def trainguard(*args: str, cwd: Path, api_url: str | None = None) -> subprocess.
         ({"name": "bad", "command": ["python", "t.py"], "retry": {"max_attempts": -1}}, "retry.max_attempts"),
         ({"name": "bad", "env": {"A": "1"}}, "command"),
         ({"name": "bad", "command": "python t.py", "retry": {"overrides": {"gremlins": {"retryable": True}}}},
-         "retry.overrides.gremlins"),
+         "retry.overrides.gremlins: unknown failure category"),
+        ({"name": "bad", "command": ["python", "", "t.py"]}, "command: argument 1 is empty"),
+        ({"name": "bad", "command": ["python"], "env": {"A=B": "1"}}, "env: 'A=B' is not a variable name"),
+        ({"name": "bad", "command": ["python"], "env": {"A": "x\0y"}}, "env: A: the value contains a NUL byte"),
+        ({"name": "bad", "command": ["python"], "gpus": True}, "gpus: expected a whole number, got true"),
+        ({"name": "bad", "command": ["python"], "deadline_seconds": float("inf")}, "deadline_seconds: must be a finite"),
+        ({"name": "bad", "command": ["python"], "env": {"BIG": "x" * 300_000}}, "env: the spec is 300,"),
+        ({"name": "bad", "command": ["python"], "env": {"HF_TOKEN": "hf_" + "a" * 34}}, "env: HF_TOKEN: looks like a secret"),
+        ({"name": "bad", "command": ["python"], "secret_env": {"HF_TOKEN": "Not A Block"}}, "secret_env: HF_TOKEN:"),
     ],
 )
 def test_a_malformed_spec_gives_one_line_naming_the_field_exits_non_zero_and_writes_nothing(tmp_path, spec, field):
@@ -41,6 +49,7 @@ def test_a_malformed_spec_gives_one_line_naming_the_field_exits_non_zero_and_wri
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and "Traceback" not in result.stderr, result.stderr
+    assert "hf_aaaa" not in result.stderr  # the refusal names the variable, never its value
     assert sorted(tmp_path.rglob("*")) == before  # nothing written
 
 
