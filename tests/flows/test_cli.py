@@ -82,3 +82,17 @@ def test_submitting_to_a_deployment_that_does_not_exist_is_one_line_naming_it(pr
 
     assert result.returncode == 2
     assert "train-attempt/missing" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_the_table_counts_attempts_against_the_budget_the_retry_message_names(prefect_server, tmp_path):
+    # every attempt times out in NCCL after some progress; nccl_error may use only 2 of the run's 3 attempts
+    spec = tiny_spec("cli-budget", "--fail-after-steps", "15",
+                     retry={"max_attempts": 3, "overrides": {"nccl_error": {"max_attempts": 2}}})
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
+
+    result = trainguard("run", "run.yaml", cwd=tmp_path, api_url=prefect_server)
+
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "2 of 2 attempts used" in result.stdout
+    table = result.stdout[result.stdout.index("trainguard run cli-budget-"):]
+    assert "2/2" in table and "/3" not in table, table
