@@ -81,7 +81,7 @@ def train_attempt(
     ref, train_state, evidence_state = None, None, None
     try:
         ref = provision_workspace(backend, run_id, attempt)
-        train_state = run_training(backend, ref, launch, return_state=True)
+        train_state = run_training(backend, ref, launch, dict(spec.secret_env), return_state=True)
     finally:  # also on SIGTERM and deadlines: freeze the crime scene before anything else
         if ref is not None:
             evidence_state = collect_evidence(backend, ref, store, _outcome(train_state), return_state=True)

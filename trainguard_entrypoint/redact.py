@@ -18,6 +18,10 @@ REDACTED = "***"
 # Substrings of variable names whose values are treated as secrets, matched case-insensitively.
 SECRET_NAME_PARTS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "WEBHOOK")
 
+SECRET_NAMES_VARIABLE = "TRAINGUARD_SECRET_NAMES"
+"""Comma-separated names of variables that hold secrets whatever they are called (a spec's
+``secret_env``): the launcher sets it, and their values are masked like any secret's."""
+
 # Shorter values ("1", "true", "cpu") would mask half the log; CI systems draw the same line.
 MIN_MASKED_LENGTH = 6
 
@@ -61,6 +65,11 @@ def is_secret_name(name: str) -> bool:
     return any(part in upper for part in SECRET_NAME_PARTS)
 
 
+def declared_secret_names(environ: Mapping[str, str]) -> frozenset[str]:
+    """Names listed in ``TRAINGUARD_SECRET_NAMES``: secrets whatever they are called."""
+    return frozenset(n.strip() for n in environ.get(SECRET_NAMES_VARIABLE, "").split(",") if n.strip())
+
+
 def redact_text(text: str) -> str:
     """Replace the password of every ``scheme://user:password@host`` in ``text`` with ``***``."""
     if "://" not in text:
@@ -95,9 +104,10 @@ def redact_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], list
     """
     redacted: dict[str, str] = {}
     changed: list[str] = []
+    declared = declared_secret_names(environ)
     for name in sorted(environ):
         value = environ[name]
-        safe = REDACTED if is_secret_name(name) else redact_text(value)
+        safe = REDACTED if is_secret_name(name) or name in declared else redact_text(value)
         if safe != value:
             changed.append(name)
         redacted[name] = safe
@@ -126,7 +136,8 @@ class Masker:
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], extra: Iterable[str] = ()) -> Masker:
         """A masker for the values of every secret-looking variable in ``environ``, plus ``extra``."""
-        return cls([*(v for k, v in environ.items() if is_secret_name(k)), *extra])
+        declared = declared_secret_names(environ)
+        return cls([*(v for k, v in environ.items() if is_secret_name(k) or k in declared), *extra])
 
     def with_values(self, values: Iterable[str]) -> Masker:
         """This masker plus more values."""

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from prefect import get_client
+from prefect.blocks.system import Secret
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, LogFilter, LogFilterFlowRunId
 
 from flow_helpers import attempt_runs
@@ -30,19 +31,23 @@ SECRETS = {
     "SLACK_WEBHOOK": "https://hooks.slack.com/services/T0SECRET/B0SECRET/webhooksecret99",
     "HF_TOKEN": "hf_" + "q" * 34,
 }
-NEEDLES = ("supersecret123", "T0SECRET", "webhooksecret99", "hf_" + "q" * 34)
+# referenced by the spec's secret_env, resolved only inside the attempt: a Prefect Secret block and a
+# worker variable whose name does not look secret (only the reference marks it as one)
+BLOCK_SECRET, WORKER_SECRET = "blockvalue-8d41c2", "workervalue-19fa7e"
+NEEDLES = ("supersecret123", "T0SECRET", "webhooksecret99", "hf_" + "q" * 34, BLOCK_SECRET, WORKER_SECRET)
 CRASH = "bad [/] [/red] [x](javascript:alert(1)) <script>alert(1)</script> <img src=x onerror=alert(2)>"
 SCRIPT = f"""
 import os
 print("\\x1b[31mstarting\\x1b[0m\\x1b]0;owned title\\x07")
 print("AWS_SECRET_ACCESS_KEY=" + os.environ["AWS_SECRET_ACCESS_KEY"])
 print("posting to", os.environ["SLACK_WEBHOOK"], "with", os.environ["HF_TOKEN"])
+print("resolved", os.environ["DB_PASSWORD"], os.environ["PLAIN_NAME"])
 raise RuntimeError({CRASH!r} + " key " + os.environ["AWS_SECRET_ACCESS_KEY"])
 """
 
 
 def trainguard(*args: str, cwd: Path, api_url: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **SECRETS, "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    env = {**os.environ, **SECRETS, "WORKER_VALUE_7": WORKER_SECRET, "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "COLUMNS": "200"}
     if api_url:
         env["PREFECT_API_URL"] = api_url
@@ -54,7 +59,9 @@ def trainguard(*args: str, cwd: Path, api_url: str | None = None) -> subprocess.
 def hostile_run(prefect_server, tmp_path_factory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("hostile")
     (folder / "train.py").write_text(SCRIPT)
-    spec = {"name": "hostile", "command": [sys.executable, "train.py"], "retry": {"delay_seconds": 0}}
+    Secret(value=BLOCK_SECRET).save("hostile-db-password", overwrite=True)
+    spec = {"name": "hostile", "command": [sys.executable, "train.py"], "retry": {"delay_seconds": 0},
+            "secret_env": {"DB_PASSWORD": "hostile-db-password", "PLAIN_NAME": "env:WORKER_VALUE_7"}}
     (folder / "run.yaml").write_text(yaml.safe_dump(spec))
     result = trainguard("run", "run.yaml", cwd=folder, api_url=prefect_server)
     run_id = re.search(r"trainguard run (hostile-[0-9a-f]{8})", result.stdout)
@@ -94,6 +101,7 @@ def test_no_secret_reaches_anything_trainguard_wrote_or_showed(hostile_run) -> N
         for needle in NEEDLES:
             assert not any(needle in text for text in texts), f"{needle} leaked into {channel}"
     assert any("AWS_SECRET_ACCESS_KEY=***" in text for text in written)
+    assert any("resolved *** ***" in text for text in written)  # the secret_env values reached the command
 
 
 def test_the_report_artifact_escapes_html_and_links_and_fences_the_log_line(hostile_run) -> None:

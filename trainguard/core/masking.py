@@ -14,9 +14,12 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from trainguard_entrypoint.redact import REDACTED, Masker, is_secret_name, strip_control
+from trainguard_entrypoint.redact import REDACTED, SECRET_NAMES_VARIABLE, Masker, is_secret_name, strip_control
 
-__all__ = ["REDACTED", "Masker", "current", "for_people", "is_secret_name", "mask_tree", "register", "strip_control"]
+__all__ = [
+    "REDACTED", "SECRET_NAMES_VARIABLE", "Masker", "current", "for_people", "is_secret_name", "mask_tree", "register",
+    "register_environment", "strip_control",
+]
 
 _lock = threading.Lock()
 _registered: set[str] = set()
