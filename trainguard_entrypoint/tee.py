@@ -24,6 +24,8 @@ from trainguard_entrypoint.supervision import SupervisorWatch
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Requests to stop; SIGUSR1/2 are only passed on (schedulers use them as "time is nearly up" notices).
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+LOG_WRITE_FAILED = "trainguard-entrypoint: warning: "
+"""Prefix of the console line saying the log file stopped taking output (a launcher watches for it)."""
 _DRAIN_IDLE_SECONDS = 1.0  # after the command exits, stop reading once its descendants go quiet
 _DRAIN_MAX_SECONDS = 5.0
 
@@ -94,8 +96,11 @@ class _Sink:
             try:
                 self.log.write(data)
             except OSError as exc:
-                self.problems.append(f"log file write failed, output after this point is not in the log: {exc}")
+                problem = f"log file write failed, output after this point is not in the log: {exc}"
+                self.problems.append(problem)
                 self.log = None
+                # said at once, on the console: the launcher keeps the tail of the output for triage
+                data = f"{LOG_WRITE_FAILED}{problem}\n".encode() + data
         if self.console_fd is not None:
             try:
                 _write_all(self.console_fd, data)

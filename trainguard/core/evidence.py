@@ -50,11 +50,12 @@ def _step_number(name: str) -> int | None:
 
 
 def newest_checkpoints(checkpoint_dir: Path) -> list[Path]:
-    """Checkpoints (files or folders) in ``checkpoint_dir``, newest first.
+    """Checkpoints (files or folders) in ``checkpoint_dir`` a run can resume from, newest first.
 
     Names carrying a step number (``step-000120.pt``) are ordered by it, then the others by
     modification time. Temporary and partial files (``*.tmp``, ``*.partial``, dot-names) are not
-    checkpoints: a crash mid-save leaves exactly those behind.
+    checkpoints: a crash mid-save leaves exactly those behind. Nor are empty or unreadable ones,
+    which a full disk leaves: resuming from them would fail the next attempt too.
     """
     try:
         entries = list(Path(checkpoint_dir).iterdir())
@@ -62,7 +63,7 @@ def newest_checkpoints(checkpoint_dir: Path) -> list[Path]:
         return []
     ranked: list[tuple[tuple[int, int, float], Path]] = []
     for entry in entries:
-        if entry.name.startswith(".") or entry.name.endswith(_IGNORED_SUFFIXES):
+        if entry.name.startswith(".") or entry.name.endswith(_IGNORED_SUFFIXES) or not _usable(entry):
             continue
         try:
             mtime = entry.stat().st_mtime
@@ -72,6 +73,17 @@ def newest_checkpoints(checkpoint_dir: Path) -> list[Path]:
         ranked.append(((step is not None, step if step is not None else -1, mtime), entry))
     ranked.sort(key=lambda pair: pair[0], reverse=True)
     return [entry for _, entry in ranked]
+
+
+def _usable(entry: Path) -> bool:
+    """Whether a checkpoint has content that can be read: a non-empty file, or a folder holding one."""
+    try:
+        if entry.is_dir():
+            return any(_usable(child) for child in entry.iterdir() if not child.name.startswith("."))
+        with entry.open("rb") as handle:
+            return bool(handle.read(1))
+    except OSError:
+        return False
 
 
 class _Collector:

@@ -17,8 +17,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -40,6 +41,9 @@ CANCELLED = "Cancelled"
 START_ERROR = "StartError"
 
 _MAX_LINE_BYTES = 64 * 1024  # a progress bar that never prints "\n" is still shown, in pieces
+TAIL_LINES = 200  # the output tail kept in memory, for triage when the log file is incomplete
+_TAIL_LINE_CHARS = 4096
+_LOG_FAILED = "trainguard-entrypoint: warning: log file write failed"
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class ProcessOutcome:
     duration_seconds: float
     log_path: Path
     message: str
+    output_tail: tuple[str, ...] = ()  # the last lines seen on the pipe, masked
+    log_incomplete: bool = False  # the entrypoint could not write the whole log (a full disk)
 
 
 def _print_line(line: str) -> None:
@@ -75,6 +81,8 @@ class _OutputWatcher(threading.Thread):
         self._clock = clock
         self.last_output = clock()
         self.problem: str | None = None
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.log_failure: str | None = None
 
     def run(self) -> None:
         pending = b""
@@ -91,11 +99,15 @@ class _OutputWatcher(threading.Thread):
             self._emit(pending)
 
     def _emit(self, raw: bytes) -> None:
+        line = self._masker.mask(raw.rstrip(b"\r").decode("utf-8", errors="replace"))
+        self.tail.append(line[:_TAIL_LINE_CHARS])
+        if line.startswith(_LOG_FAILED) and self.log_failure is None:
+            self.log_failure = line.removeprefix("trainguard-entrypoint: warning: ")
         if self._on_line is None:
             return
         try:
             # shown live: secrets masked; colours kept (the tails made for reading later strip them)
-            self._on_line(self._masker.mask(raw.rstrip(b"\r").decode("utf-8", errors="replace")))
+            self._on_line(line)
         except Exception as exc:  # a broken display must not stall the pipe and fake a Stalled attempt
             self.problem = f"on_line failed, live output stopped: {type(exc).__name__}: {exc}"
             self._on_line = None
@@ -175,9 +187,11 @@ class LocalProcessRunner:
         self._close(proc, watcher)
         exit_code, sig = self._exit_status(proc, workspace)
         reason, message = ended if ended is not None else self._judge(exit_code, sig, workspace, proc.pid)
-        if watcher.problem:
-            message = f"{message}; {watcher.problem}"
-        return self._finish(workspace, command, proc.pid, exit_code, sig, reason, message, started_at, start)
+        for problem in (watcher.log_failure, watcher.problem):
+            if problem:  # a storage failure belongs in the outcome a person reads, not only in a log line
+                message = f"{message}; {problem}"
+        outcome = self._finish(workspace, command, proc.pid, exit_code, sig, reason, message, started_at, start)
+        return replace(outcome, output_tail=tuple(watcher.tail), log_incomplete=watcher.log_failure is not None)
 
     def _argv(self, command: Sequence[str], workspace: AttemptWorkspace) -> list[str]:
         if isinstance(command, str) or not command or not all(isinstance(a, str) and a for a in command):
