@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ def run(
     retry_policy: str | None = typer.Option(None, help="Name of a saved retry policy block (the spec's retry section wins)."),
     rules: Path | None = typer.Option(None, help="Your own triage rule file, layered over the shipped rules."),
     deployment: str | None = typer.Option(None, help="Submit to this train-attempt deployment instead of running here."),
+    resume: str | None = typer.Option(None, help="Continue this run id: judge what its lost attempt left, then go on."),
 ) -> None:
     """Run a training spec: attempts, evidence, triage and retries, with a table at the end."""
     try:
@@ -33,7 +35,8 @@ def run(
     if deployment:
         _submit(spec, deployment, backend, evidence, retry_policy)
         return
-    _run_here(spec, backend=backend, evidence=evidence, retry_policy=retry_policy, rules=rules)
+    _run_here(spec, backend=backend, evidence=evidence, retry_policy=retry_policy, rules=rules,
+              resume=resume, spec_file=spec_file)
 
 
 @app.command("demo")
@@ -52,17 +55,37 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
     # Without PREFECT_API_URL Prefect starts a local ephemeral server; its first start migrates
     # the database, which takes longer than Prefect's 20 s default on a busy 2-core machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    from prefect.exceptions import TerminationSignal
+
     from flows.run import training_run
+    from trainguard.cli import settle
+    from trainguard.cli.server import start_temporary_server
     from trainguard.core.attempt import new_run_id
 
-    run_id = new_run_id(spec.name)
-    rules = blocks.pop("rules", None)
+    resume, spec_file = blocks.pop("resume", None), blocks.pop("spec_file", None)
+    try:
+        start_temporary_server()
+    except (RuntimeError, OSError) as exc:
+        fail(f"could not start a temporary Prefect server ({exc}); set PREFECT_API_URL or run `prefect server start`", code=1)
+    run_id = resume or new_run_id(spec.name)
+    plan = settle.plan_resume(spec, run_id, blocks, spec_file) if resume else None
+    rules = blocks.get("rules")
+
+    def terminated(signum: int, frame: object) -> None:
+        # ours, so that Prefect hands the signal back to us after the flows have crashed, instead
+        # of re-raising it with the default action that would end the process on the spot
+        raise TerminationSignal(signum)
+
+    signal.signal(signal.SIGTERM, terminated)
     try:
         state = training_run(
             spec, run_id=run_id, backend_block=blocks.get("backend"), evidence_block=blocks.get("evidence"),
             retry_policy_block=blocks.get("retry_policy"), rules_file=str(rules) if rules else None,
-            return_state=True,
+            resume=plan, return_state=True,
         )
+    except (TerminationSignal, KeyboardInterrupt) as exc:
+        signum = exc.signal if isinstance(exc, TerminationSignal) else signal.SIGINT
+        settle.stopped(spec, run_id, blocks, signum, spec_file)
     except (RuntimeError, OSError) as exc:
         fail(f"could not run on the Prefect API ({exc}); check PREFECT_API_URL or `prefect server start`", code=1)
     history = state.result(raise_on_failure=False)
