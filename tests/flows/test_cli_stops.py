@@ -1,4 +1,4 @@
-"""`trainguard run` stopped from outside: SIGTERM, Ctrl-C, and kill -9 then `--resume`.
+"""`trainguard run` stopped from outside: SIGTERM, Ctrl-C, and kill -9 then `trainguard runs` and `--resume`.
 
 Real processes and real signals against the session's Prefect server (and, for kill -9, the
 temporary server the CLI starts itself, which must not outlive it).
@@ -107,6 +107,12 @@ def test_kill_9_of_the_cli_leaves_nothing_running_and_resume_continues_the_run(t
     report = json.loads((run_dir / "attempt-1/crash-report.json").read_text())
     assert report["supervisor_lost"] is True
 
+    listed = subprocess.run([sys.executable, "-m", "trainguard.cli", "runs"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    assert listed.returncode == 0, listed.stderr
+    assert run_dir.name in listed.stdout and "lost" in listed.stdout
+    assert f"--resume {run_dir.name}" in listed.stdout
+
     spec = yaml.safe_load((tmp_path / "run.yaml").read_text())
     spec["command"] = spec["command"][:-4] + ["--step-seconds", "0"]  # the rest of the run goes fast
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
@@ -118,3 +124,6 @@ def test_kill_9_of_the_cli_leaves_nothing_running_and_resume_continues_the_run(t
     table = out[out.index(f"trainguard run {run_dir.name}"):]
     assert "Crashed" in table and "Completed" in table and "2/" in table
     assert (tmp_path / "trainguard-data/evidence/runs" / run_dir.name / "attempt-1/verdict.json").is_file()
+    listed = subprocess.run([sys.executable, "-m", "trainguard.cli", "runs"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    assert run_dir.name in listed.stdout and "Completed" in listed.stdout and "lost" not in listed.stdout
