@@ -105,9 +105,11 @@ def redact_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], list
     redacted: dict[str, str] = {}
     changed: list[str] = []
     declared = declared_secret_names(environ)
+    # a declared secret's value may also sit in the variable it was copied from, under any name
+    masker = Masker(environ[name] for name in declared if name in environ)
     for name in sorted(environ):
         value = environ[name]
-        safe = REDACTED if is_secret_name(name) or name in declared else redact_text(value)
+        safe = REDACTED if is_secret_name(name) or name in declared else masker.mask(value)
         if safe != value:
             changed.append(name)
         redacted[name] = safe

@@ -74,6 +74,8 @@ def test_a_crash_line_full_of_markup_prints_literally_in_the_table_and_nothing_c
 
     assert result.returncode == 1, result.stderr[-3000:]
     assert "MarkupError" not in result.stderr, result.stderr[-3000:]
+    # a failed training command is an expected outcome: one line, not a traceback of TrainingFailed
+    assert "Traceback" not in result.stderr and "training ended with Error: exited with code 1" in result.stderr
     table = result.stdout[result.stdout.index("trainguard run hostile-"):]
     assert "[/]" in table and "[/red]" in table and "[x](javascript:alert(1))" in table
     assert "code_error" in table and "\x1b" not in table
