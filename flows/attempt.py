@@ -21,6 +21,7 @@ from tasks.report import publish_report
 from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
 from tasks.triage import classify_failure, decide_retry
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, history_records, new_run_id
+from trainguard.core import masking
 from trainguard.core.backend import AttemptOutcome, launch_for
 from trainguard.core.spec import TrainingSpec
 
@@ -80,7 +81,7 @@ def train_attempt(
     ref, train_state, evidence_state = None, None, None
     try:
         ref = provision_workspace(backend, run_id, attempt)
-        train_state = run_training(backend, ref, launch, return_state=True)
+        train_state = run_training(backend, ref, launch, dict(spec.secret_env), return_state=True)
     finally:  # also on SIGTERM and deadlines: freeze the crime scene before anything else
         if ref is not None:
             evidence_state = collect_evidence(backend, ref, store, _outcome(train_state), return_state=True)
@@ -139,6 +140,6 @@ def _diagnosis_fields(diagnosis: Any) -> dict[str, Any]:
         return {}
     return {
         "category": diagnosis.category.value, "retryable": diagnosis.retryable, "rule_id": diagnosis.rule_id,
-        "signature": diagnosis.signature, "line_number": diagnosis.line_number,
+        "signature": masking.for_people(diagnosis.signature) if diagnosis.signature else None, "line_number": diagnosis.line_number,
         "remediation": diagnosis.remediation, "fingerprint": diagnosis.fingerprint,
     }

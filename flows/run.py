@@ -28,14 +28,21 @@ def training_run(
     evidence_block: str | None = None,
     retry_policy_block: str | None = None,
     rules_file: str | None = None,
+    resume: dict[str, Any] | None = None,
 ) -> State:
-    """Run attempts of `spec` until one succeeds or the retry policy says stop."""
+    """Run attempts of `spec` until one succeeds or the retry policy says stop.
+
+    `resume` continues an earlier run: {"attempt": next number, "resume_from": checkpoint,
+    "history": summaries of the attempts so far}.
+    """
     run_id = run_id or new_run_id(spec.name)
     params: dict[str, Any] = {
         "spec": spec, "attempt": 1, "run_id": run_id, "backend_block": backend_block,
         "evidence_block": evidence_block, "retry_policy_block": retry_policy_block, "rules_file": rules_file,
     }
-    history: list[dict[str, Any]] = []
+    history: list[dict[str, Any]] = list((resume or {}).get("history") or [])
+    if resume:
+        params.update(attempt=int(resume["attempt"]), resume_from=resume.get("resume_from"), history=list(history))
     while True:
         with tags(*lineage_tags(run_id, params["attempt"], params.get("parent_flow_run_id"))):
             state = train_attempt(**params, return_state=True)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed, State
 
-from trainguard.core.backend import AttemptRef, Backend, Launch
+from blocks.secrets import SecretEnvError, resolve_secret_env
+from trainguard.core.masking import SECRET_NAMES_VARIABLE
+from trainguard.core.backend import START_ERROR, AttemptOutcome, AttemptRef, Backend, Launch
 
 
 class TrainingFailed(Exception):
@@ -30,11 +34,27 @@ def provision_workspace(backend: Backend, run_id: str, attempt: int) -> AttemptR
 
 
 @task(name="run_training", cache_policy=NO_CACHE)
-def run_training(backend: Backend, ref: AttemptRef, launch: Launch) -> dict[str, Any]:
-    """Launch the attempt and wait until it is terminal; fail the task when training failed."""
+def run_training(
+    backend: Backend, ref: AttemptRef, launch: Launch, secret_env: dict[str, str] | None = None
+) -> dict[str, Any] | State:
+    """Launch the attempt and wait until it is terminal; a Failed state when training failed.
+
+    ``secret_env`` holds references (block names, ``env:NAME``); their values are resolved only
+    here, inside the attempt, so they never travel as parameters.
+    """
+    try:
+        secrets = resolve_secret_env(secret_env or {})
+    except SecretEnvError as exc:
+        outcome = AttemptOutcome(exit_code=None, signal=None, reason=START_ERROR, message=str(exc))
+        message = f"training never started: {exc}"
+        return Failed(message=message, data=TrainingFailed(message, outcome.to_dict()))
+    if secrets:  # the entrypoint masks these by value too, whatever they are called
+        launch = replace(launch, env={**launch.env, **secrets, SECRET_NAMES_VARIABLE: ",".join(sorted(secrets))})
     outcome = backend.run(ref, launch)
     if not outcome.succeeded:
-        raise TrainingFailed(f"training ended with {outcome.reason}: {outcome.message}", outcome.to_dict())
+        # an expected outcome, not a crash: a Failed state with one line, no traceback in the log
+        message = f"training ended with {outcome.reason}: {outcome.message}"
+        return Failed(message=message, data=TrainingFailed(message, outcome.to_dict()))
     return outcome.to_dict()
 
 

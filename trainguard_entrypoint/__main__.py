@@ -24,6 +24,7 @@ from trainguard_entrypoint.coredumps import CorePolicy, collect_core_files, enab
 from trainguard_entrypoint.files import utc_now_iso, write_json_atomic
 from trainguard_entrypoint.report import AttemptFacts, build_crash_report, write_crash_report
 from trainguard_entrypoint.snapshot import host_facts, snapshot_environment, snapshot_gpu
+from trainguard_entrypoint.supervision import SupervisorWatch, become_subreaper, end_descendants
 from trainguard_entrypoint.tee import STOP_SIGNALS, ChildResult, SignalForwarder, run_command
 
 PROG = "trainguard-entrypoint"
@@ -47,6 +48,7 @@ class Options:
     workdir: Path | None
     gpu_timeout_seconds: float
     command: tuple[str, ...]
+    grace_seconds: float = 10.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-dir", help="checkpoint folder (env TRAINGUARD_CHECKPOINT_DIR)")
     parser.add_argument("--log-file", help="log file (default WORKSPACE/logs/train-R-attempt-N.log)")
     parser.add_argument("--workdir", help="the command's working directory (env TRAINGUARD_WORKDIR; default: ours)")
+    parser.add_argument(
+        "--grace-seconds", help="SIGTERM-to-SIGKILL time when stopping (env TRAINGUARD_GRACE_SECONDS, default 10)"
+    )
     parser.add_argument(
         "--gpu-timeout-seconds", help="limit per nvidia-smi call (env TRAINGUARD_GPU_TIMEOUT_SECONDS, default 20)"
     )
@@ -101,11 +106,8 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
         raise UsageError(
             f"--attempt {attempt_text!r} is missing or invalid (or set TRAINGUARD_ATTEMPT): give a whole number from 1"
         )
-    timeout_text = _pick(args.gpu_timeout_seconds, environ, "TRAINGUARD_GPU_TIMEOUT_SECONDS") or "20"
-    try:
-        gpu_timeout = float(timeout_text)
-    except ValueError:
-        raise UsageError(f"--gpu-timeout-seconds {timeout_text!r} is not a number: give seconds, e.g. 20") from None
+    gpu_timeout = _seconds(args.gpu_timeout_seconds, environ, "gpu-timeout-seconds", "20")
+    grace = _seconds(args.grace_seconds, environ, "grace-seconds", "10")
     attempt = int(attempt_text)
     checkpoint_dir = _pick(args.checkpoint_dir, environ, "TRAINGUARD_CHECKPOINT_DIR")
     root = Path(workspace).absolute()
@@ -113,7 +115,19 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
     log_file = Path(args.log_file).absolute() if args.log_file else default_log
     workdir = _pick(args.workdir, environ, "TRAINGUARD_WORKDIR")
     return Options(root, run_id, attempt, Path(checkpoint_dir).absolute() if checkpoint_dir else None,
-                   log_file, Path(workdir).absolute() if workdir else None, gpu_timeout, command)
+                   log_file, Path(workdir).absolute() if workdir else None, gpu_timeout, command, grace)
+
+
+def _seconds(value: str | None, environ: Mapping[str, str], option: str, default: str) -> float:
+    env_name = "TRAINGUARD_" + option.upper().replace("-", "_")
+    text = _pick(value, environ, env_name) or default
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise UsageError(f"--{option} {text!r} is not a number of seconds (or set {env_name}): give e.g. {default}")
+    return seconds
 
 
 def child_environment(options: Options, environ: Mapping[str, str]) -> dict[str, str]:
@@ -160,15 +174,27 @@ def _before(options: Options, env: Mapping[str, str], problems: list[str]) -> Co
     return policy
 
 
-def _run(options: Options, env: Mapping[str, str], forwarder: SignalForwarder) -> ChildResult:
+def _run(
+    options: Options, env: Mapping[str, str], forwarder: SignalForwarder, supervisor: SupervisorWatch, subreaper: bool
+) -> ChildResult:
     stops = [s for s in forwarder.received if s in STOP_SIGNALS]
     if stops:
         first = stops[0]
         why = f"received {signal_name(first)} before the command started; not started"
         return ChildResult(None, 128 + first, first, False, why)
     return run_command(
-        options.command, env=env, log_path=options.log_file, forwarder=forwarder, cwd=options.workdir
+        options.command, env=env, log_path=options.log_file, forwarder=forwarder, cwd=options.workdir,
+        supervisor=supervisor, grace_seconds=options.grace_seconds, reap_orphans=subreaper,
     )
+
+
+def _end_descendants(options: Options, problems: list[str]) -> list[dict[str, object]]:
+    """End whatever the command left running (a subreaper sees even ``setsid`` escapees)."""
+    ended = end_descendants(options.grace_seconds)
+    if ended:
+        names = ", ".join(f"{d.pid} ({d.command[:60]})" for d in ended[:5])
+        problems.append(f"{len(ended)} process(es) outlived the command and were ended: {names}")
+    return [{"pid": d.pid, "command": d.command} for d in ended]
 
 
 def _cores(
@@ -187,10 +213,15 @@ def _cores(
 def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalForwarder) -> int:
     """Snapshot, run the command, keep cores, write the crash report, snapshot the GPU again."""
     problems: list[str] = []
+    supervisor = SupervisorWatch.start()  # before the snapshots, so a supervisor lost during them is noticed
     env = child_environment(options, environ)
+    subreaper_problem = become_subreaper()
+    if subreaper_problem:
+        problems.append(subreaper_problem)
     policy = _before(options, env, problems)
     started_at, started_wall, started = utc_now_iso(), time.time(), time.monotonic()
-    result = _run(options, env, forwarder)
+    result = _run(options, env, forwarder, supervisor, subreaper_problem is None)
+    descendants = _guard(problems, "end descendants", lambda: _end_descendants(options, problems)) or []
     facts = AttemptFacts(options.run_id, options.attempt, options.command, started_at, utc_now_iso(),
                          time.monotonic() - started, options.log_file)
     kept = _guard(problems, "core dumps", lambda: _cores(policy, result, options, started_wall))
@@ -201,7 +232,7 @@ def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalF
     report_path = options.workspace / "crash-report.json"
     _guard(problems, "crash report", lambda: write_crash_report(report_path, build_crash_report(
         facts, result, core_files=cores, core_absent_reason=core_reason, checkpoints=checkpoints,
-        received_signals=forwarder.received, problems=problems,
+        received_signals=forwarder.received, problems=problems, descendants_ended=descendants, environ=env,
     )))
     after = options.workspace / "snapshot" / "gpu-after"
     timeout = options.gpu_timeout_seconds
@@ -215,6 +246,8 @@ def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalF
 def _describe(result: ChildResult) -> str:
     if result.start_error:
         return f"exit code {result.exit_code} ({result.start_error})"
+    if result.supervisor_lost:
+        return f"exit code {result.exit_code} ({result.supervisor_lost})"
     if result.signal is not None:
         core = ", core dumped" if result.core_dumped else ""
         return f"exit code {result.exit_code} (killed by {signal_name(result.signal)}{core})"

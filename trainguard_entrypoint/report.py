@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 from trainguard_entrypoint import REPORT_FORMAT
 from trainguard_entrypoint.coredumps import signal_name
 from trainguard_entrypoint.files import read_tail_lines, write_json_atomic
-from trainguard_entrypoint.redact import redact_argv
+from trainguard_entrypoint.redact import Masker, redact_argv
 from trainguard_entrypoint.tee import ChildResult
 
 LOG_TAIL_LINES = 80
@@ -36,9 +36,10 @@ class AttemptFacts:
     log_path: Path
 
 
-def _log_tail(log_path: Path, problems: list[str]) -> list[str]:
+def _log_tail(log_path: Path, problems: list[str], masker: Masker) -> list[str]:
     try:
-        return read_tail_lines(log_path, LOG_TAIL_LINES)
+        # for people and for copies outside the attempt's volume: no secrets, no terminal sequences
+        return [masker.for_people(line) for line in read_tail_lines(log_path, LOG_TAIL_LINES)]
     except OSError as exc:
         problems.append(f"log tail: cannot read {log_path}: {exc.strerror or exc}")
         return []
@@ -60,6 +61,8 @@ def build_crash_report(
     checkpoints: dict[str, Any] | None,
     received_signals: Sequence[int],
     problems: Sequence[str],
+    descendants_ended: Sequence[Mapping[str, object]] = (),
+    environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The crash report payload (see the module docstring for when it is written).
 
@@ -71,14 +74,19 @@ def build_crash_report(
         checkpoints: The checkpoint listing, or None when no checkpoint folder was given.
         received_signals: Signals the entrypoint received (and forwarded) while running.
         problems: Snapshot steps that failed, one line each.
+        descendants_ended: Processes that outlived the command and were ended (pid, command).
+        environ: The command's environment: the values of its secret variables are masked.
     """
+    masker = Masker.from_environ(environ or {})
     all_problems = [*problems, *result.output_problems]
+    if result.supervisor_lost:
+        all_problems.append(result.supervisor_lost)
     return {
         "format": REPORT_FORMAT,
         "run_id": facts.run_id,
         "attempt": facts.attempt,
         # secrets passed as arguments are redacted like the environment's
-        "command": redact_argv(facts.command),
+        "command": [masker.mask(arg) for arg in redact_argv(facts.command)],
         "started_at": facts.started_at,
         "finished_at": facts.finished_at,
         "duration_seconds": round(facts.duration_seconds, 3),
@@ -92,11 +100,13 @@ def build_crash_report(
         "core_files": list(core_files),
         "core_absent_reason": None if core_files else core_absent_reason,
         "received_signals": [signal_name(s) for s in received_signals],
+        "supervisor_lost": result.supervisor_lost is not None,
+        "descendants_ended": [{**d, "command": masker.mask(str(d.get("command")))} for d in descendants_ended],
         "log_path": str(facts.log_path),
-        "log_tail": _log_tail(facts.log_path, all_problems),
+        "log_tail": _log_tail(facts.log_path, all_problems, masker),
         "checkpoints": checkpoints,
         "hostname": _hostname(),
-        "problems": all_problems,
+        "problems": [masker.for_people(p) for p in all_problems],
     }
 
 

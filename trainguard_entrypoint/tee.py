@@ -19,9 +19,13 @@ from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
 
+from trainguard_entrypoint.supervision import SupervisorWatch
+
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Requests to stop; SIGUSR1/2 are only passed on (schedulers use them as "time is nearly up" notices).
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+LOG_WRITE_FAILED = "trainguard-entrypoint: warning: "
+"""Prefix of the console line saying the log file stopped taking output (a launcher watches for it)."""
 _DRAIN_IDLE_SECONDS = 1.0  # after the command exits, stop reading once its descendants go quiet
 _DRAIN_MAX_SECONDS = 5.0
 
@@ -36,6 +40,7 @@ class ChildResult:
     core_dumped: bool
     start_error: str | None
     output_problems: tuple[str, ...] = ()
+    supervisor_lost: str | None = None  # why the command was stopped because its supervisor died
 
 
 @dataclass
@@ -91,8 +96,11 @@ class _Sink:
             try:
                 self.log.write(data)
             except OSError as exc:
-                self.problems.append(f"log file write failed, output after this point is not in the log: {exc}")
+                problem = f"log file write failed, output after this point is not in the log: {exc}"
+                self.problems.append(problem)
                 self.log = None
+                # said at once, on the console: the launcher keeps the tail of the output for triage
+                data = f"{LOG_WRITE_FAILED}{problem}\n".encode() + data
         if self.console_fd is not None:
             try:
                 _write_all(self.console_fd, data)
@@ -110,7 +118,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def run_command(
     command: Sequence[str], *, env: Mapping[str, str], log_path: Path, forwarder: SignalForwarder,
-    console_fd: int | None = 1, cwd: Path | None = None,
+    console_fd: int | None = 1, cwd: Path | None = None, supervisor: SupervisorWatch | None = None,
+    grace_seconds: float = 10.0, reap_orphans: bool = False,
 ) -> ChildResult:
     """Run ``command`` to completion, teeing its output; never raises for the command's failures.
 
@@ -121,6 +130,10 @@ def run_command(
         forwarder: Installed handlers that learn the child's pid here.
         console_fd: Where the console copy goes (the entrypoint's stdout), or None.
         cwd: The command's working directory; None for the entrypoint's own.
+        supervisor: Watches whoever started us; if it dies, the command is stopped as at a
+            deadline (SIGTERM, then SIGKILL after ``grace_seconds``).
+        grace_seconds: Time between SIGTERM and SIGKILL when the supervisor is lost.
+        reap_orphans: Reap any exited child while waiting (we are PID 1 or a subreaper).
     """
     log, problem = _open_log(log_path)
     read_fd, write_fd = os.pipe()
@@ -144,15 +157,47 @@ def run_command(
     sink = _Sink(log, console_fd)
     if problem:
         sink.problems.append(problem)
+    stopper = _Stopper(proc.pid, supervisor, grace_seconds)
     try:
-        status = _pump(read_fd, proc.pid, sink)
+        status = _pump(read_fd, proc.pid, sink, stopper, reap_orphans or os.getpid() == 1)
     finally:
         forwarder.child_pid = None  # reaped: its pid may soon belong to someone else
         os.close(read_fd)
         if log is not None:
             log.close()
     proc.returncode = os.waitstatus_to_exitcode(status)  # we reaped it; keep Popen consistent
-    return _child_result(proc.pid, status, tuple(sink.problems))
+    result = _child_result(proc.pid, status, tuple(sink.problems))
+    if stopper.reason is None:
+        return result
+    return ChildResult(result.pid, result.exit_code, result.signal, result.core_dumped, None,
+                       result.output_problems, stopper.reason)
+
+
+class _Stopper:
+    """Stops the command when its supervisor is gone: SIGTERM, then SIGKILL after the grace period."""
+
+    def __init__(self, pid: int, supervisor: SupervisorWatch | None, grace_seconds: float) -> None:
+        self.pid, self.supervisor, self.grace = pid, supervisor, grace_seconds
+        self.reason: str | None = None
+        self._kill_at: float | None = None
+
+    def check(self) -> None:
+        if self.reason is None:
+            if self.supervisor is None or not self.supervisor.lost():
+                return
+            self.reason = (f"the supervisor (pid {self.supervisor.parent_pid}) was lost; the command was stopped "
+                           f"as at a deadline (SIGTERM, SIGKILL after {self.grace:g}s)")
+            self._kill_at = time.monotonic() + self.grace
+            self._send(signal.SIGTERM)
+        elif self._kill_at is not None and time.monotonic() >= self._kill_at:
+            self._kill_at = None
+            self._send(signal.SIGKILL)
+
+    def _send(self, signum: int) -> None:
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def _open_log(log_path: Path) -> tuple[BinaryIO | None, str | None]:
@@ -180,13 +225,14 @@ def _child_result(pid: int, status: int, problems: tuple[str, ...]) -> ChildResu
     return ChildResult(pid, os.WEXITSTATUS(status), None, False, None, problems)
 
 
-def _reap(pid: int) -> int | None:
+def _reap(pid: int, reap_orphans: bool) -> int | None:
     """The command's wait status once it has exited, else None.
 
-    As PID 1 of a container we are also the parent of every orphan (dataloader workers whose
-    parent died), and nobody else will reap them: collect those zombies while we wait.
+    As PID 1 of a container, or as a subreaper, we are also the parent of every orphan
+    (dataloader workers whose parent died), and nobody else will reap them: collect those
+    zombies while we wait.
     """
-    if os.getpid() != 1:
+    if not reap_orphans:
         done, raw = os.waitpid(pid, os.WNOHANG)
         return raw if done else None
     while True:
@@ -200,7 +246,7 @@ def _reap(pid: int) -> int | None:
             return raw
 
 
-def _pump(read_fd: int, pid: int, sink: _Sink) -> int:
+def _pump(read_fd: int, pid: int, sink: _Sink, stopper: _Stopper, reap_orphans: bool) -> int:
     """Copy output to the sink until the command exits; return its raw wait status."""
     poller = select.poll()
     poller.register(read_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
@@ -214,8 +260,10 @@ def _pump(read_fd: int, pid: int, sink: _Sink) -> int:
                 break  # every writer closed the pipe
             sink.write(data)
             last_data = time.monotonic()
-        if status is None and (raw := _reap(pid)) is not None:
+        if status is None and (raw := _reap(pid, reap_orphans)) is not None:
             status, exited_at = raw, time.monotonic()
+        if status is None:
+            stopper.check()
         if exited_at is not None:
             # A descendant that outlives the command may keep the pipe open forever.
             now = time.monotonic()

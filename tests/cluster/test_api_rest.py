@@ -4,13 +4,13 @@ status split, patches, paging, errors as Status bodies, deletion propagation."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
 from conftest import seeded_pod, shape
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from waiting import wait_for
 
 
 def _body(exc: ApiException) -> dict[str, Any]:
@@ -195,13 +195,6 @@ def _owner(core: client.CoreV1Api, ns: str) -> Any:
     return core.create_namespaced_config_map(ns, {"metadata": {"name": "owner"}})
 
 
-def _wait(predicate: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
-
-
 def test_job_delete_without_policy_warns_that_pods_are_orphaned(batch: client.BatchV1Api,
                                                                  ns: str) -> None:
     batch.create_namespaced_job(ns, {"metadata": {"name": "j"}, "spec": {
@@ -209,15 +202,15 @@ def test_job_delete_without_policy_warns_that_pods_are_orphaned(batch: client.Ba
             "restartPolicy": "Never", "containers": [{"name": "c", "image": "python:3.11"}]}}}})
     _, _, headers = batch.delete_namespaced_job_with_http_info("j", ns)
     assert "child pods are preserved by default when jobs are deleted" in headers["Warning"]
-    _wait(lambda: not batch.list_namespaced_job(ns).items)
+    wait_for(lambda: not batch.list_namespaced_job(ns).items, 5, "the deletion to finish")
 
 
 def test_orphan_delete_keeps_dependents_without_the_owner_reference(core: client.CoreV1Api,
                                                                    ns: str) -> None:
     core.create_namespaced_pod(ns, _owned_pod("child", _owner(core, ns)))
     core.delete_namespaced_config_map("owner", ns, propagation_policy="Orphan")
-    _wait(lambda: not core.list_namespaced_config_map(ns, field_selector="metadata.name=owner")
-          .items)
+    wait_for(lambda: not core.list_namespaced_config_map(ns, field_selector="metadata.name=owner")
+             .items, 5, "the owner to be deleted")
     assert core.read_namespaced_pod("child", ns).metadata.owner_references is None
 
 
@@ -226,9 +219,9 @@ def test_delete_with_propagation_removes_dependents(core: client.CoreV1Api, ns: 
                                                    policy: str) -> None:
     core.create_namespaced_pod(ns, _owned_pod("child", _owner(core, ns)))
     core.delete_namespaced_config_map("owner", ns, propagation_policy=policy)
-    _wait(lambda: not core.list_namespaced_pod(ns).items)
-    _wait(lambda: not core.list_namespaced_config_map(ns, field_selector="metadata.name=owner")
-          .items)
+    wait_for(lambda: not core.list_namespaced_pod(ns).items, 5, "the deletion to finish")
+    wait_for(lambda: not core.list_namespaced_config_map(ns, field_selector="metadata.name=owner")
+             .items, 5, "the owner to be deleted")
 
 
 def test_foreground_delete_keeps_owner_until_dependents_are_gone(core: client.CoreV1Api,
@@ -238,13 +231,13 @@ def test_foreground_delete_keeps_owner_until_dependents_are_gone(core: client.Co
     core.create_namespaced_pod(ns, pod)
     core.delete_namespaced_config_map("owner", ns, propagation_policy="Foreground")
     # The collector reaches the dependent in its own time: wait for that, not for a fixed delay.
-    _wait(lambda: core.read_namespaced_pod("child", ns).metadata.deletion_timestamp is not None)
+    wait_for(lambda: core.read_namespaced_pod("child", ns).metadata.deletion_timestamp is not None, 5, "the deletion to finish")
     held = core.read_namespaced_config_map("owner", ns)
     assert held.metadata.deletion_timestamp is not None
     assert "foregroundDeletion" in held.metadata.finalizers
     assert core.read_namespaced_pod("child", ns).metadata.deletion_timestamp is not None
     core.patch_namespaced_pod("child", ns, {"metadata": {"finalizers": None}})
-    _wait(lambda: not core.list_namespaced_config_map(ns).items)
+    wait_for(lambda: not core.list_namespaced_config_map(ns).items, 5, "the deletion to finish")
 
 
 def test_deleted_namespace_terminates_empties_and_goes(core: client.CoreV1Api, ns: str) -> None:
@@ -257,7 +250,7 @@ def test_deleted_namespace_terminates_empties_and_goes(core: client.CoreV1Api, n
         assert "because it is being terminated" in _body(err.value)["message"]
     else:  # already gone: emptying a namespace of seeded objects takes milliseconds
         assert err.value.status == 404
-    _wait(lambda: not core.list_namespace(field_selector=f"metadata.name={ns}").items)
+    wait_for(lambda: not core.list_namespace(field_selector=f"metadata.name={ns}").items, 5, "the deletion to finish")
     assert [p.metadata.name for p in core.list_namespaced_pod(ns).items] == []
     assert core.list_namespaced_config_map(ns).items == []
 

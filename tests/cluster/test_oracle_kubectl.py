@@ -3,13 +3,13 @@ real Jobs whose containers run as local processes under kubesim's controllers.""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import kubectl
 from kubernetes import client
+from waiting import wait_for
 
 # First attempt prints and exits 1; later attempts (the marker file exists) stay up.
 _FLAKY = ("import os, sys, time\n"
@@ -29,16 +29,6 @@ def _job(name: str, script: str, *args: str, restart: str = "Never",
                                 "command": ["python", "-c", script, *args]}]}}}}
 
 
-def _wait_for(fn: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = fn()
-        if found:
-            return found
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def restarted(sim: Any, batch: client.BatchV1Api, core: client.CoreV1Api, ns: str,
               tmp_path: Path) -> str:
@@ -53,7 +43,7 @@ def restarted(sim: Any, batch: client.BatchV1Api, core: client.CoreV1Api, ns: st
                 return str(pod.metadata.name)
         return None
 
-    return str(_wait_for(running_again))
+    return str(wait_for(running_again, what="the restarted pod running"))
 
 
 def test_kubectl_get_pods_shows_restarts_and_status(sim: Any, ns: str, restarted: str) -> None:
@@ -68,7 +58,7 @@ def test_kubectl_get_pods_shows_restarts_and_status(sim: Any, ns: str, restarted
 def test_kubectl_logs_previous_reads_the_crashed_instance(sim: Any, ns: str,
                                                           restarted: str) -> None:
     assert kubectl(sim, "logs", "--previous", "-n", ns, restarted).stdout == "attempt first\n"
-    current = _wait_for(lambda: kubectl(sim, "logs", "-n", ns, restarted).stdout)
+    current = wait_for(lambda: kubectl(sim, "logs", "-n", ns, restarted).stdout, what="its log")
     assert current == "attempt again\n"
 
 

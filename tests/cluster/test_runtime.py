@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kubesim import mounts, runtime
+from waiting import wait_for
 
 CRI_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z (stdout|stderr) F (.*)$")
 
@@ -108,11 +109,8 @@ def test_the_rss_watchdog_oom_kills_when_no_cgroup_is_available(tmp_path: Path) 
 
 
 async def _wait_for_log(path: Path, text: str) -> None:
-    for _ in range(200):
-        if path.exists() and text in path.read_text():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{text!r} never appeared in {path}")
+    # the shared wait, in a thread, so the event loop keeps serving the container meanwhile
+    await asyncio.to_thread(wait_for, lambda: path.exists() and text in path.read_text(), 4, f"{text!r} in {path}")
 
 
 def test_volumes_are_bound_at_their_real_path_in_a_private_mount_namespace(

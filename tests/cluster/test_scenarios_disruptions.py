@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import kubesim
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
-from test_scenarios_jobs import events_for, pod_log, wait_for
+from test_scenarios_jobs import events_for, pod_log
+from waiting import wait_for
 
 IMAGE = "python:3.11"
 TRAPS_TERM = ("import signal, sys, time\n"
@@ -344,7 +344,11 @@ def test_a_partitioned_node_goes_not_ready_and_the_taint_manager_evicts_its_pods
     spec = pod("stranded", grace=1)
     spec["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-2"}
     core.create_namespaced_pod(ns, spec)
+    witness = pod("witness", grace=1)
+    witness["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-1"}
+    core.create_namespaced_pod(ns, witness)
     running(core, ns, "stranded")
+    running(core, ns, "witness")
     sim.node("node-2").partition()
     try:
         def unknown() -> Any:
@@ -361,7 +365,11 @@ def test_a_partitioned_node_goes_not_ready_and_the_taint_manager_evicts_its_pods
         target = condition(marked, "DisruptionTarget")
         assert (target.reason, target.message) == (
             "DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint")
-        time.sleep(0.5)  # split brain: with its kubelet cut off the pod stays Terminating
+        # The moment a reachable kubelet would have finished: the same deletion on node-1 is done.
+        core.delete_namespaced_pod("witness", ns)
+        wait_for(lambda: not any(p.metadata.name == "witness" for p in core.list_namespaced_pod(ns).items),
+                 what="the witness pod on a healthy node to be gone")
+        # split brain: with its kubelet cut off the pod stays Terminating
         assert core.read_namespaced_pod("stranded", ns).status.phase == "Running"
     finally:
         sim.node("node-2").heal()

@@ -7,27 +7,14 @@ real. Shapes are checked by deserializing into the client's own models.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import kubesim
 from conftest import shape
+from waiting import wait_for
 from kubernetes import client, watch
 
-T = TypeVar("T")
 IMAGE = "python:3.11"
-
-
-def wait_for(probe: Callable[[], T | None], timeout: float = 20.0, what: str = "") -> T:
-    """Poll until probe returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or probe}")
 
 
 def job(name: str, code: str, *, restart: str = "Never", memory: str | None = None,
@@ -228,7 +215,9 @@ def test_a_suspended_job_runs_nothing_until_resumed(
     suspended = wait_for(lambda: condition(batch, ns, "later", "Suspended"), what="Suspended")
     assert (suspended.status, suspended.reason, suspended.message) == (
         "True", "JobSuspended", "Job suspended")
-    time.sleep(0.3)
+    # The moment it would have run: the controller has since started and finished a later job.
+    batch.create_namespaced_job(ns, job("witness", "print('ran')"))
+    wait_for(lambda: condition(batch, ns, "witness", "Complete"), what="the witness job Complete")
     assert job_pods(core, ns, "later") == []
     assert batch.read_namespaced_job_status("later", ns).status.start_time is None
     batch.patch_namespaced_job("later", ns, {"spec": {"suspend": False}})

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +14,8 @@ import kubesim
 import pytest
 from kubernetes import client, config
 from test_scenarios_disruptions import condition, last_state_before_deletion, pod, running
-from test_scenarios_jobs import pod_log, wait_for
+from test_scenarios_jobs import pod_log
+from waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +34,22 @@ def test_an_out_of_service_taint_lets_pod_gc_force_delete_pods_stuck_terminating
     spec = pod("stuck", code)
     spec["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-b"}
     core.create_namespaced_pod("default", spec)
+    witness = pod("witness", code)
+    witness["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-a"}
+    core.create_namespaced_pod("default", witness)
     running(core, "default", "stuck")
+    running(core, "default", "witness")
     pid = int(pod_log(core, "default", "stuck").split()[1])
     lossy.node("node-b").partition()
     try:
         wait_for(lambda: condition(core.read_node("node-b"), "Ready").status == "Unknown",
                  what="node-b NotReady")
         core.delete_namespaced_pod("stuck", "default")
-        time.sleep(0.5)  # no kubelet to finish the deletion: the pod stays Terminating
+        core.delete_namespaced_pod("witness", "default")
+        # The moment a kubelet would have finished the deletion: node-a's has finished the witness's.
+        wait_for(lambda: not any(p.metadata.name == "witness" for p in core.list_namespaced_pod("default").items),
+                 what="the witness pod on a healthy node to be gone")
+        # no kubelet to finish the deletion: the pod stays Terminating
         seen = core.read_namespaced_pod("stuck", "default")
         assert seen.metadata.deletion_timestamp
         taints = core.read_node("node-b").spec.taints + [client.V1Taint(

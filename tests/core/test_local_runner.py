@@ -17,6 +17,7 @@ import pytest
 
 from trainguard.core.local import LocalProcessRunner, ProcessOutcome
 from trainguard.core.workspace import AttemptWorkspace
+from waiting import wait_for
 
 
 def _py(code: str) -> list[str]:
@@ -45,12 +46,7 @@ def _gone(pid: int, timeout: float = 5.0) -> bool:
 
 
 def _wait_for_file(path: Path, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and (text := path.read_text()).endswith("\n"):
-            return text
-        time.sleep(0.02)
-    raise AssertionError(f"{path} never appeared")
+    return wait_for(lambda: path.exists() and (text := path.read_text()).endswith("\n") and text, timeout, f"{path}")
 
 
 @pytest.fixture

@@ -28,7 +28,15 @@ def trainguard(*args: str, cwd: Path, api_url: str | None = None) -> subprocess.
         ({"name": "bad", "command": ["python", "t.py"], "retry": {"max_attempts": -1}}, "retry.max_attempts"),
         ({"name": "bad", "env": {"A": "1"}}, "command"),
         ({"name": "bad", "command": "python t.py", "retry": {"overrides": {"gremlins": {"retryable": True}}}},
-         "retry.overrides.gremlins"),
+         "retry.overrides.gremlins: unknown failure category"),
+        ({"name": "bad", "command": ["python", "", "t.py"]}, "command: argument 1 is empty"),
+        ({"name": "bad", "command": ["python"], "env": {"A=B": "1"}}, "env: 'A=B' is not a variable name"),
+        ({"name": "bad", "command": ["python"], "env": {"A": "x\0y"}}, "env: A: the value contains a NUL byte"),
+        ({"name": "bad", "command": ["python"], "gpus": True}, "gpus: expected a whole number, got true"),
+        ({"name": "bad", "command": ["python"], "deadline_seconds": float("inf")}, "deadline_seconds: must be a finite"),
+        ({"name": "bad", "command": ["python"], "env": {"BIG": "x" * 300_000}}, "env: the spec is 300,"),
+        ({"name": "bad", "command": ["python"], "env": {"HF_TOKEN": "hf_" + "a" * 34}}, "env: HF_TOKEN: looks like a secret"),
+        ({"name": "bad", "command": ["python"], "secret_env": {"HF_TOKEN": "Not A Block"}}, "secret_env: HF_TOKEN:"),
     ],
 )
 def test_a_malformed_spec_gives_one_line_naming_the_field_exits_non_zero_and_writes_nothing(tmp_path, spec, field):
@@ -41,6 +49,7 @@ def test_a_malformed_spec_gives_one_line_naming_the_field_exits_non_zero_and_wri
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and "Traceback" not in result.stderr, result.stderr
+    assert "hf_aaaa" not in result.stderr  # the refusal names the variable, never its value
     assert sorted(tmp_path.rglob("*")) == before  # nothing written
 
 
@@ -73,3 +82,17 @@ def test_submitting_to_a_deployment_that_does_not_exist_is_one_line_naming_it(pr
 
     assert result.returncode == 2
     assert "train-attempt/missing" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_the_table_counts_attempts_against_the_budget_the_retry_message_names(prefect_server, tmp_path):
+    # every attempt times out in NCCL after some progress; nccl_error may use only 2 of the run's 3 attempts
+    spec = tiny_spec("cli-budget", "--fail-after-steps", "15",
+                     retry={"max_attempts": 3, "overrides": {"nccl_error": {"max_attempts": 2}}})
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
+
+    result = trainguard("run", "run.yaml", cwd=tmp_path, api_url=prefect_server)
+
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "2 of 2 attempts used" in result.stdout
+    table = result.stdout[result.stdout.index("trainguard run cli-budget-"):]
+    assert "2/2" in table and "/3" not in table, table

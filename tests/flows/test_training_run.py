@@ -23,9 +23,12 @@ def run(spec: dict, blocks: dict, run_id: str):
     return state, state.result(raise_on_failure=False)
 
 
-def test_a_retryable_failure_is_retried_from_its_checkpoint_and_succeeds(blocks):
+def test_a_retryable_failure_is_retried_from_its_checkpoint_and_succeeds(blocks, monkeypatch):
+    # secrets come by reference, from the worker's environment (a spec's env refuses them)
+    monkeypatch.setenv("PLANTED_WANDB", "planted-secret-4242")
+    monkeypatch.setenv("PLANTED_HUB", "https://bob:pw-99@hub.local/x")
     spec = tiny_spec("nccl-then-ok", "--fail-at-step", "35", "--fail-on-attempt", "1",
-                     env={"WANDB_API_KEY": "planted-secret-4242", "HUB_URL": "https://bob:pw-99@hub.local/x"})
+                     secret_env={"WANDB_API_KEY": "env:PLANTED_WANDB", "HUB_URL": "env:PLANTED_HUB"})
     state, history = run(spec, blocks, "nccl-then-ok-1")
 
     assert state.is_completed(), state.message

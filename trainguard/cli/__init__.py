@@ -9,6 +9,7 @@ from __future__ import annotations
 from trainguard.cli import classify as _classify  # noqa: F401
 from trainguard.cli import evidence as _evidence  # noqa: F401  (registers commands)
 from trainguard.cli import evidence_ops as _evidence_ops  # noqa: F401
+from trainguard.cli import recent as _recent  # noqa: F401
 from trainguard.cli import runs as _runs  # noqa: F401
 from trainguard.cli.app import app
 

@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from pathlib import Path
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from trainguard.cli.app import app
-from trainguard.cli.output import console, fail
+from trainguard.cli.output import console, fail, plain, say
 from trainguard.core import bundles
 from trainguard.core import manifest as manifests
 from trainguard.core.stores import EvidenceNotFound, EvidenceStore, LocalEvidenceStore
+from trainguard.core.workspace import WorkspaceError
 
 evidence_app = typer.Typer(help="Inspect the evidence kept for training runs.", no_args_is_help=True)
 app.add_typer(evidence_app, name="evidence")
-
-_ATTEMPT = re.compile(r"^runs/[^/]+/attempt-(\d+)/manifest\.json$")
-
 
 @evidence_app.command("show")
 def show(
@@ -32,19 +30,21 @@ def show(
     """List each attempt's evidence items, verify them against the manifest, and say why anything is missing.
 
     Verification compares each object's size and the store's stored SHA-256 checksum with the
-    manifest, without downloading; `--deep` downloads and hashes every object.
+    manifest, without downloading; `--deep` downloads and hashes every object. An attempt without
+    a manifest, and objects the manifest does not list, are reported too (exit code 1).
     """
     store = open_store(root, block)
-    attempts = sorted(
-        int(m.group(1)) for key in store.list_keys(f"runs/{run_id}/") if (m := _ATTEMPT.match(key))
-    )
+    try:
+        attempts = manifests.attempts_in_store(store, run_id)
+    except WorkspaceError as exc:
+        fail(f"RUN_ID: {exc}")
     if not attempts:
         fail(f"no evidence for run {run_id!r} in {store.describe()}; check the run id and --root/--block")
     bad = 0
     for attempt in attempts:
         bad += _show_attempt(store, run_id, attempt, deep)
     if bad:
-        fail(f"{bad} evidence item(s) failed verification", code=1)
+        fail(f"{bad} evidence problem(s): see above", code=1)
 
 
 def open_store(root: Path, block: str | None, no_time_limit: bool = False) -> EvidenceStore:
@@ -65,26 +65,41 @@ def open_store(root: Path, block: str | None, no_time_limit: bool = False) -> Ev
 
 
 def _show_attempt(store: EvidenceStore, run_id: str, attempt: int, deep: bool) -> int:
-    found = manifests.read_manifest(store, run_id, attempt)
+    try:
+        found = manifests.read_manifest(store, run_id, attempt)
+    except (EvidenceNotFound, manifests.ManifestError) as exc:
+        return _show_without_manifest(store, run_id, attempt, exc)
     checked = bundles.verify(store, found, deep=deep)
     problems = [f"{name}: {problem}" for name, problem in checked.items()]
+    problems += [f"{key}: not in the manifest (added after collection?)" for key in manifests.unlisted_keys(store, found)]
     spooled = set(store.pending(manifests.attempt_prefix(run_id, attempt) + "/")) if isinstance(
         store, bundles.SpoolingStore) else set()
-    table = Table(title=f"{run_id} attempt {attempt}: {store.describe(manifests.attempt_prefix(run_id, attempt))}")
+    table = Table(title=plain(f"{run_id} attempt {attempt}: {store.describe(manifests.attempt_prefix(run_id, attempt))}"))
     for column in ("item", "size", "sha256", "source", "status"):
         table.add_column(column, overflow="fold")
     for item in found.items:
-        status = "[red]FAILED[/]" if item.name in checked else "[green]ok[/]"
+        status = plain("FAILED", "red") if item.name in checked else plain("ok", "green")
         if item.name in spooled:
-            status += " [yellow](spooled, not uploaded yet)[/]"
-        table.add_row(item.name, f"{item.size_bytes:,}", item.sha256[:12], item.source, status)
+            status.append(" (spooled, not uploaded yet)", style="yellow")
+        table.add_row(plain(item.name), f"{item.size_bytes:,}", plain(item.sha256[:12]), plain(item.source), status)
     for missing in found.missing:
-        table.add_row(missing.name, "-", "-", missing.source, f"[yellow]absent[/]: {missing.reason}")
+        reason = Text.assemble(plain("absent", "yellow"), ": ", plain(missing.reason))
+        table.add_row(plain(missing.name), "-", "-", plain(missing.source), reason)
     console.print(table)
     _print_crash_summary(store, run_id, attempt)
     for problem in problems:
-        console.print(f"[red]verification:[/] {problem}")
+        say(plain("verification:", "red"), " ", problem)
     return len(problems)
+
+
+def _show_without_manifest(store: EvidenceStore, run_id: str, attempt: int, exc: Exception) -> int:
+    """An attempt whose manifest is gone or unreadable: nothing of it can be verified."""
+    why = "is missing (deleted, or collection never finished)" if isinstance(exc, EvidenceNotFound) else f"is unreadable: {exc}"
+    keys = store.list_keys(manifests.attempt_prefix(run_id, attempt) + "/")
+    say(plain(f"{run_id} attempt {attempt}:", "bold"), " ", plain("manifest.json " + why, "red"))
+    for key in keys:
+        say("  unverified: ", key)
+    return 1
 
 
 def _print_crash_summary(store: EvidenceStore, run_id: str, attempt: int) -> None:
@@ -92,11 +107,15 @@ def _print_crash_summary(store: EvidenceStore, run_id: str, attempt: int) -> Non
     report, verdict = _json(store, f"{prefix}/crash-report.json"), _json(store, f"{prefix}/verdict.json")
     if report:
         signal = f", signal {report.get('signal_name')}" if report.get("signal") else ""
-        console.print(f"  exit code {report.get('exit_code')}{signal}, {report.get('duration_seconds', 0):.1f}s")
+        say(f"  exit code {report.get('exit_code')}{signal}, {_seconds(report.get('duration_seconds'))}")
     if verdict and verdict.get("category"):
-        console.print(f"  {verdict['category']} ({verdict.get('rule_id')}): {verdict.get('signature')}", highlight=False)
-    if verdict and verdict.get("decision"):
-        console.print(f"  next: {verdict['decision'].get('reason')}", highlight=False)
+        say(f"  {verdict['category']} ({verdict.get('rule_id')}): {verdict.get('signature')}")
+    if verdict and isinstance(verdict.get("decision"), dict):
+        say(f"  next: {verdict['decision'].get('reason')}")
+
+
+def _seconds(value: object) -> str:
+    return f"{value:.1f}s" if isinstance(value, int | float) and not isinstance(value, bool) else "?s"
 
 
 def _json(store: EvidenceStore, key: str) -> dict | None:

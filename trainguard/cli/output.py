@@ -1,4 +1,9 @@
-"""Shared terminal output for the commands: the attempts table and one-line errors."""
+"""Shared terminal output for the commands: the attempts table, plain lines and one-line errors.
+
+Every piece of text that is not our own wording (log lines, run names, paths, messages that quote
+them) reaches rich as `Text`, never as markup: ``[/]`` or ``[x](...)`` in a crash line prints as
+it is. It is also masked and stripped of terminal control sequences on the way.
+"""
 
 from __future__ import annotations
 
@@ -9,29 +14,45 @@ from typing import NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from trainguard.core import report
+from trainguard.core import masking, report
 from trainguard.core.attempt import AttemptSummary
 
 # Piped output (CI logs, notebooks' subprocess cells) would otherwise be cut to 80 columns.
 console = Console() if sys.stdout.isatty() else Console(width=160)
 errors = Console(stderr=True)
 
+STATE_STYLES = {"Completed": "green", "Failed": "red", "Crashed": "magenta", "Cancelled": "yellow"}
+
+
+def plain(text: object, style: str = "") -> Text:
+    """Untrusted text as rich `Text`: masked, without control sequences, never read as markup."""
+    return Text(masking.for_people(str(text)), style=style)
+
+
+def say(*parts: object, style: str = "") -> None:
+    """Print one line of untrusted text (``Text`` parts keep their styles)."""
+    line = Text()
+    for part in parts:
+        line.append_text(part if isinstance(part, Text) else plain(part))
+    console.print(line, style=style, highlight=False, soft_wrap=True)
+
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print one line of error and exit non-zero."""
-    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    errors.print(Text.assemble(("error:", "bold red"), " ", plain(" ".join(message.splitlines()))),
+                 highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
 def attempts_table(summaries: Sequence[AttemptSummary], title: str) -> Table:
     """The run's attempts as a rich table, one row per attempt."""
-    table = Table(title=title, show_lines=False, expand=False)
+    table = Table(title=plain(title), show_lines=False, expand=False)
     for column in report.TABLE_COLUMNS:
         table.add_column(column, overflow="fold")
-    styles = {"Completed": "green", "Failed": "red", "Crashed": "magenta"}
     for summary in summaries:
-        row = report.table_row(summary)
-        row["state"] = f"[{styles.get(summary.state, 'white')}]{summary.state}[/]"
+        row = {name: plain(value) for name, value in report.table_row(summary).items()}
+        row["state"] = plain(summary.state, STATE_STYLES.get(summary.state, "white"))
         table.add_row(*row.values())
     return table

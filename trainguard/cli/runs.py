@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from trainguard.cli.app import app
-from trainguard.cli.output import attempts_table, console, fail
+from trainguard.cli.output import attempts_table, console, fail, plain, say
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.spec import SpecError, TrainingSpec, load_spec, parse_spec
 
@@ -22,6 +23,7 @@ def run(
     retry_policy: str | None = typer.Option(None, help="Name of a saved retry policy block (the spec's retry section wins)."),
     rules: Path | None = typer.Option(None, help="Your own triage rule file, layered over the shipped rules."),
     deployment: str | None = typer.Option(None, help="Submit to this train-attempt deployment instead of running here."),
+    resume: str | None = typer.Option(None, help="Continue this run id: judge what its lost attempt left, then go on."),
 ) -> None:
     """Run a training spec: attempts, evidence, triage and retries, with a table at the end."""
     try:
@@ -33,7 +35,8 @@ def run(
     if deployment:
         _submit(spec, deployment, backend, evidence, retry_policy)
         return
-    _run_here(spec, backend=backend, evidence=evidence, retry_policy=retry_policy, rules=rules)
+    _run_here(spec, backend=backend, evidence=evidence, retry_policy=retry_policy, rules=rules,
+              resume=resume, spec_file=spec_file)
 
 
 @app.command("demo")
@@ -44,7 +47,7 @@ def demo(
     from trainguard.demo import demo_spec
 
     spec = parse_spec(demo_spec(delay_seconds=delay), "demo")
-    console.print(f"[bold]trainguard demo[/]: {' '.join(spec.command[1:])}")
+    say(plain("trainguard demo", "bold"), ": ", " ".join(spec.command[1:]))
     _run_here(spec)
 
 
@@ -52,28 +55,48 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
     # Without PREFECT_API_URL Prefect starts a local ephemeral server; its first start migrates
     # the database, which takes longer than Prefect's 20 s default on a busy 2-core machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    from prefect.exceptions import TerminationSignal
+
     from flows.run import training_run
+    from trainguard.cli import settle
+    from trainguard.cli.server import start_temporary_server
     from trainguard.core.attempt import new_run_id
 
-    run_id = new_run_id(spec.name)
-    rules = blocks.pop("rules", None)
+    resume, spec_file = blocks.pop("resume", None), blocks.pop("spec_file", None)
+    try:
+        start_temporary_server()
+    except (RuntimeError, OSError) as exc:
+        fail(f"could not start a temporary Prefect server ({exc}); set PREFECT_API_URL or run `prefect server start`", code=1)
+    run_id = resume or new_run_id(spec.name)
+    plan = settle.plan_resume(spec, run_id, blocks, spec_file) if resume else None
+    rules = blocks.get("rules")
+
+    def terminated(signum: int, frame: object) -> None:
+        # ours, so that Prefect hands the signal back to us after the flows have crashed, instead
+        # of re-raising it with the default action that would end the process on the spot
+        raise TerminationSignal(signum)
+
+    signal.signal(signal.SIGTERM, terminated)
     try:
         state = training_run(
             spec, run_id=run_id, backend_block=blocks.get("backend"), evidence_block=blocks.get("evidence"),
             retry_policy_block=blocks.get("retry_policy"), rules_file=str(rules) if rules else None,
-            return_state=True,
+            resume=plan, return_state=True,
         )
+    except (TerminationSignal, KeyboardInterrupt) as exc:
+        signum = exc.signal if isinstance(exc, TerminationSignal) else signal.SIGINT
+        settle.stopped(spec, run_id, blocks, signum, spec_file)
     except (RuntimeError, OSError) as exc:
         fail(f"could not run on the Prefect API ({exc}); check PREFECT_API_URL or `prefect server start`", code=1)
     history = state.result(raise_on_failure=False)
     summaries = [AttemptSummary.from_dict(item) for item in history] if isinstance(history, list) else []
     console.print()
     console.print(attempts_table(summaries, title=f"trainguard run {run_id}"))
-    console.print(f"{state.name}: {state.message}")
+    say(f"{state.name}: {state.message}")
     if summaries and summaries[-1].evidence:
         # the location is a path or an s3:// URI: Path() would fold "s3://" into "s3:/"
         run_location = summaries[-1].evidence.rstrip("/").rpartition("/")[0]
-        console.print(f"evidence: {run_location}  (trainguard evidence show {run_id})", highlight=False)
+        say(f"evidence: {run_location}  (trainguard evidence show {run_id})")
     if not state.is_completed():
         raise typer.Exit(1)
 
@@ -92,4 +115,4 @@ def _submit(spec: TrainingSpec, deployment: str, backend: str | None, evidence: 
                                   timeout=0, tags=lineage_tags(run_id, 1, None))
     except (PrefectException, RuntimeError, OSError, ValueError) as exc:
         fail(f"--deployment {deployment}: could not submit ({exc}); check the name (flow/deployment) and PREFECT_API_URL")
-    console.print(f"submitted run {run_id}: attempt 1 is flow run {flow_run.name} ({flow_run.id})")
+    say(f"submitted run {run_id}: attempt 1 is flow run {flow_run.name} ({flow_run.id})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from functools import partial
@@ -20,6 +21,7 @@ from typing import Any
 from trainguard_entrypoint.checkpoints import list_checkpoints
 from trainguard_entrypoint.files import read_tail_lines
 
+from trainguard.core import masking
 from trainguard.core.manifest import Manifest, ManifestItem, MissingItem, attempt_prefix, write_manifest
 from trainguard.core.stores import EvidenceStore, StoredItem
 from trainguard.core.workspace import AttemptWorkspace
@@ -48,11 +50,12 @@ def _step_number(name: str) -> int | None:
 
 
 def newest_checkpoints(checkpoint_dir: Path) -> list[Path]:
-    """Checkpoints (files or folders) in ``checkpoint_dir``, newest first.
+    """Checkpoints (files or folders) in ``checkpoint_dir`` a run can resume from, newest first.
 
     Names carrying a step number (``step-000120.pt``) are ordered by it, then the others by
     modification time. Temporary and partial files (``*.tmp``, ``*.partial``, dot-names) are not
-    checkpoints: a crash mid-save leaves exactly those behind.
+    checkpoints: a crash mid-save leaves exactly those behind. Nor are empty or unreadable ones,
+    which a full disk leaves: resuming from them would fail the next attempt too.
     """
     try:
         entries = list(Path(checkpoint_dir).iterdir())
@@ -60,7 +63,7 @@ def newest_checkpoints(checkpoint_dir: Path) -> list[Path]:
         return []
     ranked: list[tuple[tuple[int, int, float], Path]] = []
     for entry in entries:
-        if entry.name.startswith(".") or entry.name.endswith(_IGNORED_SUFFIXES):
+        if entry.name.startswith(".") or entry.name.endswith(_IGNORED_SUFFIXES) or not _usable(entry):
             continue
         try:
             mtime = entry.stat().st_mtime
@@ -70,6 +73,17 @@ def newest_checkpoints(checkpoint_dir: Path) -> list[Path]:
         ranked.append(((step is not None, step if step is not None else -1, mtime), entry))
     ranked.sort(key=lambda pair: pair[0], reverse=True)
     return [entry for _, entry in ranked]
+
+
+def _usable(entry: Path) -> bool:
+    """Whether a checkpoint has content that can be read: a non-empty file, or a folder holding one."""
+    try:
+        if entry.is_dir():
+            return any(_usable(child) for child in entry.iterdir() if not child.name.startswith("."))
+        with entry.open("rb") as handle:
+            return bool(handle.read(1))
+    except OSError:
+        return False
 
 
 class _Collector:
@@ -131,16 +145,26 @@ def _no_crash_report_reason(runner: dict[str, Any] | None) -> str:
     return f"the entrypoint wrote no crash report; runner: {runner_says}"
 
 
-def _collect_log(c: _Collector, ws: AttemptWorkspace, why_absent: str) -> None:
+def _put_masked_copy(c: _Collector, name: str, path: Path, masker: masking.Masker) -> None:
+    """Store ``path`` with every secret masked, line by line (the raw log stays on the attempt's volume)."""
+    with tempfile.NamedTemporaryFile(prefix="trainguard-log-", suffix=".log") as masked, path.open("rb") as raw:
+        for line in raw:
+            text = line.decode("utf-8", errors="surrogateescape")
+            masked.write(masker.mask(text).encode("utf-8", errors="surrogateescape"))
+        masked.flush()
+        c.put_file(name, Path(masked.name), ENTRYPOINT)
+
+
+def _collect_log(c: _Collector, ws: AttemptWorkspace, why_absent: str, masker: masking.Masker) -> None:
     name = f"logs/{ws.log_path.name}"
     if not ws.log_path.is_file():
         c.absent(name, ENTRYPOINT, f"no log file at {ws.log_path}: {why_absent}")
         c.absent("crash-tail.txt", WORKSPACE, "no log to take the tail of")
         return
-    c.guarded(name, ENTRYPOINT, lambda: c.put_file(name, ws.log_path, ENTRYPOINT))
+    c.guarded(name, ENTRYPOINT, lambda: _put_masked_copy(c, name, ws.log_path, masker))
 
     def tail() -> None:
-        lines = read_tail_lines(ws.log_path, CRASH_TAIL_LINES, max_bytes=1024 * 1024)
+        lines = [masker.for_people(line) for line in read_tail_lines(ws.log_path, CRASH_TAIL_LINES, max_bytes=1024 * 1024)]
         c.put_bytes("crash-tail.txt", ("\n".join(lines) + "\n" if lines else "").encode("utf-8"), WORKSPACE)
 
     c.guarded("crash-tail.txt", WORKSPACE, tail)
@@ -239,6 +263,7 @@ def collect_local_evidence(
     extra: Mapping[str, bytes] | None = None,
     checkpoint_copy_limit_bytes: int = 256 * 1024 * 1024,
     now: Callable[[], datetime] = _utc_now,
+    masker: masking.Masker | None = None,
 ) -> Manifest:
     """Copy everything the attempt produced into ``store``; write and return the manifest.
 
@@ -252,7 +277,9 @@ def collect_local_evidence(
         extra: More items by name (e.g. the flow's ``classification.json``).
         checkpoint_copy_limit_bytes: The newest checkpoint is copied only if at most this big.
         now: The clock for ``collected_at`` stamps.
+        masker: Masks secrets in the stored log and tail; default: every secret this process knows.
     """
+    masker = masker or masking.current()
     c = _Collector(store, attempt_prefix(workspace.run_id, workspace.attempt), now)
     crash = _read_json(workspace.crash_report_path)
     runner = _read_json(workspace.runner_report_path)
@@ -261,7 +288,7 @@ def collect_local_evidence(
         else "the entrypoint could not write it (see the crash report's problems)"
     )
     steps: list[tuple[str, Callable[[], None]]] = [
-        ("logs", lambda: _collect_log(c, workspace, why_absent)),
+        ("logs", lambda: _collect_log(c, workspace, why_absent, masker)),
         ("crash-report.json", lambda: _collect_reports(c, workspace, runner)),
         ("snapshot", lambda: _collect_snapshots(c, workspace, why_absent)),
         ("checkpoint", lambda: _collect_checkpoints(c, workspace, checkpoint_copy_limit_bytes)),

@@ -17,8 +17,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -29,6 +30,7 @@ from trainguard_entrypoint.coredumps import signal_name
 from trainguard_entrypoint.files import write_json_atomic
 from trainguard_entrypoint.redact import redact_argv
 
+from trainguard.core import masking
 from trainguard.core.workspace import AttemptWorkspace
 
 COMPLETED = "Completed"
@@ -39,6 +41,9 @@ CANCELLED = "Cancelled"
 START_ERROR = "StartError"
 
 _MAX_LINE_BYTES = 64 * 1024  # a progress bar that never prints "\n" is still shown, in pieces
+TAIL_LINES = 200  # the output tail kept in memory, for triage when the log file is incomplete
+_TAIL_LINE_CHARS = 4096
+_LOG_FAILED = "trainguard-entrypoint: warning: log file write failed"
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class ProcessOutcome:
     duration_seconds: float
     log_path: Path
     message: str
+    output_tail: tuple[str, ...] = ()  # the last lines seen on the pipe, masked
+    log_incomplete: bool = False  # the entrypoint could not write the whole log (a full disk)
 
 
 def _print_line(line: str) -> None:
@@ -63,13 +70,19 @@ def _print_line(line: str) -> None:
 class _OutputWatcher(threading.Thread):
     """Reads the entrypoint's output, hands out lines, and notes when output last arrived."""
 
-    def __init__(self, stream: IO[bytes], on_line: Callable[[str], None] | None, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, stream: IO[bytes], on_line: Callable[[str], None] | None, clock: Callable[[], float],
+        masker: masking.Masker,
+    ) -> None:
         super().__init__(name="trainguard-output", daemon=True)
         self._fd = stream.fileno()
         self._on_line = on_line
+        self._masker = masker
         self._clock = clock
         self.last_output = clock()
         self.problem: str | None = None
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.log_failure: str | None = None
 
     def run(self) -> None:
         pending = b""
@@ -86,10 +99,15 @@ class _OutputWatcher(threading.Thread):
             self._emit(pending)
 
     def _emit(self, raw: bytes) -> None:
+        line = self._masker.mask(raw.rstrip(b"\r").decode("utf-8", errors="replace"))
+        self.tail.append(line[:_TAIL_LINE_CHARS])
+        if line.startswith(_LOG_FAILED) and self.log_failure is None:
+            self.log_failure = line.removeprefix("trainguard-entrypoint: warning: ")
         if self._on_line is None:
             return
         try:
-            self._on_line(raw.rstrip(b"\r").decode("utf-8", errors="replace"))
+            # shown live: secrets masked; colours kept (the tails made for reading later strip them)
+            self._on_line(line)
         except Exception as exc:  # a broken display must not stall the pipe and fake a Stalled attempt
             self.problem = f"on_line failed, live output stopped: {type(exc).__name__}: {exc}"
             self._on_line = None
@@ -143,6 +161,7 @@ class LocalProcessRunner:
         """
         argv = self._argv(command, workspace)
         full_env = self._environment(env)
+        masking.register_environment(env or {})  # evidence and reports of this attempt mask them too
         _check_limit("deadline_seconds", deadline_seconds)
         _check_limit("stall_seconds", stall_seconds)
         started_at, start = datetime.now(UTC), self._clock()
@@ -154,7 +173,7 @@ class LocalProcessRunner:
             message = f"cannot start the entrypoint with python {self._python!r}: {exc.strerror or exc}"
             return self._finish(workspace, command, None, code, None, START_ERROR, message, started_at, start)
         assert proc.stdout is not None
-        watcher = _OutputWatcher(proc.stdout, self._on_line, self._clock)
+        watcher = _OutputWatcher(proc.stdout, self._on_line, self._clock, masking.current())
         watcher.start()
         try:
             ended = self._wait(proc, watcher, workspace, start, deadline_seconds, stall_seconds)
@@ -168,9 +187,11 @@ class LocalProcessRunner:
         self._close(proc, watcher)
         exit_code, sig = self._exit_status(proc, workspace)
         reason, message = ended if ended is not None else self._judge(exit_code, sig, workspace, proc.pid)
-        if watcher.problem:
-            message = f"{message}; {watcher.problem}"
-        return self._finish(workspace, command, proc.pid, exit_code, sig, reason, message, started_at, start)
+        for problem in (watcher.log_failure, watcher.problem):
+            if problem:  # a storage failure belongs in the outcome a person reads, not only in a log line
+                message = f"{message}; {problem}"
+        outcome = self._finish(workspace, command, proc.pid, exit_code, sig, reason, message, started_at, start)
+        return replace(outcome, output_tail=tuple(watcher.tail), log_incomplete=watcher.log_failure is not None)
 
     def _argv(self, command: Sequence[str], workspace: AttemptWorkspace) -> list[str]:
         if isinstance(command, str) or not command or not all(isinstance(a, str) and a for a in command):
@@ -181,7 +202,7 @@ class LocalProcessRunner:
             self._python, "-m", "trainguard_entrypoint", "--workspace", str(workspace.root),
             "--run-id", workspace.run_id, "--attempt", str(workspace.attempt),
             "--checkpoint-dir", str(workspace.checkpoint_dir), "--log-file", str(workspace.log_path),
-            "--", *command,
+            "--grace-seconds", f"{self._grace:g}", "--", *command,
         ]
 
     @staticmethod
@@ -310,7 +331,6 @@ def _write_runner_report(
         "run_id": workspace.run_id,
         "attempt": workspace.attempt,
         "reason": outcome.reason,
-        "message": outcome.message,
         "exit_code": outcome.exit_code,
         "signal": outcome.signal,
         "signal_name": signal_name(outcome.signal),
@@ -318,7 +338,8 @@ def _write_runner_report(
         "finished_at": outcome.finished_at.isoformat(),
         "duration_seconds": round(outcome.duration_seconds, 3),
         "entrypoint_pid": pid,
-        "command": redact_argv(command),
+        "command": [masking.current().mask(arg) for arg in redact_argv(command)],
+        "message": masking.for_people(outcome.message),
         "log_path": str(outcome.log_path),
     }
     try:

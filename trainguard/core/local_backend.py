@@ -62,9 +62,11 @@ class LocalBackend:
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
         log = Path(outcome.log_path) if outcome.log_path else self.workspace(ref).log_path
+        # no log path with a tail: the log file is incomplete (a full disk), the runner's tail is not
+        use_tail = outcome.log_tail and (outcome.log_path is None or not log.exists())
         return Signals(
             exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
-            events=outcome.events, log=log if log.exists() else (outcome.log_tail or None),
+            events=outcome.events, log=outcome.log_tail if use_tail else (log if log.exists() else None),
         )
 
     def checkpoints(self, run_id: str) -> list[str]:
@@ -80,5 +82,8 @@ def outcome_of(result: ProcessOutcome) -> AttemptOutcome:
     return AttemptOutcome(
         exit_code=result.exit_code, signal=result.signal, reason=result.reason, message=result.message,
         started_at=result.started_at.isoformat(), finished_at=result.finished_at.isoformat(),
-        duration_seconds=result.duration_seconds, node=os.uname().nodename, log_path=str(result.log_path),
+        duration_seconds=result.duration_seconds, node=os.uname().nodename,
+        log_path=None if result.log_incomplete else str(result.log_path),
+        # the runner's own tail is carried only where the log file cannot stand in for it
+        log_tail="\n".join(result.output_tail) if result.log_incomplete or not result.log_path.exists() else "",
     )

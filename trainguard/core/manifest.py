@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import MISSING, asdict, dataclass
 from typing import Any
 
@@ -134,6 +135,22 @@ def verify_manifest(store: EvidenceStore, manifest: Manifest) -> list[str]:
         if digest != item.sha256:
             problems.append(f"{item.key}: sha256 is {digest}, the manifest says {item.sha256}")
     return problems
+
+
+_ATTEMPT_KEY = re.compile(r"^runs/[^/]+/attempt-(\d+)/")
+
+
+def attempts_in_store(store: EvidenceStore, run_id: str) -> list[int]:
+    """Every attempt of ``run_id`` that left anything in ``store``, with or without a manifest."""
+    keys = store.list_keys(f"runs/{validate_run_id(run_id)}/")
+    return sorted({int(m.group(1)) for key in keys if (m := _ATTEMPT_KEY.match(key))})
+
+
+def unlisted_keys(store: EvidenceStore, manifest: Manifest) -> list[str]:
+    """Keys under the attempt's prefix that its manifest does not list (added or left there later)."""
+    listed = {item.key for item in manifest.items} | {manifest_key(manifest.run_id, manifest.attempt)}
+    prefix = attempt_prefix(manifest.run_id, manifest.attempt) + "/"
+    return [key for key in store.list_keys(prefix) if key not in listed]
 
 
 def add_items(

@@ -100,6 +100,7 @@ class RetryDecision:
     delay_seconds: float = 0.0
     resume_from: str | None = None
     avoid_nodes: tuple[str, ...] = ()
+    budget: int | None = None  # the attempts this failure's category allows; None after a success
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form, for flow results, events and reports."""
@@ -110,6 +111,7 @@ class RetryDecision:
             "delay_seconds": self.delay_seconds,
             "resume_from": self.resume_from,
             "avoid_nodes": list(self.avoid_nodes),
+            "budget": self.budget,
         }
 
     @classmethod
@@ -119,6 +121,7 @@ class RetryDecision:
         delay = data.get("delay_seconds") or 0.0
         next_attempt = data.get("next_attempt")
         resume_from = data.get("resume_from")
+        budget = data.get("budget")
         return cls(
             retry=bool(data.get("retry")),
             reason=str(data.get("reason", "")),
@@ -126,6 +129,7 @@ class RetryDecision:
             delay_seconds=float(delay) if isinstance(delay, (int, float)) else 0.0,
             resume_from=str(resume_from) if resume_from else None,
             avoid_nodes=tuple(str(n) for n in nodes) if isinstance(nodes, (list, tuple)) else (),
+            budget=budget if isinstance(budget, int) and not isinstance(budget, bool) else None,
         )
 
 
@@ -156,17 +160,18 @@ def decide(
     last = history[-1]
     if last.category is None:
         return RetryDecision(False, f"attempt {last.attempt} succeeded")
+    budget = _budget(policy, last.category)
     refusal = _refusal(policy, history)
     if refusal:
-        return RetryDecision(False, refusal)
+        return RetryDecision(False, refusal, budget=budget)
     resume_from, resume_note = _resume_point(last, checkpoints)
     delay = backoff_seconds(policy, last.attempt, last.category)
     avoid = _nodes_to_avoid(history)
     reason = (
         f"{last.category.value} is retryable: attempt {last.attempt + 1} of "
-        f"{_budget(policy, last.category)} in {delay:g}s, {resume_note}"
+        f"{budget} in {delay:g}s, {resume_note}"
     )
-    return RetryDecision(True, reason, last.attempt + 1, delay, resume_from, avoid)
+    return RetryDecision(True, reason, last.attempt + 1, delay, resume_from, avoid, budget)
 
 
 def _retryable(policy: RetryPolicy, record: AttemptRecord) -> bool:

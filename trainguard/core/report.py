@@ -1,14 +1,23 @@
 """Reports of attempts: the Markdown a person reads in the Prefect UI and the rows of the attempts table.
 
 Rendering only: the flows publish these as artifacts, the CLI prints the same rows with rich.
+Everything that came from a log, a spec or a rule file is untrusted: it is masked, stripped of
+terminal sequences, and either escaped or put in a fenced code block whose fence is longer than
+any backtick run inside, so no Markdown, HTML or link in it ever takes effect.
 """
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Sequence
 from pathlib import Path, PurePath
 
+from trainguard.core import masking
 from trainguard.core.attempt import AttemptSummary
+
+_MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+_BACKTICKS = re.compile(r"`+")
 
 TABLE_COLUMNS = (
     "attempt",
@@ -24,16 +33,23 @@ TABLE_COLUMNS = (
 
 def table_row(summary: AttemptSummary) -> dict[str, str]:
     """One attempt as the cells of the attempts table (compact: the report has the full values)."""
+    plain = masking.for_people
     return {
-        "attempt": f"{summary.attempt}/{summary.max_attempts}",
-        "flow run": summary.flow_run_name or summary.flow_run_id or "-",
+        "attempt": f"{summary.attempt}/{budget(summary)}",
+        "flow run": plain(summary.flow_run_name or summary.flow_run_id or "-"),
         "state": summary.state,
         "category": summary.category or "-",
-        "signature": _shorten(_signature(summary), 90) or "-",
+        "signature": _shorten(plain(_signature(summary)), 90) or "-",
         "duration": f"{summary.duration_seconds:.1f}s",
         "resumed from": PurePath(summary.resumed_from).name if summary.resumed_from else "(start)",
         "evidence": _relative(summary.evidence) if summary.evidence else "-",
     }
+
+
+def budget(summary: AttemptSummary) -> int:
+    """The attempts this attempt's run may use: its failure category's budget once decided."""
+    value = summary.decision.get("budget") if summary.decision else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else summary.max_attempts
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -50,21 +66,20 @@ def _relative(location: str) -> str:
 
 def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = ()) -> str:
     """The Markdown report of one attempt, ending with the table of all attempts so far."""
-    verdict = "succeeded" if summary.succeeded else f"failed: `{summary.category or 'unknown'}`"
+    verdict = "succeeded" if summary.succeeded else f"failed: {_text(summary.category or 'unknown')}"
     decision = summary.decision
+    exit_code = summary.exit_code if summary.exit_code is not None else "-"
     lines = [
-        f"# {summary.run_id}: attempt {summary.attempt} of {summary.max_attempts} {verdict}",
+        f"# {_text(summary.run_id)}: attempt {summary.attempt} of {budget(summary)} {verdict}",
         "",
         "| | |",
         "|---|---|",
-        f"| category | `{summary.category or '-'}` |",
+        f"| category | {_cell(summary.category or '-')} |",
         f"| retryable | {'yes' if summary.retryable else 'no'} |",
-        f"| signature | {_cell(_signature(summary) or '-')} |",
-        f"| rule | `{summary.rule_id or '-'}` |",
+        f"| rule | {_cell(summary.rule_id or '-')} |",
         f"| remediation | {_cell(summary.remediation or '-')} |",
-        f"| exit code | {summary.exit_code if summary.exit_code is not None else '-'} "
-        f"({summary.termination_reason or '-'}) |",
-        f"| evidence | `{summary.evidence or '-'}` ({summary.evidence_items} items, "
+        f"| exit code | {exit_code} ({_cell(summary.termination_reason or '-')}) |",
+        f"| evidence | {_cell(summary.evidence or '-')} ({summary.evidence_items} items, "
         f"{summary.evidence_missing} missing) |",
         f"| checkpoint used | {_cell(summary.resumed_from or '(start)')} |",
         f"| newest checkpoint | {_cell(summary.newest_checkpoint or '-')} |",
@@ -77,6 +92,8 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
                      "`trainguard evidence flush` uploads them |")
     if decision:
         lines.append(f"| next | {_cell(str(decision.get('reason', '-')))} |")
+    if summary.signature:
+        lines += ["", "## Deciding log line", "", fenced(_signature(summary))]
     lines += _links(summary)
     lines += ["", "## All attempts of this run", "", render_table([*earlier, summary])]
     return "\n".join(lines)
@@ -90,9 +107,9 @@ def _links(summary: AttemptSummary) -> list[str]:
     lines = ["", f"## Evidence{expiry}", ""]
     for name, url in summary.evidence_links.items():
         if name not in summary.evidence_spooled:
-            label = _cell(name).replace("[", "\\[").replace("]", "\\]")
+            label = _cell(name)  # escaped: brackets included
             lines.append(f"- [{label}](<{url.replace('>', '%3E')}>)")
-    lines += [f"- `{_cell(name).replace('`', chr(39))}` (spooled, not uploaded yet)" for name in summary.evidence_spooled]
+    lines += [f"- {_cell(name)} (spooled, not uploaded yet)" for name in summary.evidence_spooled]
     return lines
 
 
@@ -111,5 +128,19 @@ def _signature(summary: AttemptSummary) -> str:
     return where + summary.signature
 
 
+def fenced(text: str) -> str:
+    """``text`` (masked, control sequences stripped) as a fenced code block no content can close."""
+    body = masking.for_people(text)
+    longest = max((len(run) for run in _BACKTICKS.findall(body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{body}\n{fence}"
+
+
+def _text(text: str) -> str:
+    """Untrusted text as inert Markdown: masked, HTML-escaped, Markdown punctuation escaped."""
+    return _MARKDOWN_SPECIALS.sub(r"\\\1", html.escape(masking.for_people(text), quote=False))
+
+
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")[:300]
+    # cut before escaping, so a cut never splits an escape and leaves a bare "\" before the cell's "|"
+    return _text(" ".join(text.splitlines())[:300])

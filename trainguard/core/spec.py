@@ -7,6 +7,7 @@ names the field and says how to fix it (`SpecError`), never a pydantic dump.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -15,10 +16,17 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from trainguard.core import policy
+from trainguard.core import masking, policy
 from trainguard.core.taxonomy import Category
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
+_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_BLOCK = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+MAX_SPEC_BYTES = 256 * 1024
+"""A spec travels as a flow-run parameter of every attempt, beside the attempts' history; Prefect's
+server refuses parameters over 512 KiB in all (``PREFECT_SERVER_API_MAX_PARAMETER_SIZE``), so the
+spec may use half of that."""
 
 
 class SpecError(ValueError):
@@ -31,8 +39,8 @@ class CategoryOverrideSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     retryable: bool | None = None
-    max_attempts: int | None = Field(default=None, ge=1)
-    delay_seconds: float | None = Field(default=None, ge=0)
+    max_attempts: int | None = Field(default=None, ge=1, strict=True)
+    delay_seconds: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class RetrySpec(BaseModel):
@@ -40,11 +48,11 @@ class RetrySpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_attempts: int = Field(default=3, ge=1, le=100)
+    max_attempts: int = Field(default=3, ge=1, le=100, strict=True)
     backoff: policy.Backoff = policy.Backoff.FIXED
-    delay_seconds: float = Field(default=10.0, ge=0)
-    max_delay_seconds: float = Field(default=300.0, ge=0)
-    same_signature_limit: int = Field(default=2, ge=0)
+    delay_seconds: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    max_delay_seconds: float = Field(default=300.0, ge=0, allow_inf_nan=False)
+    same_signature_limit: int = Field(default=2, ge=0, strict=True)
     require_checkpoint_progress: bool = True
     overrides: dict[Category, CategoryOverrideSpec] = Field(default_factory=dict)
 
@@ -72,10 +80,15 @@ class TrainingSpec(BaseModel):
     name: str = Field(description="Run name: lowercase letters, digits and dashes, at most 42 characters.")
     command: list[str] = Field(min_length=1, description="The training command, as a list or a shell-quoted string.")
     env: dict[str, str] = Field(default_factory=dict)
+    secret_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variables whose values are secrets, resolved when the attempt starts: the name of a "
+        "Prefect Secret block, or 'env:NAME' for a variable of the worker's environment.",
+    )
     workdir: str | None = None
-    gpus: int = Field(default=0, ge=0)
-    deadline_seconds: float | None = Field(default=None, gt=0)
-    stall_seconds: float | None = Field(default=None, gt=0)
+    gpus: int = Field(default=0, ge=0, strict=True)
+    deadline_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    stall_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     retry: RetrySpec | None = None
 
     @field_validator("name")
@@ -97,7 +110,47 @@ class TrainingSpec(BaseModel):
     def _command_not_blank(cls, value: list[str]) -> list[str]:
         if not value or not value[0].strip():
             raise ValueError("give the program to run first, e.g. ['python', 'train.py']")
+        for index, argument in enumerate(value):
+            if not argument:
+                raise ValueError(f"argument {index} is empty; remove it, or quote the value it was meant to hold")
+            if "\0" in argument:
+                raise ValueError(f"argument {index} contains a NUL byte, which no command line can hold")
         return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_is_an_environment(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            _check_variable_name(name)
+            if "\0" in text:
+                raise ValueError(f"{name}: the value contains a NUL byte, which no environment can hold")
+            if masking.Masker.from_environ({name: text}).mask(text) != text:
+                raise ValueError(
+                    f"{name}: looks like a secret, and env values are stored in clear as flow-run parameters; "
+                    f"pass it as secret_env: {{{name}: <Prefect Secret block name>}} or {{{name}: 'env:VARIABLE'}} "
+                    "naming a variable of the worker's environment"
+                )
+        return value
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_env_references(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, reference in value.items():
+            _check_variable_name(name)
+            variable = reference.removeprefix("env:")
+            if reference.startswith("env:") and not _VARIABLE.match(variable):
+                raise ValueError(f"{name}: {reference!r} does not name a variable; write 'env:NAME', e.g. 'env:HF_TOKEN'")
+            if not reference.startswith("env:") and not _SECRET_BLOCK.match(reference):
+                raise ValueError(
+                    f"{name}: {reference!r} is neither a Prefect Secret block name (lowercase letters, digits, "
+                    "dashes) nor 'env:NAME' for a variable of the worker's environment"
+                )
+        return value
+
+
+def _check_variable_name(name: str) -> None:
+    if not name or "=" in name or "\0" in name:
+        raise ValueError(f"{name!r} is not a variable name: names cannot be empty or hold '=' or NUL; use e.g. WANDB_PROJECT")
 
 
 def parse_spec(data: Any, source: str = "spec") -> TrainingSpec:
@@ -107,9 +160,17 @@ def parse_spec(data: Any, source: str = "spec") -> TrainingSpec:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping with at least 'name' and 'command', got {type(data).__name__}")
     try:
-        return TrainingSpec.model_validate(data)
+        spec = TrainingSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(describe_validation_error(exc, source)) from None
+    size = len(json.dumps(spec.model_dump(mode="json"), separators=(",", ":")).encode())
+    if size > MAX_SPEC_BYTES:
+        biggest = max(spec.model_dump(mode="json").items(), key=lambda item: len(json.dumps(item[1])))[0]
+        raise SpecError(
+            f"{source}: {biggest}: the spec is {size:,} bytes as JSON, over the {MAX_SPEC_BYTES:,}-byte limit of a "
+            "flow-run parameter; put large values in a file the command reads"
+        )
+    return spec
 
 
 def load_spec(path: str | Path) -> TrainingSpec:
@@ -133,7 +194,8 @@ def describe_validation_error(exc: ValidationError, source: str) -> str:
     """The first problem of a pydantic error as `source: field.path: message`, plus a count of the rest."""
     errors = exc.errors()
     first = errors[0]
-    location = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    # pydantic marks a bad dict key with a "[key]" step: the key itself is the location
+    location = ".".join(str(part) for part in first["loc"] if part != "[key]") or "(top level)"
     message = first["msg"]
     if first["type"] == "missing":
         message = "this field is required"
@@ -142,6 +204,10 @@ def describe_validation_error(exc: ValidationError, source: str) -> str:
     elif first["type"] == "enum" and "overrides" in location:
         valid = ", ".join(c.value for c in Category)
         message = f"unknown failure category {first.get('input')!r}; use one of: {valid}"
+    elif first["type"] in ("finite_number",):
+        message = "must be a finite number of seconds, e.g. 3600 (leave it out for no limit)"
+    elif first["type"] == "int_type" and isinstance(first.get("input"), bool):
+        message = f"expected a whole number, got {str(first['input']).lower()}; e.g. 8"
     elif message.startswith("Value error, "):
         message = message.removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""

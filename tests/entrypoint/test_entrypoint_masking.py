@@ -1,0 +1,69 @@
+"""What the entrypoint writes for people carries no secret and no terminal control sequence.
+
+The raw log on the attempt's own volume keeps the bytes as printed; the crash report's tail,
+command and problems are masked by value and shape, as CI systems mask secrets.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from entrypoint_harness import py
+
+from trainguard_entrypoint.redact import Masker, strip_control
+
+SECRET = "supersecret123"
+WEBHOOK = "https://hooks.slack.com/services/T0123/B0456/abcdefXYZ123"
+
+
+def test_secrets_the_command_prints_are_masked_in_the_crash_report_but_kept_in_the_raw_log(run_entrypoint) -> None:
+    code = (
+        "import os\n"
+        "print('AWS_SECRET_ACCESS_KEY=' + os.environ['AWS_SECRET_ACCESS_KEY'])\n"
+        "print('posting to', os.environ['SLACK_WEBHOOK'])\n"
+        "print('token hf_' + 'a' * 34, 'key AKIA' + 'B' * 16, 'db postgres://me:pa55word@db/x')\n"
+        "raise SystemExit(1)\n"
+    )
+    run = run_entrypoint([*py(code), "--api-key", SECRET], env={"AWS_SECRET_ACCESS_KEY": SECRET, "SLACK_WEBHOOK": WEBHOOK})
+
+    report_text = (run.workspace / "crash-report.json").read_text()
+    for leaked in (SECRET, "T0123/B0456", "hf_" + "a" * 34, "AKIA" + "B" * 16, "pa55word"):
+        assert leaked not in report_text, leaked
+    assert "AWS_SECRET_ACCESS_KEY=***" in run.report["log_tail"]
+    assert SECRET.encode() in run.log  # the raw log on the attempt's volume stays as printed
+    env_snapshot = (run.workspace / "snapshot" / "env.json").read_text()
+    assert WEBHOOK not in env_snapshot and SECRET not in env_snapshot
+
+
+def test_terminal_control_sequences_are_stripped_from_the_crash_reports_tail(run_entrypoint) -> None:
+    code = r"print('\x1b[31mred\x1b[0m \x1b]0;owned title\x07\x1b]8;;https://evil.example\x1b\\click\x1b]8;;\x1b\\ done')"
+    run = run_entrypoint(py(code))
+
+    assert run.report["log_tail"] == ["red click done"]
+    assert b"\x1b[31m" in run.log
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("MY_TOKEN: 'abcdefgh'", "MY_TOKEN: '***'"),
+        ("ghp_" + "x" * 36, "***"),
+        ("xoxb-1234567890-abcdef", "***"),
+        ("sort_key=loss lr=0.1", "sort_key=loss lr=0.1"),  # ordinary text stays readable
+        ("HF_TOKEN=1", "HF_TOKEN=1"),  # too short to be a secret worth masking everywhere
+    ],
+)
+def test_token_shapes_and_secret_assignments_are_masked_and_ordinary_text_is_not(text: str, expected: str) -> None:
+    assert Masker().mask(text) == expected
+
+
+def test_a_secret_containing_another_is_masked_whole() -> None:
+    masker = Masker(["abcdef", "abcdefghij"])
+
+    assert masker.mask("x abcdefghij y abcdef") == "x *** y ***"
+
+
+def test_control_bytes_are_removed_but_tabs_are_kept() -> None:
+    assert strip_control("a\tb\x07c\x1b[2Jd\x9b31me\r") == "a\tbcde"
+    assert json.dumps(strip_control("\x1bP1;2|payload\x1b\\ok")) == '"ok"'

@@ -1,0 +1,54 @@
+"""The temporary Prefect server `trainguard run` starts when no PREFECT_API_URL is set.
+
+Prefect starts it as a child process and stops it at exit; a CLI killed with SIGKILL never gets to
+exit, so the server would run on forever. A small watchdog process, started beside it, ends the
+server as soon as the CLI is gone, however it went. Nothing else about running flows belongs here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+# stdlib only and tiny: it must start fast and outlive nothing but its own check
+_WATCHDOG = """
+import os, signal, sys, time
+cli, server = int(sys.argv[1]), int(sys.argv[2])
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+while alive(cli) and alive(server):
+    time.sleep(0.2)
+if alive(server):
+    os.kill(server, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while alive(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if alive(server):
+        os.kill(server, signal.SIGKILL)
+"""
+
+
+def start_temporary_server() -> int | None:
+    """Start Prefect's temporary server now (if one is needed) with a watchdog; return its pid.
+
+    Returns None when ``PREFECT_API_URL`` points at a server someone else runs.
+    """
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return None
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # the same instance Prefect's client would start on first use
+    server.start()
+    if server.server_process is None:
+        return None
+    pid = server.server_process.pid
+    subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(pid)], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return pid

@@ -1,0 +1,88 @@
+"""What `trainguard run` does around the flow when a run is stopped, or continued with ``--resume``.
+
+A stop (SIGTERM or Ctrl-C) is not retried inside a process that is going away: the attempt that
+was running is collected and recorded as ``preempted`` (SIGTERM) or ``user_cancelled`` (SIGINT),
+the table is printed with how to resume, and the exit code is the conventional 128+N. ``--resume``
+first settles whatever the lost attempt left behind, then numbers the next attempt after it and
+starts it from the newest valid checkpoint. The judging itself is `trainguard.core.recovery`'s.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from trainguard.cli.output import attempts_table, console, fail, say
+from trainguard.core import recovery
+from trainguard.core.attempt import AttemptSummary
+from trainguard.core.spec import TrainingSpec
+
+STOPS = {
+    signal.SIGTERM: ("preempted", "trainguard.stop.sigterm", "trainguard run received SIGTERM"),
+    signal.SIGINT: ("user_cancelled", "trainguard.stop.sigint", "trainguard run was interrupted (Ctrl-C)"),
+}
+
+
+def resume_command(spec_file: Path | None, run_id: str) -> str:
+    return f"trainguard run {spec_file or 'SPEC'} --resume {run_id}"
+
+
+def _context(spec: TrainingSpec, blocks: dict[str, Any]) -> tuple[Any, Any, int, Any]:
+    from blocks import load_backend, load_evidence, resolve_policy
+    from trainguard.core import triage
+
+    rules = blocks.get("rules")
+    policy = resolve_policy(spec, blocks.get("retry_policy"))
+    return (load_backend(blocks.get("backend")), load_evidence(blocks.get("evidence")), policy.max_attempts,
+            triage.load_rules(str(rules)) if rules else None)
+
+
+def stopped(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], signum: int, spec_file: Path | None) -> None:
+    """Record the interrupted attempt, print the table and exit 128+signum."""
+    for ignored in STOPS:  # a second Ctrl-C must not cut the verdict short
+        signal.signal(ignored, signal.SIG_IGN)
+    category, rule_id, signature = STOPS.get(signum, STOPS[signal.SIGTERM])
+    how = resume_command(spec_file, run_id)
+    backend, store, max_attempts, rules = _context(spec, blocks)
+    attempts = recovery.attempts_of(backend, store, run_id)
+    summaries = [s for a in attempts[:-1] if (s := recovery.verdict(store, run_id, a))]
+    if attempts:
+        last = recovery.verdict(store, run_id, attempts[-1])
+        if last is None or last.decision.get("retry"):
+            last = recovery.settle(
+                backend, store, run_id, attempts[-1], max_attempts=max_attempts, gpus=spec.gpus,
+                next_step=f"stopped, not retried here; resume with `{how}`", rules=rules,
+                stopped={"category": category, "rule_id": rule_id, "signature": signature,
+                         "remediation": f"resume with `{how}`"},
+            )
+        summaries.append(last)
+    console.print()
+    console.print(attempts_table(summaries, title=f"trainguard run {run_id}"))
+    say(f"Stopped: {signature}; attempt {attempts[-1] if attempts else 1} recorded as {category}.")
+    say(f"resume with: {how}")
+    raise typer.Exit(128 + signum)
+
+
+def plan_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], spec_file: Path | None) -> dict[str, Any]:
+    """Settle what the lost run left, and say where it continues: {"attempt", "resume_from", "history"}."""
+    backend, store, max_attempts, rules = _context(spec, blocks)
+    try:
+        attempts = recovery.attempts_of(backend, store, run_id)
+    except ValueError as exc:
+        fail(f"--resume: {exc}")
+    if not attempts:
+        fail(f"--resume: no attempt of run {run_id!r} in the work or evidence folders; check the run id")
+    history: list[AttemptSummary] = []
+    for attempt in attempts:
+        found = recovery.verdict(store, run_id, attempt)
+        if found is None:  # the attempt the lost process never judged: collect and classify it now
+            found = recovery.settle(backend, store, run_id, attempt, max_attempts=max_attempts, gpus=spec.gpus,
+                                    next_step=f"continued by `{resume_command(spec_file, run_id)}`", rules=rules)
+        history.append(found)
+    checkpoints = backend.checkpoints(run_id)
+    resume_from = checkpoints[0] if checkpoints else None
+    say(f"resuming run {run_id} at attempt {attempts[-1] + 1}, from {resume_from or 'the start (no checkpoint)'}")
+    return {"attempt": attempts[-1] + 1, "resume_from": resume_from, "history": [s.to_dict() for s in history]}

@@ -1,0 +1,140 @@
+"""Settling an attempt whose flow did not finish it: stopped by a signal, or lost with its process.
+
+`trainguard run` calls `settle` after SIGTERM or Ctrl-C (the stop itself is the category), and
+`trainguard run --resume` calls it for the attempt a killed run left behind (triage decides). Either
+way the attempt's evidence is collected if it was not, its verdict is written beside it, and the
+run's attempts so far come back as summaries for the table and the next attempt. Running attempts
+and deciding retries belong to the flows; no Prefect here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from trainguard.core import masking, triage
+from trainguard.core.attempt import AttemptSummary
+from trainguard.core.backend import ERROR, AttemptOutcome, AttemptRef, Backend
+from trainguard.core.manifest import add_items, attempts_in_store, read_manifest
+from trainguard.core.stores import EvidenceNotFound, EvidenceStore
+from trainguard.core.taxonomy import INFO, Category
+from trainguard.core.workspace import validate_run_id
+
+LOST = "Lost"
+_ATTEMPT_DIR = re.compile(r"^attempt-(\d+)$")
+
+
+def attempts_of(backend: Backend, store: EvidenceStore, run_id: str) -> list[int]:
+    """Every attempt of the run found in the backend's work folder or in the evidence store."""
+    found = set(attempts_in_store(store, run_id))
+    work_root = getattr(backend, "work_root", None)
+    if isinstance(work_root, Path):
+        run_dir = work_root / "runs" / validate_run_id(run_id)
+        if run_dir.is_dir():
+            found |= {int(m.group(1)) for p in run_dir.iterdir() if (m := _ATTEMPT_DIR.match(p.name))}
+    return sorted(found)
+
+
+def verdict(store: EvidenceStore, run_id: str, attempt: int) -> AttemptSummary | None:
+    """The attempt's recorded verdict, or None if it was never judged."""
+    try:
+        data = json.loads(store.get_bytes(f"runs/{run_id}/attempt-{attempt}/verdict.json"))
+    except (EvidenceNotFound, ValueError):
+        return None
+    return AttemptSummary.from_dict(data) if isinstance(data, dict) else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def lost_outcome(ref: AttemptRef) -> AttemptOutcome:
+    """How the attempt ended, from what it left in its folder (runner.json, else the crash report)."""
+    root = Path(ref.workspace) if ref.workspace else None
+    runner = _read_json(root / "runner.json") if root else {}
+    crash = _read_json(root / "crash-report.json") if root else {}
+    source = runner or crash
+    if not source:
+        return AttemptOutcome(None, None, LOST, "the attempt left no account of how it ended; its supervisor was lost")
+    lost = crash.get("supervisor_lost") and not runner
+    return AttemptOutcome(
+        exit_code=source.get("exit_code"), signal=source.get("signal"),
+        reason=LOST if lost else str(source.get("reason") or ERROR),
+        message=str(source.get("message") or ("its supervisor was lost; the entrypoint stopped the command"
+                                              if lost else "ended without a report from the runner")),
+        started_at=source.get("started_at"), finished_at=source.get("finished_at"),
+        duration_seconds=float(source.get("duration_seconds") or 0.0), log_path=source.get("log_path"),
+    )
+
+
+def _resumed_from(ref: AttemptRef) -> str | None:
+    env = _read_json(Path(ref.workspace) / "snapshot" / "env.json") if ref.workspace else {}
+    variables = env.get("variables") if isinstance(env.get("variables"), dict) else env
+    value = variables.get("TRAINGUARD_RESUME_FROM") if isinstance(variables, dict) else None
+    return str(value) if value else None
+
+
+def _diagnosis_fields(
+    backend: Backend, ref: AttemptRef, outcome: AttemptOutcome, stopped: Mapping[str, str] | None,
+    rules: triage.RuleSet | None,
+) -> dict[str, Any]:
+    if stopped is not None:
+        category = Category(stopped["category"])
+        return {"category": category.value, "retryable": INFO[category].retryable,
+                "rule_id": stopped["rule_id"], "signature": stopped["signature"],
+                "remediation": stopped["remediation"], "fingerprint": stopped["rule_id"]}
+    diagnosis = triage.classify(backend.signals(ref, outcome), rules=rules)
+    if diagnosis is None:
+        return {}
+    return {"category": diagnosis.category.value, "retryable": diagnosis.retryable, "rule_id": diagnosis.rule_id,
+            "signature": masking.for_people(diagnosis.signature) if diagnosis.signature else None,
+            "line_number": diagnosis.line_number, "remediation": diagnosis.remediation,
+            "fingerprint": diagnosis.fingerprint}
+
+
+def settle(
+    backend: Backend, store: EvidenceStore, run_id: str, attempt: int, *, max_attempts: int, gpus: int,
+    next_step: str, stopped: Mapping[str, str] | None = None, rules: triage.RuleSet | None = None,
+) -> AttemptSummary:
+    """Collect (if need be), judge and record one attempt the flows did not finish.
+
+    Args:
+        backend, store: Where the attempt ran and where its evidence goes.
+        run_id, attempt: The attempt.
+        max_attempts: The run's attempt budget, for the table.
+        gpus: GPUs the attempt held, for GPU-seconds.
+        next_step: What the person should do next (how to resume), recorded as the decision.
+        stopped: When a stop signal ended it: category, rule_id, signature and remediation to record
+            instead of triage's verdict.
+        rules: A user's triage rules.
+    """
+    ref = backend.provision(run_id, attempt)
+    outcome = lost_outcome(ref)
+    try:
+        manifest = read_manifest(store, run_id, attempt)
+    except EvidenceNotFound:
+        manifest = backend.collect_evidence(ref, store, outcome).manifest
+    checkpoints = backend.checkpoints(run_id)
+    summary = AttemptSummary(
+        run_id=run_id, attempt=attempt, max_attempts=max_attempts,
+        state="Cancelled" if stopped is not None else "Crashed",
+        exit_code=outcome.exit_code, termination_reason=outcome.reason, duration_seconds=outcome.duration_seconds,
+        gpus=gpus, resumed_from=_resumed_from(ref), newest_checkpoint=checkpoints[0] if checkpoints else None,
+        evidence=store.describe(f"runs/{run_id}/attempt-{attempt}"), evidence_items=len(manifest.items),
+        evidence_missing=len(manifest.missing), decision={"retry": False, "reason": next_step},
+        **_diagnosis_fields(backend, ref, outcome, stopped, rules),
+    )
+    data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
+    try:
+        add_items(store, run_id, attempt, {"verdict.json": data}, "cli", datetime.now(UTC).isoformat())
+    except Exception:  # noqa: BLE001 - the summary is still shown; a lost verdict is visible in `evidence show`
+        pass
+    return summary
