@@ -208,11 +208,11 @@ class ReEngine:
 
 
 class HyperscanEngine:
-    """Hyperscan block mode, one report per pattern and chunk; patterns it refuses fall to ``re``.
+    """Hyperscan block mode over line-aligned chunks; patterns it refuses fall to ``re``.
 
-    Every pattern is compiled single-match: a scan says which patterns occur in a chunk, at the
-    cost of one callback per pattern and chunk however many lines match, and the lines are then
-    found by ``LineFinder`` only for the patterns whose rule still needs them.
+    One scan per chunk reports every match (a single-match database measured no faster, and
+    would need a second scan to find the lines); the collector then reads only the lines of
+    patterns whose rule still needs them.
     """
 
     def __init__(self, patterns: Sequence[Pattern]) -> None:
@@ -231,42 +231,36 @@ class HyperscanEngine:
         self._local = threading.local()
         self._patterns = patterns
         self._accepted = accepted
-        self._singles: dict[int, Any] = {}
-        self._lock = threading.Lock()
 
-    def lines(self, buf: bytes, start: int, stop: int, pid: int) -> list[int] | None:
-        """Where the lines of ``buf[start:stop]`` that the pattern may match start, ascending.
+    def present(self, buf: bytes, chunks: Sequence[Chunk]) -> list[list[int]]:
+        """For each chunk, the ids of the patterns that occur in it.
 
-        One scan of a database holding only this pattern, reporting every match: the cost is
-        one callback per match of the one pattern whose lines are wanted. None when Hyperscan
-        refused the pattern.
+        One scan per chunk reports every match; the lines each pattern matched are kept for
+        ``lines`` to hand out, so a chunk is scanned once however its lines are then read.
         """
-        if pid not in self._accepted:
-            return None
-        single = self._singles.get(pid)
-        if single is None:
-            with self._lock:
-                single = self._singles.get(pid)
-                if single is None:
-                    single = self._singles[pid] = _single_database(self._patterns[pid])
-        scratches = self._local.__dict__.setdefault("singles", {})
-        scratch = scratches.get(pid)
-        if scratch is None:
-            scratch = scratches[pid] = _hs.Scratch(single)
-        ends: list[int] = []
-        single.scan(memoryview(buf)[start:stop], scratch=scratch,
-                    match_event_handler=lambda _id, _from, to, *_: ends.append(to))
-        out: list[int] = []
-        last = -1
-        for end in ends:
-            if end + start <= last:
-                continue
-            line_start = buf.rfind(b"\n", start, max(end + start - 1, start)) + 1 or start
-            if line_start != (out[-1] if out else -1):
-                out.append(line_start)
-            last = buf.find(b"\n", end + start - 1, stop)
-            last = stop if last < 0 else last
+        out: list[list[int]] = []
+        view = memoryview(buf)
+        scratch = self._scratch() if self._db is not None else None
+        kept: dict[int, dict[int, list[int]]] = {}
+        for a, b in chunks:
+            found: list[tuple[int, int]] = []
+            if self._db is not None:
+                self._db.scan(view[a:b], scratch=scratch,
+                              match_event_handler=lambda pid, _f, to, *_: found.append((to, pid)))
+            kept[a] = _line_starts(buf, a, found)
+            out.append(list(kept[a]))
+        self._local.kept = kept
+        if self._rest is not None:
+            ids = self._rest_ids
+            for index, pids in enumerate(self._rest.present(buf, chunks)):
+                out[index].extend(ids[pid] for pid in pids)
         return out
+
+    def lines(self, buf: bytes, start: int, stop: int, pids: set[int]) -> dict[int, list[int]]:
+        """For the given patterns, where the lines of the chunk at ``start`` they may match start
+        (from the last ``present`` call on this thread); refused patterns are left out."""
+        kept = getattr(self._local, "kept", {}).get(start, {})
+        return {pid: kept.get(pid, []) for pid in pids if pid in self._accepted}
 
     def _scratch(self) -> Any:
         scratch = getattr(self._local, "scratch", None)
@@ -274,22 +268,17 @@ class HyperscanEngine:
             scratch = self._local.scratch = _hs.Scratch(self._db)
         return scratch
 
-    def present(self, buf: bytes, chunks: Sequence[Chunk]) -> list[list[int]]:
-        """For each chunk, the ids of the patterns that occur in it."""
-        out: list[list[int]] = []
-        view = memoryview(buf)
-        scratch = self._scratch() if self._db is not None else None
-        for a, b in chunks:
-            found: list[int] = []
-            if self._db is not None:
-                self._db.scan(view[a:b], match_event_handler=lambda pid, *_: found.append(pid),
-                              scratch=scratch)
-            out.append(found)
-        if self._rest is not None:
-            ids = self._rest_ids
-            for index, pids in enumerate(self._rest.present(buf, chunks)):
-                out[index].extend(ids[pid] for pid in pids)
-        return out
+
+def _line_starts(buf: bytes, start: int, found: list[tuple[int, int]]) -> dict[int, list[int]]:
+    """Per pattern, the ascending starts of the lines its reported matches end on."""
+    found.sort()
+    out: dict[int, list[int]] = {}
+    for end, pid in found:
+        line_start = buf.rfind(b"\n", start, max(end + start - 1, start)) + 1 or start
+        starts = out.setdefault(pid, [])
+        if not starts or starts[-1] != line_start:
+            starts.append(line_start)
+    return out
 
 
 def hyperscan_available() -> bool:
@@ -308,19 +297,11 @@ def make_engine(patterns: Sequence[Pattern], engine: str = "auto") -> ReEngine |
     return HyperscanEngine(patterns)
 
 
-def _flags(p: Pattern) -> int:
+def _flags(p: Pattern, single: bool = False) -> int:
     assert _hs is not None
     flags = (_hs.HS_FLAG_PREFILTER | _hs.HS_FLAG_MULTILINE | _hs.HS_FLAG_ALLOWEMPTY
-             | _hs.HS_FLAG_SINGLEMATCH)
+             | (_hs.HS_FLAG_SINGLEMATCH if single else 0))
     return int(flags | (_hs.HS_FLAG_CASELESS if p.caseless else 0))
-
-
-def _single_database(p: Pattern) -> Any:
-    assert _hs is not None
-    db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-    db.compile(expressions=[p.prefilter], ids=[0],
-               flags=[_flags(p) & ~_hs.HS_FLAG_SINGLEMATCH])
-    return db
 
 
 def _compiles(p: Pattern) -> bool:
@@ -344,7 +325,7 @@ def _cache_dir() -> Path | None:
         return None
 
 
-def _cached_database(patterns: Sequence[Pattern], ids: Sequence[int]) -> Any:
+def _cached_database(patterns: Sequence[Pattern], ids: Sequence[int], single: bool = False) -> Any:
     """Compile (or load the cached compilation of) the patterns; None if one does not compile.
 
     Compiling a few hundred patterns takes Hyperscan about half a second, longer than the rest of
@@ -352,7 +333,8 @@ def _cached_database(patterns: Sequence[Pattern], ids: Sequence[int]) -> Any:
     """
     assert _hs is not None
     key = hashlib.sha256(repr((getattr(_hs, "__version__", ""), [
-        (i, patterns[i].prefilter, _flags(patterns[i])) for i in ids])).encode()).hexdigest()[:24]
+        (i, patterns[i].prefilter, _flags(patterns[i], single)) for i in ids])).encode()
+                         ).hexdigest()[:24]
     folder = _cache_dir()
     path = folder / f"hs-{key}.db" if folder is not None else None
     db = None
@@ -365,7 +347,7 @@ def _cached_database(patterns: Sequence[Pattern], ids: Sequence[int]) -> Any:
         db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
         try:
             db.compile(expressions=[patterns[i].prefilter for i in ids], ids=list(ids),
-                       flags=[_flags(patterns[i]) for i in ids])
+                       flags=[_flags(patterns[i], single) for i in ids])
         except _hs.error:
             return None
         if path is not None:

@@ -258,22 +258,26 @@ class _Collector:
         lines; otherwise each pattern's own lines are found and masked one by one.
         """
         masked = shapes = lowered = b""
+        rest: list[int] = []
         for pid in pids:
             finder = self.finders[pid]
-            found = None
-            if self.noisy and finder.masked is not None:
-                if not shapes:
-                    masked = buf[a:b].translate(MASK)
-                    shapes = b"\n".join(dict.fromkeys(masked.split(b"\n")))
-                if finder.caseless and not lowered:
-                    lowered = shapes.lower()
-                found = finder.shapes(shapes, lowered or None)
-            if found is not None:
-                yield pid, [(s, shape) for shape in found if (pid, shape) not in self.rejected
-                            for s in _lines_of(masked, shape, a)]
+            if not (self.noisy and finder.masked is not None):
+                rest.append(pid)
                 continue
-            starts = engine.lines(buf, a, b, pid) if isinstance(engine, HyperscanEngine) else None
+            if not shapes:
+                masked = buf[a:b].translate(MASK)
+                shapes = b"\n".join(dict.fromkeys(masked.split(b"\n")))
+            if finder.caseless and not lowered:
+                lowered = shapes.lower()
+            found = finder.shapes(shapes, lowered or None) or []
+            yield pid, [(s, shape) for shape in found if (pid, shape) not in self.rejected
+                        for s in _lines_of(masked, shape, a)]
+        by_engine = engine.lines(buf, a, b, set(rest)) if (
+            rest and isinstance(engine, HyperscanEngine)) else {}
+        for pid in rest:
+            starts = by_engine.get(pid)
             if starts is None:
+                finder = self.finders[pid]
                 starts = [s for s, _ in finder.candidates(
                     buf, a, b, buf[a:b].lower() if finder.caseless else None)]
             yield pid, [(s, _shape(buf, s, b)) for s in starts]
