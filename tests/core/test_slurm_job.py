@@ -7,7 +7,9 @@ import pytest
 from trainguard.core import triage
 from trainguard.core.backend import Launch
 from trainguard.core.slurm import CommandResult, JobNotFound, SlurmClient, SlurmRejected, SlurmUnavailable, job_info
-from trainguard.core.slurm_job import JobSettings, batch_script, job_comment, job_name, sbatch_options, termination
+from trainguard.core.slurm_job import (
+    JobSettings, batch_script, job_comment, job_name, memory_killed, sbatch_options, termination,
+)
 from trainguard.core.triage.signals import Signals
 
 LAUNCH = Launch("run-1", 2, ("python", "train.py", "--lr", "1e-3; rm -rf /"), deadline_seconds=3600, gpus=8)
@@ -97,3 +99,9 @@ def test_adoption_finds_only_the_job_whose_comment_matches():
     out = "7|RUNNING|trainguard run=r attempt=1 shared=abc\n8|PENDING|someone else's job\n"
     client = SlurmClient(runner=lambda argv, env, timeout: CommandResult(0, out, ""))
     assert client.find("tg-r-a1", "trainguard run=r attempt=1 shared=abc") == [("7", "RUNNING")]
+
+
+def test_slurmstepds_memory_kill_in_the_job_stderr_is_a_host_oom():
+    err = b"slurmstepd-gpu01: error: StepId=9.0 exceeded memory limit (318976000 > 314572800), being killed\n"
+    assert memory_killed(err) and not memory_killed(b"step 3 loss 0.1\nexceeded memory limit in my own print\n")
+    assert termination("FAILED", 137, signalled=False, stopped_for=None, memory_exceeded=True) == "OOMKilled"

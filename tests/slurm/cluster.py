@@ -20,6 +20,38 @@ from pathlib import Path
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
 
+# Settings that do not depend on the folder or the ports: root daemons, no cgroups, memory
+# enforced by jobacct_gather (OverMemoryKill), completion records to a text file, no slurmdbd.
+_STATIC = (
+    "SlurmUser=root",
+    "SlurmdUser=root",
+    "AuthType=auth/munge",
+    "CredType=cred/munge",
+    "SlurmctldDebug=info",
+    "SlurmdDebug=info",
+    "ProctrackType=proctrack/linuxproc",
+    "TaskPlugin=task/none",
+    "JobAcctGatherType=jobacct_gather/linux",
+    "JobAcctGatherFrequency=1",
+    "JobAcctGatherParams=OverMemoryKill",
+    "AccountingStorageType=accounting_storage/none",
+    "JobCompType=jobcomp/filetxt",
+    "SelectType=select/cons_tres",
+    "SelectTypeParameters=CR_Core_Memory",
+    "SchedulerType=sched/backfill",
+    "ReturnToService=1",  # a node an admin set DOWN stays down until resumed
+    "MaxJobCount=10000",
+    "MinJobAge=600",
+    "KillWait=5",
+    "InactiveLimit=0",
+    "SlurmdTimeout=30",
+    "MessageTimeout=10",
+    "MpiDefault=none",
+    "SwitchType=switch/none",
+    "LaunchParameters=use_interactive_step",
+)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -71,10 +103,7 @@ class SlurmCluster:
             f"SlurmctldHost={self.node}(127.0.0.1)",
             f"SlurmctldPort={ctl_port}",
             f"SlurmdPort={node_port}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
+            *_STATIC,
             f"AuthInfo=socket={self.munge_socket}",
             f"StateSaveLocation={r}/state",
             f"SlurmdSpoolDir={r}/spool",
@@ -82,30 +111,8 @@ class SlurmCluster:
             f"SlurmdPidFile={r}/run/slurmd.pid",
             f"SlurmctldLogFile={r}/log/slurmctld.log",
             f"SlurmdLogFile={r}/log/slurmd.log",
-            "SlurmctldDebug=info",
-            "SlurmdDebug=info",
             f"PlugStackConfig={r}/etc/plugstack.conf",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/linux",
-            "JobAcctGatherFrequency=1",
-            "JobAcctGatherParams=OverMemoryKill",
-            "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={self.jobcomp_log}",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core_Memory",
-            "SchedulerType=sched/backfill",
-            "ReturnToService=1",  # a node an admin set DOWN stays down until resumed
-            "MaxJobCount=10000",
-            "MinJobAge=600",
-            "KillWait=5",
-            "InactiveLimit=0",
-            "SlurmdTimeout=30",
-            "MessageTimeout=10",
-            "MpiDefault=none",
-            "SwitchType=switch/none",
-            "LaunchParameters=use_interactive_step",
             f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} RealMemory={_memory_mb()} State=UNKNOWN",
             f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
             "",

@@ -82,3 +82,28 @@ def test_a_node_set_down_mid_job_is_a_node_failure_and_the_retry_waits_for_the_o
     assert not any(option.startswith("--exclude") for option in second["sbatch_options"])
     node_file = slurm_blocks["evidence"] / "runs" / run_id / "attempt-1" / "slurm" / f"scontrol-show-node-{slurm_cluster.node}.txt"
     assert "trainguard test: node lost" in node_file.read_text()
+
+
+_GREEDY = """
+import time
+held = []
+for i in range(40):
+    held.append(bytearray(50 * 2**20))
+    print(f"step {i} holding {50 * (i + 1)} MiB", flush=True)
+    time.sleep(0.2)
+"""
+
+
+def test_a_job_over_its_memory_limit_is_a_host_oom(prefect_server, slurm_node_up, tmp_path):
+    from conftest import save_slurm_blocks
+
+    # No cgroups here: the cluster enforces --mem with jobacct_gather's OverMemoryKill, which kills
+    # the step and says so in the job's stderr (with cgroups Slurm would also say OUT_OF_MEMORY).
+    blocks = save_slurm_blocks(slurm_node_up, tmp_path, memory_mb=300)
+    spec = {"name": "slurm-oom", "command": [sys.executable, "-c", _GREEDY], "retry": {"max_attempts": 1}}
+    state, history = run(spec, blocks, "slurm-oom-1")
+
+    assert state.is_failed()
+    assert (history[0]["category"], history[0]["termination_reason"]) == ("host_oom", "OOMKilled")
+    err = next((blocks["evidence"] / "runs" / "slurm-oom-1" / "attempt-1" / "slurm").glob("slurm-*.err")).read_text()
+    assert "exceeded memory limit" in err

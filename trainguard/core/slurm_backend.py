@@ -228,7 +228,8 @@ class SlurmBackend:
         exit_code, sig = _exit_status(crash, info)
         state = info.state if info is not None else "UNKNOWN"
         signalled = (ws.root / slurm_job.SIGNAL_MARKER).exists()
-        reason = slurm_job.termination(state, exit_code, signalled=signalled, stopped_for=stopped_for)
+        reason = slurm_job.termination(state, exit_code, signalled=signalled, stopped_for=stopped_for,
+                                       memory_exceeded=slurm_job.memory_killed(_tail_bytes(ws.root / f"slurm-{job_id}.err")))
         nodes = self._hostnames(info.node_list) if info is not None and info.node_list else []
         node = self._failed_node(ws, nodes) if reason == "NodeLost" else (nodes[0] if nodes else None)
         message = _message(job_id, info, exit_code, sig, stopped_for, signalled)
@@ -296,6 +297,15 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return payload if isinstance(payload, dict) else None
+
+
+def _tail_bytes(path: Path, limit: int = 256 * 1024) -> bytes:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - limit))
+            return handle.read()
+    except OSError:
+        return b""
 
 
 def _exit_status(crash: dict[str, Any] | None, info: JobInfo | None) -> tuple[int | None, int | None]:

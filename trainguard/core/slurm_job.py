@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,11 @@ STATE_REASONS = {
 }
 SIGNAL_MARKER = "slurm-signal.txt"  # the batch shell notes here when Slurm warned it (--signal)
 STALLED = "Stalled"
+# slurmstepd's words in the job's stderr when it killed a step over its memory limit: with cgroups
+# Slurm also says OUT_OF_MEMORY; with jobacct_gather's OverMemoryKill the job just ends FAILED.
+_MEMORY_KILLED = re.compile(
+    rb"slurmstepd\S*: error: (?:.*exceeded memory limit|Exceeded job memory limit|Detected \d+ oom[-_]kill event)"
+)
 # Options trainguard sets itself; a user's extra option must not silently change them.
 _OWNED = ("--job-name", "-J", "--comment", "--output", "-o", "--error", "-e", "--requeue", "--no-requeue",
           "--parsable", "--export", "--wrap", "--chdir", "-D", "--signal", "--time", "-t", "--exclude", "-x")
@@ -157,7 +163,14 @@ def batch_script(*, python: str, entrypoint: str, command: Sequence[str], worksp
     ])
 
 
-def termination(state: str, exit_code: int | None, *, signalled: bool, stopped_for: str | None) -> str:
+def memory_killed(job_stderr: bytes) -> bool:
+    """Whether slurmstepd says (in the job's stderr) that it killed a step for exceeding its memory."""
+    return _MEMORY_KILLED.search(job_stderr) is not None
+
+
+def termination(
+    state: str, exit_code: int | None, *, signalled: bool, stopped_for: str | None, memory_exceeded: bool = False
+) -> str:
     """The termination reason for a job that ended in `state`.
 
     Args:
@@ -165,6 +178,7 @@ def termination(state: str, exit_code: int | None, *, signalled: bool, stopped_f
         exit_code: The command's exit status, shell style.
         signalled: The batch shell noted Slurm's warning signal, sent only as the time limit nears.
         stopped_for: Why trainguard itself cancelled the job (a stall, the flow being stopped), if it did.
+        memory_exceeded: slurmstepd killed a step over the job's memory limit (`memory_killed`).
     """
     if state == "CANCELLED" and stopped_for:
         return stopped_for
@@ -172,6 +186,8 @@ def termination(state: str, exit_code: int | None, *, signalled: bool, stopped_f
         return STATE_REASONS[state]
     if state == "COMPLETED" and exit_code == 0:
         return COMPLETED
+    if memory_exceeded:
+        return STATE_REASONS["OUT_OF_MEMORY"]
     if signalled:
         return "DeadlineExceeded"  # it stopped on Slurm's warning before its time limit
     return ERROR
