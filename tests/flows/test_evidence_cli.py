@@ -140,6 +140,8 @@ def test_flush_uploads_what_s3_refused_and_a_403_is_one_clear_line_with_the_spoo
 
     assert refused.exit_code == 1
     assert "access denied" in refused.output and "spool" in refused.output and "Traceback" not in refused.output
+    shown = runner.invoke(app, ["evidence", "show", "r1", "--block", reference])
+    assert shown.exit_code == 0 and shown.output.count("spooled, not uploaded yet") == 2  # readable meanwhile
     s3.proxy.reset()
     flushed = runner.invoke(app, ["evidence", "flush", "--block", reference])
     assert flushed.exit_code == 0 and "uploaded 3, still spooled 0" in flushed.output

@@ -11,7 +11,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 import typer
 from rich.markup import escape
@@ -28,6 +28,11 @@ from trainguard.core.stores import EvidenceNotFound, EvidenceStoreError
 PROGRESS_FROM_BYTES = 8 * 1024 * 1024
 ROOT_OPTION = typer.Option(Path("trainguard-data/evidence"), help="Evidence folder (used without --block).")
 BLOCK_OPTION = typer.Option(None, help="A saved evidence block, 'block-type-slug/name' (e.g. an S3 store).")
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    """One error line; names, keys and server messages in it are printed as text, never as markup."""
+    fail(escape(message), code=code)
+
 
 retention_app = typer.Typer(help="How long evidence is kept.", no_args_is_help=True)
 evidence_app.add_typer(retention_app, name="retention")
@@ -51,7 +56,7 @@ def get(
     else:
         digest = _download(store, found, target)
     if digest != found.sha256:
-        fail(f"{found.name}: the downloaded bytes hash to {digest}, the manifest says {found.sha256}; "
+        _fail(f"{found.name}: the downloaded bytes hash to {digest}, the manifest says {found.sha256}; "
              "nothing was kept", code=1)
     if str(target) != "-":
         console.print(f"{escape(found.name)}: {found.size_bytes:,} bytes, sha256 verified, written to "
@@ -62,15 +67,15 @@ def _item(store: Any, run_id: str, attempt: int, name: str) -> ManifestItem:
     try:
         manifest = read_manifest(store, run_id, attempt)
     except EvidenceNotFound:
-        fail(f"no manifest for run {run_id!r} attempt {attempt} in {store.describe()}; "
+        _fail(f"no manifest for run {run_id!r} attempt {attempt} in {store.describe()}; "
              "`trainguard evidence show RUN_ID` lists the attempts")
     except (ManifestError, EvidenceStoreError) as exc:
-        fail(f"cannot read the manifest of {run_id!r} attempt {attempt}: {exc}", code=1)
+        _fail(f"cannot read the manifest of {run_id!r} attempt {attempt}: {exc}", code=1)
     for candidate in manifest.items:
         if name in (candidate.name, candidate.key):
             return candidate
     names = ", ".join(i.name for i in manifest.items[:12])
-    fail(f"ITEM {name!r} is not in the manifest of {run_id!r} attempt {attempt}; it lists: {names}")
+    _fail(f"ITEM {name!r} is not in the manifest of {run_id!r} attempt {attempt}; it lists: {names}")
 
 
 def _download(store: Any, item: ManifestItem, target: Path) -> str:
@@ -79,7 +84,7 @@ def _download(store: Any, item: ManifestItem, target: Path) -> str:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=folder)
     except OSError as exc:
-        fail(f"-o {target}: cannot write there ({exc.strerror or exc}); pass a writable path")
+        _fail(f"-o {target}: cannot write there ({exc.strerror or exc}); pass a writable path")
     try:
         with os.fdopen(fd, "wb") as out:
             digest = _copy(store, item, out, show_progress=item.size_bytes >= PROGRESS_FROM_BYTES)
@@ -102,7 +107,7 @@ def _copy(store: Any, item: ManifestItem, out: BinaryIO, show_progress: bool) ->
                 digest.update(chunk)
                 progress.advance(task, len(chunk))
     except EvidenceStoreError as exc:
-        fail(f"{item.name}: {exc}", code=1)
+        _fail(f"{item.name}: {exc}", code=1)
     return digest.hexdigest()
 
 
@@ -119,9 +124,9 @@ def list_runs(
         for found in bundles.records(store):
             runs.setdefault(found.run_id, []).append(found)
     except EvidenceStoreError as exc:
-        fail(f"cannot list {store.describe()}: {exc}", code=1)
+        _fail(f"cannot list {store.describe()}: {exc}", code=1)
     if not runs:
-        fail(f"no evidence in {store.describe()}; check --root/--block", code=1)
+        _fail(f"no evidence in {store.describe()}; check --root/--block", code=1)
     table = Table(title=f"runs in {escape(store.describe())}")
     for column in ("run", "attempts", "last verdict", "category", "last attempt at"):
         table.add_column(column, overflow="fold")
@@ -135,11 +140,11 @@ def list_runs(
 
 def _s3_store(block: str | None, command: str) -> S3Store:
     if not block:
-        fail(f"--block: `trainguard evidence {command}` needs a saved S3 evidence block "
+        _fail(f"--block: `trainguard evidence {command}` needs a saved S3 evidence block "
              "(trainguard-s3-evidence-store/NAME); a folder has nothing to upload or expire")
     store = open_store(Path("."), block, no_time_limit=True)
     if not isinstance(store, S3Store):
-        fail(f"--block {block}: not an S3 evidence store; name a trainguard-s3-evidence-store block")
+        _fail(f"--block {block}: not an S3 evidence store; name a trainguard-s3-evidence-store block")
     return store
 
 
@@ -155,7 +160,7 @@ def flush(block: str | None = BLOCK_OPTION) -> None:
     result = store.flush()
     console.print(f"uploaded {len(result.uploaded)}, still spooled {len(result.pending)}", highlight=False)
     if result.pending:
-        fail(f"{result.error or 'upload incomplete'}; the spool at {store.spool.root} is kept", code=1)
+        _fail(f"{result.error or 'upload incomplete'}; the spool at {store.spool.root} is kept", code=1)
 
 
 @retention_app.command("apply")
@@ -170,7 +175,7 @@ def retention_apply(
     try:
         rules = retention.apply_lifecycle(store, keep)
     except EvidenceStoreError as exc:
-        fail(str(exc), code=1)
+        _fail(str(exc), code=1)
     for rule in rules:
         action = rule.get("Expiration") or rule.get("AbortIncompleteMultipartUpload")
         console.print(f"{escape(rule['ID'])}: {escape(str(action))}", highlight=False)
@@ -180,7 +185,7 @@ def _retention(failed_days: int, succeeded_days: int) -> retention.Retention:
     try:
         return retention.Retention(failed_days=failed_days, succeeded_days=succeeded_days)
     except retention.RetentionError as exc:
-        fail(f"--{str(exc).replace('_', '-')}")
+        _fail(f"--{str(exc).replace('_', '-')}")
 
 
 @evidence_app.command("prune")
@@ -203,6 +208,6 @@ def prune(
     try:
         decisions = retention.prune(store, keep, dry_run=dry_run, on_decision=say)
     except EvidenceStoreError as exc:
-        fail(f"prune stopped: {exc}", code=1)
+        _fail(f"prune stopped: {exc}", code=1)
     console.print(f"{sum(d.delete for d in decisions)} of {len(decisions)} attempt(s) "
                   f"{'would be ' if dry_run else ''}deleted", highlight=False)
