@@ -11,15 +11,14 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO
 
 import typer
-from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from trainguard.cli.evidence import evidence_app, open_store
-from trainguard.cli.output import console, fail
+from trainguard.cli.output import console, fail, plain, say
 from trainguard.core import bundles, retention
 from trainguard.core.manifest import ManifestError, ManifestItem, read_manifest
 from trainguard.core.s3store import S3Store
@@ -28,11 +27,6 @@ from trainguard.core.stores import EvidenceNotFound, EvidenceStoreError
 PROGRESS_FROM_BYTES = 8 * 1024 * 1024
 ROOT_OPTION = typer.Option(Path("trainguard-data/evidence"), help="Evidence folder (used without --block).")
 BLOCK_OPTION = typer.Option(None, help="A saved evidence block, 'block-type-slug/name' (e.g. an S3 store).")
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    """One error line; names, keys and server messages in it are printed as text, never as markup."""
-    fail(escape(message), code=code)
-
 
 retention_app = typer.Typer(help="How long evidence is kept.", no_args_is_help=True)
 evidence_app.add_typer(retention_app, name="retention")
@@ -56,26 +50,25 @@ def get(
     else:
         digest = _download(store, found, target)
     if digest != found.sha256:
-        _fail(f"{found.name}: the downloaded bytes hash to {digest}, the manifest says {found.sha256}; "
+        fail(f"{found.name}: the downloaded bytes hash to {digest}, the manifest says {found.sha256}; "
              "nothing was kept", code=1)
     if str(target) != "-":
-        console.print(f"{escape(found.name)}: {found.size_bytes:,} bytes, sha256 verified, written to "
-                      f"{escape(str(target))}", highlight=False)
+        say(f"{found.name}: {found.size_bytes:,} bytes, sha256 verified, written to {target}")
 
 
 def _item(store: Any, run_id: str, attempt: int, name: str) -> ManifestItem:
     try:
         manifest = read_manifest(store, run_id, attempt)
     except EvidenceNotFound:
-        _fail(f"no manifest for run {run_id!r} attempt {attempt} in {store.describe()}; "
+        fail(f"no manifest for run {run_id!r} attempt {attempt} in {store.describe()}; "
              "`trainguard evidence show RUN_ID` lists the attempts")
     except (ManifestError, EvidenceStoreError) as exc:
-        _fail(f"cannot read the manifest of {run_id!r} attempt {attempt}: {exc}", code=1)
+        fail(f"cannot read the manifest of {run_id!r} attempt {attempt}: {exc}", code=1)
     for candidate in manifest.items:
         if name in (candidate.name, candidate.key):
             return candidate
     names = ", ".join(i.name for i in manifest.items[:12])
-    _fail(f"ITEM {name!r} is not in the manifest of {run_id!r} attempt {attempt}; it lists: {names}")
+    fail(f"ITEM {name!r} is not in the manifest of {run_id!r} attempt {attempt}; it lists: {names}")
 
 
 def _download(store: Any, item: ManifestItem, target: Path) -> str:
@@ -84,7 +77,7 @@ def _download(store: Any, item: ManifestItem, target: Path) -> str:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=folder)
     except OSError as exc:
-        _fail(f"-o {target}: cannot write there ({exc.strerror or exc}); pass a writable path")
+        fail(f"-o {target}: cannot write there ({exc.strerror or exc}); pass a writable path")
     try:
         with os.fdopen(fd, "wb") as out:
             digest = _copy(store, item, out, show_progress=item.size_bytes >= PROGRESS_FROM_BYTES)
@@ -107,7 +100,7 @@ def _copy(store: Any, item: ManifestItem, out: BinaryIO, show_progress: bool) ->
                 digest.update(chunk)
                 progress.advance(task, len(chunk))
     except EvidenceStoreError as exc:
-        _fail(f"{item.name}: {exc}", code=1)
+        fail(f"{item.name}: {exc}", code=1)
     return digest.hexdigest()
 
 
@@ -124,27 +117,27 @@ def list_runs(
         for found in bundles.records(store):
             runs.setdefault(found.run_id, []).append(found)
     except EvidenceStoreError as exc:
-        _fail(f"cannot list {store.describe()}: {exc}", code=1)
+        fail(f"cannot list {store.describe()}: {exc}", code=1)
     if not runs:
-        _fail(f"no evidence in {store.describe()}; check --root/--block", code=1)
-    table = Table(title=f"runs in {escape(store.describe())}")
+        fail(f"no evidence in {store.describe()}; check --root/--block", code=1)
+    table = Table(title=plain(f"runs in {store.describe()}"))
     for column in ("run", "attempts", "last verdict", "category", "last attempt at"):
         table.add_column(column, overflow="fold")
     newest = sorted(runs.values(), key=lambda attempts: max(a.created_at for a in attempts), reverse=True)
     for attempts in newest[:limit]:
         last = max(attempts, key=lambda a: a.attempt)
         verdict = {"Completed": "[green]succeeded[/]", None: "[yellow]no verdict[/]"}.get(last.state, "[red]failed[/]")
-        table.add_row(escape(last.run_id), str(len(attempts)), verdict, escape(last.category or "-"), last.created_at)
+        table.add_row(plain(last.run_id), str(len(attempts)), verdict, plain(last.category or "-"), plain(last.created_at))
     console.print(table)
 
 
 def _s3_store(block: str | None, command: str) -> S3Store:
     if not block:
-        _fail(f"--block: `trainguard evidence {command}` needs a saved S3 evidence block "
+        fail(f"--block: `trainguard evidence {command}` needs a saved S3 evidence block "
              "(trainguard-s3-evidence-store/NAME); a folder has nothing to upload or expire")
     store = open_store(Path("."), block, no_time_limit=True)
     if not isinstance(store, S3Store):
-        _fail(f"--block {block}: not an S3 evidence store; name a trainguard-s3-evidence-store block")
+        fail(f"--block {block}: not an S3 evidence store; name a trainguard-s3-evidence-store block")
     return store
 
 
@@ -154,13 +147,13 @@ def flush(block: str | None = BLOCK_OPTION) -> None:
     store = _s3_store(block, "flush")
     waiting = store.pending()
     if not waiting:
-        console.print(f"nothing spooled for {escape(store.describe())}", highlight=False)
+        say(f"nothing spooled for {store.describe()}")
         return
-    console.print(f"uploading {len(waiting)} spooled item(s) to {escape(store.describe())}", highlight=False)
+    say(f"uploading {len(waiting)} spooled item(s) to {store.describe()}")
     result = store.flush()
     console.print(f"uploaded {len(result.uploaded)}, still spooled {len(result.pending)}", highlight=False)
     if result.pending:
-        _fail(f"{result.error or 'upload incomplete'}; the spool at {store.spool.root} is kept", code=1)
+        fail(f"{result.error or 'upload incomplete'}; the spool at {store.spool.root} is kept", code=1)
 
 
 @retention_app.command("apply")
@@ -175,17 +168,17 @@ def retention_apply(
     try:
         rules = retention.apply_lifecycle(store, keep)
     except EvidenceStoreError as exc:
-        _fail(str(exc), code=1)
+        fail(str(exc), code=1)
     for rule in rules:
         action = rule.get("Expiration") or rule.get("AbortIncompleteMultipartUpload")
-        console.print(f"{escape(rule['ID'])}: {escape(str(action))}", highlight=False)
+        say(f"{rule['ID']}: {action}")
 
 
 def _retention(failed_days: int, succeeded_days: int) -> retention.Retention:
     try:
         return retention.Retention(failed_days=failed_days, succeeded_days=succeeded_days)
     except retention.RetentionError as exc:
-        _fail(f"--{str(exc).replace('_', '-')}")
+        fail(f"--{str(exc).replace('_', '-')}")
 
 
 @evidence_app.command("prune")
@@ -202,12 +195,11 @@ def prune(
 
     def say(decision: retention.PruneDecision) -> None:
         verb = ("would delete" if dry_run else "deleted") if decision.delete else "kept"
-        console.print(f"{escape(decision.attempt.run_id)} attempt {decision.attempt.attempt}: {verb} "
-                      f"({escape(decision.reason)})", highlight=False)
+        say(f"{decision.attempt.run_id} attempt {decision.attempt.attempt}: {verb} ({decision.reason})")
 
     try:
         decisions = retention.prune(store, keep, dry_run=dry_run, on_decision=say)
     except EvidenceStoreError as exc:
-        _fail(f"prune stopped: {exc}", code=1)
+        fail(f"prune stopped: {exc}", code=1)
     console.print(f"{sum(d.delete for d in decisions)} of {len(decisions)} attempt(s) "
                   f"{'would be ' if dry_run else ''}deleted", highlight=False)
