@@ -193,12 +193,12 @@ def prune(
     keep = _retention(failed_days, succeeded_days)
     store = open_store(root, block)
 
-    def say(decision: retention.PruneDecision) -> None:
+    def report(decision: retention.PruneDecision) -> None:
         verb = ("would delete" if dry_run else "deleted") if decision.delete else "kept"
         say(f"{decision.attempt.run_id} attempt {decision.attempt.attempt}: {verb} ({decision.reason})")
 
     try:
-        decisions = retention.prune(store, keep, dry_run=dry_run, on_decision=say)
+        decisions = retention.prune(store, keep, dry_run=dry_run, on_decision=report)
     except EvidenceStoreError as exc:
         fail(f"prune stopped: {exc}", code=1)
     console.print(f"{sum(d.delete for d in decisions)} of {len(decisions)} attempt(s) "
