@@ -114,6 +114,27 @@ def run_child(kind: str, endpoint: str, bucket: str, folder: Path, spool: Path) 
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+def run_rounds(endpoint: str, rounds: int, mib: int) -> dict[str, list[dict[str, float]]]:
+    """Baseline and trainguard, interleaved per round so drift in load hits both."""
+    results: dict[str, list[dict[str, float]]] = {"baseline": [], "trainguard": []}
+    with tempfile.TemporaryDirectory(prefix="tg-bench-") as tmp:
+        folder = Path(tmp) / "bundle"
+        files = make_bundle(folder, mib)
+        print(f"bundle: {len(files)} files, {sum(p.stat().st_size for p in files) / 2**20:.0f} MiB; "
+              f"moto_server at {endpoint}")
+        for round_no in range(1, rounds + 1):
+            for kind in ("baseline", "trainguard"):
+                bucket = f"bench-{kind}-{round_no}"
+                urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{bucket}", method="PUT")).close()
+                result = run_child(kind, endpoint, bucket, folder, Path(tmp) / f"spool-{round_no}")
+                results[kind].append(result)
+                print(f"round {round_no} {kind:10s} {result['seconds']:6.2f} s "
+                      f"{result['bytes'] / 2**20 / result['seconds']:6.1f} MiB/s  peak RSS {result['peak_rss_mib']:.1f} "
+                      f"MiB ({result['upload_rss_mib']:.1f} MiB above the loaded client)")
+                urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")).close()
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -125,25 +146,9 @@ def main() -> None:
         return child(kind, endpoint, bucket, Path(folder), Path(spool))
     port = free_port()
     server = start_moto(port)
-    endpoint = f"http://127.0.0.1:{port}"
-    results: dict[str, list[dict[str, float]]] = {"baseline": [], "trainguard": []}
+    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"})
     try:
-        with tempfile.TemporaryDirectory(prefix="tg-bench-") as tmp:
-            folder = Path(tmp) / "bundle"
-            files = make_bundle(folder, args.mib)
-            print(f"bundle: {len(files)} files, {sum(p.stat().st_size for p in files) / 2**20:.0f} MiB; "
-                  f"moto_server at {endpoint}")
-            os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"})
-            for round_no in range(1, args.rounds + 1):
-                for kind in ("baseline", "trainguard"):  # interleaved, so drift in load hits both
-                    bucket = f"bench-{kind}-{round_no}"
-                    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{bucket}", method="PUT")).close()
-                    result = run_child(kind, endpoint, bucket, folder, Path(tmp) / f"spool-{round_no}")
-                    results[kind].append(result)
-                    print(f"round {round_no} {kind:10s} {result['seconds']:6.2f} s "
-                          f"{result['bytes'] / 2**20 / result['seconds']:6.1f} MiB/s  peak RSS {result['peak_rss_mib']:.1f} MiB "
-                          f"({result['upload_rss_mib']:.1f} MiB above the loaded client)")
-                    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")).close()
+        results = run_rounds(f"http://127.0.0.1:{port}", args.rounds, args.mib)
     finally:
         server.terminate()
         server.wait(30)

@@ -16,7 +16,7 @@ from pydantic import Field, SecretStr, field_validator
 from trainguard.core.s3 import S3Bucket, S3Settings
 from trainguard.core.s3store import S3Store, UploadPolicy
 from trainguard.core.spool import MIN_PART_BYTES, Spool
-from trainguard.core.stores import EvidenceStore, LocalEvidenceStore
+from trainguard.core.stores import EvidenceStore, EvidenceStoreError, LocalEvidenceStore, validate_key
 
 
 class EvidenceFolder(Block):
@@ -65,10 +65,11 @@ class S3EvidenceStore(Block):
     @field_validator("prefix")
     @classmethod
     def _prefix_is_a_key(cls, value: str) -> str:
-        from trainguard.core.stores import validate_key
-
         stripped = value.strip("/")
-        return validate_key(stripped) if stripped else ""
+        try:
+            return validate_key(stripped) if stripped else ""
+        except EvidenceStoreError as exc:  # pydantic reports ValueErrors as field errors
+            raise ValueError(str(exc).replace("evidence key", "prefix")) from None
 
     def settings(self) -> S3Settings:
         secret = self.aws_secret_access_key.get_secret_value() if self.aws_secret_access_key else None

@@ -68,7 +68,8 @@ class FaultProxy:
     def up(self) -> None:
         """Listen (again, on the same port once it has one)."""
         self._down = False
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler(self))
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _Handler)
+        self._server.proxy = self  # type: ignore[attr-defined]
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
@@ -115,58 +116,59 @@ class FaultProxy:
         return None
 
 
-def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class _Handler(BaseHTTPRequestHandler):
+    """Forwards one request to moto, or answers it as the proxy's rules say."""
 
-        def log_message(self, *args: Any) -> None:
-            pass
+    protocol_version = "HTTP/1.1"
 
-        def _relay(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if proxy._down_on is not None and proxy._down_on(self.command, self.path):
-                proxy._down_on = None
-                proxy.down()
-            if proxy._down:
-                self.close_connection = True
-                return
-            hold = proxy._hold
-            if hold is not None and hold(self.command, self.path):
-                proxy._hold = None
-                proxy.held.set()
-                proxy._release.wait(60)
-                if proxy._down:
-                    self.close_connection = True
-                    return
-            if fault := proxy._fault_for(self.command, self.path):
-                return self._error(fault)
-            upstream = http.client.HTTPConnection(*proxy.upstream, timeout=60)
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("expect", "connection")}
-            upstream.request(self.command, self.path, body=body or None, headers=headers)
-            answer = upstream.getresponse()
-            data = answer.read()
-            self.send_response(answer.status)
-            for name, value in answer.getheaders():
-                if name.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
-                    self.send_header(name, value)
-            length = answer.getheader("Content-Length") if self.command == "HEAD" else None
-            self.send_header("Content-Length", length or str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-            upstream.close()
+    def log_message(self, *args: Any) -> None:
+        pass
 
-        def _error(self, fault: _Fault) -> None:
-            data = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{fault.code}</Code>"
-                    f"<Message>injected {fault.code}</Message><RequestId>x</RequestId></Error>").encode()
-            self.send_response(fault.status)
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def _relay(self) -> None:
+        proxy: FaultProxy = self.server.proxy  # type: ignore[attr-defined]
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if proxy._down_on is not None and proxy._down_on(self.command, self.path):
+            proxy._down_on = None
+            proxy.down()
+        if proxy._down or not self._after_hold(proxy):
+            self.close_connection = True  # dropped without an answer, as by a dead server
+            return
+        if fault := proxy._fault_for(self.command, self.path):
+            return self._error(fault)
+        upstream = http.client.HTTPConnection(*proxy.upstream, timeout=60)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("expect", "connection")}
+        upstream.request(self.command, self.path, body=body or None, headers=headers)
+        answer = upstream.getresponse()
+        data = answer.read()
+        self.send_response(answer.status)
+        for name, value in answer.getheaders():
+            if name.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
+                self.send_header(name, value)
+        length = answer.getheader("Content-Length") if self.command == "HEAD" else None
+        self.send_header("Content-Length", length or str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        upstream.close()
 
-        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
+    def _after_hold(self, proxy: FaultProxy) -> bool:
+        """Wait here if the test holds this request; False if the proxy went down meanwhile."""
+        hold = proxy._hold
+        if hold is not None and hold(self.command, self.path):
+            proxy._hold = None
+            proxy.held.set()
+            proxy._release.wait(60)
+        return not proxy._down
 
-    return Handler
+    def _error(self, fault: _Fault) -> None:
+        data = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{fault.code}</Code>"
+                f"<Message>injected {fault.code}</Message><RequestId>x</RequestId></Error>").encode()
+        self.send_response(fault.status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
 
 
 @dataclass

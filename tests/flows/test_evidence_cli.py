@@ -66,12 +66,15 @@ def test_show_reports_an_object_changed_in_the_bucket(s3_block, s3) -> None:
     _bundle(block.store(), "r1", 1, "Failed")
     changed = LOG.replace(b"step 1", b"step 2")
     s3.client().put_object(Bucket=block.bucket, Key="ev/runs/r1/attempt-1/logs/train.log", Body=changed,
+                           ChecksumAlgorithm="SHA256",
                            ChecksumSHA256=base64.b64encode(hashlib.sha256(changed).digest()).decode())
+    s3.proxy.requests.clear()
 
     shown = runner.invoke(app, ["evidence", "show", "r1", "--block", reference])
 
     assert shown.exit_code == 1
-    assert "FAILED" in shown.output and "stored checksum is" in shown.output
+    assert "FAILED" in shown.output and "logs/train.log: stored checksum is" in shown.output
+    assert not [p for m, p in s3.proxy.requests if m == "GET" and p.endswith("logs/train.log")]
 
 
 @pytest.mark.parametrize("kind", ["local", "s3"])
@@ -137,6 +140,8 @@ def test_flush_uploads_what_s3_refused_and_a_403_is_one_clear_line_with_the_spoo
 
     assert refused.exit_code == 1
     assert "access denied" in refused.output and "spool" in refused.output and "Traceback" not in refused.output
+    shown = runner.invoke(app, ["evidence", "show", "r1", "--block", reference])
+    assert shown.exit_code == 0 and shown.output.count("spooled, not uploaded yet") == 2  # readable meanwhile
     s3.proxy.reset()
     flushed = runner.invoke(app, ["evidence", "flush", "--block", reference])
     assert flushed.exit_code == 0 and "uploaded 3, still spooled 0" in flushed.output
@@ -159,5 +164,5 @@ def test_prune_deletes_expired_attempts_but_never_a_runs_newest_failure(tmp_path
 
     assert pruned.exit_code == 0, pruned.output
     assert "r1 attempt 2: kept (the run's newest failure" in pruned.output
-    remaining = {key.rsplit("/", 2)[0] for key in store.list_keys("runs/")}
+    remaining = {"/".join(key.split("/")[:3]) for key in store.list_keys("runs/")}
     assert remaining == {"runs/r1/attempt-2", "runs/r2/attempt-1"}

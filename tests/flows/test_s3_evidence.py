@@ -101,3 +101,6 @@ def test_s3_dying_mid_upload_leaves_the_attempt_classified_its_evidence_spooled_
     assert sorted(stored) == sorted({f"evidence/{item.key}" for item in manifest.items}
                                     | {"evidence/runs/s3-outage/attempt-1/manifest.json"})
     assert s3.client().list_multipart_uploads(Bucket=block.bucket).get("Uploads", []) == []
+    spooled_while_down = f"evidence/runs/s3-outage/attempt-1/{spooled[0]}"  # tagged in the spool, carried up
+    tags = s3.client().get_object_tagging(Bucket=block.bucket, Key=spooled_while_down)["TagSet"]
+    assert {"Key": OUTCOME_TAG, "Value": "failed"} in tags

@@ -79,7 +79,7 @@ def _show_attempt(store: EvidenceStore, run_id: str, attempt: int, deep: bool) -
         table.add_column(column, overflow="fold")
     for item in found.items:
         status = plain("FAILED", "red") if item.name in checked else plain("ok", "green")
-        if item.name in spooled:
+        if item.key in spooled:
             status.append(" (spooled, not uploaded yet)", style="yellow")
         table.add_row(plain(item.name), f"{item.size_bytes:,}", plain(item.sha256[:12]), plain(item.source), status)
     for missing in found.missing:

@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import typer
-from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from trainguard.cli.evidence import evidence_app, open_store
-from trainguard.cli.output import console, fail
+from trainguard.cli.output import console, fail, plain, say
 from trainguard.core import bundles, retention
 from trainguard.core.manifest import ManifestError, ManifestItem, read_manifest
 from trainguard.core.s3store import S3Store
@@ -54,8 +53,7 @@ def get(
         fail(f"{found.name}: the downloaded bytes hash to {digest}, the manifest says {found.sha256}; "
              "nothing was kept", code=1)
     if str(target) != "-":
-        console.print(f"{escape(found.name)}: {found.size_bytes:,} bytes, sha256 verified, written to "
-                      f"{escape(str(target))}", highlight=False)
+        say(f"{found.name}: {found.size_bytes:,} bytes, sha256 verified, written to {target}")
 
 
 def _item(store: Any, run_id: str, attempt: int, name: str) -> ManifestItem:
@@ -122,14 +120,14 @@ def list_runs(
         fail(f"cannot list {store.describe()}: {exc}", code=1)
     if not runs:
         fail(f"no evidence in {store.describe()}; check --root/--block", code=1)
-    table = Table(title=f"runs in {escape(store.describe())}")
+    table = Table(title=plain(f"runs in {store.describe()}"))
     for column in ("run", "attempts", "last verdict", "category", "last attempt at"):
         table.add_column(column, overflow="fold")
     newest = sorted(runs.values(), key=lambda attempts: max(a.created_at for a in attempts), reverse=True)
     for attempts in newest[:limit]:
         last = max(attempts, key=lambda a: a.attempt)
         verdict = {"Completed": "[green]succeeded[/]", None: "[yellow]no verdict[/]"}.get(last.state, "[red]failed[/]")
-        table.add_row(escape(last.run_id), str(len(attempts)), verdict, escape(last.category or "-"), last.created_at)
+        table.add_row(plain(last.run_id), str(len(attempts)), verdict, plain(last.category or "-"), plain(last.created_at))
     console.print(table)
 
 
@@ -149,9 +147,9 @@ def flush(block: str | None = BLOCK_OPTION) -> None:
     store = _s3_store(block, "flush")
     waiting = store.pending()
     if not waiting:
-        console.print(f"nothing spooled for {escape(store.describe())}", highlight=False)
+        say(f"nothing spooled for {store.describe()}")
         return
-    console.print(f"uploading {len(waiting)} spooled item(s) to {escape(store.describe())}", highlight=False)
+    say(f"uploading {len(waiting)} spooled item(s) to {store.describe()}")
     result = store.flush()
     console.print(f"uploaded {len(result.uploaded)}, still spooled {len(result.pending)}", highlight=False)
     if result.pending:
@@ -173,7 +171,7 @@ def retention_apply(
         fail(str(exc), code=1)
     for rule in rules:
         action = rule.get("Expiration") or rule.get("AbortIncompleteMultipartUpload")
-        console.print(f"{escape(rule['ID'])}: {escape(str(action))}", highlight=False)
+        say(f"{rule['ID']}: {action}")
 
 
 def _retention(failed_days: int, succeeded_days: int) -> retention.Retention:
@@ -195,13 +193,12 @@ def prune(
     keep = _retention(failed_days, succeeded_days)
     store = open_store(root, block)
 
-    def say(decision: retention.PruneDecision) -> None:
+    def report(decision: retention.PruneDecision) -> None:
         verb = ("would delete" if dry_run else "deleted") if decision.delete else "kept"
-        console.print(f"{escape(decision.attempt.run_id)} attempt {decision.attempt.attempt}: {verb} "
-                      f"({escape(decision.reason)})", highlight=False)
+        say(f"{decision.attempt.run_id} attempt {decision.attempt.attempt}: {verb} ({decision.reason})")
 
     try:
-        decisions = retention.prune(store, keep, dry_run=dry_run, on_decision=say)
+        decisions = retention.prune(store, keep, dry_run=dry_run, on_decision=report)
     except EvidenceStoreError as exc:
         fail(f"prune stopped: {exc}", code=1)
     console.print(f"{sum(d.delete for d in decisions)} of {len(decisions)} attempt(s) "

@@ -48,7 +48,7 @@ class Retention:
 class TaggingStore(Protocol):
     """A store that can tag objects (S3); others keep the outcome only in ``verdict.json``."""
 
-    def set_tags(self, key: str, tags: dict[str, str]) -> None: ...
+    def tag_prefix(self, prefix: str, tags: dict[str, str]) -> int: ...
 
 
 def lifecycle_rules(prefix: str, retention: Retention) -> list[dict[str, Any]]:
@@ -80,11 +80,7 @@ def mark_outcome(store: EvidenceStore, run_id: str, attempt: int, succeeded: boo
     """Tag every object of the attempt with its outcome; return how many (0 for stores without tags)."""
     if not isinstance(store, TaggingStore):
         return 0
-    tags = {OUTCOME_TAG: "succeeded" if succeeded else "failed"}
-    keys = store.list_keys(attempt_prefix(run_id, attempt) + "/")
-    for key in keys:
-        store.set_tags(key, tags)
-    return len(keys)
+    return store.tag_prefix(attempt_prefix(run_id, attempt) + "/", {OUTCOME_TAG: "succeeded" if succeeded else "failed"})
 
 
 @dataclass(frozen=True)

@@ -159,13 +159,20 @@ class S3Store:
         full = self.prefix + prefix
         return [self._short(entry.key) for entry in self.spool.pending() if entry.key.startswith(full)]
 
-    def set_tags(self, key: str, tags: Mapping[str, str]) -> None:
-        """Tag ``key`` (a spooled write carries the tags up with it)."""
-        entry = self.spool.newest(self._full(key))
-        if entry is not None:
+    def tag_prefix(self, prefix: str, tags: Mapping[str, str]) -> int:
+        """Tag every object under ``prefix``; return how many.
+
+        Spooled writes are tagged first, in the spool, so they carry the tags up even if S3 is down
+        now; then the objects already in the bucket (which needs S3, and may raise).
+        """
+        full = self.prefix + prefix
+        spooled = {entry.key: entry for entry in self.spool.pending() if entry.key.startswith(full)}
+        for entry in spooled.values():
             self.spool.update(entry, tags=dict(tags))  # type: ignore[arg-type]
-        else:
-            self._retrying(lambda: self.bucket.put_tags(self._full(key), tags))
+        stored = [key for key in self._retrying(lambda: self.bucket.list_keys(full)) if key not in spooled]
+        for key in stored:
+            self._retrying(lambda: self.bucket.put_tags(key, tags))
+        return len(spooled) + len(stored)
 
     def flush(self) -> FlushResult:
         """Upload everything spooled, oldest first, however long ago it was spooled."""

@@ -28,6 +28,7 @@ from trainguard.core.stores import EvidenceStoreError
 MIN_PART_BYTES = 5 * 1024 * 1024  # S3's smallest part but the last
 MAX_PARTS = 10_000  # S3's most parts per upload
 _COPY_BYTES = 1024 * 1024
+_SEND_READ_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,9 @@ class RangeReader(io.RawIOBase):
 
     def read(self, size: int | None = -1) -> bytes:
         remaining = self._length - self._pos
-        wanted = remaining if size is None or size < 0 else min(size, remaining)
+        # Short reads of at most 64 KiB: buffers this small are reused by the allocator, where
+        # 1 MiB ones (botocore asks for that much) left each sending thread's heap holding its own
+        wanted = remaining if size is None or size < 0 else min(size, remaining, _SEND_READ_BYTES)
         data = self._file.read(wanted) if wanted > 0 else b""
         self._hash(data)
         self._pos += len(data)
