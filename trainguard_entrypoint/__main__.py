@@ -26,6 +26,7 @@ from trainguard_entrypoint.report import AttemptFacts, build_crash_report, write
 from trainguard_entrypoint.snapshot import host_facts, snapshot_environment, snapshot_gpu
 from trainguard_entrypoint.supervision import SupervisorWatch, become_subreaper, end_descendants
 from trainguard_entrypoint.tee import STOP_SIGNALS, ChildResult, SignalForwarder, run_command
+from trainguard_entrypoint.termination import write_summary
 
 PROG = "trainguard-entrypoint"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -49,6 +50,7 @@ class Options:
     gpu_timeout_seconds: float
     command: tuple[str, ...]
     grace_seconds: float = 10.0
+    termination_log: Path | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--gpu-timeout-seconds", help="limit per nvidia-smi call (env TRAINGUARD_GPU_TIMEOUT_SECONDS, default 20)"
+    )
+    parser.add_argument(
+        "--termination-log", help="write a short JSON crash summary here (env TRAINGUARD_TERMINATION_LOG)"
     )
     return parser
 
@@ -114,8 +119,10 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
     default_log = root / "logs" / f"train-{run_id}-attempt-{attempt}.log"
     log_file = Path(args.log_file).absolute() if args.log_file else default_log
     workdir = _pick(args.workdir, environ, "TRAINGUARD_WORKDIR")
+    termination_log = _pick(args.termination_log, environ, "TRAINGUARD_TERMINATION_LOG")
     return Options(root, run_id, attempt, Path(checkpoint_dir).absolute() if checkpoint_dir else None,
-                   log_file, Path(workdir).absolute() if workdir else None, gpu_timeout, command, grace)
+                   log_file, Path(workdir).absolute() if workdir else None, gpu_timeout, command, grace,
+                   Path(termination_log) if termination_log else None)
 
 
 def _seconds(value: str | None, environ: Mapping[str, str], option: str, default: str) -> float:
@@ -230,10 +237,14 @@ def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalF
     if (checkpoint_dir := options.checkpoint_dir) is not None:
         checkpoints = _guard(problems, "checkpoint listing", lambda: list_checkpoints(checkpoint_dir))
     report_path = options.workspace / "crash-report.json"
-    _guard(problems, "crash report", lambda: write_crash_report(report_path, build_crash_report(
+    report = _guard(problems, "crash report", lambda: build_crash_report(
         facts, result, core_files=cores, core_absent_reason=core_reason, checkpoints=checkpoints,
         received_signals=forwarder.received, problems=problems, descendants_ended=descendants, environ=env,
-    )))
+    ))
+    if report is not None:
+        _guard(problems, "crash report", lambda: write_crash_report(report_path, report))
+        if (termination_log := options.termination_log) is not None:
+            _guard(problems, "termination message", lambda: write_summary(termination_log, report, report_path))
     after = options.workspace / "snapshot" / "gpu-after"
     timeout = options.gpu_timeout_seconds
     _guard(problems, "snapshot/gpu-after", lambda: snapshot_gpu(after, env, timeout_seconds=timeout))

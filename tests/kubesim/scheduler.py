@@ -68,13 +68,29 @@ def failures(pod: dict[str, Any], node: dict[str, Any], pods: list[dict[str, Any
             return [f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"]
     labels = node["metadata"].get("labels") or {}
     selector = pod["spec"].get("nodeSelector") or {}
-    if any(labels.get(k) != v for k, v in selector.items()):
+    if any(labels.get(k) != v for k, v in selector.items()) or not _affinity_fits(pod, labels):
         return ["node(s) didn't match Pod's node affinity/selector"]
     alloc, used = _allocatable(node), _used(pods, node["metadata"]["name"])
     wanted = {**workload.requests_of(pod), "pods": Decimal(1)}
     return [_TOO_MANY_PODS if key == "pods" else f"Insufficient {key}"
             for key, amount in sorted(wanted.items())
             if amount > 0 and used.get(key, Decimal(0)) + amount > alloc.get(key, Decimal(0))]
+
+
+def _affinity_fits(pod: dict[str, Any], labels: dict[str, str]) -> bool:
+    """requiredDuringSchedulingIgnoredDuringExecution: terms ORed, each term's expressions ANDed."""
+    required = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    return not terms or any(all(_expression_fits(e, labels) for e in term.get("matchExpressions") or [])
+                            for term in terms)
+
+
+def _expression_fits(expression: dict[str, Any], labels: dict[str, str]) -> bool:
+    key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+    present = key in labels
+    return {"In": present and labels.get(key) in values, "NotIn": not present or labels.get(key) not in values,
+            "Exists": present, "DoesNotExist": not present}.get(operator, False)
 
 
 def _resolvable(reason: str) -> bool:

@@ -288,6 +288,10 @@ def prepare_volumes(store: Store, pod: Mapping[str, Any], pod_dir: Path,
                 data = _data(store, resource, ns, ref[key], ref.get("optional", False))
                 for fname, content in (data or {}).items():
                     (path / fname).write_text(content)
+                if kind == "configMap":  # binaryData files arrive as the decoded bytes
+                    obj = store.get(resource, ns, ref[key]) or {}
+                    for fname, encoded in (obj.get("binaryData") or {}).items():
+                        (path / fname).write_bytes(base64.b64decode(encoded))
         folders[name] = path
     return folders
 

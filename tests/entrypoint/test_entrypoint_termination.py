@@ -1,0 +1,42 @@
+"""The short crash summary the entrypoint leaves in the termination-message file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from trainguard_entrypoint.__main__ import main
+from trainguard_entrypoint.termination import LIMIT_BYTES, summary
+
+
+def test_a_failed_command_leaves_a_small_json_summary_with_its_last_lines(tmp_path: Path) -> None:
+    term = tmp_path / "termination-log"
+    script = "print('step 1'); print('token https://u:hunter2@example.com/x'); raise SystemExit(3)"
+    code = main(["--workspace", str(tmp_path / "ws"), "--run-id", "r1", "--attempt", "1",
+                 "--termination-log", str(term), "--", sys.executable, "-c", script],
+                environ={"PATH": "/usr/bin:/bin"})
+    data = json.loads(term.read_bytes())
+    assert code == 3 and data["exit_code"] == 3 and data["trainguard"] == 1
+    assert data["crash_report"].endswith("crash-report.json")
+    assert data["log_tail"][-2:] == ["step 1", "token https://u:***@example.com/x"]
+
+
+def test_the_environment_variable_names_the_file_too(tmp_path: Path) -> None:
+    term = tmp_path / "t"
+    main(["--", sys.executable, "-c", "pass"], environ={
+        "PATH": "/usr/bin:/bin", "TRAINGUARD_WORKSPACE": str(tmp_path / "ws"), "TRAINGUARD_RUN_ID": "r",
+        "TRAINGUARD_ATTEMPT": "2", "TRAINGUARD_TERMINATION_LOG": str(term)})
+    assert json.loads(term.read_bytes())["exit_code"] == 0
+
+
+def test_huge_lines_are_clipped_to_the_kubelet_limit() -> None:
+    report = {"exit_code": 1, "log_tail": ["\x1b[31m" + "x" * 100_000 + "\u2603"] * 50}
+    data = summary(report, Path("/w/crash-report.json"))
+    assert len(data) <= LIMIT_BYTES and json.loads(data)["log_tail"]
+
+
+def test_a_password_cut_by_the_clipping_is_not_shown() -> None:
+    line = "x" * 280 + " https://user:hunter2hunter2@example.com"
+    data = json.loads(summary({"exit_code": 1, "log_tail": [line]}, Path("/r")))
+    assert "hunter" not in json.dumps(data)

@@ -1,0 +1,119 @@
+"""The Job trainguard writes, against golden files (regenerate with TRAINGUARD_REGEN_GOLDEN=1),
+plus the rules the goldens stand for and one Job run for real on kubesim."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.core.backend import Launch
+from trainguard.core.kube import manifests, zipapp
+from trainguard.core.kube.api import KubeApi
+from trainguard.core.kube.manifests import AttemptVolume, JobSettings
+from waiting import wait_for
+
+GOLDEN = Path(__file__).parent / "golden"
+CONFIG_MAP = "trainguard-entrypoint-0123456789ab"  # fixed, so an entrypoint change leaves goldens alone
+LAUNCH = Launch(run_id="resnet-sweep-3-1a2b3c4d", attempt=2, command=("python", "train.py", "--epochs", "90"),
+                env={"WANDB_PROJECT": "sweeps"}, gpus=8, deadline_seconds=86400.5,
+                resume_from="/trainguard/checkpoints/resnet-sweep-3-1a2b3c4d/step-000120.pt")
+FULL = JobSettings(
+    image="ghcr.io/acme/train:1.4", namespace="ml", image_pull_policy="IfNotPresent", image_pull_secrets=("regcred",),
+    cpu_request="30", cpu_limit="32", memory_request="200Gi", memory_limit="240Gi",
+    node_selector={"nvidia.com/gpu.product": "H100"},
+    tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
+    priority_class="training-high", service_account="trainer",
+    volumes=({"name": "data", "persistentVolumeClaim": {"claimName": "imagenet", "readOnly": True}},),
+    volume_mounts=({"name": "data", "mountPath": "/data", "readOnly": True},),
+    shm_size="64Gi", labels={"team": "vision"}, annotations={"owner": "ml-platform@example.com"},
+    attempt_volume=AttemptVolume("hostPath", host_path="/mnt/trainguard"),
+)
+
+CASES: dict[str, tuple[JobSettings, Launch]] = {
+    "minimal": (JobSettings(image="python:3.11"), Launch(run_id="r-1", attempt=1, command=("python", "t.py"))),
+    "full": (FULL, LAUNCH),
+    "retry-after-host-oom-and-gpu-fault": (FULL, Launch(**{**LAUNCH.__dict__, "attempt": 3, "memory_factor": 1.5,
+                                                           "avoid_nodes": ("gpu-node-7", "gpu-node-2")})),
+    "template-override": (JobSettings(image="python:3.11", shm_size=None, attempt_volume=AttemptVolume("emptyDir"),
+                                      job_template={"spec": {"ttlSecondsAfterFinished": 3600, "template": {
+                                          "spec": {"runtimeClassName": "nvidia"}}}}),
+                          Launch(run_id="r-1", attempt=1, command=("python", "t.py"))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_generated_job_matches_its_golden_file(case: str) -> None:
+    settings, launch = CASES[case]
+    produced = json.dumps(manifests.job_manifest(settings, launch, CONFIG_MAP), indent=2, sort_keys=True) + "\n"
+    golden = GOLDEN / f"job-{case}.json"
+    if os.environ.get("TRAINGUARD_REGEN_GOLDEN") == "1":
+        golden.write_text(produced)
+    assert golden.exists(), f"{golden} is missing: run with TRAINGUARD_REGEN_GOLDEN=1 once and review it"
+    assert produced == golden.read_text(), f"{golden.name} differs; review, then TRAINGUARD_REGEN_GOLDEN=1"
+
+
+def test_the_job_never_retries_by_itself_and_fails_fast_on_hopeless_exit_codes() -> None:
+    job = manifests.job_manifest(*CASES["full"], CONFIG_MAP)
+    spec = job["spec"]
+    assert spec["backoffLimit"] == 0 and spec["template"]["spec"]["restartPolicy"] == "Never"
+    assert spec["activeDeadlineSeconds"] == 86401
+    ignore, fail = spec["podFailurePolicy"]["rules"]
+    assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert fail["action"] == "FailJob" and fail["onExitCodes"]["values"] == [2, 126, 127]
+    container = spec["template"]["spec"]["containers"][0]
+    assert container["command"][:3] == ["python", "/trainguard/entrypoint/trainguard-entrypoint.pyz", "--"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_names_are_deterministic_valid_and_unique_per_attempt() -> None:
+    long_run = "a" * 42 + "-1a2b3c4d"
+    names = {manifests.job_name(run, attempt) for run in ("r-1", long_run, long_run + "x") for attempt in (1, 2)}
+    assert len(names) == 6 and all(len(n) <= 52 and n[0].isalpha() for n in names)
+    assert manifests.job_name("r-1", 1) == manifests.job_name("r-1", 1) == "tg-r-1-a1"
+
+
+@pytest.mark.parametrize(("quantity", "factor", "scaled"), [
+    ("16Gi", 1.5, str(24 * 2**30)), ("512Mi", 2.0, str(2**30)), ("1G", 1.25, "1250000000"), ("100", 1.0, "100"),
+])
+def test_memory_is_scaled_by_the_factor(quantity: str, factor: float, scaled: str) -> None:
+    assert manifests.scale_quantity(quantity, factor) == scaled
+
+
+def test_a_bad_memory_quantity_is_one_line_naming_it() -> None:
+    with pytest.raises(ValueError, match="memory '16 gigs'"):
+        manifests.scale_quantity("16 gigs", 2.0)
+
+
+def test_the_entrypoint_zipapp_is_reproducible() -> None:
+    zipapp.build.cache_clear()
+    first = zipapp.build()
+    zipapp.build.cache_clear()
+    assert zipapp.build() == first and zipapp.config_map_name().startswith("trainguard-entrypoint-")
+
+
+def _run_job(kube: KubeApi, ns: str, settings: JobSettings, launch: Launch) -> dict[str, Any]:
+    cm = zipapp.config_map(ns)
+    kube.create_config_map(ns, cm)
+    kube.create_job(ns, manifests.job_manifest(settings, launch, cm["metadata"]["name"]))
+    sel = manifests.selector(launch.run_id, launch.attempt)
+    return wait_for(lambda: next((p for p in kube.list_pods(ns, sel)["items"]
+                                  if p["status"].get("phase") in ("Succeeded", "Failed")), None),
+                    timeout=30, what="the training pod to end")
+
+
+def test_the_job_runs_the_command_under_the_zipapp_and_keeps_off_avoided_nodes(kube: KubeApi, ns: str) -> None:
+    settings = JobSettings(image="python:3.11", namespace=ns, memory_limit="1Gi")
+    script = "import os; print('ckpt', os.environ['TRAINGUARD_CHECKPOINT_DIR']); raise SystemExit(3)"
+    launch = Launch(run_id="r-zip", attempt=1, command=("python", "-c", script), avoid_nodes=("gpu-node-1",), gpus=1)
+    pod = _run_job(kube, ns, settings, launch)
+    assert pod["spec"]["nodeName"] == "gpu-node-2"
+    state = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    summary = json.loads(state["message"])
+    assert state["exitCode"] == 3 and summary["exit_code"] == 3
+    assert summary["log_tail"][0] == "ckpt /trainguard/checkpoints/r-zip"
+    assert summary["crash_report"] == "/trainguard/attempts/r-zip/attempt-1/crash-report.json"
