@@ -12,7 +12,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -47,6 +47,20 @@ def _step_number(name: str) -> int | None:
         return int(match.group(1))
     numbers = _NUMBER.findall(name)
     return int(numbers[-1]) if numbers else None
+
+
+def rank_checkpoints(entries: Iterable[tuple[str, float]]) -> list[str]:
+    """Checkpoint names, newest first, from (name, mtime) pairs listed somewhere else (e.g. in a pod).
+
+    The same rules as `newest_checkpoints`: step numbers first, then modification time; temporary,
+    partial and dot-names are not checkpoints.
+    """
+    ranked = [((step is not None, step if step is not None else -1, mtime), name)
+              for name, mtime in entries
+              if not name.startswith(".") and not name.endswith(_IGNORED_SUFFIXES)
+              for step in (_step_number(name),)]
+    ranked.sort(key=lambda pair: pair[0], reverse=True)
+    return [name for _, name in ranked]
 
 
 def newest_checkpoints(checkpoint_dir: Path) -> list[Path]:

@@ -174,7 +174,8 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
     env["TRAINGUARD_TERMINATION_LOG"] = TERMINATION_LOG
     mounts = [{"name": ENTRYPOINT_VOLUME, "mountPath": ENTRYPOINT_MOUNT, "readOnly": True},
               {"name": ATTEMPT_VOLUME, "mountPath": ATTEMPTS_MOUNT},
-              {"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINTS_MOUNT}]
+              # subPath: the kubelet creates the run's folder, and the run sees only its own
+              {"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_path(launch.run_id), "subPath": launch.run_id}]
     if settings.shm_size:
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
     body: Wire = {
