@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from blocks.backends import LocalProcessBackend
 from blocks.evidence import EvidenceFolder
+from blocks.kubernetes import KubernetesJobBackend
 from blocks.loading import BlockReferenceError, load_backend, load_evidence
 from blocks.retry import RetryPolicy, resolve_policy
 from blocks.slurm import SlurmBackend
@@ -15,6 +16,7 @@ from blocks.slurm import SlurmBackend
 __all__ = [
     "BlockReferenceError",
     "EvidenceFolder",
+    "KubernetesJobBackend",
     "LocalProcessBackend",
     "RetryPolicy",
     "SlurmBackend",

@@ -12,6 +12,7 @@ from prefect.blocks.core import Block
 import blocks.backends as _backends  # noqa: F401  (registers the block types before Block.load)
 import blocks.evidence as _evidence  # noqa: F401
 import blocks.slurm as _slurm  # noqa: F401
+import blocks.kubernetes as _kubernetes  # noqa: F401
 from trainguard.core.backend import Backend
 from trainguard.core.stores import EvidenceStore
 

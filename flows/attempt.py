@@ -71,7 +71,7 @@ def train_attempt(
         rules_file: a user's triage rule file layered over the shipped rules.
     """
     run_id = run_id or new_run_id(spec.name, current_run.id)
-    backend, store = load_backend(backend_block), load_evidence(evidence_block)
+    backend, store = load_backend(backend_block or spec.backend), load_evidence(evidence_block)
     retry_policy, earlier = resolve_policy(spec, retry_policy_block), history or []
     launch = launch_for(
         spec.command, run_id=run_id, attempt=attempt, env=spec.env, gpus=spec.gpus, workdir=spec.workdir,

@@ -18,12 +18,16 @@ from trainguard.core.spec import SpecError, TrainingSpec, load_spec, parse_spec
 @app.command("run")
 def run(
     spec_file: Path = typer.Argument(..., help="YAML run spec: name, command, env, limits, retry."),
-    backend: str | None = typer.Option(None, help="Name of a saved trainguard backend block."),
+    backend: str | None = typer.Option(None, help="A saved backend block: slug/name (a bare name = local process)."),
     evidence: str | None = typer.Option(None, help="Name of a saved trainguard evidence block."),
     retry_policy: str | None = typer.Option(None, help="Name of a saved retry policy block (the spec's retry section wins)."),
     rules: Path | None = typer.Option(None, help="Your own triage rule file, layered over the shipped rules."),
     deployment: str | None = typer.Option(None, help="Submit to this train-attempt deployment instead of running here."),
     resume: str | None = typer.Option(None, help="Continue this run id: judge what its lost attempt left, then go on."),
+    kubeconfig: Path | None = typer.Option(None, help="Run on this cluster as Kubernetes Jobs, without a saved block."),
+    context: str | None = typer.Option(None, help="With --kubeconfig: the kubeconfig context."),
+    namespace: str | None = typer.Option(None, help="With --kubeconfig: the namespace (default: default)."),
+    image: str | None = typer.Option(None, help="With --kubeconfig: the training image (needs a Python 3)."),
 ) -> None:
     """Run a training spec: attempts, evidence, triage and retries, with a table at the end."""
     try:
@@ -32,6 +36,11 @@ def run(
         fail(str(exc))
     if rules is not None and not rules.is_file():
         fail(f"--rules: no such file {rules}; pass the path of a YAML rule file")
+    backend = backend or spec.backend
+    if kubeconfig is not None:
+        from trainguard.cli.kube import quick_backend
+
+        backend = quick_backend(kubeconfig, context=context, namespace=namespace, image=image)
     if deployment:
         _submit(spec, deployment, backend, evidence, retry_policy)
         return

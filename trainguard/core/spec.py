@@ -90,6 +90,8 @@ class TrainingSpec(BaseModel):
     deadline_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     stall_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     retry: RetrySpec | None = None
+    backend: str | None = Field(default=None, description="A saved backend block as slug/name, e.g. "
+                                "trainguard-kubernetes-job-backend/gpu-cluster; the CLI's --backend wins.")
 
     @field_validator("name")
     @classmethod

@@ -1,0 +1,105 @@
+"""The Kubernetes Job backend block: what a platform engineer sets once per cluster, in the UI.
+
+Cluster access comes from prefect-kubernetes' `KubernetesCredentials` block (a stored kubeconfig
+and context, or in-cluster config when it holds none). `backend()` builds the core adapter
+(`trainguard.core.kube.backend.KubernetesBackend`); the client itself is created lazily inside it,
+so no live client ever crosses a task boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from prefect.blocks.core import Block
+from prefect_kubernetes.credentials import KubernetesCredentials
+from pydantic import Field
+
+from trainguard.core.kube.api import KubeApi
+from trainguard.core.kube.errors import KubeError
+from trainguard.core.kube.backend import KubernetesBackend, KubeSettings
+from trainguard.core.kube.manifests import AttemptVolume, JobSettings
+
+
+class KubernetesJobBackend(Block):
+    """Runs each training attempt as a Kubernetes Job and freezes the cluster's evidence before cleanup."""
+
+    _block_type_name = "trainguard Kubernetes Job Backend"
+    _block_type_slug = "trainguard-kubernetes-job-backend"
+    _description = "Run training attempts as Kubernetes Jobs, supervised by watch, with evidence kept before cleanup."
+
+    credentials: KubernetesCredentials | None = Field(
+        default=None, title="Cluster credentials",
+        description="A KubernetesCredentials block; empty = in-cluster config, else the default kubeconfig.")
+    kubeconfig_path: str | None = Field(
+        default=None, title="Kubeconfig file", description="Used when no credentials block is set (e.g. from the CLI).")
+    context: str | None = Field(default=None, title="Kubeconfig context")
+    namespace: str = Field(default="default", title="Namespace", description="Where Jobs, pods and ConfigMaps go.")
+    image: str = Field(title="Image", description="The training image; it needs a Python 3 for trainguard's entrypoint.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(default=None, title="Image pull policy")
+    image_pull_secrets: list[str] = Field(default_factory=list, title="Image pull secrets")
+    cpu_request: str | None = Field(default=None, title="CPU request", examples=["30"])
+    cpu_limit: str | None = Field(default=None, title="CPU limit")
+    memory_request: str | None = Field(default=None, title="Memory request", examples=["200Gi"])
+    memory_limit: str | None = Field(default=None, title="Memory limit", examples=["240Gi"])
+    node_selector: dict[str, str] = Field(default_factory=dict, title="Node selector")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, title="Tolerations",
+                                              description="As in a pod spec, e.g. {key: nvidia.com/gpu, operator: Exists}.")
+    priority_class: str | None = Field(default=None, title="Priority class")
+    service_account: str | None = Field(default=None, title="Service account (of the training pod)")
+    volumes: list[dict[str, Any]] = Field(default_factory=list, title="Extra volumes", description="Pod volumes.")
+    volume_mounts: list[dict[str, Any]] = Field(default_factory=list, title="Extra volume mounts")
+    shm_size: str | None = Field(default="1Gi", title="/dev/shm size",
+                                 description="A memory-backed /dev/shm for data loaders and NCCL; empty = none.")
+    labels: dict[str, str] = Field(default_factory=dict, title="Labels")
+    annotations: dict[str, str] = Field(default_factory=dict, title="Annotations")
+    job_template: dict[str, Any] | None = Field(
+        default=None, title="Job template override",
+        description="Raw Job fields merged over what trainguard writes (mappings merged, the rest replaced).")
+    attempt_volume: Literal["pvc", "hostPath", "emptyDir"] = Field(
+        default="pvc", title="Attempt volume", description="Where logs, core dumps and crash reports go. "
+        "emptyDir dies with the pod: only the API's evidence survives then.")
+    attempt_claim: str = Field(default="trainguard-attempts", title="Attempt volume claim (PVC)")
+    attempt_host_path: str = Field(default="/var/lib/trainguard/attempts", title="Attempt volume host path")
+    checkpoint_claim: str = Field(default="trainguard-checkpoints", title="Checkpoint claim (PVC)",
+                                  description="Shared by every attempt of a run; each run has its own folder.")
+    fail_job_exit_codes: list[int] = Field(default_factory=lambda: [2, 126, 127], title="Exit codes that fail the Job at once")
+    failed_job_ttl_seconds: int = Field(
+        default=86400, ge=0, title="Keep failed Jobs (s)",
+        description="How long a failed Job stays after its evidence is stored (0 = delete at once).")
+    unschedulable_seconds: float = Field(default=600.0, ge=0, title="Wait while unschedulable (s)")
+    start_error_seconds: float = Field(default=60.0, ge=0, title="Wait on image pull / start errors (s)")
+    local_root: str | None = Field(default=None, title="Local folder for triage facts",
+                                   description="On the flow's machine; a temporary folder when empty.")
+
+    def connect(self) -> KubeApi:
+        """A client for the cluster, from the credentials block, the kubeconfig, or in-cluster config."""
+        cluster = self.credentials.cluster_config if self.credentials else None
+        if cluster is not None:
+            return KubeApi.from_config_dict(cluster.config, cluster.context_name)
+        if self.kubeconfig_path or self.context:
+            return KubeApi.from_kubeconfig(self.kubeconfig_path, self.context)
+        try:
+            return KubeApi.in_cluster()
+        except KubeError:  # not in a pod: the default kubeconfig, as kubectl would
+            return KubeApi.from_kubeconfig(None, None)
+
+    def settings(self) -> KubeSettings:
+        """The core settings these fields describe."""
+        job = JobSettings(
+            image=self.image, namespace=self.namespace, image_pull_policy=self.image_pull_policy,
+            image_pull_secrets=tuple(self.image_pull_secrets), cpu_request=self.cpu_request, cpu_limit=self.cpu_limit,
+            memory_request=self.memory_request, memory_limit=self.memory_limit, node_selector=dict(self.node_selector),
+            tolerations=tuple(self.tolerations), priority_class=self.priority_class,
+            service_account=self.service_account, volumes=tuple(self.volumes), volume_mounts=tuple(self.volume_mounts),
+            shm_size=self.shm_size or None, labels=dict(self.labels), annotations=dict(self.annotations),
+            job_template=self.job_template,
+            attempt_volume=AttemptVolume(self.attempt_volume, self.attempt_claim, self.attempt_host_path),
+            checkpoint_claim=self.checkpoint_claim, fail_job_exit_codes=tuple(self.fail_job_exit_codes),
+        )
+        return KubeSettings(job=job, unschedulable_seconds=self.unschedulable_seconds,
+                            start_error_seconds=self.start_error_seconds,
+                            failed_job_ttl_seconds=self.failed_job_ttl_seconds, local_root=self.local_root)
+
+    def backend(self) -> KubernetesBackend:
+        """The Kubernetes Job adapter this block describes."""
+        return KubernetesBackend(self.connect, self.settings())
