@@ -1,0 +1,105 @@
+"""Attempts as Kubernetes Jobs end to end through the flows, against kubesim.
+
+Each scenario asserts the category, the retry decision and what the evidence holds. The GPUs are
+the only stand-in (kubesim's nodes advertise nvidia.com/gpu); the training processes, their logs,
+exit codes, OOM kills and evictions are real.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kube_helpers import GPU_FAULT, cluster, evidence_names, inline, kept, kube_blocks, pod_of, tiny
+from flows.run import training_run
+from trainguard.core.spec import parse_spec
+from waiting import wait_for
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    with cluster(tmp_path_factory.mktemp("kubesim")) as running:
+        yield running
+
+
+@pytest.fixture
+def kb(sim: Any, prefect_server: str, tmp_path: Any) -> dict[str, Any]:
+    return kube_blocks(sim, tmp_path, start_error_seconds=1, unschedulable_seconds=2)
+
+
+def run(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[Any, list[dict[str, Any]]]:
+    state = training_run(parse_spec(spec), run_id=run_id, backend_block=kb["backend_block"],
+                         evidence_block=kb["evidence_block"], return_state=True)
+    return state, state.result(raise_on_failure=False)
+
+
+def in_background(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[threading.Thread, list[Any]]:
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(run(spec, kb, run_id)), daemon=True)
+    thread.start()
+    return thread, box
+
+
+def test_nccl_timeout_is_retried_and_the_next_job_resumes_from_the_checkpoint(kb: dict[str, Any]) -> None:
+    spec = tiny("k-nccl", "--fail-at-step", "25", "--fail-on-attempt", "1", "--checkpoint-every", "10")
+    state, history = run(spec, kb, "k-nccl-1")
+    assert state.is_completed(), state.message
+    assert [(h["category"], h["decision"]["retry"]) for h in history] == [("nccl_error", True), (None, False)]
+    assert history[1]["resumed_from"] == "/trainguard/checkpoints/k-nccl-1/step-000020.json"
+    log = kept(kb["evidence"], "k-nccl-1", 2, "kubernetes/logs/" + _pod_log_name(kb, "k-nccl-1", 2))
+    assert "attempt 2: resumed from step 20" in log
+    first_log = kept(kb["evidence"], "k-nccl-1", 1, "kubernetes/logs/" + _pod_log_name(kb, "k-nccl-1", 1))
+    assert "Watchdog caught collective operation timeout" in first_log and "Watchdog" in history[0]["signature"]
+
+
+def test_oom_killed_is_host_oom_and_not_retried(kb: dict[str, Any], sim: Any, tmp_path: Any) -> None:
+    blocks = kube_blocks(sim, tmp_path / "oom", memory_limit="96Mi")
+    code = "import time; print('allocating', flush=True); x = b'x' * (400 << 20); time.sleep(30)"
+    state, history = run(inline("k-oom", code), blocks, "k-oom-1")
+    assert state.is_failed() and len(history) == 1
+    assert history[0]["category"] == "host_oom" and history[0]["decision"]["retry"] is False
+    assert history[0]["termination_reason"] == "OOMKilled"
+    pods = [n for n in evidence_names(blocks["evidence"], "k-oom-1", 1) if n.startswith("kubernetes/pods/")]
+    pod = kept(blocks["evidence"], "k-oom-1", 1, pods[0])
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"] == "OOMKilled"
+    assert "allocating" in kept(blocks["evidence"], "k-oom-1", 1, "kubernetes/logs/" + _pod_log_name(blocks, "k-oom-1", 1))
+
+
+def test_eviction_is_preempted_retried_and_resumed_from_the_checkpoint(kb: dict[str, Any], sim: Any) -> None:
+    spec = tiny("k-evict", "--fail-after-steps", "12", "--failure", "hang", "--fail-on-attempt", "1",
+                "--checkpoint-every", "10")
+    thread, box = in_background(spec, kb, "k-evict-1")
+    pod = wait_for(lambda: pod_of(kb["api"], kb["namespace"], "k-evict-1", 1), timeout=60, what="attempt 1 running")
+    checkpoint = sim.root / "pvc" / kb["namespace"] / "trainguard-checkpoints" / "k-evict-1" / "step-000010.json"
+    wait_for(checkpoint.exists, timeout=30, what="attempt 1's checkpoint")
+    sim.evict(kb["namespace"], pod)
+    thread.join(120)
+    state, history = box[0]
+    assert state.is_completed(), state.message
+    assert history[0]["category"] == "preempted" and history[0]["decision"]["retry"] is True
+    assert history[1]["resumed_from"] == "/trainguard/checkpoints/k-evict-1/step-000010.json"
+    first_pod = kept(kb["evidence"], "k-evict-1", 1, f"kubernetes/pods/{pod}.json")
+    assert first_pod["status"]["reason"] == "Evicted"
+
+
+def test_gpu_fault_keeps_the_next_attempt_off_the_failed_node(kb: dict[str, Any]) -> None:
+    code = ("import os, sys\nif os.environ['TRAINGUARD_ATTEMPT'] == '1':\n"
+            f"    print({GPU_FAULT!r}, flush=True); sys.exit(1)\nprint('ok on attempt 2')")
+    state, history = run(inline("k-gpu", code), kb, "k-gpu-1")
+    assert state.is_completed(), state.message
+    assert history[0]["category"] == "gpu_fault" and history[0]["decision"]["retry"] is True
+    bad = history[0]["node"]
+    assert bad in ("gpu-node-1", "gpu-node-2") and history[0]["decision"]["avoid_nodes"] == [bad]
+    job = kept(kb["evidence"], "k-gpu-1", 2, "kubernetes/job.json")
+    terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [bad]}]}]
+    assert history[1]["node"] != bad
+
+
+def _pod_log_name(kb: dict[str, Any], run_id: str, attempt: int) -> str:
+    names = evidence_names(kb["evidence"], run_id, attempt)
+    return next(n for n in names if n.endswith("/train.log")).removeprefix("kubernetes/logs/")
