@@ -103,3 +103,53 @@ def test_gpu_fault_keeps_the_next_attempt_off_the_failed_node(kb: dict[str, Any]
 def _pod_log_name(kb: dict[str, Any], run_id: str, attempt: int) -> str:
     names = evidence_names(kb["evidence"], run_id, attempt)
     return next(n for n in names if n.endswith("/train.log")).removeprefix("kubernetes/logs/")
+
+
+def test_err_image_pull_is_config_error_not_retried_with_the_events_kept(sim: Any, tmp_path: Any,
+                                                                          prefect_server: str) -> None:
+    blocks = kube_blocks(sim, tmp_path, image="registry.example.com/missing/train:9", start_error_seconds=1)
+    state, history = run(inline("k-pull", "print('never runs')"), blocks, "k-pull-1")
+    assert state.is_failed() and len(history) == 1
+    assert history[0]["category"] == "config_error" and history[0]["decision"]["retry"] is False
+    events = kept(blocks["evidence"], "k-pull-1", 1, "kubernetes/events.json")
+    assert any(e["reason"] == "Failed" and "registry.example.com/missing/train:9" in e["message"] for e in events)
+
+
+def test_insufficient_gpus_is_unschedulable_after_the_schedulers_event_with_a_longer_wait(kb: dict[str, Any]) -> None:
+    state, history = run(inline("k-gpus", "print('never runs')", gpus=8, retry={"max_attempts": 1}), kb, "k-gpus-1")
+    assert state.is_failed() and history[0]["category"] == "unschedulable"
+    assert history[0]["termination_reason"] == "Unschedulable"
+    events = kept(kb["evidence"], "k-gpus-1", 1, "kubernetes/events.json")
+    assert any(e["reason"] == "FailedScheduling" and "Insufficient nvidia.com/gpu" in e["message"] for e in events)
+    from trainguard.core.policy import RetryPolicy, backoff_seconds
+    from trainguard.core.taxonomy import Category
+
+    assert backoff_seconds(RetryPolicy(delay_seconds=0), 1, Category.UNSCHEDULABLE) == 60.0  # the longer wait
+
+
+def test_active_deadline_exceeded_is_timeout(kb: dict[str, Any]) -> None:
+    spec = tiny("k-deadline", "--steps", "1000", "--step-seconds", "0.05", deadline_seconds=2,
+                retry={"max_attempts": 1})
+    state, history = run(spec, kb, "k-deadline-1")
+    assert state.is_failed() and history[0]["category"] == "timeout"
+    job = kept(kb["evidence"], "k-deadline-1", 1, "kubernetes/job.json")
+    assert job["spec"]["activeDeadlineSeconds"] == 2
+    assert any(c["reason"] == "DeadlineExceeded" for c in job["status"]["conditions"])
+
+
+def test_a_fail_job_exit_code_fails_the_job_at_once(kb: dict[str, Any]) -> None:
+    state, history = run(inline("k-failjob", "raise SystemExit(127)"), kb, "k-failjob-1")
+    assert state.is_failed() and history[0]["exit_code"] == 127
+    job = kept(kb["evidence"], "k-failjob-1", 1, "kubernetes/job.json")
+    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PodFailurePolicy" and "matching FailJob rule" in failed["message"]
+
+
+def test_sigsegv_leaves_its_core_file_on_the_attempt_volume(kb: dict[str, Any], sim: Any) -> None:
+    state, history = run(tiny("k-segv", "--fail-at-step", "5", "--failure", "segfault", retry={"max_attempts": 1}),
+                         kb, "k-segv-1")
+    assert state.is_failed() and history[0]["exit_code"] == 139 and history[0]["category"] == "native_crash"
+    volume = sim.root / "pvc" / kb["namespace"] / "trainguard-attempts" / "k-segv-1" / "attempt-1"
+    report = __import__("json").loads((volume / "crash-report.json").read_text())
+    assert report["signal_name"] == "SIGSEGV" and report["core_files"]
+    assert (volume / "coredumps" / report["core_files"][0]).stat().st_size > 0

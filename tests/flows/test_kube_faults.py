@@ -1,0 +1,127 @@
+"""Kubernetes attempts under trouble, through the attempt flow against kubesim: a flow process
+killed and run again adopts its Job, API errors and dropped watches change nothing, a Job deleted
+mid-attempt still yields evidence and a verdict, and every call stays inside the RBAC manifest.
+
+The GPUs are the only stand-in (kubesim's nodes advertise nvidia.com/gpu)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kube_helpers import cluster, evidence_names, kept, kube_blocks, pod_of, tiny
+from flows.attempt import train_attempt
+from trainguard.core.spec import parse_spec
+from waiting import wait_for
+
+RBAC = Path(__file__).resolve().parents[2] / "deployments" / "kubernetes" / "rbac.yaml"
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    with cluster(tmp_path_factory.mktemp("kubesim")) as running:
+        yield running
+
+
+@pytest.fixture
+def kb(sim: Any, prefect_server: str, tmp_path: Path) -> dict[str, Any]:
+    return kube_blocks(sim, tmp_path)
+
+
+def attempt(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> Any:
+    return train_attempt(parse_spec(spec), attempt=1, run_id=run_id, backend_block=kb["backend_block"],
+                         evidence_block=kb["evidence_block"], return_state=True)
+
+
+def allowed_by_rbac() -> set[tuple[str, str]]:
+    allowed = set()
+    for doc in yaml.safe_load_all(RBAC.read_text()):
+        for rule in (doc or {}).get("rules") or []:
+            allowed |= {(resource, verb) for resource in rule["resources"] for verb in rule["verbs"]}
+    return allowed
+
+
+def calls(sim: Any, namespace: str) -> set[tuple[str, str]]:
+    made = set()
+    for entry in sim.requests():
+        if entry.get("namespace") in (namespace, None) and entry.get("resource") and entry["resource"] != "namespaces":
+            resource = entry["resource"] + (f"/{entry['subresource']}" if entry.get("subresource") else "")
+            made.add((resource, entry["verb"]))
+    return made
+
+
+def test_a_killed_flow_run_again_adopts_the_running_job_without_a_second_create(
+    kb: dict[str, Any], sim: Any, prefect_server: str,
+) -> None:
+    spec = tiny("k-adopt", "--steps", "40", "--step-seconds", "0.1")
+    sim.clear_requests()
+    code = ("import sys; from flows.attempt import train_attempt; from trainguard.core.spec import parse_spec; "
+            f"train_attempt(parse_spec({spec!r}), attempt=1, run_id='k-adopt-1', "
+            f"backend_block={kb['backend_block']!r}, evidence_block={kb['evidence_block']!r})")
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PYTHONPATH": os.pathsep.join(sys.path)}
+    first = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: pod_of(kb["api"], kb["namespace"], "k-adopt-1", 1), timeout=120, what="attempt 1 running")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    state = attempt(spec, kb, "k-adopt-1")
+    assert state.is_completed(), state.message
+    creates = sim.requests(verb="create", resource="jobs", namespace=kb["namespace"])
+    assert [c["code"] for c in creates] == [201, 409]
+    assert "training finished at step 40" in kept(kb["evidence"], "k-adopt-1", 1, "kubernetes/logs/" + next(
+        n for n in evidence_names(kb["evidence"], "k-adopt-1", 1) if n.endswith("/train.log")).removeprefix("kubernetes/logs/"))
+    assert calls(sim, kb["namespace"]) <= allowed_by_rbac()
+
+
+def test_api_errors_and_dropped_watches_change_nothing_and_calls_stay_within_rbac(
+    kb: dict[str, Any], sim: Any,
+) -> None:
+    ns = kb["namespace"]
+    sim.clear_requests()
+    sim.faults.add(verb="list", resource="pods", namespace=ns, status=503, times=2)
+    sim.faults.add(verb="create", resource="jobs", namespace=ns, status=500, times=1)
+    sim.faults.add(verb="watch", resource="pods", namespace=ns, watch="reset", times=2)
+    sim.faults.add(verb="watch", resource="jobs", namespace=ns, watch="expired", times=1)
+    try:
+        state = attempt(tiny("k-faults", "--fail-at-step", "20", "--checkpoint-every", "10"), kb, "k-faults-1")
+    finally:
+        sim.faults.clear()
+    summary = state.data.summary if hasattr(state.data, "summary") else None
+    assert state.is_failed() and "nccl_error" in state.message and "retryable" in state.message
+    assert summary is None or summary["category"] == "nccl_error"
+    hit = [r for r in sim.requests(namespace=ns) if r.get("fault")]
+    assert len(hit) >= 5  # every rule fired: the outcome above came through them
+    made = calls(sim, ns)
+    assert {("jobs", "watch"), ("pods", "watch"), ("pods/log", "get"), ("events", "list")} <= made
+    assert made <= allowed_by_rbac(), made - allowed_by_rbac()
+
+
+def test_a_job_deleted_mid_attempt_still_yields_evidence_and_a_verdict(kb: dict[str, Any], sim: Any) -> None:
+    import threading
+
+    box: list[Any] = []
+    spec = tiny("k-deleted", "--steps", "400", "--step-seconds", "0.05")
+    thread = threading.Thread(target=lambda: box.append(attempt(spec, kb, "k-deleted-1")), daemon=True)
+    thread.start()
+    pod = wait_for(lambda: pod_of(kb["api"], kb["namespace"], "k-deleted-1", 1), timeout=60, what="the pod running")
+    wait_for(lambda: b"step 10/" in kb["api"].read_pod_log(kb["namespace"], pod, "train"), timeout=30,
+             what="training under way")
+    kb["api"].delete_job(kb["namespace"], "tg-k-deleted-1-a1")
+    thread.join(120)
+    state = box[0]
+    assert state.is_failed()
+    names = evidence_names(kb["evidence"], "k-deleted-1", 1)
+    assert "manifest.json" in names and "kubernetes/outcome.json" in names
+    outcome = kept(kb["evidence"], "k-deleted-1", 1, "kubernetes/outcome.json")
+    assert "step 10/" in outcome["log_tail"]
+    assert "failed:" in state.message and "(" in state.message  # classified: category (rule)
