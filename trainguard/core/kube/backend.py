@@ -150,10 +150,15 @@ class KubernetesBackend:
         return [f"{folder}/{name}" for name in local_evidence.rank_checkpoints((n, float(t)) for n, t in listed)]
 
     def release(self, ref: AttemptRef) -> None:
-        """Delete a succeeded Job now; keep a failed one for `failed_job_ttl_seconds` (its TTL)."""
+        """Delete a succeeded Job now; keep a failed one for `failed_job_ttl_seconds` (its TTL).
+
+        A Job that has not finished (unschedulable, stalled, stopped, its pod disrupted) is deleted:
+        a TTL would never start, and it must not train on beside the next attempt.
+        """
         try:
             job = self.api.read_job(self.namespace, ref.name)
-            if job_condition(job, "Complete") or self.settings.failed_job_ttl_seconds <= 0:
+            failed = job_condition(job, "Failed")
+            if not failed or self.settings.failed_job_ttl_seconds <= 0:
                 self.api.delete_job(self.namespace, ref.name)
             else:
                 self.api.patch_job_ttl(self.namespace, ref.name, self.settings.failed_job_ttl_seconds)
@@ -194,7 +199,7 @@ class KubernetesBackend:
         watch = ResumingWatch(self.api, "pods", self.namespace, f"{manifests.LABEL_COMPONENT}=checkpoint-lister",
                               timeout_seconds=10)
         for event in watch:
-            pods = event["object"].get("items") or [] if event["type"] == RELISTED else [event["object"]]
+            pods = (event["object"].get("items") or []) if event["type"] == RELISTED else [event["object"]]
             if any(p["metadata"]["name"] == name and p.get("status", {}).get("phase") in ("Succeeded", "Failed")
                    for p in pods):
                 return

@@ -78,7 +78,9 @@ class Supervisor:
         self.ending = Ending(job=None, pod=None)
         self.last_output = clock()
         self.followed: set[str] = set()
+        self.followers: list[threading.Thread] = []
         self.marks: dict[str, float] = {}  # when each waiting condition was first seen
+        self.listed: set[str] = set()  # the resources listed at least once (a verdict needs both)
 
     def run(self) -> Ending:
         """Block until the attempt is terminal (or a limit ran out); the watches stop either way."""
@@ -94,10 +96,16 @@ class Supervisor:
                 why = self._verdict(started)
                 if why:
                     self.ending.why = why
+                    self._drain_logs(self.clock() + self.limits.settle_seconds)
                     return self.ending
         finally:
             self.stop.set()
             del threads  # daemon threads end with their stream; nothing may block the caller
+
+    def _drain_logs(self, until: float) -> None:
+        """Let the log followers of ended pods hand out their last lines (bounded)."""
+        for thread in self.followers:
+            thread.join(max(0.0, until - self.clock()))
 
     # -- feeding the queue ----------------------------------------------------------------
 
@@ -160,7 +168,9 @@ class Supervisor:
             self.ending.message = str(obj.get("message", ""))
             self.ending.why = "api"
             return
-        objects = obj.get("items") or [] if kind == RELISTED else [obj]
+        objects = (obj.get("items") or []) if kind == RELISTED else [obj]
+        if kind == RELISTED:
+            self.listed.add(source)
         if source == "jobs":
             self._apply_job(kind, objects)
         else:
@@ -186,13 +196,15 @@ class Supervisor:
         if ("running" in state or "terminated" in state) and name not in self.followed:
             self.followed.add(name)
             self.last_output = self.clock()
-            self._thread(self._follow_log, name)
+            self.followers.append(self._thread(self._follow_log, name))
 
     def _verdict(self, started: float) -> str:
         """Why the attempt is over now, or "" while it is not."""
         ending, limits, now = self.ending, self.limits, self.clock()
         if ending.why:
             return ending.why
+        if len(self.listed) < 2:
+            return ""
         job, pod = ending.job, ending.pod
         if job is not None and job_condition(job, "Complete", "Failed"):
             return "job"

@@ -1,0 +1,91 @@
+"""KubernetesBackend against kubesim without Prefect: adoption, release, checkpoints, the
+supervisor's bounded waits and the outcome it reports. nvidia.com/gpu on kubesim's nodes is the
+only stand-in (no GPU exists here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kubesim.fixture
+from trainguard.core.backend import Launch
+from trainguard.core.kube.api import KubeApi
+from trainguard.core.kube.backend import KubernetesBackend, KubeSettings
+from trainguard.core.kube.manifests import JobSettings
+from trainguard.core.kube.supervise import printable
+from waiting import wait_for
+
+
+def backend(kube: KubeApi, ns: str, tmp_path: Path, **fields: Any) -> KubernetesBackend:
+    return KubernetesBackend(lambda: kube, KubeSettings(JobSettings(image="python:3.11", namespace=ns),
+                                                        local_root=str(tmp_path), **fields))
+
+
+def launch(run_id: str, code: str, **fields: Any) -> Launch:
+    return Launch(run_id=run_id, attempt=1, command=("python", "-c", code), **fields)
+
+
+def test_a_second_run_of_the_same_attempt_adopts_the_job(kube: KubeApi, sim: kubesim.fixture.Sim, ns: str,
+                                                          tmp_path: Path) -> None:
+    b = backend(kube, ns, tmp_path)
+    ref = b.provision("r-adopt", 1)
+    code = "import time\nfor i in range(20):\n  print('tick', i, flush=True); time.sleep(0.05)"
+    first = b.run(ref, launch("r-adopt", code))
+    lines: list[str] = []
+    second = b.run(b.provision("r-adopt", 1), launch("r-adopt", code), on_line=lines.append)
+    assert first.succeeded and second.succeeded and second.node == first.node
+    assert [r["code"] for r in sim.requests(verb="create", resource="jobs", namespace=ns)] == [201, 409]
+    assert lines[0].startswith("trainguard: adopting the running Job") and "tick 19" in lines
+
+
+def test_release_deletes_finished_successes_and_gives_failures_their_ttl(kube: KubeApi, ns: str,
+                                                                         tmp_path: Path) -> None:
+    b = backend(kube, ns, tmp_path, failed_job_ttl_seconds=3600)
+    ok, bad = b.provision("r-ok", 1), b.provision("r-bad", 1)
+    assert b.run(ok, launch("r-ok", "pass")).succeeded
+    assert b.run(bad, launch("r-bad", "raise SystemExit(1)")).exit_code == 1
+    b.release(ok)
+    b.release(bad)
+    assert kube.read_job(ns, bad.name)["spec"]["ttlSecondsAfterFinished"] == 3600
+    wait_for(lambda: ok.name not in {j["metadata"]["name"] for j in kube.list_jobs(ns)["items"]}, what="deleted")
+    b.release(ok)  # already gone: nothing to do, nothing raised
+
+
+def test_an_unschedulable_attempt_waits_its_bound_then_reports_and_is_deleted_on_release(
+    kube: KubeApi, ns: str, tmp_path: Path,
+) -> None:
+    b = backend(kube, ns, tmp_path, unschedulable_seconds=1)
+    ref = b.provision("r-sched", 1)
+    outcome = b.run(ref, launch("r-sched", "pass", gpus=16))
+    assert outcome.reason == "Unschedulable" and "Insufficient nvidia.com/gpu" in outcome.message
+    b.release(ref)
+    wait_for(lambda: not kube.list_jobs(ns)["items"], what="the pending Job deleted")
+
+
+def test_a_silent_attempt_is_stopped_as_stalled(kube: KubeApi, ns: str, tmp_path: Path) -> None:
+    b = backend(kube, ns, tmp_path)
+    ref = b.provision("r-stall", 1)
+    outcome = b.run(ref, launch("r-stall", "import time; print('start', flush=True); time.sleep(60)",
+                                stall_seconds=1.5))
+    assert outcome.reason == "Stalled" and outcome.log_tail.startswith("start")
+    b.release(ref)
+
+
+def test_checkpoints_are_listed_newest_first_as_container_paths(kube: KubeApi, ns: str, tmp_path: Path) -> None:
+    b = backend(kube, ns, tmp_path)
+    code = ("import os\nd = os.environ['TRAINGUARD_CHECKPOINT_DIR']\n"
+            "for n in ('step-000010.pt', 'step-000020.pt', '.step-000030.pt.tmp'):\n  open(os.path.join(d, n), 'w').write('x')")
+    assert b.run(b.provision("r-ckpt", 1), launch("r-ckpt", code)).succeeded
+    expected = ["/trainguard/checkpoints/r-ckpt/step-000020.pt", "/trainguard/checkpoints/r-ckpt/step-000010.pt"]
+    assert b.checkpoints("r-ckpt") == expected
+    assert b.checkpoints("r-none") == []
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    (b"\x1b[31mred\x1b[0m text\r", "red text"), (b"\xff\xfebad", "\ufffd\ufffdbad"),
+    (b"\x1b]0;title\x07ok", "ok"), (b"a\x00b\tc", "ab\tc"), (b"x" * 20000, "x" * 8192),
+])
+def test_log_lines_are_made_safe_to_show(raw: bytes, shown: str) -> None:
+    assert printable(raw) == shown
