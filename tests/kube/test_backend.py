@@ -76,7 +76,8 @@ def test_a_silent_attempt_is_stopped_as_stalled(kube: KubeApi, ns: str, tmp_path
 def test_checkpoints_are_listed_newest_first_as_container_paths(kube: KubeApi, ns: str, tmp_path: Path) -> None:
     b = backend(kube, ns, tmp_path)
     code = ("import os\nd = os.environ['TRAINGUARD_CHECKPOINT_DIR']\n"
-            "for n in ('step-000010.pt', 'step-000020.pt', '.step-000030.pt.tmp'):\n  open(os.path.join(d, n), 'w').write('x')")
+            "for n in ('step-000010.pt', 'step-000020.pt', '.step-000030.pt.tmp'):\n  open(os.path.join(d, n), 'w').write('x')\n"
+            "open(os.path.join(d, 'step-000040.pt'), 'w').close()")  # empty: what a full disk leaves
     assert b.run(b.provision("r-ckpt", 1), launch("r-ckpt", code)).succeeded
     expected = ["/trainguard/checkpoints/r-ckpt/step-000020.pt", "/trainguard/checkpoints/r-ckpt/step-000010.pt"]
     assert b.checkpoints("r-ckpt") == expected

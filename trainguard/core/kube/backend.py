@@ -39,7 +39,9 @@ _LISTER = (
     "import json, os, sys\n"
     "d = sys.argv[1]\n"
     "names = sorted(os.listdir(d)) if os.path.isdir(d) else []\n"
-    "print(json.dumps([[n, os.stat(os.path.join(d, n)).st_mtime] for n in names]))\n"
+    "stats = [(n, os.stat(os.path.join(d, n))) for n in names]\n"
+    "# an empty file (a full disk leaves those) is no checkpoint to resume from\n"
+    "print(json.dumps([[n, s.st_mtime] for n, s in stats if s.st_size or os.path.isdir(os.path.join(d, n))]))\n"
 )
 
 
