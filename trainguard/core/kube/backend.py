@@ -28,7 +28,9 @@ from trainguard.core.backend import (
 from trainguard.core.kube import evidence, manifests, zipapp
 from trainguard.core.kube.api import KubeApi
 from trainguard.core.kube.errors import Conflict, KubeError, NotFound
-from trainguard.core.kube.supervise import Ending, Limits, Supervisor, container_state, job_condition
+from trainguard.core.kube.supervise import (
+    START_ERRORS, Ending, Limits, Supervisor, container_state, job_condition,
+)
 from trainguard.core.kube.watch import RELISTED, ResumingWatch
 from trainguard.core.manifest import attempt_prefix
 from trainguard.core.stores import EvidenceStore
@@ -53,7 +55,7 @@ class KubeSettings:
     unschedulable_seconds: float = 600.0
     start_error_seconds: float = 60.0
     failed_job_ttl_seconds: int = 86400
-    lister_timeout_seconds: float = 120.0
+    lister_timeout_seconds: float = 60.0
     local_root: str | None = None  # where triage facts and logs are kept on the flow's machine
 
 
@@ -202,9 +204,12 @@ class KubernetesBackend:
                               timeout_seconds=10)
         for event in watch:
             pods = (event["object"].get("items") or []) if event["type"] == RELISTED else [event["object"]]
-            if any(p["metadata"]["name"] == name and p.get("status", {}).get("phase") in ("Succeeded", "Failed")
-                   for p in pods):
+            mine = [p for p in pods if p["metadata"]["name"] == name]
+            if any(p.get("status", {}).get("phase") in ("Succeeded", "Failed") for p in mine):
                 return
+            waiting = {container_state(p, "list").get("waiting", {}).get("reason") for p in mine}
+            if waiting & START_ERRORS:  # the image cannot be pulled: it never will be in time
+                raise TimeoutError(f"checkpoint lister {name} cannot start: {sorted(waiting & START_ERRORS)}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"checkpoint lister {name} did not finish")
 
