@@ -18,5 +18,5 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 @pytest.fixture(scope="session")
 def prefect_server():
     """A real Prefect API server for the session; yields its URL for subprocesses."""
-    with prefect_test_harness(server_startup_timeout=90):
+    with prefect_test_harness(server_startup_timeout=180):
         yield PREFECT_API_URL.value()
