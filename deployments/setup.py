@@ -10,20 +10,22 @@ import importlib
 import inspect
 import pkgutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from uuid import UUID
 
 from prefect import get_client
 from prefect.blocks.core import Block
+from prefect.exceptions import ObjectNotFound
 from prefect.settings import get_current_settings
 
 import blocks
 from deployments import automations
 from flows.controller import retry_controller
 
-CONTROLLER_NAME = "local"
-CONTROLLER_ENTRYPOINT = "flows/controller.py:retry_controller"
-PROJECT_DIR = Path(__file__).resolve().parent.parent
+CONTROLLER = "retry-controller/local"
+
+
+class SetupError(ValueError):
+    """Setup cannot go on; the message names the option and the fix."""
 
 
 @dataclass
@@ -55,27 +57,31 @@ def register_block_types() -> list[str]:
     return [cls.get_block_type_slug() for cls in block_classes()]
 
 
-def ensure_controller(work_pool: str | None) -> tuple[str, UUID]:
-    """The retry-controller deployment, created or updated; (full name, id).
+def ensure_controller(name: str = CONTROLLER) -> tuple[str, UUID]:
+    """The retry-controller deployment the automations run; (full name, id).
 
-    Without a work pool it is `retry-controller/local`, run by `python -m deployments.serve`;
-    with one, `retry-controller/<pool>` runs on that pool's workers from this checkout.
+    The default, `retry-controller/local`, is created (or updated) here and run by
+    `python -m deployments.serve`. Any other name must exist already, e.g. `retry-controller/safety-net`
+    from `prefect deploy --all`.
     """
-    if work_pool is None:
+    if name == CONTROLLER:
         deployment_id = retry_controller.to_deployment(
-            name=CONTROLLER_NAME, tags=["trainguard"], description="Recovers a dead attempt and schedules its successor once.",
+            name=CONTROLLER.split("/", 1)[1], tags=["trainguard"],
+            description="Recovers a dead attempt and schedules its successor once.",
         ).apply()
-        return f"retry-controller/{CONTROLLER_NAME}", deployment_id
-    source = retry_controller.from_source(source=str(PROJECT_DIR), entrypoint=CONTROLLER_ENTRYPOINT)
-    deployment_id = source.deploy(name=work_pool, work_pool_name=work_pool, tags=["trainguard"], build=False,
-                                  push=False, print_next_steps=False, ignore_warnings=True)
-    return f"retry-controller/{work_pool}", deployment_id
+        return name, deployment_id
+    with get_client(sync_client=True) as client:
+        try:
+            return name, client.read_deployment_by_name(name).id
+        except ObjectNotFound:
+            raise SetupError(f"--controller-deployment {name!r}: no such deployment; create it with "
+                             "`prefect deploy --all` (prefect.yaml has retry-controller/safety-net) or leave the default") from None
 
 
-def run_setup(work_pool: str | None = None) -> SetupResult:
-    """Register block types, create the controller deployment and (re)create the automations."""
+def run_setup(controller: str = CONTROLLER) -> SetupResult:
+    """Register block types, find or create the controller deployment and (re)create the automations."""
     result = SetupResult(block_types=register_block_types())
-    result.controller, result.controller_id = ensure_controller(work_pool)
+    result.controller, result.controller_id = ensure_controller(controller)
     heartbeat = get_current_settings().flows.heartbeat_frequency or 180
     with get_client(sync_client=True) as client:
         result.automations = automations.ensure_automations(

@@ -14,17 +14,20 @@ from trainguard.cli.output import console, fail
 
 @app.command("setup")
 def setup(
-    work_pool: str | None = typer.Option(
-        None, "--work-pool",
-        help="Deploy the retry controller to this work pool; by default `python -m deployments.serve` runs it."),
+    controller_deployment: str = typer.Option(
+        "retry-controller/local", "--controller-deployment",
+        help="The retry-controller deployment the automations run: the default is created here and run by "
+        "`python -m deployments.serve`; another (e.g. retry-controller/safety-net from prefect.yaml) must exist."),
 ) -> None:
     """Register trainguard's block types, the retry-controller deployment and its automations (safe to repeat)."""
     from prefect.exceptions import PrefectException
 
-    from deployments.setup import run_setup
+    from deployments.setup import SetupError, run_setup
 
     try:
-        result = run_setup(work_pool)
+        result = run_setup(controller_deployment)
+    except SetupError as exc:
+        fail(str(exc))
     except (PrefectException, RuntimeError, OSError, ValueError) as exc:
         fail(f"setup could not finish on the Prefect API ({type(exc).__name__}: {exc}); "
              "check PREFECT_API_URL and that the server runs", code=1)
