@@ -58,13 +58,10 @@ def _timeline(summaries: Sequence[AttemptSummary]) -> list[str]:
     return rows
 
 
-def _sparkline(values: Sequence[float | None]) -> str:
-    known = [v for v in values if v is not None]
-    if not known:
-        return ""
-    low, high = min(known), max(known)
+def _sparkline(values: Sequence[float]) -> str:
+    low, high = min(values), max(values)
     span = (high - low) or 1.0
-    return "".join("×" if v is None else _BARS[round((v - low) / span * (len(_BARS) - 1))] for v in values)
+    return "".join(_BARS[round((v - low) / span * (len(_BARS) - 1))] for v in values)
 
 
 def _progress_bar(first: int, last: int, top: int) -> str:
@@ -86,10 +83,9 @@ def chart(summaries: Sequence[AttemptSummary]) -> str:
         first, last = s.progress[0][0], s.progress[-1][0]
         mark = "✓" if s.succeeded else "✗"
         lines.append(f"a{s.attempt:<3}{_progress_bar(first, last, top)} {mark} steps {first}→{last}")
-        losses = [loss for _, loss in s.progress]
-        if any(v is not None for v in losses):
-            known = [v for v in losses if v is not None]
-            lines.append(f"     loss {_sparkline(losses)} {known[0]:.4g}→{known[-1]:.4g}")
+        losses = [loss for _, loss in s.progress if loss is not None]  # lines that named a step only
+        if losses:
+            lines.append(f"     loss {_sparkline(losses)} {losses[0]:.4g}→{losses[-1]:.4g}")
     return "```text\n" + "\n".join(lines) + "\n```"
 
 
