@@ -5,7 +5,9 @@ folder, not into site-packages), runs the demo (attempt 1 dies of an NCCL timeou
 resumes and succeeds), and photographs two pages with headless Chromium from Debian's `chromium`
 package: the training-run flow run with its attempts, and the run's report artifact.
 
-    .venv/bin/python docs/screenshots.py [--out docs]
+    .venv/bin/python docs/screenshots.py [--out docs] [--server http://127.0.0.1:4200]
+
+With `--server`, it uses that running Prefect server (started with PREFECT_UI_API_URL set) instead.
 
 Everything it starts it stops; nothing is left in the checkout but the PNGs.
 """
@@ -36,10 +38,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_until_up(url: str, server: subprocess.Popen[bytes], timeout: float = 180) -> None:
+def wait_until_up(url: str, server: subprocess.Popen[bytes] | None, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if server.poll() is not None:
+        if server is not None and server.poll() is not None:
             raise SystemExit(f"the Prefect server exited with {server.returncode}; see its log")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2):
@@ -69,7 +71,7 @@ def run_demo(workdir: Path) -> tuple[str, str]:
     from trainguard.demo import demo_spec
 
     spec = demo_spec(steps=60, fail_at_step=35, delay_seconds=1)
-    spec["name"] = "resnet-nightly"
+    spec["name"], spec["gpus"] = "resnet-nightly", 8  # a cost figure for the report; no GPU is used
     run = run_training(spec)
     if not run.succeeded:
         raise SystemExit(f"the demo run did not succeed: {run.state}: {run.message}")
@@ -93,9 +95,18 @@ def shoot(chromium: str, url: str, out: Path, size: str, tmp: Path) -> None:
         raise SystemExit(f"chromium wrote no usable picture of {url}")
 
 
+def stop(server: subprocess.Popen[bytes]) -> None:
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
+    parser.add_argument("--server", help="a running Prefect server's address (default: start one)")
     args = parser.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -105,19 +116,20 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory(prefix="trainguard-screens-") as name:
         tmp = Path(name)
-        port = free_port()
-        server = start_server(tmp, port)
+        if args.server:
+            base, server = args.server.rstrip("/"), None
+            os.environ.update(PREFECT_API_URL=f"{base}/api", PREFECT_SERVER_ANALYTICS_ENABLED="false")
+            wait_until_up(f"{base}/api", None)
+        else:
+            port = free_port()
+            base, server = f"http://127.0.0.1:{port}", start_server(tmp, port)
         try:
             flow_run_id, artifact_id = run_demo(tmp)
-            base = f"http://127.0.0.1:{port}"
             shoot(chromium, f"{base}/runs/flow-run/{flow_run_id}", out / "ui-retried-run.png", "1400,900", tmp)
             shoot(chromium, f"{base}/artifacts/artifact/{artifact_id}", out / "ui-run-report.png", "1400,1300", tmp)
         finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
+            if server is not None:
+                stop(server)
     print(f"wrote {out / 'ui-retried-run.png'} and {out / 'ui-run-report.png'}")
 
 
