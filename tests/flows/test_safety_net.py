@@ -28,13 +28,20 @@ from flows.controller import retry_controller
 from flows.hooks import schedule_next_attempt
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def safety_net(served):
-    """`trainguard setup`'s work against the test server, with the deployments served."""
+    """`trainguard setup`'s work against the test server, with the deployments served.
+
+    The automations are removed afterwards, so other modules' tests see only their own flows' doing.
+    """
     result = run_setup()
     for name in ("train-attempt/local", "retry-controller/local"):
         wait_for(lambda: deployment_exists(name), 60, f"the served deployment {name}")
-    return result
+    yield result
+    with get_client(sync_client=True) as client:
+        for name in (automations.CRASHED, automations.FAILED, automations.ZOMBIE):
+            for automation in client.read_automations_by_name(name):
+                client.delete_automation(automation.id)
 
 
 def successors(run_id: str) -> list:
