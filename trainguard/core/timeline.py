@@ -4,7 +4,8 @@ A timeline of attempts (state, category, duration, GPU-seconds wasted, the check
 from) and a text chart of step progress and loss per attempt, in a fenced block so the Prefect UI
 shows it as it is. Every value that came from a log, a spec or a path is untrusted: it is escaped
 for Markdown and HTML, stripped of control characters and cut to a bounded length, so no log line
-can break the tables or inject markup. Only numbers and trainguard's own words enter the chart.
+can break the tables or inject markup; declared secrets are masked first (`masking`, as the attempt
+report does). Only numbers and trainguard's own words enter the chart.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import PurePath
 
+from trainguard.core import masking
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.progress import checkpoint_step
 
@@ -25,7 +27,7 @@ _MARKUP = {"<": "&lt;", ">": "&gt;", "&": "&amp;", "|": "&#124;"}
 
 def md_text(text: object, limit: int = 200) -> str:
     """`text` as inert Markdown inline text: one line, no markup, no HTML, at most `limit` characters."""
-    flat = _CONTROL.sub(" ", str(text))[: limit + 1]
+    flat = _CONTROL.sub(" ", masking.for_people(str(text)))[: limit + 1]
     if len(flat) > limit:
         flat = flat[: limit - 1] + "…"
     return _MARKDOWN.sub(lambda m: _MARKUP.get(m.group(1), "\\" + m.group(1)), flat)
