@@ -26,7 +26,11 @@ class EvidenceFolder(Block):
     _block_type_slug = "trainguard-evidence-folder"
     _description = "Store attempt evidence (logs, snapshots, checkpoints, core dumps, manifest) in a folder."
 
-    root: str = Field(default="trainguard-data/evidence", description="The evidence folder.")
+    root: str = Field(
+        default="trainguard-data/evidence", title="Evidence folder",
+        description="Folder that keeps every attempt's evidence (relative to the flow's working directory); "
+        "a mounted volume keeps it beyond the machine.",
+    )
 
     def store(self) -> EvidenceStore:
         """The store this block describes."""

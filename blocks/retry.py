@@ -19,7 +19,11 @@ class RetryPolicy(Block):
     _block_type_slug = "trainguard-retry-policy"
     _description = "How trainguard retries failed training attempts."
 
-    settings: RetrySpec = Field(default_factory=RetrySpec)
+    settings: RetrySpec = Field(
+        default_factory=RetrySpec, title="Retry settings",
+        description="Attempts, backoff (fixed or exponential), the circuit breaker and per-category overrides; "
+        "a run spec's own retry section wins over these.",
+    )
 
     def policy(self) -> CorePolicy:
         return self.settings.to_policy()

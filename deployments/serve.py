@@ -1,7 +1,8 @@
 """Serve trainguard's flows from this machine: `python -m deployments.serve`.
 
 The served `train-attempt/local` deployment is what the attempt flow's state hooks re-schedule, so
-retries come back to this process; `training-run/local` runs whole runs in one flow run. For a
+retries come back to this process; `training-run/local` runs whole runs in one flow run;
+`retry-controller/local` is what the automations of `trainguard setup` run for dead attempts. For a
 work pool instead of a long-running process, use `prefect deploy` with `prefect.yaml`.
 """
 
@@ -12,9 +13,11 @@ import argparse
 from prefect import serve
 
 from flows.attempt import train_attempt
+from flows.controller import retry_controller
 from flows.run import training_run
 
 ATTEMPT_DEPLOYMENT = "train-attempt/local"
+CONTROLLER_DEPLOYMENT = "retry-controller/local"
 
 
 def deployments(tags: list[str]) -> list:
@@ -25,6 +28,9 @@ def deployments(tags: list[str]) -> list:
         ),
         training_run.to_deployment(
             name="local", tags=tags, description="A whole training run, attempts looped in one flow run."
+        ),
+        retry_controller.to_deployment(
+            name="local", tags=tags, description="Recovers a dead attempt and schedules its successor once.",
         ),
     ]
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
-from prefect.events import emit_event
 from prefect.runtime import flow_run as current_run
 from prefect.states import Failed, State
 
 from blocks import load_backend, load_evidence, resolve_policy
+from flows import events
 from flows.hooks import schedule_next_attempt
 from tasks.evidence import collect_evidence, record_verdict
-from tasks.report import publish_report
+from tasks.report import publish_report, read_progress
 from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
 from tasks.triage import classify_failure, decide_retry
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, history_records, new_run_id
@@ -97,18 +97,14 @@ def train_attempt(
         exit_code=outcome.exit_code, termination_reason=outcome.reason, node=outcome.node,
         duration_seconds=outcome.duration_seconds, gpus=spec.gpus,
         resumed_from=resume_from, newest_checkpoint=checkpoints[0] if checkpoints else None,
-        **_evidence_fields(evidence), **_diagnosis_fields(diagnosis),
+        progress=read_progress(backend, ref, outcome), **_evidence_fields(evidence), **_diagnosis_fields(diagnosis),
     )
     decision = decide_retry(retry_policy, [*history_records(earlier), summary.record()], checkpoints)
     summary = summary.with_decision(decision)
     publish_report(summary, [AttemptSummary.from_dict(item) for item in earlier])
     if evidence is not None:
         record_verdict(store, summary, return_state=True)  # a failure here must not mask the attempt's
-    emit_event(
-        event="trainguard.attempt.finished",
-        resource={"prefect.resource.id": f"trainguard.run.{run_id}", "prefect.resource.name": run_id},
-        payload=summary.to_dict(),
-    )
+    events.report_attempt(summary)
     if summary.succeeded:
         return summary.to_dict()
     message = f"attempt {attempt} failed: {summary.category} ({summary.rule_id}); {decision.reason}"

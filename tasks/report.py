@@ -1,19 +1,48 @@
-"""The report task: publish an attempt's report and the run's attempts table as Prefect artifacts."""
+"""The report tasks: read an attempt's progress, publish its report, the run's report and attempts table."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from trainguard.core import report
+from trainguard.core import progress, report, timeline
 from trainguard.core.attempt import AttemptSummary
+from trainguard.core.backend import AttemptOutcome, AttemptRef, Backend
+
+
+def artifact_key(run_id: str) -> str:
+    """The run's artifact key prefix (artifact keys are lowercase letters, digits and dashes)."""
+    return run_id.lower().replace("_", "-").replace(".", "-")
+
+
+@task(name="read_progress", cache_policy=NO_CACHE)
+def read_progress(backend: Backend, ref: AttemptRef | None, outcome: AttemptOutcome) -> list[tuple[int, float | None]]:
+    """(step, loss) points from the attempt's log, for the run report's chart."""
+    if ref is None:
+        return []
+    log = backend.signals(ref, outcome).log
+    if isinstance(log, bytes):
+        log = log.decode("utf-8", errors="replace")
+    return progress.read_progress(log if isinstance(log, str | Path) else None)
+
+
+def publish_run_report(summaries: list[AttemptSummary]) -> None:
+    """The run's report (timeline and progress chart), one Markdown artifact keyed by run."""
+    create_markdown_artifact(
+        key=f"{artifact_key(summaries[-1].run_id)}-report",
+        markdown=timeline.render_run(summaries),
+        description=f"trainguard run {summaries[-1].run_id}: timeline of attempts",
+    )
 
 
 @task(name="publish_report", cache_policy=NO_CACHE)
 def publish_report(summary: AttemptSummary, earlier: list[AttemptSummary]) -> None:
-    """One Markdown artifact per attempt plus one table of all attempts, keyed by run."""
-    key = summary.run_id.lower().replace("_", "-").replace(".", "-")
+    """The run's report, one Markdown artifact per attempt and one table of all attempts, keyed by run."""
+    key = artifact_key(summary.run_id)
+    publish_run_report([*earlier, summary])
     create_markdown_artifact(
         key=f"{key}-attempt-{summary.attempt}",
         markdown=report.render_attempt(summary, earlier),

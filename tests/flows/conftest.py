@@ -6,12 +6,17 @@ thing that cannot exist here is a GPU; no test needs one.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from typing import Any
 
 import pytest
 
 from blocks import EvidenceFolder, LocalProcessBackend
+from flow_helpers import ROOT, subprocess_env
 from s3fixtures import s3, s3_server  # noqa: F401  (fixtures for the S3 evidence tests)
 
 
@@ -27,3 +32,21 @@ def blocks(prefect_server, tmp_path) -> dict[str, Any]:
         "work": tmp_path / "work",
         "evidence": tmp_path / "evidence",
     }
+
+
+@pytest.fixture(scope="session")
+def served(prefect_server, tmp_path_factory):
+    """`python -m deployments.serve` in a subprocess against the test server, for the whole session."""
+    tmp_path = tmp_path_factory.mktemp("serve")
+    log = (tmp_path / "serve.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "deployments.serve"], cwd=ROOT, env=subprocess_env(prefect_server),
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()

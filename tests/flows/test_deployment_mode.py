@@ -10,57 +10,23 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pytest
-from flow_helpers import attempt_dir, attempt_runs, tiny_spec
+from flow_helpers import attempt_dir, attempt_runs, deployment_exists, parent_pid, read_run, tiny_spec
 from waiting import wait_for
-from prefect import get_client
 from prefect.deployments import run_deployment
 
 from flows.attempt import train_attempt
 from flows.hooks import schedule_next_attempt
 from trainguard.core.spec import parse_spec
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def subprocess_env(api_url: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PREFECT_API_URL": api_url,
-        "PREFECT_RUNNER_POLL_FREQUENCY": "1",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PYTHONPATH": str(ROOT),
-    }
-
-
-@pytest.fixture(scope="module")
-def served(prefect_server, tmp_path_factory):
-    """`python -m deployments.serve` in a subprocess against the test server."""
-    tmp_path = tmp_path_factory.mktemp("serve")
-    log = (tmp_path / "serve.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "deployments.serve"], cwd=ROOT, env=subprocess_env(prefect_server),
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-
 
 def test_a_served_deployment_chains_a_failed_attempt_into_a_scheduled_retry_that_succeeds(served, blocks):
     spec = tiny_spec("served", "--fail-at-step", "25", "--fail-on-attempt", "1", retry={"delay_seconds": 2})
     params = {"spec": spec, "run_id": "served-1",
               "backend_block": blocks["backend_block"], "evidence_block": blocks["evidence_block"]}
-    wait_for(lambda: _deployment_exists("train-attempt/local"), 60, "the served deployment")
+    wait_for(lambda: deployment_exists("train-attempt/local"), 60, "the served deployment")
     first = run_deployment("train-attempt/local", parameters=params, timeout=0, tags=["trainguard-run:served-1"])
 
     runs = wait_for(lambda: [r for r in attempt_runs("served-1") if len(attempt_runs("served-1")) == 2
@@ -69,27 +35,27 @@ def test_a_served_deployment_chains_a_failed_attempt_into_a_scheduled_retry_that
     assert second.parameters["attempt"] == 2 and second.parameters["parent_flow_run_id"] == str(first.id)
     assert second.parameters["resume_from"].endswith("step-000020.json")
     assert {"attempt:2", f"parent:{first.id}"} <= set(second.tags)
-    assert (second.expected_start_time - _read(first.id).end_time).total_seconds() >= 1.5  # scheduled in the future
-    assert _read(first.id).state.is_failed() and "nccl_error" in _read(first.id).state.message
+    assert (second.expected_start_time - read_run(first.id).end_time).total_seconds() >= 1.5  # scheduled in the future
+    assert read_run(first.id).state.is_failed() and "nccl_error" in read_run(first.id).state.message
     log = next((attempt_dir(blocks["evidence"], "served-1", 2) / "logs").glob("*.log")).read_text()
     assert "attempt 2: resumed from step 20" in log
 
 
 def test_sigterm_mid_training_keeps_evidence_crashes_and_schedules_the_next_attempt_once(served, blocks):
     spec = tiny_spec("sigterm", "--fail-after-steps", "12", "--failure", "hang", retry={"delay_seconds": 600})
-    wait_for(lambda: _deployment_exists("train-attempt/local"), 60, "the served deployment")
+    wait_for(lambda: deployment_exists("train-attempt/local"), 60, "the served deployment")
     run = run_deployment("train-attempt/local", timeout=0, tags=["trainguard-run:sigterm-1"], parameters={
         "spec": spec, "run_id": "sigterm-1", "backend_block": blocks["backend_block"],
         "evidence_block": blocks["evidence_block"]})
     log = blocks["work"] / "runs" / "sigterm-1" / "attempt-1" / "logs" / "train-sigterm-1-attempt-1.log"
     wait_for(lambda: log.exists() and b"injecting failure 'hang'" in log.read_bytes(), 90, "training to hang")
     trainer = int(re.search(rb"pid (\d+)", log.read_bytes()).group(1))
-    flow_process = _parent(_parent(trainer))  # trainer <- container entrypoint <- the flow run's engine
+    flow_process = parent_pid(parent_pid(trainer))  # trainer <- container entrypoint <- the flow run's engine
     assert b"prefect" in Path(f"/proc/{flow_process}/cmdline").read_bytes()
     os.kill(flow_process, signal.SIGTERM)
-    wait_for(lambda: _read(run.id).state.is_final(), 60, "the attempt to end")
+    wait_for(lambda: read_run(run.id).state.is_final(), 60, "the attempt to end")
 
-    crashed = _read(run.id)
+    crashed = read_run(run.id)
     assert crashed.state.is_crashed(), crashed.state
     evidence = attempt_dir(blocks["evidence"], "sigterm-1", 1)
     assert (evidence / "manifest.json").exists()
@@ -105,22 +71,3 @@ def test_sigterm_mid_training_keeps_evidence_crashes_and_schedules_the_next_atte
     schedule_next_attempt(train_attempt, crashed, crashed.state)  # the hook again, e.g. from an automation
     assert len([r for r in attempt_runs("sigterm-1") if r.parameters.get("attempt") == 2]) == 1
     parse_spec(scheduled[0].parameters["spec"])  # the next attempt's spec is a valid spec
-
-
-def _parent(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def _read(flow_run_id):
-    with get_client(sync_client=True) as client:
-        return client.read_flow_run(flow_run_id)
-
-
-def _deployment_exists(name: str) -> bool:
-    with get_client(sync_client=True) as client:
-        try:
-            client.read_deployment_by_name(name)
-            return True
-        except Exception:
-            return False

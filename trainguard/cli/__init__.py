@@ -11,6 +11,7 @@ from trainguard.cli import evidence as _evidence  # noqa: F401  (registers comma
 from trainguard.cli import evidence_ops as _evidence_ops  # noqa: F401
 from trainguard.cli import recent as _recent  # noqa: F401
 from trainguard.cli import runs as _runs  # noqa: F401
+from trainguard.cli import setup as _setup  # noqa: F401
 from trainguard.cli.app import app
 
 

@@ -50,6 +50,7 @@ class AttemptSummary:
     evidence_links: Mapping[str, str] = field(default_factory=dict)  # item name -> (presigned) URL
     evidence_links_expire_at: str = ""
     node: str | None = None
+    progress: Sequence[tuple[int, float | None]] = ()  # (step, loss) points from the log, thinned
     decision: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -79,13 +80,28 @@ class AttemptSummary:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["decision"] = dict(self.decision)
+        data["progress"] = [list(point) for point in self.progress]
         data["gpu_seconds"] = self.gpu_seconds
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AttemptSummary:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        values["progress"] = _progress(values.get("progress"))
+        return cls(**values)
+
+
+def _progress(points: Any) -> tuple[tuple[int, float | None], ...]:
+    """Progress points read back from JSON; anything malformed is dropped, never raised."""
+    kept = []
+    for point in points if isinstance(points, list | tuple) else ():
+        try:
+            step, loss = int(point[0]), None if point[1] is None else float(point[1])
+        except (TypeError, ValueError, IndexError):
+            continue
+        kept.append((step, loss))
+    return tuple(kept)
 
 
 def _replace(summary: AttemptSummary, **changes: Any) -> AttemptSummary:

@@ -201,6 +201,20 @@ class Backend(Protocol):
         ...
 
 
+@runtime_checkable
+class StopsOrphans(Protocol):
+    """A backend that can stop an attempt whose supervising flow process died without a word.
+
+    Optional beside `Backend`: the retry controller and the crash hook call it before collecting
+    evidence, so no training keeps running unsupervised next to the next attempt. A backend whose
+    platform ends the attempt with its supervisor (a Job deleted by `release`) needs no more.
+    """
+
+    def stop_orphan(self, ref: AttemptRef) -> str | None:
+        """Stop whatever still runs for `ref`; say what was stopped, or None when nothing ran."""
+        ...
+
+
 def container_env(
     launch: Launch, *, workspace: str, checkpoint_dir: str | None, base: Mapping[str, str] | None = None
 ) -> dict[str, str]:

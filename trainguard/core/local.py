@@ -31,6 +31,7 @@ from trainguard_entrypoint.files import write_json_atomic
 from trainguard_entrypoint.redact import redact_argv
 
 from trainguard.core import masking
+from trainguard.core.orphans import process_start_ticks
 from trainguard.core.workspace import AttemptWorkspace
 
 COMPLETED = "Completed"
@@ -173,6 +174,7 @@ class LocalProcessRunner:
             message = f"cannot start the entrypoint with python {self._python!r}: {exc.strerror or exc}"
             return self._finish(workspace, command, None, code, None, START_ERROR, message, started_at, start)
         assert proc.stdout is not None
+        _write_process_record(workspace, proc.pid, started_at)
         watcher = _OutputWatcher(proc.stdout, self._on_line, self._clock, masking.current())
         watcher.start()
         try:
@@ -310,6 +312,16 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # nobody left in the group
+
+
+def _write_process_record(workspace: AttemptWorkspace, pid: int, started_at: datetime) -> None:
+    payload = {"format": 1, "entrypoint_pid": pid, "process_group": pid, "host": os.uname().nodename,
+               "start_ticks": process_start_ticks(pid), "supervisor_pid": os.getpid(),
+               "started_at": started_at.isoformat()}
+    try:
+        write_json_atomic(workspace.process_path, payload)
+    except OSError:
+        pass  # without it a dead supervisor's command is only stopped by the entrypoint's own watch
 
 
 def _crash_report(workspace: AttemptWorkspace, entrypoint_pid: int) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.core import evidence
+from trainguard.core import evidence, orphans
 from trainguard.core.backend import AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, container_env
 from trainguard.core.local import LocalProcessRunner, ProcessOutcome
 from trainguard.core.manifest import attempt_prefix
@@ -72,6 +72,11 @@ class LocalBackend:
     def checkpoints(self, run_id: str) -> list[str]:
         folder = run_checkpoint_dir(self.work_root, run_id)
         return [str(path) for path in evidence.newest_checkpoints(folder)] if folder.is_dir() else []
+
+    def stop_orphan(self, ref: AttemptRef) -> str | None:
+        """Stop the entrypoint (and its process group) a killed flow process left running."""
+        result = orphans.stop_leftover(self.workspace(ref).process_path, self.grace_seconds)
+        return result.message if result.stopped else None
 
     def release(self, ref: AttemptRef) -> None:
         """Nothing to clean up: the workspace stays for `trainguard run --resume`."""

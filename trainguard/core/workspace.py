@@ -80,6 +80,14 @@ class AttemptWorkspace:
         return self.root / "crash-report.json"
 
     @property
+    def process_path(self) -> Path:
+        """Which process runs the attempt (pid, process group, start time), written when it starts.
+
+        Whoever finds the attempt's supervisor dead reads it to stop the command left behind.
+        """
+        return self.root / "process.json"
+
+    @property
     def runner_report_path(self) -> Path:
         """The local runner's own view of the attempt (written even if the entrypoint was killed)."""
         return self.root / "runner.json"

@@ -1,0 +1,137 @@
+"""Pictures of the Prefect UI for the README: a retried run's flow run page and its run report.
+
+Starts its own Prefect server on a free loopback port (UI on, its build written to a temporary
+folder, not into site-packages), runs the demo (attempt 1 dies of an NCCL timeout, attempt 2
+resumes and succeeds), and photographs two pages with headless Chromium from Debian's `chromium`
+package: the training-run flow run with its attempts, and the run's report artifact.
+
+    .venv/bin/python docs/screenshots.py [--out docs] [--server http://127.0.0.1:4200]
+
+With `--server`, it uses that running Prefect server (started with PREFECT_UI_API_URL set) instead.
+
+Everything it starts it stops; nothing is left in the checkout but the PNGs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars", "--virtual-time-budget=25000"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until_up(url: str, server: subprocess.Popen[bytes] | None, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server is not None and server.poll() is not None:
+            raise SystemExit(f"the Prefect server exited with {server.returncode}; see its log")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"the Prefect server at {url} did not answer within {timeout:g}s")
+
+
+def start_server(tmp: Path, port: int) -> subprocess.Popen[bytes]:
+    api = f"http://127.0.0.1:{port}/api"
+    os.environ.update(PREFECT_API_URL=api, PREFECT_UI_API_URL=api, PREFECT_HOME=str(tmp / "home"),
+                      PREFECT_SERVER_UI_STATIC_DIRECTORY=str(tmp / "ui"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    log = (tmp / "server.log").open("wb")
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_until_up(api, server)
+    return server
+
+
+def run_demo(workdir: Path) -> tuple[str, str]:
+    """Run the demo against the server; (training-run flow run id, report artifact id)."""
+    os.chdir(workdir)  # the demo's work and evidence folders land in the temporary folder
+    from prefect.artifacts import Artifact
+
+    from flows.notebook import run_training
+    from trainguard.demo import demo_spec
+
+    spec = demo_spec(steps=60, fail_at_step=35, delay_seconds=1)
+    spec["name"], spec["gpus"] = "resnet-nightly", 8  # a cost figure for the report; no GPU is used
+    run = run_training(spec)
+    if not run.succeeded:
+        raise SystemExit(f"the demo run did not succeed: {run.state}: {run.message}")
+    parent = run.attempts[0].flow_run_id
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        parent_id = client.read_flow_run(parent).parent_task_run_id
+        attempt = client.read_flow_run(parent)
+        training = client.read_task_run(parent_id).flow_run_id if parent_id else attempt.id
+    artifact = Artifact.get(f"{run.run_id}-report", _sync=True)  # type: ignore[call-arg]
+    return str(training), str(artifact.id)
+
+
+def shoot(chromium: str, url: str, out: Path, size: str, tmp: Path) -> None:
+    profile = Path(tempfile.mkdtemp(dir=tmp, prefix="chromium-"))
+    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size}",
+                    f"--screenshot={out}", url], check=True, timeout=180,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if not out.exists() or out.stat().st_size < 10_000:
+        raise SystemExit(f"chromium wrote no usable picture of {url}")
+
+
+def stop(server: subprocess.Popen[bytes]) -> None:
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs")
+    parser.add_argument("--server", help="a running Prefect server's address (default: start one)")
+    args = parser.parse_args()
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise SystemExit("chromium: not found; install Debian's package: apt-get install chromium")
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT))
+    with tempfile.TemporaryDirectory(prefix="trainguard-screens-") as name:
+        tmp = Path(name)
+        if args.server:
+            base, server = args.server.rstrip("/"), None
+            os.environ.update(PREFECT_API_URL=f"{base}/api", PREFECT_SERVER_ANALYTICS_ENABLED="false")
+            wait_until_up(f"{base}/api", None)
+        else:
+            port = free_port()
+            base, server = f"http://127.0.0.1:{port}", start_server(tmp, port)
+        try:
+            flow_run_id, artifact_id = run_demo(tmp)
+            shoot(chromium, f"{base}/runs/flow-run/{flow_run_id}", out / "ui-retried-run.png", "1400,900", tmp)
+            shoot(chromium, f"{base}/artifacts/artifact/{artifact_id}", out / "ui-run-report.png", "1400,1300", tmp)
+        finally:
+            if server is not None:
+                stop(server)
+    print(f"wrote {out / 'ui-retried-run.png'} and {out / 'ui-run-report.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""What is left of an attempt whose flow process died: its verdict, its leftover process, its evidence.
+
+Used by the crash hook and the retry controller alike, so whichever gets there first does the work
+and the other finds it done: the verdict the flow kept beside its evidence is read back, a training
+process still running without its supervisor is stopped (through the backend, when it can), and
+evidence the flow never collected is collected through the backend's own collector. Each step is
+best effort and says what it did; none of them raises.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from prefect.logging import get_logger
+
+from blocks import load_backend, load_evidence
+from tasks.report import publish_run_report
+from trainguard.core import manifest, progress
+from trainguard.core.attempt import AttemptSummary
+from trainguard.core.backend import ERROR, AttemptOutcome, AttemptRef, StopsOrphans
+from trainguard.core.stores import EvidenceNotFound, EvidenceStore
+
+logger = get_logger("trainguard.recovery")
+
+
+def kept_verdict(params: dict[str, Any], run_id: str) -> AttemptSummary | None:
+    """The verdict (summary with its retry decision) the attempt flow kept with its evidence, if any."""
+    try:
+        store = load_evidence(params.get("evidence_block"))
+        data = json.loads(store.get_bytes(f"{manifest.attempt_prefix(run_id, int(params['attempt']))}/verdict.json"))
+    except (EvidenceNotFound, ValueError, OSError) as exc:
+        logger.debug("no verdict kept for %s attempt %s: %s", run_id, params.get("attempt"), exc)
+        return None
+    return AttemptSummary.from_dict(data) if isinstance(data, dict) and data.get("decision") else None
+
+
+def recover_attempt(params: dict[str, Any], run_id: str, why: str) -> dict[str, Any]:
+    """Stop what the dead attempt left running and collect its evidence if the flow could not.
+
+    Returns the evidence figures (`location`, `items`, `missing`) and `stopped`, what was stopped.
+    """
+    attempt = int(params.get("attempt", 1))
+    backend = load_backend(params.get("backend_block"))
+    ref = backend.provision(run_id, attempt)  # finds the attempt's place again; creates nothing new
+    stopped = _stop_orphan(backend, ref)
+    outcome = AttemptOutcome(exit_code=None, signal=None, reason=ERROR,
+                             message=f"the attempt's flow run died before it could report: {why}")
+    store = load_evidence(params.get("evidence_block"))
+    found = _existing_evidence(store, run_id, attempt)
+    if found is None:
+        collected = backend.collect_evidence(ref, store, outcome)
+        logger.info("collected %d evidence items of %s attempt %s into %s", len(collected.manifest.items), run_id,
+                    attempt, collected.location)
+        found = collected.summary
+    return {**found, "stopped": stopped, "progress": _progress(backend, ref, outcome)}
+
+
+def keep_verdict(params: dict[str, Any], summary: AttemptSummary) -> None:
+    """Keep the verdict reached after the attempt died beside its evidence, as the flow would have."""
+    try:
+        store = load_evidence(params.get("evidence_block"))
+        data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
+        manifest.add_items(store, summary.run_id, summary.attempt, {"verdict.json": data}, "retry-controller",
+                           datetime.now(timezone.utc).isoformat())
+    except Exception as exc:  # the evidence stays as collected; the verdict also lives in the run's events
+        logger.warning("could not keep the verdict of %s attempt %s: %s", summary.run_id, summary.attempt, exc)
+
+
+def publish_report(summaries: list[AttemptSummary]) -> None:
+    """The run's report with the dead attempt in its timeline (its own flow could not publish it)."""
+    try:
+        publish_run_report(summaries)
+    except Exception as exc:  # the verdict and the retry matter more than the picture of them
+        logger.warning("could not publish the report of %s: %s", summaries[-1].run_id, exc)
+
+
+def _stop_orphan(backend: Any, ref: AttemptRef) -> str | None:
+    if not isinstance(backend, StopsOrphans):
+        return None
+    try:
+        stopped = backend.stop_orphan(ref)
+    except Exception as exc:  # stopping is best effort; the evidence and the retry still matter
+        logger.warning("could not stop what %s attempt %s left running: %s", ref.run_id, ref.attempt, exc)
+        return None
+    if stopped:
+        logger.warning("%s attempt %s: %s", ref.run_id, ref.attempt, stopped)
+    return stopped
+
+
+def _progress(backend: Any, ref: AttemptRef, outcome: AttemptOutcome) -> list[tuple[int, float | None]]:
+    try:
+        log = backend.signals(ref, outcome).log
+    except Exception:  # the chart is a nicety; a backend that cannot say is no reason to stop here
+        return []
+    if isinstance(log, bytes):
+        log = log.decode("utf-8", errors="replace")
+    return progress.read_progress(log if isinstance(log, str | Path) else None)
+
+
+def _existing_evidence(store: EvidenceStore, run_id: str, attempt: int) -> dict[str, Any] | None:
+    try:
+        found = manifest.read_manifest(store, run_id, attempt)
+    except (EvidenceNotFound, manifest.ManifestError, ValueError):
+        return None
+    return {"location": store.describe(manifest.attempt_prefix(run_id, attempt)), "items": len(found.items),
+            "missing": len(found.missing)}

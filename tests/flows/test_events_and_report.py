@@ -1,0 +1,88 @@
+"""Events users automate on, and the run report a person opens first, from real runs.
+
+Runs go through the training-run flow against the session's Prefect server with real processes;
+the events are read back from the server's own event store, the report from its artifacts.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from flow_helpers import tiny_spec
+from prefect import get_client
+from prefect.artifacts import Artifact
+from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+from waiting import wait_for
+
+from flows.run import training_run
+from trainguard.core.spec import parse_spec
+
+HOSTILE = (
+    "import sys\n"
+    "for step in range(1, 6): print(f'step {step}/5 loss {1 / step:.3f}', flush=True)\n"
+    "print('<script>alert(1)</script> | ## not a heading | **bold** [x](javascript:alert(1)) `tick` '"
+    " + 'A' * 1_000_000, flush=True)\n"
+    "print('Traceback (most recent call last):\\nTypeError: <img src=x onerror=alert(1)> | broken | row')\n"
+    "sys.exit(1)\n"
+)
+
+
+def events_of(run_id: str) -> dict[str, dict]:
+    with get_client(sync_client=True) as client:
+        page = client.read_events(EventFilter(event=EventNameFilter(prefix=["trainguard."]),
+                                              resource=EventResourceFilter(id=[f"trainguard.run.{run_id}"])), limit=50)
+    return {event.event: event for event in page.events}
+
+
+def run(spec: dict, blocks: dict, run_id: str):
+    return training_run(parse_spec(spec), run_id=run_id, backend_block=blocks["backend_block"],
+                        evidence_block=blocks["evidence_block"], return_state=True)
+
+
+def test_a_run_that_gives_up_emits_labelled_attempt_and_run_events(blocks):
+    spec = tiny_spec("events-fail", "--fail-at-step", "15", "--failure", "type-error", gpus=2)
+    assert run(spec, blocks, "events-fail-1").is_failed()
+
+    found = wait_for(lambda: (e := events_of("events-fail-1")) and len(e) == 2 and e, 60, "both events")
+    assert set(found) == {"trainguard.attempt.finished", "trainguard.run.gave-up"}
+    labels = dict(found["trainguard.run.gave-up"].resource.root)
+    assert labels["trainguard.category"] == "code_error" and labels["trainguard.retryable"] == "false"
+    assert labels["trainguard.run-id"] == "events-fail-1" and labels["trainguard.attempt"] == "1"
+    assert labels["trainguard.rule-id"] not in ("", "none") and labels["trainguard.node"] not in ("", "unknown")
+    assert float(labels["trainguard.gpu-seconds"]) > 0
+    related = {r.id for r in found["trainguard.attempt.finished"].related}
+    assert any(r.startswith("prefect.flow-run.") for r in related)
+
+
+def test_a_run_that_succeeds_emits_run_succeeded(blocks):
+    assert run(tiny_spec("events-ok"), blocks, "events-ok-1").is_completed()
+    found = wait_for(lambda: (e := events_of("events-ok-1")) and len(e) == 2 and e, 60, "both events")
+    assert set(found) == {"trainguard.attempt.finished", "trainguard.run.succeeded"}
+    assert found["trainguard.run.succeeded"].resource["trainguard.retryable"] == "false"
+
+
+def test_the_run_report_has_a_timeline_and_chart_and_hostile_log_text_cannot_break_it(blocks):
+    spec = tiny_spec("hostile", "--fail-at-step", "25", "--fail-on-attempt", "1")
+    assert run(spec, blocks, "hostile-1").is_completed()
+    report = Artifact.get("hostile-1-report").data
+    assert "# Run hostile-1: succeeded on attempt 2" in report
+    timeline = [line for line in report.splitlines() if line.startswith("| 1/") or line.startswith("| 2/")]
+    assert "**Failed**" in timeline[0] and "nccl\\_error" in timeline[0] and "**Completed**" in timeline[1]
+    assert "step-000020.json" in timeline[1]  # the checkpoint attempt 2 resumed from
+    chart = report.split("```text", 1)[1].split("```", 1)[0]
+    assert re.search(r"a1\s+█+·+ ✗ steps \d+→25", chart) and re.search(r"a2\s+·+█+ ✓ steps 2\d→40", chart)
+    assert "loss" in chart
+
+    bad = {"name": "hostile-log", "command": [sys.executable, "-c", HOSTILE]}
+    assert run(bad, blocks, "hostile-2").is_failed()
+    report = Artifact.get("hostile-2-report").data
+    assert "<script>" not in report and "<img" not in report and "](javascript" not in report
+    assert len(report) < 20_000 and max(len(line) for line in report.splitlines()) < 2_000
+    rows = [line for line in report.splitlines() if line.startswith("| ")]
+    assert {_cells(row) for row in rows} == {8}  # no pipe from the log split or added a column
+    assert "```text" in report and report.count("```") == 2
+
+
+def _cells(row: str) -> int:
+    return len(re.split(r"(?<!\\)\|", row.strip())) - 2
