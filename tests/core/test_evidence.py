@@ -175,9 +175,9 @@ def test_collected_at_comes_from_the_injected_clock(workspace, store) -> None:
     assert {item.collected_at for item in manifest.items} == {"2026-03-01T12:00:00+00:00"}
 
 
-def _touch(folder: Path, name: str, mtime: float) -> None:
+def _touch(folder: Path, name: str, mtime: float, content: bytes = b"weights") -> None:
     path = folder / name
-    path.write_bytes(b"")
+    path.write_bytes(content)
     os.utime(path, (mtime, mtime))
 
 
@@ -210,6 +210,14 @@ def test_newest_checkpoints_reads_common_naming_schemes(tmp_path: Path, names: d
         _touch(tmp_path, name, mtime)
 
     assert [p.name for p in newest_checkpoints(tmp_path)] == expected
+
+
+def test_newest_checkpoints_skips_empty_files_and_folders_a_full_disk_leaves(tmp_path: Path) -> None:
+    _touch(tmp_path, "step-000100.pt", 100)
+    _touch(tmp_path, "step-000200.pt", 200, content=b"")
+    (tmp_path / "checkpoint-300").mkdir()
+
+    assert [p.name for p in newest_checkpoints(tmp_path)] == ["step-000100.pt"]
 
 
 def test_newest_checkpoints_of_a_missing_folder_is_empty(tmp_path: Path) -> None:
