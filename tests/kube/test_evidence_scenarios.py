@@ -17,6 +17,7 @@ import kubesim.fixture
 from trainguard.core.kube import errors
 from trainguard.core.kube.api import KubeApi, RetrySettings
 from trainguard.core.kube.evidence import collect_kubernetes_evidence, read_triage_facts
+from trainguard.core.kube.scene import BreakerApi
 from trainguard.core.stores import LocalEvidenceStore
 from waiting import wait_for
 
@@ -175,24 +176,52 @@ def test_a_pod_already_deleted_is_recorded_absent_and_the_rest_is_still_collecte
     assert "no pod of the Job" in kept.why("termination-message.txt")
 
 
-@pytest.mark.parametrize("resource", ["pods", "events"])
+@pytest.mark.parametrize("resource", ["pods", "events", "everything"])
 def test_api_errors_during_collection_become_absent_items_never_an_exception(
     sim: kubesim.fixture.Sim, kube: KubeApi, ns: str, tmp_path: Path, resource: str,
 ) -> None:
-    kube.create_job(ns, training_job("flaky", "import sys; sys.exit(1)", run_id="run-1", volumes=False))
+    kube.create_job(ns, training_job("flaky", "import sys; sys.exit(1)", run_id="run-1"))
     _failed(kube, ns, "flaky")
     impatient = KubeApi.from_kubeconfig(str(sim.kubeconfig),
                                         retry=RetrySettings(attempts=2, first_delay_seconds=0.01))
-    sim.faults.add(verb="list", resource=resource, namespace=ns, status=503)
+    if resource == "everything":
+        sim.faults.add(namespace=ns, status=503)
+    else:
+        sim.faults.add(verb="list", resource=resource, namespace=ns, status=503)
     try:
         kept = _collect(impatient, ns, "flaky", tmp_path)
     finally:
         sim.faults.clear()
         impatient.close()
 
-    assert "kubernetes/job.json" in kept.items and "manifest.json" not in kept.missing
+    assert "manifest.json" not in kept.missing and "kubernetes/triage.json" in kept.items
     if resource == "pods":
         assert "503" in kept.why("kubernetes/pods") and "API error" in kept.why("kubernetes/pods")
-    else:
+        assert "crash-report.json" in kept.items  # the volume was still read, through the Job's template
+    elif resource == "events":
         assert "503" in kept.why("kubernetes/events.json (Job flaky)")
-        assert len(kept.names("kubernetes/pods/")) >= 2  # the pod and its log were still kept
+        assert "kubernetes/job.json" in kept.items and len(kept.names("kubernetes/pods/")) >= 2
+    else:
+        assert "503" in kept.why("kubernetes/job.json") and "503" in kept.why("kubernetes/pods")
+        assert "neither the Job nor any pod" in kept.why("volume")
+
+
+def test_after_three_transient_failures_in_a_row_collection_stops_calling_the_api(
+    sim: kubesim.fixture.Sim, ns: str,
+) -> None:
+    impatient = KubeApi.from_kubeconfig(str(sim.kubeconfig), retry=RetrySettings(attempts=2, first_delay_seconds=0))
+    breaker = BreakerApi(impatient)
+    sim.faults.add(namespace=ns, status=503)
+    try:
+        messages = []
+        for _ in range(4):
+            with pytest.raises(errors.Transient) as caught:
+                breaker.read_job(ns, "any")
+            messages.append(str(caught.value))
+    finally:
+        sim.faults.clear()
+    assert len(sim.requests(verb="get", namespace=ns, name="any")) == 6  # 3 calls x 2 attempts, then none
+    assert "not tried: the API failed 3 times in a row" in messages[3] and "503" in messages[3]
+    with pytest.raises(errors.Transient, match="not tried"):
+        breaker.list_pods(ns)  # the API answers again, but this collection has given up on it
+    impatient.close()

@@ -15,26 +15,54 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trainguard_entrypoint.redact import REDACTED, is_secret_name, redact_argv, redact_text
 
 from trainguard.core.kube.api import STREAM_CHUNK_BYTES, KubeApi
 from trainguard.core.kube.collector import training_container
 from trainguard.core.kube.describe import event_time
+from trainguard.core.kube.errors import Transient
 from trainguard.core.manifest import ManifestItem, MissingItem
 from trainguard.core.stores import EvidenceStore, StoredItem
 
+T = TypeVar("T")
 KUBERNETES = "kubernetes"
 _LOG_READ_TIMEOUT = (5.0, 120.0)
 _LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+class BreakerApi(KubeApi):
+    """The same cluster, but once calls failed transiently `limit` times in a row, no more are tried.
+
+    Collection runs in a ``finally``: with the API down, each call would spend its whole retry
+    budget and the flow would wait minutes for a row of identical errors. After the limit each
+    call fails at once, saying so, for the rest of this collection; a success before the limit
+    starts the count again.
+    """
+
+    def __init__(self, inner: KubeApi, limit: int = 3) -> None:
+        super().__init__(inner.api_client, retry=inner.retry, sleep=inner.sleep, clock=inner.clock)
+        self.limit, self.failures, self.last = limit, 0, ""
+
+    def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self.failures >= self.limit:
+            raise Transient(f"{what}: not tried: the API failed {self.failures} times in a row (last: {self.last})")
+        try:
+            result = super().call(what, fn, *args, **kwargs)
+        except Transient as exc:
+            self.failures, self.last = self.failures + 1, str(exc)
+            raise
+        self.failures = 0
+        return result
 
 
 class Collector:
     """Stores items under one attempt prefix and keeps the manifest's two lists."""
 
     def __init__(self, api: KubeApi, store: EvidenceStore, prefix: str, now: Callable[[], datetime]) -> None:
-        self.api, self.store, self.prefix, self.now = api, store, prefix, now
+        self.api: KubeApi = BreakerApi(api)
+        self.store, self.prefix, self.now = store, prefix, now
         self.items: list[ManifestItem] = []
         self.missing: list[MissingItem] = []
 
