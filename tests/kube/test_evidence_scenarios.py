@@ -19,6 +19,8 @@ from trainguard.core.kube.api import KubeApi, RetrySettings
 from trainguard.core.kube.evidence import collect_kubernetes_evidence, read_triage_facts
 from trainguard.core.kube.scene import BreakerApi
 from trainguard.core.stores import LocalEvidenceStore
+from trainguard.core.taxonomy import Category
+from trainguard.core.triage import classify
 from waiting import wait_for
 
 _SEGV = ("import os, pathlib, signal\n"
@@ -92,8 +94,9 @@ def test_oom_killed_pod_keeps_its_termination_state_log_and_volume_files(
     assert b"step 1 loss 2.0" in kept.read("logs/train-run-1-attempt-1.log")  # from the volume
     assert "Reason:       OOMKilled" in kept.read(f"kubernetes/pods/{pod}/describe.txt").decode()
     assert "killed (SIGKILL)" in kept.why("crash-report.json")
-    facts = read_triage_facts(kept.store, "run-1", 1)
+    facts = read_triage_facts(kept.store, "run-1", 1, tmp_path / "elsewhere")  # the log comes from the store
     assert (facts.reason, facts.exit_code) == ("OOMKilled", 137)
+    assert classify(facts.signals()).category is Category.HOST_OOM
     node = facts.node
     assert kept.json(f"kubernetes/nodes/{node}.json")["allocatable"]["nvidia.com/gpu"] == "2"
     assert any(c["type"] == "Ready" for c in kept.json(f"kubernetes/nodes/{node}.json")["conditions"])
@@ -153,6 +156,7 @@ def test_err_image_pull_keeps_the_events_and_says_why_logs_are_missing(
     facts = read_triage_facts(kept.store, "run-1", 1)
     assert facts.reason in ("ErrImagePull", "ImagePullBackOff")
     assert any(e.get("reason") == "Failed" for e in facts.events)
+    assert classify(facts.signals()).category is Category.CONFIG_ERROR
     kube.delete_job(ns, "pull")
     wait_for(lambda: not collectors(kube, ns), what="the collector pod deleted")
 

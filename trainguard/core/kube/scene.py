@@ -25,6 +25,7 @@ from trainguard.core.kube.describe import event_time
 from trainguard.core.kube.errors import Transient
 from trainguard.core.manifest import ManifestItem, MissingItem
 from trainguard.core.stores import EvidenceStore, StoredItem
+from trainguard.core.triage.signals import Signals
 
 T = TypeVar("T")
 KUBERNETES = "kubernetes"
@@ -221,6 +222,12 @@ class ClusterFacts:
 
     def with_log(self, path: str | None) -> ClusterFacts:
         return replace(self, log_path=path)
+
+    def signals(self) -> Signals:
+        """What triage reads: the log file when one was kept, else the termination message."""
+        log: str | None = self.log_path if self.log_path and Path(self.log_path).is_file() else None
+        return Signals(exit_code=self.exit_code, reason=self.reason, conditions=self.conditions,
+                       events=self.events, log=Path(log) if log else self.termination_message)
 
 
 def _terminated(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
