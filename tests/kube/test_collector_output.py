@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.core.kube import collector
+from trainguard.core.kube import collector, collector_program
 
 
 def _run(workspace: Path, checkpoints: Path, budget: int = 1 << 20) -> bytes:
-    done = subprocess.run([sys.executable, "-c", collector.script(), str(workspace), str(checkpoints), str(budget)],
+    done = subprocess.run([sys.executable, "-c", collector_program.script(), str(workspace), str(checkpoints), str(budget)],
                           capture_output=True, timeout=60, check=True)
     return done.stdout
 
@@ -103,3 +103,13 @@ def test_plan_mounts_the_same_volume_read_only_and_pins_a_host_path_to_its_node(
 def test_plan_says_why_an_empty_dir_workspace_cannot_be_read() -> None:
     plan = collector.plan(_spec({"emptyDir": {}}))
     assert plan.absent and "deleted with its pod" in plan.absent
+
+
+def test_stderr_between_the_lines_is_ignored_and_shown_when_the_program_failed(attempt: tuple[Path, Path]) -> None:
+    lines = _run(*attempt).splitlines(keepends=True)
+    noisy = b"".join([lines[0], b"DeprecationWarning: something\n", *lines[1:]])
+    spool = io.BytesIO()
+    collector.decode(iter([noisy]), spool)
+    assert "crash-report.json" in _members(spool.getvalue())
+    with pytest.raises(ValueError, match=r"no META line\); it also printed: Traceback .* / OSError: \\x1b"):
+        collector.decode(iter([b"Traceback (most recent call last):\nOSError: \x1b[2J\n"]), io.BytesIO())

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import inspect
 import json
 import posixpath
 import time
@@ -27,123 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from trainguard_entrypoint import checkpoints as _checkpoints
-
 from trainguard.core.kube.api import KubeApi
+from trainguard.core.kube.collector_program import MAGIC, script
+from trainguard.core.kube.describe import safe
 from trainguard.core.kube.errors import KubeError
 
-MAGIC = "TRAINGUARD-EVIDENCE/1"
 CONTAINER = "collect"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "evidence-collector"
 COLLECTS_LABEL = "trainguard.io/collects"
 DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
 _MAX_LINE_BYTES = 64 * 1024
-
-# Runs inside the collector pod with the image's own Python 3 (stdlib only). The checkpoint
-# listing is the entrypoint's own function, prepended as source, so both sides list alike.
-_SCRIPT = r'''
-import base64, hashlib, os, stat, sys, tarfile
-MAGIC = "TRAINGUARD-EVIDENCE/1"
-_ORDER = ("crash-report.json", "snapshot/", "logs/")
-
-
-class _Lines:
-    """A write-only file that prints what it is given as base64 lines, counting and hashing it."""
-
-    def __init__(self):
-        self.pending, self.size, self.digest = b"", 0, hashlib.sha256()
-
-    def write(self, data):
-        data = bytes(data)
-        self.size += len(data)
-        self.digest.update(data)
-        self.pending += data
-        while len(self.pending) >= 3072:
-            self._emit(self.pending[:3072])
-            self.pending = self.pending[3072:]
-        return len(data)
-
-    def _emit(self, chunk):
-        sys.stdout.write(base64.b64encode(chunk).decode("ascii") + "\n")
-
-    def close(self):
-        if self.pending:
-            self._emit(self.pending)
-        self.pending = b""
-        sys.stdout.flush()
-
-
-def _rank(name):
-    for index, prefix in enumerate(_ORDER):
-        if name == prefix or name.startswith(prefix):
-            return index
-    return len(_ORDER)
-
-
-def _files(root, meta):
-    found = []
-    for folder, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for filename in sorted(filenames):
-            path = os.path.join(folder, filename)
-            name = os.path.relpath(path, root).replace(os.sep, "/")
-            try:
-                info = os.lstat(path)
-            except OSError as exc:
-                meta["problems"].append({"name": name, "reason": "cannot stat: %s" % (exc.strerror or exc)})
-                continue
-            if not stat.S_ISREG(info.st_mode):
-                meta["skipped"].append({"name": name, "size_bytes": 0, "reason": "not a regular file"})
-                continue
-            found.append((_rank(name), name, path, info.st_size))
-    return sorted(found)
-
-
-def main(workspace, checkpoint_dir, budget):
-    meta = {"workspace": workspace, "checkpoint_dir": checkpoint_dir, "files": [], "skipped": [],
-            "problems": [], "workspace_absent": None, "checkpoints": None}
-    if checkpoint_dir:
-        try:
-            meta["checkpoints"] = list_checkpoints(Path(checkpoint_dir))
-        except Exception as exc:
-            meta["problems"].append({"name": "checkpoints.json", "reason": "%s: %s" % (type(exc).__name__, exc)})
-    chosen, spent = [], 0
-    if not os.path.isdir(workspace):
-        meta["workspace_absent"] = "no such directory on the volume: %s" % workspace
-    else:
-        for _, name, path, size in _files(workspace, meta):
-            if spent + size > budget:
-                reason = "%d bytes, over the %d-byte copy budget; it stays on the volume at %s" % (size, budget, path)
-                meta["skipped"].append({"name": name, "size_bytes": size, "reason": reason})
-                continue
-            chosen.append((name, path))
-            spent += size
-    meta["files"] = [name for name, _ in chosen]
-    sys.stdout.write("%s META %s\n" % (MAGIC, json.dumps(meta)))
-    out = _Lines()
-    with tarfile.open(fileobj=out, mode="w|gz") as tar:
-        for name, path in chosen:
-            try:
-                with open(path, "rb") as handle:
-                    tar.addfile(tar.gettarinfo(arcname=name, fileobj=handle), handle)
-            except OSError as exc:
-                note = {"name": name, "reason": "cannot read: %s" % (exc.strerror or exc)}
-                out.close()
-                sys.stdout.write("%s PROBLEM %s\n" % (MAGIC, json.dumps(note)))
-    out.close()
-    sys.stdout.write("%s END %d %s\n" % (MAGIC, out.size, out.digest.hexdigest()))
-    sys.stdout.flush()
-
-
-main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
-'''
-
-
-def script() -> str:
-    """The collector's Python program: the entrypoint's checkpoint listing, then the tar writer."""
-    return inspect.getsource(_checkpoints) + "\nimport json\n" + _SCRIPT
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -311,7 +204,9 @@ def decode(chunks: Iterator[bytes], spool: BinaryIO) -> dict[str, Any]:
             length or SHA-256 differs from what the pod printed (a rotated or cut log).
     """
     meta: dict[str, Any] | None = None
-    digest, size, problems = hashlib.sha256(), 0, []
+    digest, size = hashlib.sha256(), 0
+    problems: list[Any] = []
+    noise: list[str] = []
     for raw in _lines(chunks):
         line = raw.strip().decode("ascii", errors="replace")
         if line.startswith(MAGIC + " "):
@@ -326,20 +221,43 @@ def decode(chunks: Iterator[bytes], spool: BinaryIO) -> dict[str, Any]:
                     raise ValueError("the collector printed END without its META line")
                 if int(told_size) != size or told_digest != digest.hexdigest():
                     raise ValueError(f"the tar read back has {size} bytes, the collector sent {told_size}: "
-                                     "its log was cut or rotated before it could be read")
+                                     f"its log was cut or rotated before it could be read{_seen(noise)}")
                 meta.setdefault("problems", []).extend(problems)
                 return meta
-        elif meta is not None and line:
+        elif meta is None and line:
+            noise.append(line)
+        elif line:
             try:
                 data = base64.b64decode(line, validate=True)
-            except (binascii.Error, ValueError) as exc:
-                raise ValueError(f"the collector's output has a damaged line after {size} bytes") from exc
+            except (binascii.Error, ValueError):
+                noise.append(line)  # stderr (a warning, a traceback): END's digest decides
+                continue
             spool.write(data)
             digest.update(data)
             size += len(data)
     if meta is None:
-        raise ValueError("the collector printed nothing trainguard can read (no META line)")
-    raise ValueError(f"the collector's output ended after {size} bytes without its END marker")
+        raise ValueError(f"the collector printed nothing trainguard can read (no META line){_seen(noise)}")
+    raise ValueError(f"the collector's output ended after {size} bytes without its END marker{_seen(noise)}")
+
+
+def _seen(noise: list[str]) -> str:
+    """The collector's own words (its stderr), shortened, for an error message."""
+    if not noise:
+        return ""
+    text = " / ".join(line[:200] for line in noise[-5:])
+    return f"; it also printed: {safe(text)}"
+
+
+def _ended(api: KubeApi, namespace: str, name: str) -> str:
+    """How the collector's container ended, if it did, for an error message."""
+    try:
+        statuses = (api.read_pod(namespace, name).get("status") or {}).get("containerStatuses") or []
+    except KubeError:
+        return ""
+    done = ((statuses[0] if statuses else {}).get("state") or {}).get("terminated")
+    if not done:
+        return ""
+    return f" (its container ended: {done.get('reason')}, exit code {done.get('exitCode')}: {safe(done.get('message'))})"
 
 
 def fetch(api: KubeApi, namespace: str, job: Mapping[str, Any], p: Plan, spool: Path, *, node: str | None,
@@ -363,7 +281,7 @@ def fetch(api: KubeApi, namespace: str, job: Mapping[str, Any], p: Plan, spool: 
             result.meta = decode(stream, out)
         result.tar_path = spool
     except (KubeError, TimeoutError, ValueError, OSError) as exc:
-        result.problems.append(f"collector pod {result.pod_name}: {exc}")
+        result.problems.append(f"collector pod {result.pod_name}: {exc}{_ended(api, namespace, result.pod_name)}")
     finally:
         try:
             api.delete_pod(namespace, result.pod_name, grace_seconds=0)
