@@ -1,8 +1,8 @@
-"""Jobs shaped like trainguard's for the evidence tests, and readers for what collection stored.
+"""The Jobs the evidence tests fail, and readers for what collection stored.
 
-The training container runs the real stdlib entrypoint (from this checkout, on the host
-interpreter that kubesim's `python:*` image stands for) with its workspace and checkpoints on two
-PVCs, as a trainguard Job has them.
+`trainguard_job` is the very Job trainguard writes (manifests.job_manifest, the entrypoint as a
+zipapp from its ConfigMap, workspace and checkpoints on PVCs); `training_job` is a hand-made one
+for shapes trainguard never writes (an init container that restarts under OnFailure).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.backend import Launch
+from trainguard.core.kube import errors, manifests, zipapp
 from trainguard.core.kube.api import KubeApi
 from trainguard.core.manifest import Manifest
 from trainguard.core.stores import LocalEvidenceStore
@@ -19,6 +21,24 @@ REPO = str(Path(__file__).resolve().parents[2])
 WORKSPACE = "/trainguard/attempt"
 CHECKPOINTS = "/trainguard/checkpoints"
 IMAGE = "python:3.11"
+
+
+def trainguard_job(kube: KubeApi, ns: str, script: str, *, run_id: str = "run-1", image: str = IMAGE,
+                   attempt_volume: str = "pvc") -> str:
+    """Create the Job trainguard writes for `script` (attempt 1 of `run_id`); return its name."""
+    try:
+        kube.create_config_map(ns, zipapp.config_map(ns))
+    except errors.Conflict:
+        pass  # a second Job in the same namespace shares it
+    volume = manifests.AttemptVolume(kind=attempt_volume, claim_name=f"{ns}-attempts",
+                                      host_path=f"/var/lib/trainguard-tests/{ns}")
+    settings = manifests.JobSettings(image=image, namespace=ns, shm_size=None, attempt_volume=volume,
+                                     checkpoint_claim=f"{ns}-checkpoints")
+    launch = Launch(run_id=run_id, attempt=1, command=("python", "-u", "-c", script),
+                    env={"HF_TOKEN": "hf_secret_value"})
+    body = manifests.job_manifest(settings, launch, zipapp.config_map_name())
+    kube.create_job(ns, body)
+    return str(body["metadata"]["name"])
 
 
 def training_job(name: str, script: str, *, run_id: str, image: str = IMAGE, volumes: bool = True,

@@ -7,11 +7,12 @@ checks what was kept and what was recorded missing, with why. Nothing is patched
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 from pathlib import Path
 
 import pytest
-from evidence_helpers import Kept, collectors, job_failed, pods_of, training_job
+from evidence_helpers import Kept, collectors, job_failed, pods_of, trainguard_job, training_job
 
 import kubesim.fixture
 from trainguard.core.kube import errors
@@ -25,7 +26,9 @@ from waiting import wait_for
 
 _SEGV = ("import os, pathlib, signal\n"
          "print('step 1 loss 2.0')\n"
-         "pathlib.Path(os.environ['TRAINGUARD_CHECKPOINT_DIR'], 'step-000001.pt').write_bytes(b'w' * 64)\n"
+         "ckpt = pathlib.Path(os.environ['TRAINGUARD_CHECKPOINT_DIR'])\n"
+         "ckpt.mkdir(parents=True, exist_ok=True)\n"
+         "(ckpt / 'step-000001.pt').write_bytes(b'w' * 64)\n"
          "os.kill(os.getpid(), signal.SIGSEGV)\n")
 _STEADY = ("import time\n"
            "print('step 1 loss 2.0', flush=True)\n"
@@ -46,11 +49,11 @@ def _failed(kube: KubeApi, ns: str, name: str) -> None:
 def test_sigsegv_core_file_is_reached_through_the_volume_and_the_collector_pod_is_deleted(
     kube: KubeApi, ns: str, tmp_path: Path,
 ) -> None:
-    kube.create_job(ns, training_job("segv", _SEGV, run_id="run-1"))
-    _failed(kube, ns, "segv")
-    pod = pods_of(kube, ns, "segv")[0]["metadata"]["name"]
+    job = trainguard_job(kube, ns, _SEGV)
+    _failed(kube, ns, job)
+    pod = pods_of(kube, ns, job)[0]["metadata"]["name"]
 
-    kept = _collect(kube, ns, "segv", tmp_path)
+    kept = _collect(kube, ns, job, tmp_path)
 
     cores = kept.names("coredumps/")
     assert cores, kept.why("coredumps")
@@ -64,6 +67,7 @@ def test_sigsegv_core_file_is_reached_through_the_volume_and_the_collector_pod_i
     assert terminated["exitCode"] == 139
     assert b"hf_secret_value" not in kept.read(f"kubernetes/pods/{pod}.json")
     assert b"hf_secret_value" not in kept.read("kubernetes/job.json")
+    assert json.loads(kept.read("termination-message.txt"))["exit_code"] == 139  # the entrypoint's summary
     facts = read_triage_facts(kept.store, "run-1", 1, tmp_path / "triage")
     assert (facts.exit_code, facts.signal, facts.node) == (139, 11, pod_json["spec"]["nodeName"])
     assert facts.log_path and b"step 1 loss" in Path(facts.log_path).read_bytes()
@@ -73,10 +77,10 @@ def test_sigsegv_core_file_is_reached_through_the_volume_and_the_collector_pod_i
 def test_oom_killed_pod_keeps_its_termination_state_log_and_volume_files(
     kube: KubeApi, sim: kubesim.fixture.Sim, ns: str, tmp_path: Path,
 ) -> None:
-    kube.create_job(ns, training_job("oom", _STEADY, run_id="run-1"))
+    job = trainguard_job(kube, ns, _STEADY)
 
     def printing() -> str | None:
-        for p in pods_of(kube, ns, "oom"):
+        for p in pods_of(kube, ns, job):
             with contextlib.suppress(errors.Invalid):  # not started yet
                 if b"step 1" in kube.read_pod_log(ns, p["metadata"]["name"], "train"):
                     return str(p["metadata"]["name"])
@@ -84,9 +88,9 @@ def test_oom_killed_pod_keeps_its_termination_state_log_and_volume_files(
 
     pod = wait_for(printing, timeout=30, what="the training pod printing")
     sim.oom_kill(ns, pod, "train")
-    _failed(kube, ns, "oom")
+    _failed(kube, ns, job)
 
-    kept = _collect(kube, ns, "oom", tmp_path)
+    kept = _collect(kube, ns, job, tmp_path)
 
     state = kept.json(f"kubernetes/pods/{pod}.json")["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (state["reason"], state["exitCode"]) == ("OOMKilled", 137)
@@ -136,16 +140,16 @@ def test_previous_log_of_a_crashed_init_container_is_kept(kube: KubeApi, ns: str
 def test_err_image_pull_keeps_the_events_and_says_why_logs_are_missing(
     kube: KubeApi, ns: str, tmp_path: Path,
 ) -> None:
-    kube.create_job(ns, training_job("pull", _STEADY, run_id="run-1", image="registry.invalid/acme/train:9"))
+    job = trainguard_job(kube, ns, _STEADY, image="registry.invalid/acme/train:9")
 
     def pull_failed() -> bool:
         events = kube.list_events(ns, field_selector="reason=Failed").get("items") or []
         return any("registry.invalid" in str(e.get("message")) for e in events)
 
     wait_for(pull_failed, timeout=30, what="the image pull to fail")
-    pod = pods_of(kube, ns, "pull")[0]["metadata"]["name"]
+    pod = pods_of(kube, ns, job)[0]["metadata"]["name"]
 
-    kept = _collect(kube, ns, "pull", tmp_path)
+    kept = _collect(kube, ns, job, tmp_path)
 
     reasons = {e["reason"] for e in kept.json("kubernetes/events.json")}
     assert {"Scheduled", "Failed", "SuccessfulCreate"} <= reasons
@@ -157,20 +161,20 @@ def test_err_image_pull_keeps_the_events_and_says_why_logs_are_missing(
     assert facts.reason in ("ErrImagePull", "ImagePullBackOff")
     assert any(e.get("reason") == "Failed" for e in facts.events)
     assert classify(facts.signals()).category is Category.CONFIG_ERROR
-    kube.delete_job(ns, "pull")
+    kube.delete_job(ns, job)
     wait_for(lambda: not collectors(kube, ns), what="the collector pod deleted")
 
 
 def test_a_pod_already_deleted_is_recorded_absent_and_the_rest_is_still_collected(
     kube: KubeApi, ns: str, tmp_path: Path,
 ) -> None:
-    kube.create_job(ns, training_job("gone", "import sys; print('bad config'); sys.exit(2)", run_id="run-1"))
-    _failed(kube, ns, "gone")
-    pod = pods_of(kube, ns, "gone")[0]["metadata"]["name"]
+    job = trainguard_job(kube, ns, "import sys; print('bad config'); sys.exit(2)", attempt_volume="hostPath")
+    _failed(kube, ns, job)
+    pod = pods_of(kube, ns, job)[0]["metadata"]["name"]
     kube.delete_pod(ns, pod, grace_seconds=0)
-    wait_for(lambda: not pods_of(kube, ns, "gone"), what="the pod deleted")
+    wait_for(lambda: not pods_of(kube, ns, job), what="the pod deleted")
 
-    kept = _collect(kube, ns, "gone", tmp_path)
+    kept = _collect(kube, ns, job, tmp_path)
 
     assert "is gone" in kept.why(f"kubernetes/pods/{pod}.json")
     assert "kubernetes/job.json" in kept.items
@@ -178,14 +182,15 @@ def test_a_pod_already_deleted_is_recorded_absent_and_the_rest_is_still_collecte
     assert b"bad config" in kept.read("logs/train-run-1-attempt-1.log")  # the volume outlived the pod
     assert kept.json("crash-report.json")["exit_code"] == 2
     assert "no pod of the Job" in kept.why("termination-message.txt")
+    assert read_triage_facts(kept.store, "run-1", 1).node in ("gpu-node-1", "gpu-node-2")  # from its events
 
 
 @pytest.mark.parametrize("resource", ["pods", "events", "everything"])
 def test_api_errors_during_collection_become_absent_items_never_an_exception(
     sim: kubesim.fixture.Sim, kube: KubeApi, ns: str, tmp_path: Path, resource: str,
 ) -> None:
-    kube.create_job(ns, training_job("flaky", "import sys; sys.exit(1)", run_id="run-1"))
-    _failed(kube, ns, "flaky")
+    job = trainguard_job(kube, ns, "import sys; sys.exit(1)")
+    _failed(kube, ns, job)
     impatient = KubeApi.from_kubeconfig(str(sim.kubeconfig),
                                         retry=RetrySettings(attempts=2, first_delay_seconds=0.01))
     if resource == "everything":
@@ -193,7 +198,7 @@ def test_api_errors_during_collection_become_absent_items_never_an_exception(
     else:
         sim.faults.add(verb="list", resource=resource, namespace=ns, status=503)
     try:
-        kept = _collect(impatient, ns, "flaky", tmp_path)
+        kept = _collect(impatient, ns, job, tmp_path)
     finally:
         sim.faults.clear()
         impatient.close()
@@ -203,7 +208,7 @@ def test_api_errors_during_collection_become_absent_items_never_an_exception(
         assert "503" in kept.why("kubernetes/pods") and "API error" in kept.why("kubernetes/pods")
         assert "crash-report.json" in kept.items  # the volume was still read, through the Job's template
     elif resource == "events":
-        assert "503" in kept.why("kubernetes/events.json (Job flaky)")
+        assert "503" in kept.why(f"kubernetes/events.json (Job {job})")
         assert "kubernetes/job.json" in kept.items and len(kept.names("kubernetes/pods/")) >= 2
     else:
         assert "503" in kept.why("kubernetes/job.json") and "503" in kept.why("kubernetes/pods")

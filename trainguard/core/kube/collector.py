@@ -117,11 +117,13 @@ def pod_manifest(job: Mapping[str, Any], p: Plan, *, node: str | None, budget_by
     meta, template = job.get("metadata") or {}, (job.get("spec") or {}).get("template") or {}
     spec = template.get("spec") or {}
     job_name = str(meta.get("name") or "job")
+    kept = {k: v for k, v in (meta.get("labels") or {}).items()
+            if k.startswith(("trainguard.io/", "app.kubernetes.io/"))}  # run id and attempt, for cleanup
+    labels = {**kept, "app.kubernetes.io/managed-by": "trainguard", COMPONENT_LABEL: COMPONENT,
+              COLLECTS_LABEL: job_name[:63]}
     body: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"generateName": f"{job_name[:40]}-evidence-",
-                     "labels": {"app.kubernetes.io/managed-by": "trainguard", COMPONENT_LABEL: COMPONENT,
-                                COLLECTS_LABEL: job_name[:63]}},
+        "metadata": {"generateName": f"{job_name[:40]}-evidence-", "labels": labels},
         "spec": {
             "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "activeDeadlineSeconds": 900,
             "automountServiceAccountToken": False,

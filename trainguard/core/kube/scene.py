@@ -111,6 +111,17 @@ class Scene:
     def main_pod(self) -> dict[str, Any] | None:
         return self.pods[-1] if self.pods else None
 
+    def node(self) -> str | None:
+        """The newest pod's node; for a pod already gone, the node its last Scheduled event names."""
+        pod = self.main_pod()
+        if pod is not None:
+            return (pod.get("spec") or {}).get("nodeName")
+        for event in reversed(self.sorted_events()):
+            message = str(event.get("message") or "")
+            if event.get("reason") == "Scheduled" and " to " in message:
+                return message.rsplit(" to ", 1)[1].strip() or None  # "Successfully assigned ns/pod to node"
+        return None
+
 
 def event_key(event: Mapping[str, Any]) -> str:
     meta = event.get("metadata") or {}
@@ -273,8 +284,9 @@ def facts_of(s: Scene) -> ClusterFacts:
     if pod is None:
         reason, message = _reason({}, s.job, {})
         log_item, log_path = _log_choice(s, None, None)
-        return ClusterFacts(s.namespace, s.job_name, reason=reason, message=message, conditions=tuple(conditions),
-                            events=events, log_item=log_item, log_path=str(log_path) if log_path else None)
+        return ClusterFacts(s.namespace, s.job_name, node=s.node(), reason=reason, message=message,
+                            conditions=tuple(conditions), events=events, log_item=log_item,
+                            log_path=str(log_path) if log_path else None)
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
     container = str((training_container(spec) or {}).get("name") or "") or None
     cstatus: Mapping[str, Any] = next(

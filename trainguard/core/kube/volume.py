@@ -145,12 +145,12 @@ def store_volume_files(c: Collector, s: Scene, *, budget_bytes: int, start_timeo
         c.absent("volume", VOLUME, reason)
     else:
         plan = collector.plan(template)
-        pod = s.main_pod()
-        node = ((pod or {}).get("spec") or {}).get("nodeName")
+        node = s.node()
         if plan.absent:
             c.absent("volume", VOLUME, plan.absent)
         elif plan.needs_node and not node:
-            c.absent("volume", VOLUME, "the files are on a hostPath volume and no pod is left to say which node")
+            c.absent("volume", VOLUME, "the files are on a hostPath volume and neither a pod nor an event says "
+                                      "which node held it")
         else:
             job = s.job or {"metadata": {"name": s.job_name}, "spec": {"template": {"spec": template}}}
             fetched = collector.fetch(c.api, s.namespace, job, plan, s.spool / "volume.tar.gz", node=node,
