@@ -185,7 +185,7 @@ def test_a_pod_already_deleted_is_recorded_absent_and_the_rest_is_still_collecte
     assert read_triage_facts(kept.store, "run-1", 1).node in ("gpu-node-1", "gpu-node-2")  # from its events
 
 
-@pytest.mark.parametrize("resource", ["pods", "events", "everything"])
+@pytest.mark.parametrize("resource", ["pods", "events", "everything", "node events forbidden"])
 def test_api_errors_during_collection_become_absent_items_never_an_exception(
     sim: kubesim.fixture.Sim, kube: KubeApi, ns: str, tmp_path: Path, resource: str,
 ) -> None:
@@ -195,6 +195,8 @@ def test_api_errors_during_collection_become_absent_items_never_an_exception(
                                         retry=RetrySettings(attempts=2, first_delay_seconds=0.01))
     if resource == "everything":
         sim.faults.add(namespace=ns, status=503)
+    elif resource == "node events forbidden":
+        sim.faults.add(verb="list", resource="events", namespace="default", status=403)
     else:
         sim.faults.add(verb="list", resource=resource, namespace=ns, status=503)
     try:
@@ -210,6 +212,10 @@ def test_api_errors_during_collection_become_absent_items_never_an_exception(
     elif resource == "events":
         assert "503" in kept.why(f"kubernetes/events.json (Job {job})")
         assert "kubernetes/job.json" in kept.items and len(kept.names("kubernetes/pods/")) >= 2
+    elif resource == "node events forbidden":
+        node = read_triage_facts(kept.store, "run-1", 1).node
+        assert "grant `events: list` in namespace default" in kept.why(f"kubernetes/events.json (Node {node})")
+        assert f"kubernetes/nodes/{node}.json" in kept.items and "kubernetes/events.json" in kept.items
     else:
         assert "503" in kept.why("kubernetes/job.json") and "503" in kept.why("kubernetes/pods")
         assert "neither the Job nor any pod" in kept.why("volume")

@@ -29,7 +29,7 @@ from typing import Any
 from trainguard.core.kube import collector
 from trainguard.core.kube.api import KubeApi
 from trainguard.core.kube.describe import describe_pod
-from trainguard.core.kube.errors import KubeError, NotFound
+from trainguard.core.kube.errors import Forbidden, KubeError, NotFound
 from trainguard.core.kube.scene import (
     KUBERNETES,
     Collector,
@@ -45,6 +45,7 @@ from trainguard.core.manifest import Manifest, MissingItem, attempt_prefix, writ
 from trainguard.core.stores import EvidenceNotFound, EvidenceStore
 
 FLOW = "flow"
+NODE_EVENTS_NAMESPACE = "default"  # the kubelet and node controller record node events there
 TRIAGE_NAME = "kubernetes/triage.json"
 __all__ = ["ClusterFacts", "collect_kubernetes_evidence", "read_triage_facts"]
 
@@ -77,6 +78,11 @@ def _list_events(c: Collector, s: Scene, namespace: str, kind: str, name: str) -
     selector = f"involvedObject.kind={kind},involvedObject.name={name}"
     try:
         items = list(c.api.list_events(namespace, field_selector=selector).get("items") or ())
+    except Forbidden as exc:
+        where = "namespace default, where node events live" if kind == "Node" else f"namespace {namespace}"
+        c.absent(f"kubernetes/events.json ({kind} {name})", KUBERNETES,
+                 f"events of {kind} {name}: forbidden ({exc}); grant `events: list` in {where}")
+        return []
     except KubeError as exc:
         c.absent(f"kubernetes/events.json ({kind} {name})", KUBERNETES, f"events of {kind} {name}: API error: {exc}")
         return []
@@ -167,7 +173,7 @@ def _collect_nodes(c: Collector, s: Scene) -> None:
                        "labels": (obj.get("metadata") or {}).get("labels") or {},
                        "nodeInfo": status.get("nodeInfo") or {}}
             c.put_bytes(f"kubernetes/nodes/{node}.json", _json_bytes(summary), KUBERNETES)
-        _list_events(c, s, "default", "Node", node)
+        _list_events(c, s, NODE_EVENTS_NAMESPACE, "Node", node)
 
 
 def _collect_events_and_describe(c: Collector, s: Scene) -> None:
