@@ -30,7 +30,7 @@ CRASH_TAIL_LINES = 200
 ENTRYPOINT, RUNNER, WORKSPACE, FLOW = "entrypoint", "runner", "local-workspace", "flow"
 
 _IGNORED_SUFFIXES = (".tmp", ".partial")
-_EXPECTED_SNAPSHOTS = (
+EXPECTED_SNAPSHOTS = (
     "snapshot/env.json", "snapshot/host.json", "snapshot/gpu-before/index.json", "snapshot/gpu-after/index.json",
 )
 # "step-000120.pt", "epoch=3-step=1200.ckpt", "checkpoint-500", "iter_0004000"
@@ -191,7 +191,7 @@ def _collect_snapshots(c: _Collector, ws: AttemptWorkspace, why_absent: str) -> 
             name = f"snapshot/{relative}"
             found.add(name)
             c.guarded(name, ENTRYPOINT, partial(c.put_file, name, path, ENTRYPOINT))
-    for expected in _EXPECTED_SNAPSHOTS:
+    for expected in EXPECTED_SNAPSHOTS:
         if expected not in found:
             c.absent(expected, ENTRYPOINT, f"not written: {why_absent}")
     for phase in ("gpu-before", "gpu-after"):
