@@ -49,9 +49,9 @@ def test_nccl_timeout_is_retried_and_the_next_job_resumes_from_the_checkpoint(kb
     assert state.is_completed(), state.message
     assert [(h["category"], h["decision"]["retry"]) for h in history] == [("nccl_error", True), (None, False)]
     assert history[1]["resumed_from"] == "/trainguard/checkpoints/k-nccl-1/step-000020.json"
-    log = kept(kb["evidence"], "k-nccl-1", 2, "kubernetes/logs/" + _pod_log_name(kb, "k-nccl-1", 2))
+    log = kept(kb["evidence"], "k-nccl-1", 2, _pod_log_name(kb, "k-nccl-1", 2))
     assert "attempt 2: resumed from step 20" in log
-    first_log = kept(kb["evidence"], "k-nccl-1", 1, "kubernetes/logs/" + _pod_log_name(kb, "k-nccl-1", 1))
+    first_log = kept(kb["evidence"], "k-nccl-1", 1, _pod_log_name(kb, "k-nccl-1", 1))
     assert "Watchdog caught collective operation timeout" in first_log and "Watchdog" in history[0]["signature"]
 
 
@@ -62,10 +62,11 @@ def test_oom_killed_is_host_oom_and_not_retried(kb: dict[str, Any], sim: Any, tm
     assert state.is_failed() and len(history) == 1
     assert history[0]["category"] == "host_oom" and history[0]["decision"]["retry"] is False
     assert history[0]["termination_reason"] == "OOMKilled"
-    pods = [n for n in evidence_names(blocks["evidence"], "k-oom-1", 1) if n.startswith("kubernetes/pods/")]
+    pods = [n for n in evidence_names(blocks["evidence"], "k-oom-1", 1)
+            if n.startswith("kubernetes/pods/") and n.endswith(".json") and n.count("/") == 2]
     pod = kept(blocks["evidence"], "k-oom-1", 1, pods[0])
     assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"] == "OOMKilled"
-    assert "allocating" in kept(blocks["evidence"], "k-oom-1", 1, "kubernetes/logs/" + _pod_log_name(blocks, "k-oom-1", 1))
+    assert "allocating" in kept(blocks["evidence"], "k-oom-1", 1, _pod_log_name(blocks, "k-oom-1", 1))
 
 
 def test_eviction_is_preempted_retried_and_resumed_from_the_checkpoint(kb: dict[str, Any], sim: Any) -> None:
@@ -102,7 +103,7 @@ def test_gpu_fault_keeps_the_next_attempt_off_the_failed_node(kb: dict[str, Any]
 
 def _pod_log_name(kb: dict[str, Any], run_id: str, attempt: int) -> str:
     names = evidence_names(kb["evidence"], run_id, attempt)
-    return next(n for n in names if n.endswith("/train.log")).removeprefix("kubernetes/logs/")
+    return next(n for n in names if n.startswith("kubernetes/pods/") and n.endswith("/logs/train.log"))
 
 
 def test_err_image_pull_is_config_error_not_retried_with_the_events_kept(sim: Any, tmp_path: Any,
