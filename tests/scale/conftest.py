@@ -29,10 +29,16 @@ def postgres():
 
 @pytest.fixture(scope="session")
 def pg_server(postgres):
-    """A Prefect server on the PostgreSQL cluster; the test process's client points at it."""
+    """A Prefect server on the PostgreSQL cluster."""
     with prefect_server(postgres.url()) as server:
-        with temporary_settings({PREFECT_API_URL: server.api_url}):
-            yield server
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def pg_client(pg_server):
+    """Point this folder's tests (only these: other folders use their own server) at `pg_server`."""
+    with temporary_settings({PREFECT_API_URL: pg_server.api_url}):
+        yield
 
 
 def prefect_cli(api_url: str, *args: str, timeout: float = 120) -> str:
