@@ -56,8 +56,12 @@ def _healthy(api_url: str) -> bool:
 
 
 @contextlib.contextmanager
-def prefect_server(database_url: str, startup_timeout: float = 120.0) -> Iterator[PrefectServer]:
-    """Run a Prefect server on `database_url` until the block exits."""
+def prefect_server(database_url: str, startup_timeout: float = 300.0) -> Iterator[PrefectServer]:
+    """Run a Prefect server on `database_url` until the block exits.
+
+    The first start migrates an empty database: about 20 s on an idle 2-core machine, minutes on a
+    loaded one, hence the generous `startup_timeout`.
+    """
     folder = Path(tempfile.mkdtemp(prefix="trainguard-prefect-"))
     port = free_port()
     api_url = f"http://127.0.0.1:{port}/api"
@@ -71,16 +75,18 @@ def prefect_server(database_url: str, startup_timeout: float = 120.0) -> Iterato
         PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE="20",
         PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW="20",
     )
-    with managed_process([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                         folder / "server.log", env):
-        server = PrefectServer(api_url, folder)
-        deadline = time.monotonic() + startup_timeout
-        while not _healthy(api_url):  # the server says nothing else about being ready
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"Prefect server not healthy after {startup_timeout:g}s:\n{server.log()[-4000:]}")
-            time.sleep(0.2)
-        yield server
-    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        with managed_process([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                             folder / "server.log", env):
+            server = PrefectServer(api_url, folder)
+            deadline = time.monotonic() + startup_timeout
+            while not _healthy(api_url):  # the server says nothing else about being ready
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Prefect server not healthy after {startup_timeout:g}s:\n{server.log()[-4000:]}")
+                time.sleep(0.2)
+            yield server
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
