@@ -16,11 +16,11 @@ import inspect
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from prefect.deployments import run_deployment
 from prefect.logging import get_logger
 
 from blocks import load_backend, resolve_policy
 from flows import events, recovery
+from flows.scheduling import schedule_run
 from trainguard.core import policy
 from trainguard.core.attempt import (
     AttemptFailed,
@@ -138,12 +138,10 @@ def carry_on(params: dict[str, Any], flow_run: Any, state: Any, known: AttemptSu
     params = next_parameters(params, summary, decision, str(flow_run.id))
     params["spec"] = parse_spec(params["spec"]).model_dump(mode="json")
     when = datetime.now(timezone.utc) + timedelta(seconds=decision.delay_seconds)
-    next_run = run_deployment(
+    next_run = schedule_run(
         flow_run.deployment_id,
         parameters=params,
         scheduled_time=when,
-        timeout=0,
-        as_subflow=False,
         tags=lineage_tags(summary.run_id, summary.attempt + 1, str(flow_run.id)),
         idempotency_key=idempotency_key(flow_run.id),
     )
