@@ -47,6 +47,10 @@ _LISTER = (
 )
 
 
+# Job-level reasons that say the Job failed but not why; the pod evidence names the cause.
+_JOB_VERDICTS = frozenset({"BackoffLimitExceeded", "PodFailurePolicy", "Error", "Failed"})
+
+
 @dataclass(frozen=True)
 class KubeSettings:
     """The backend's settings: the Job's, plus how long to wait and how long to keep failed Jobs."""
@@ -138,8 +142,15 @@ class KubernetesBackend:
             pass  # evidence could not be kept: what the supervisor saw still classifies
         log_path = facts.get("log_path")
         log: Any = Path(log_path) if log_path and Path(log_path).is_file() else (outcome.log_tail or None)
+        reason, exit_code = outcome.reason, outcome.exit_code
+        if reason in _JOB_VERDICTS and facts.get("reason"):
+            # The Job's own verdict says only that it failed; its pod says why (OOMKilled, Evicted, ...),
+            # and the watch may have seen the Job fail before the pod's final status arrived.
+            reason = str(facts["reason"])
+        if exit_code is None and isinstance(facts.get("exit_code"), int):
+            exit_code = facts["exit_code"]
         return Signals(
-            exit_code=outcome.exit_code, reason=outcome.reason,
+            exit_code=exit_code, reason=reason,
             conditions=tuple(facts.get("conditions") or outcome.conditions),
             events=tuple(facts.get("events") or outcome.events), log=log,
         )
