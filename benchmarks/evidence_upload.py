@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
@@ -94,17 +93,22 @@ def child(kind: str, endpoint: str, bucket: str, folder: Path, spool: Path) -> N
         if store.pending():
             raise SystemExit(f"not uploaded: {store.pending()} ({store.last_error})")
     seconds = time.perf_counter() - started
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mib = _status_mib("VmHWM:")  # ru_maxrss would carry the parent's peak across the exec
     print(json.dumps({"seconds": seconds, "peak_rss_mib": peak_mib, "upload_rss_mib": peak_mib - before_mib,
                       "bytes": sum(p.stat().st_size for p in files)}))
 
 
 def _rss_mib() -> float:
     """The process's RSS now (boto3 loaded, client built): the floor the upload's own memory sits on."""
+    return _status_mib("VmRSS:")
+
+
+def _status_mib(field: str) -> float:
+    """A memory figure of this process from /proc/self/status, in MiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field):
             return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    raise SystemExit(f"no {field} in /proc/self/status")
 
 
 def run_child(kind: str, endpoint: str, bucket: str, folder: Path, spool: Path) -> dict[str, float]:
