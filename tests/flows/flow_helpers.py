@@ -3,39 +3,15 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from prefect import get_client
-from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterTags
-from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound
+from runs import attempt_runs, tiny_spec  # noqa: F401  (re-exported for the tests here)
 
-from trainguard.demo import SCRIPT
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def tiny_spec(name: str, *script_args: str, **fields: Any) -> dict[str, Any]:
-    """A spec that runs the tiny trainer with `script_args`, fast steps and no backoff."""
-    retry = {"delay_seconds": 0, **fields.pop("retry", {})}
-    return {
-        "name": name,
-        "command": [sys.executable, str(SCRIPT), "--steps", "40", "--step-seconds", "0", *script_args],
-        "retry": retry,
-        **fields,
-    }
-
-
-def attempt_runs(run_id: str) -> list[Any]:
-    """Every train-attempt flow run of `run_id`, oldest first."""
-    with get_client(sync_client=True) as client:
-        return client.read_flow_runs(
-            flow_filter=FlowFilter(name=FlowFilterName(any_=["train-attempt"])),
-            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"trainguard-run:{run_id}"])),
-            sort=FlowRunSort.EXPECTED_START_TIME_ASC,
-        )
 
 
 def attempt_dir(evidence_root: Path, run_id: str, attempt: int) -> Path:

@@ -2,36 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Any
 
-from prefect import get_client
-from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterTags
-from prefect.client.schemas.sorting import FlowRunSort
-
-from trainguard.demo import SCRIPT
+from runs import attempt_runs, tiny_spec  # noqa: F401  (re-exported for the tests here)
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "trainguard-local"  # the process work pool prefect.yaml names
 
 
-def tiny_spec(name: str, *script_args: str, **fields: Any) -> dict[str, Any]:
-    """A spec that runs the tiny trainer with `script_args`, fast steps and no backoff."""
-    retry = {"delay_seconds": 0, **fields.pop("retry", {})}
-    return {
-        "name": name,
-        "command": [sys.executable, str(SCRIPT), "--steps", "40", "--step-seconds", "0", *script_args],
-        "retry": retry,
-        **fields,
-    }
 
-
-def attempt_runs(run_id: str) -> list[Any]:
-    """Every train-attempt flow run of `run_id`, oldest first."""
-    with get_client(sync_client=True) as client:
-        return client.read_flow_runs(
-            flow_filter=FlowFilter(name=FlowFilterName(any_=["train-attempt"])),
-            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"trainguard-run:{run_id}"])),
-            sort=FlowRunSort.EXPECTED_START_TIME_ASC,
-        )

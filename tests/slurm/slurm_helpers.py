@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runs import tiny_spec  # noqa: F401  (re-exported for the tests here)
 from slurm.cluster import SlurmCluster
 from waiting import wait_for
 
@@ -16,14 +16,6 @@ from blocks import EvidenceFolder, SlurmBackend
 from flows.run import training_run
 from trainguard.core.slurm_job import job_name
 from trainguard.core.spec import parse_spec
-from trainguard.demo import SCRIPT
-
-
-def tiny_spec(name: str, *script_args: str, **fields: Any) -> dict[str, Any]:
-    """A spec running the tiny trainer (see trainguard/demo/train_tiny.py) with no retry backoff."""
-    retry = {"delay_seconds": 0, **fields.pop("retry", {})}
-    command = [sys.executable, str(SCRIPT), "--steps", "40", "--step-seconds", "0", *script_args]
-    return {"name": name, "command": command, "retry": retry, **fields}
 
 
 def run(spec: dict[str, Any], blocks: dict[str, Any], run_id: str) -> tuple[Any, list[dict[str, Any]]]:

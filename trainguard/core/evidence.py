@@ -100,7 +100,7 @@ def _usable(entry: Path) -> bool:
         return False
 
 
-class _Collector:
+class Collector:
     """Copies items under one attempt prefix and keeps the manifest's two lists."""
 
     def __init__(self, store: EvidenceStore, prefix: str, now: Callable[[], datetime]) -> None:
@@ -122,7 +122,7 @@ class _Collector:
     def absent(self, name: str, source: str, reason: str) -> None:
         self.missing.append(MissingItem(name, source, reason))
 
-    def guarded(self, name: str, source: str, step: Callable[[], None]) -> None:
+    def guarded(self, name: str, source: str, step: Callable[[], object]) -> None:
         """Run one collection step; whatever it raises becomes a MissingItem, and collection goes on."""
         try:
             step()
@@ -159,7 +159,7 @@ def _no_crash_report_reason(runner: dict[str, Any] | None) -> str:
     return f"the entrypoint wrote no crash report; runner: {runner_says}"
 
 
-def _put_masked_copy(c: _Collector, name: str, path: Path, masker: masking.Masker) -> None:
+def _put_masked_copy(c: Collector, name: str, path: Path, masker: masking.Masker) -> None:
     """Store ``path`` with every secret masked, line by line (the raw log stays on the attempt's volume)."""
     with tempfile.NamedTemporaryFile(prefix="trainguard-log-", suffix=".log") as masked, path.open("rb") as raw:
         for line in raw:
@@ -169,7 +169,7 @@ def _put_masked_copy(c: _Collector, name: str, path: Path, masker: masking.Maske
         c.put_file(name, Path(masked.name), ENTRYPOINT)
 
 
-def _collect_log(c: _Collector, ws: AttemptWorkspace, why_absent: str, masker: masking.Masker) -> None:
+def _collect_log(c: Collector, ws: AttemptWorkspace, why_absent: str, masker: masking.Masker) -> None:
     name = f"logs/{ws.log_path.name}"
     if not ws.log_path.is_file():
         c.absent(name, ENTRYPOINT, f"no log file at {ws.log_path}: {why_absent}")
@@ -184,7 +184,7 @@ def _collect_log(c: _Collector, ws: AttemptWorkspace, why_absent: str, masker: m
     c.guarded("crash-tail.txt", WORKSPACE, tail)
 
 
-def _collect_snapshots(c: _Collector, ws: AttemptWorkspace, why_absent: str) -> None:
+def _collect_snapshots(c: Collector, ws: AttemptWorkspace, why_absent: str) -> None:
     found: set[str] = set()
     if ws.snapshot_dir.is_dir():
         for relative, path in _files(ws.snapshot_dir):
@@ -201,7 +201,7 @@ def _collect_snapshots(c: _Collector, ws: AttemptWorkspace, why_absent: str) -> 
                 c.absent(f"snapshot/{phase}/{absent.get('name')}", ENTRYPOINT, str(absent.get("reason")))
 
 
-def _collect_reports(c: _Collector, ws: AttemptWorkspace, runner: dict[str, Any] | None) -> None:
+def _collect_reports(c: Collector, ws: AttemptWorkspace, runner: dict[str, Any] | None) -> None:
     if ws.crash_report_path.is_file():
         copy = partial(c.put_file, "crash-report.json", ws.crash_report_path, ENTRYPOINT)
         c.guarded("crash-report.json", ENTRYPOINT, copy)
@@ -214,7 +214,7 @@ def _collect_reports(c: _Collector, ws: AttemptWorkspace, runner: dict[str, Any]
         c.absent("runner.json", RUNNER, why)
 
 
-def _collect_coredumps(c: _Collector, ws: AttemptWorkspace, crash: dict[str, Any] | None) -> None:
+def _collect_coredumps(c: Collector, ws: AttemptWorkspace, crash: dict[str, Any] | None) -> None:
     cores = list(_files(ws.coredumps_dir)) if ws.coredumps_dir.is_dir() else []
     for relative, path in cores:
         name = f"coredumps/{relative}"
@@ -233,7 +233,7 @@ def _tree_size(path: Path) -> int:
     return sum(p.stat().st_size for _, p in _files(path))
 
 
-def _collect_checkpoints(c: _Collector, ws: AttemptWorkspace, limit_bytes: int) -> None:
+def _collect_checkpoints(c: Collector, ws: AttemptWorkspace, limit_bytes: int) -> None:
     def listing() -> None:
         payload = list_checkpoints(ws.checkpoint_dir)
         c.put_bytes("checkpoints.json", (json.dumps(payload, indent=2) + "\n").encode("utf-8"), WORKSPACE)
@@ -259,12 +259,12 @@ def _collect_checkpoints(c: _Collector, ws: AttemptWorkspace, limit_bytes: int) 
     c.guarded(name, WORKSPACE, copy)
 
 
-def _collect_extra(c: _Collector, extra: Mapping[str, bytes] | None) -> None:
+def _collect_extra(c: Collector, extra: Mapping[str, bytes] | None) -> None:
     for name, data in (extra or {}).items():
         c.guarded(str(name), FLOW, partial(_put_extra, c, name, data))
 
 
-def _put_extra(c: _Collector, name: str, data: bytes) -> None:
+def _put_extra(c: Collector, name: str, data: bytes) -> None:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"extra[{name!r}] must be bytes, got {type(data).__name__}")
     c.put_bytes(name, bytes(data), FLOW)
@@ -294,7 +294,7 @@ def collect_local_evidence(
         masker: Masks secrets in the stored log and tail; default: every secret this process knows.
     """
     masker = masker or masking.current()
-    c = _Collector(store, attempt_prefix(workspace.run_id, workspace.attempt), now)
+    c = Collector(store, attempt_prefix(workspace.run_id, workspace.attempt), now)
     crash = _read_json(workspace.crash_report_path)
     runner = _read_json(workspace.runner_report_path)
     why_absent = (

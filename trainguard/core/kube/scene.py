@@ -19,12 +19,12 @@ from typing import Any, TypeVar
 
 from trainguard_entrypoint.redact import REDACTED, is_secret_name, redact_argv, redact_text
 
+from trainguard.core import evidence
 from trainguard.core.kube.api import STREAM_CHUNK_BYTES, KubeApi
 from trainguard.core.kube.collector import training_container
 from trainguard.core.kube.describe import event_time
 from trainguard.core.kube.errors import Transient
-from trainguard.core.manifest import ManifestItem, MissingItem
-from trainguard.core.stores import EvidenceStore, StoredItem
+from trainguard.core.stores import EvidenceStore
 from trainguard.core.triage.signals import Signals
 
 T = TypeVar("T")
@@ -58,34 +58,12 @@ class BreakerApi(KubeApi):
         return result
 
 
-class Collector:
-    """Stores items under one attempt prefix and keeps the manifest's two lists."""
+class Collector(evidence.Collector):
+    """The shared evidence collector, talking to the cluster through an API that stops after repeated failures."""
 
     def __init__(self, api: KubeApi, store: EvidenceStore, prefix: str, now: Callable[[], datetime]) -> None:
+        super().__init__(store, prefix, now)
         self.api: KubeApi = BreakerApi(api)
-        self.store, self.prefix, self.now = store, prefix, now
-        self.items: list[ManifestItem] = []
-        self.missing: list[MissingItem] = []
-
-    def _record(self, name: str, source: str, stored: StoredItem) -> None:
-        self.items.append(ManifestItem(name, stored.key, stored.sha256, stored.size_bytes, source,
-                                       self.now().isoformat()))
-
-    def put_file(self, name: str, path: Path, source: str) -> None:
-        self._record(name, source, self.store.put_file(f"{self.prefix}/{name}", path))
-
-    def put_bytes(self, name: str, data: bytes, source: str) -> None:
-        self._record(name, source, self.store.put_bytes(f"{self.prefix}/{name}", data))
-
-    def absent(self, name: str, source: str, reason: str) -> None:
-        self.missing.append(MissingItem(name, source, reason))
-
-    def guarded(self, name: str, source: str, step: Callable[[], object]) -> None:
-        """Run one step; whatever it raises becomes a MissingItem, and collection goes on."""
-        try:
-            step()
-        except Exception as exc:
-            self.absent(name, source, f"could not collect: {type(exc).__name__}: {exc}")
 
 
 @dataclass
