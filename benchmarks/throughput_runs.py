@@ -95,7 +95,7 @@ def trainguard_workload(n_runs: int, blocks: dict[str, str]) -> tuple[dict[str, 
         spec = {"name": "bench", "retry": {"delay_seconds": 0},
                 "command": [sys.executable, str(SCRIPT), "--steps", "30", "--step-seconds", "0",
                             "--fail-at-step", "15", "--fail-on-attempt", "1"]}
-        run_deployment("train-attempt/local", timeout=0, tags=[lineages[i]],
+        run_deployment("train-attempt/local-pool", timeout=0, tags=[lineages[i]],
                        parameters={"spec": spec, "run_id": f"{tag}-{i}", **blocks})
     runs = wait_done(lineages, 2 * n_runs)
     assert all(r.state.is_completed() == (r.parameters.get("attempt", 1) == 2) for r in runs), "unexpected outcome"
@@ -135,7 +135,7 @@ def main() -> None:
         EvidenceFolder(root=str(root / "evidence")).save("bench-evidence", overwrite=True)
         blocks = {"backend_block": "trainguard-local-process-backend/bench-backend", "evidence_block": "bench-evidence"}
         prefect_cli(server.api_url, "work-pool", "create", POOL, "--type", "process", "--overwrite")
-        prefect_cli(server.api_url, "deploy", "--name", "local")
+        prefect_cli(server.api_url, "deploy", "--name", "local-pool")
         prefect_cli(server.api_url, "deploy", "benchmarks/throughput_runs.py:bare_attempt", "--name", "bench",
                     "--pool", POOL)
         rows = []

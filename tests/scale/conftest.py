@@ -51,7 +51,7 @@ def prefect_cli(api_url: str, *args: str, timeout: float = 120) -> str:
 
 @pytest.fixture(scope="session")
 def attempt_deployment(pg_server) -> str:
-    """prefect.yaml's `train-attempt/local` deployment on its process work pool, as a user deploys it."""
+    """prefect.yaml's `train-attempt/local-pool` deployment on its process work pool, as a user deploys it."""
     prefect_cli(pg_server.api_url, "work-pool", "create", POOL, "--type", "process", "--overwrite")
-    prefect_cli(pg_server.api_url, "deploy", "--name", "local")
-    return "train-attempt/local"
+    prefect_cli(pg_server.api_url, "deploy", "--name", "local-pool")
+    return "train-attempt/local-pool"
