@@ -6,6 +6,8 @@ is patched. When the proxy goes down mid-collection it is S3 dying mid-upload, a
 
 from __future__ import annotations
 
+import os
+
 import re
 import urllib.request
 import uuid
@@ -37,8 +39,9 @@ def _s3_block(s3, tmp_path) -> tuple[str, S3EvidenceStore]:
 
 
 def _run_one_failing_attempt(blocks, evidence_block: str, run_id: str):
-    spec = tiny_spec(run_id, "--fail-at-step", "35", "--fail-on-attempt", "1", env={"WANDB_API_KEY": SECRET},
-                     retry={"max_attempts": 1})
+    os.environ["TG_TEST_WANDB_API_KEY"] = SECRET  # where a worker holds it; the spec only names it
+    spec = tiny_spec(run_id, "--fail-at-step", "35", "--fail-on-attempt", "1",
+                     secret_env={"WANDB_API_KEY": "env:TG_TEST_WANDB_API_KEY"}, retry={"max_attempts": 1})
     state = training_run(parse_spec(spec), run_id=run_id, backend_block=blocks["backend_block"],
                          evidence_block=evidence_block, return_state=True)
     return state, state.result(raise_on_failure=False)

@@ -109,7 +109,10 @@ def test_resuming_watch_survives_a_reset_and_a_410(kube: KubeApi, sim: kubesim.f
     kube.create_job(ns, job("w", ["python", "-c", "pass"]))
     done = wait_for(lambda: _terminal(next(events)), timeout=30, what="the job complete through the watch")
     assert done["metadata"]["name"] == "w"
-    assert (watch.stats.drops, watch.stats.expired, watch.stats.lists) == (1, 1, 2)
+    # The reset always comes first; whether the 410 is met before the Job's end is delivered depends
+    # on when the Job finishes, but every 410 that is met must be followed by a fresh list.
+    assert watch.stats.drops == 1 and watch.stats.expired <= 1
+    assert watch.stats.lists == 1 + watch.stats.expired
 
 
 def _terminal(event: dict[str, Any]) -> dict[str, Any] | None:
