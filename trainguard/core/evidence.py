@@ -22,7 +22,7 @@ from trainguard_entrypoint.checkpoints import list_checkpoints
 from trainguard_entrypoint.files import read_tail_lines
 
 from trainguard.core import masking
-from trainguard.core.manifest import Manifest, ManifestItem, MissingItem, attempt_prefix, write_manifest
+from trainguard.core.manifest import Manifest, ManifestItem, MissingItem, attempt_prefix, store_manifest
 from trainguard.core.stores import EvidenceStore, StoredItem
 from trainguard.core.workspace import AttemptWorkspace
 
@@ -312,10 +312,4 @@ def collect_local_evidence(
     for name, step in steps:
         c.guarded(name, WORKSPACE, step)
     manifest = Manifest(workspace.run_id, workspace.attempt, now().isoformat(), tuple(c.items), tuple(c.missing))
-    try:
-        write_manifest(store, manifest)
-    except Exception as exc:
-        reason = f"could not store the manifest: {type(exc).__name__}: {exc}"
-        return Manifest(manifest.run_id, manifest.attempt, manifest.created_at, manifest.items,
-                        (*manifest.missing, MissingItem("manifest.json", WORKSPACE, reason)))
-    return manifest
+    return store_manifest(store, manifest, WORKSPACE)

@@ -112,6 +112,21 @@ def write_manifest(store: EvidenceStore, manifest: Manifest) -> StoredItem:
     return store.put_bytes(manifest_key(manifest.run_id, manifest.attempt), manifest.to_json().encode("utf-8"))
 
 
+def store_manifest(store: EvidenceStore, manifest: Manifest, source: str) -> Manifest:
+    """Write ``manifest`` last, as every collector does; never raise.
+
+    If the manifest cannot be stored, the returned manifest lists ``manifest.json`` as missing
+    (from ``source``) with why, so the caller still reports what it collected.
+    """
+    try:
+        write_manifest(store, manifest)
+    except Exception as exc:
+        reason = f"could not store the manifest: {type(exc).__name__}: {exc}"
+        return Manifest(manifest.run_id, manifest.attempt, manifest.created_at, manifest.items,
+                        (*manifest.missing, MissingItem("manifest.json", source, reason)))
+    return manifest
+
+
 def read_manifest(store: EvidenceStore, run_id: str, attempt: int) -> Manifest:
     """Load an attempt's manifest; raises `EvidenceNotFound` or `ManifestError`."""
     return Manifest.from_json(store.get_bytes(manifest_key(run_id, attempt)).decode("utf-8", errors="replace"))

@@ -24,7 +24,7 @@ from pathlib import Path
 import trainguard_entrypoint
 
 from trainguard.core import evidence
-from trainguard.core.manifest import Manifest, ManifestItem, MissingItem, attempt_prefix, write_manifest
+from trainguard.core.manifest import Manifest, ManifestItem, MissingItem, attempt_prefix, store_manifest
 from trainguard.core.slurm import SlurmClient, SlurmError
 from trainguard.core.stores import EvidenceStore
 from trainguard.core.workspace import AttemptWorkspace
@@ -175,12 +175,6 @@ def collect(
             s.guarded(name, step)
     manifest = Manifest(local.run_id, local.attempt, local.created_at, (*local.items, *s.items),
                         (*local.missing, *s.missing))
-    try:
-        write_manifest(store, manifest)
-    except Exception as exc:
-        reason = f"could not store the manifest: {type(exc).__name__}: {exc}"
-        return Manifest(manifest.run_id, manifest.attempt, manifest.created_at, manifest.items,
-                        (*manifest.missing, MissingItem("manifest.json", SLURM, reason)))
-    return manifest
+    return store_manifest(store, manifest, SLURM)
 
 

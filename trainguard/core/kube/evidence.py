@@ -41,7 +41,7 @@ from trainguard.core.kube.scene import (
     stream_log,
 )
 from trainguard.core.kube.volume import store_volume_files
-from trainguard.core.manifest import Manifest, MissingItem, attempt_prefix, write_manifest
+from trainguard.core.manifest import Manifest, attempt_prefix, store_manifest
 from trainguard.core.stores import EvidenceNotFound, EvidenceStore
 
 FLOW = "flow"
@@ -269,13 +269,7 @@ def collect_kubernetes_evidence(
         for name, data in (extra or {}).items():
             c.guarded(str(name), FLOW, partial(_put_extra, c, str(name), data))
     manifest = Manifest(run_id, attempt, now().isoformat(), tuple(c.items), tuple(c.missing))
-    try:
-        write_manifest(store, manifest)
-    except Exception as exc:
-        reason = f"could not store the manifest: {type(exc).__name__}: {exc}"
-        return Manifest(manifest.run_id, manifest.attempt, manifest.created_at, manifest.items,
-                        (*manifest.missing, MissingItem("manifest.json", KUBERNETES, reason)))
-    return manifest
+    return store_manifest(store, manifest, KUBERNETES)
 
 
 def read_triage_facts(store: EvidenceStore, run_id: str, attempt: int, log_dir: Path | None = None) -> ClusterFacts:
