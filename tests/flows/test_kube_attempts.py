@@ -61,9 +61,7 @@ def test_oom_killed_is_host_oom_and_not_retried(kb: dict[str, Any], sim: Any, tm
     state, history = run(inline("k-oom", code), blocks, "k-oom-1")
     assert state.is_failed() and len(history) == 1
     assert history[0]["category"] == "host_oom" and history[0]["decision"]["retry"] is False
-    # The summary keeps the supervisor's word, which is the Job's verdict when the watch sees the Job
-    # fail before the pod's last status; the category above comes from the pod's OOMKilled either way.
-    assert history[0]["termination_reason"] in ("OOMKilled", "BackoffLimitExceeded")
+    assert history[0]["termination_reason"] == "OOMKilled"
     pods = [n for n in evidence_names(blocks["evidence"], "k-oom-1", 1)
             if n.startswith("kubernetes/pods/") and n.endswith(".json") and n.count("/") == 2]
     pod = kept(blocks["evidence"], "k-oom-1", 1, pods[0])

@@ -90,3 +90,14 @@ def test_checkpoints_are_listed_newest_first_as_container_paths(kube: KubeApi, n
 ])
 def test_log_lines_are_made_safe_to_show(raw: bytes, shown: str) -> None:
     assert printable(raw) == shown
+
+def test_the_pods_oom_kill_wins_over_the_jobs_verdict_when_the_job_is_seen_failing_first(
+    kube: KubeApi, sim: kubesim.fixture.Sim, ns: str, tmp_path: Path,
+) -> None:
+    # The pod watch answers late, so the Job's Failed condition arrives before any pod status.
+    sim.faults.add(verb="watch", resource="pods", namespace=ns, delay=30, times=1)
+    b = KubernetesBackend(lambda: kube, KubeSettings(JobSettings(image="python:3.11", namespace=ns, memory_limit="96Mi"),
+                                                     local_root=str(tmp_path)))
+    outcome = b.run(b.provision("r-oom", 1), launch("r-oom", "x = b'x' * (400 << 20)"))
+    assert [r["code"] for r in sim.requests(verb="watch", resource="pods", namespace=ns)] == [None]  # still held
+    assert outcome.reason == "OOMKilled" and outcome.exit_code == 137

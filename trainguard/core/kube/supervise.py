@@ -96,11 +96,26 @@ class Supervisor:
                 why = self._verdict(started)
                 if why:
                     self.ending.why = why
+                    if why == "job" and not container_state(self.ending.pod).get("terminated"):
+                        self._read_pods()
                     self._drain_logs(self.clock() + self.limits.settle_seconds)
                     return self.ending
         finally:
             self.stop.set()
             del threads  # daemon threads end with their stream; nothing may block the caller
+
+    def _read_pods(self) -> None:
+        """Read the pods once: the Job ends only after its pod did, but the pod watch may lag behind.
+
+        Without this the outcome would keep the Job's bare verdict (BackoffLimitExceeded) instead of
+        the container's own end (OOMKilled, its exit code).
+        """
+        try:
+            pods = self.api.list_pods(self.namespace, self.selector).get("items") or []
+        except KubeError:
+            return  # what the watches saw stands; the evidence reads the pods again
+        for pod in sorted(pods, key=lambda p: str(p.get("metadata", {}).get("creationTimestamp") or "")):
+            self._apply_pod(pod)
 
     def _drain_logs(self, until: float) -> None:
         """Let the log followers of ended pods hand out their last lines (bounded)."""
