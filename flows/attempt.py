@@ -51,6 +51,7 @@ def train_attempt(
     parent_flow_run_id: str | None = None,
     history: list[dict[str, Any]] | None = None,
     avoid_nodes: list[str] | None = None,
+    memory_factor: float = 1.0,
     backend_block: str | None = None,
     evidence_block: str | None = None,
     retry_policy_block: str | None = None,
@@ -66,6 +67,7 @@ def train_attempt(
         parent_flow_run_id: the failed attempt this one retries (lineage, shown in the UI).
         history: summaries of the earlier attempts, for the circuit breaker and the report.
         avoid_nodes: nodes earlier attempts failed on; backends that place work on nodes avoid them.
+        memory_factor: scale of the backend's memory request and limit (the policy's host_oom option).
         backend_block, evidence_block, retry_policy_block: saved blocks as `slug/name` (a bare name means
             the local-process backend or evidence folder); None = the defaults.
         rules_file: a user's triage rule file layered over the shipped rules.
@@ -76,7 +78,7 @@ def train_attempt(
     launch = launch_for(
         spec.command, run_id=run_id, attempt=attempt, env=spec.env, gpus=spec.gpus, workdir=spec.workdir,
         deadline_seconds=spec.deadline_seconds, stall_seconds=spec.stall_seconds, resume_from=resume_from,
-        avoid_nodes=avoid_nodes or (),
+        avoid_nodes=avoid_nodes or (), memory_factor=memory_factor,
     )
     ref, train_state, evidence_state = None, None, None
     try:
@@ -94,7 +96,7 @@ def train_attempt(
         run_id=run_id, attempt=attempt, max_attempts=retry_policy.max_attempts,
         state="Completed" if outcome.succeeded else "Failed",
         flow_run_id=str(current_run.id), flow_run_name=current_run.name,
-        exit_code=outcome.exit_code, termination_reason=outcome.reason, node=outcome.node,
+        exit_code=outcome.exit_code, termination_reason=outcome.reason, node=outcome.node, memory_factor=memory_factor,
         duration_seconds=outcome.duration_seconds, gpus=spec.gpus,
         resumed_from=resume_from, newest_checkpoint=checkpoints[0] if checkpoints else None,
         progress=read_progress(backend, ref, outcome), **_evidence_fields(evidence), **_diagnosis_fields(diagnosis),

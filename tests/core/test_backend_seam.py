@@ -62,4 +62,13 @@ def test_next_parameters_carry_the_nodes_to_avoid_and_move_the_lineage_on() -> N
     params = next_parameters({"spec": {"name": "x"}, "attempt": 1, "backend_block": "b"}, summary, decision, "f1")
     assert params["attempt"] == 2 and params["avoid_nodes"] == ["gpu-3"] and params["parent_flow_run_id"] == "f1"
     assert params["resume_from"] == "/ck/step-5.pt" and params["backend_block"] == "b"
-    assert [h["attempt"] for h in params["history"]] == [1]
+    assert [h["attempt"] for h in params["history"]] == [1] and "memory_factor" not in params
+
+
+def test_next_parameters_carry_the_memory_factor_the_decision_raised() -> None:
+    summary = AttemptSummary(run_id="r-1", attempt=1, max_attempts=3, state="Failed", flow_run_id="f1",
+                             category="host_oom", memory_factor=1.5)
+    decision = RetryDecision(True, "host_oom is retryable", 2, memory_factor=3.0)
+    params = next_parameters({"spec": {"name": "x"}, "attempt": 1, "memory_factor": 1.5}, summary, decision, "f1")
+    assert params["memory_factor"] == 3.0 and params["history"][0]["memory_factor"] == 1.5
+    assert summary.record().memory_factor == 1.5

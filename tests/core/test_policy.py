@@ -137,3 +137,28 @@ def test_a_gpu_fault_repeating_on_a_different_node_does_not_trip_the_breakers():
     assert decide(RetryPolicy(max_attempts=4), history, CKPTS).retry
     on_one_node = [replace(r, node="n1") for r in history]
     assert not decide(RetryPolicy(max_attempts=4), on_one_node, CKPTS).retry
+
+
+def test_host_oom_memory_is_raised_only_when_opted_in_compounding_up_to_the_cap():
+    retried = {Category.HOST_OOM: CategoryOverride(retryable=True)}
+    oom = failed(1, Category.HOST_OOM, retryable=False)
+    assert decide(RetryPolicy(overrides=retried), [oom]).memory_factor == 1.0  # off by default
+    policy = RetryPolicy(max_attempts=5, overrides=retried, host_oom_memory_factor=1.5,
+                         same_signature_limit=0, require_checkpoint_progress=False)
+    first = decide(policy, [oom])
+    assert first.memory_factor == 1.5 and "memory request and limit raised to 1.5x" in first.reason
+    later = decide(policy, [oom, failed(2, Category.HOST_OOM, False, memory_factor=1.5)])
+    assert later.memory_factor == 2.25
+    capped = decide(policy, [failed(3, Category.HOST_OOM, False, memory_factor=3.5)])
+    assert capped.memory_factor == 4.0
+    stays = decide(policy, [failed(4, Category.HOST_OOM, False, memory_factor=4.0)])
+    assert stays.memory_factor == 4.0 and "the cap of 4x" in stays.reason
+    other = decide(policy, [failed(2, Category.NCCL_ERROR, memory_factor=1.5)])  # a raised limit is kept
+    assert other.memory_factor == 1.5 and RetryDecision.from_dict(other.to_dict()) == other
+    assert RetryDecision.from_dict({"retry": True, "reason": "old"}).memory_factor == 1.0
+
+
+@pytest.mark.parametrize("factor", [0.5, 4.5])
+def test_a_memory_factor_out_of_bounds_is_refused(factor):
+    with pytest.raises(ValueError, match="host_oom_memory_factor must be between 1"):
+        RetryPolicy(host_oom_memory_factor=factor)

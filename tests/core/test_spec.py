@@ -17,7 +17,9 @@ def test_a_string_command_is_split_like_a_shell_would():
 def test_retry_settings_become_the_core_policy_with_overrides():
     spec = parse_spec({**GOOD, "retry": {"overrides": {"cuda_oom": {"retryable": True}}}})
     policy = spec.retry.to_policy()
-    assert policy.overrides[Category.CUDA_OOM].retryable is True
+    assert policy.overrides[Category.CUDA_OOM].retryable is True and policy.host_oom_memory_factor == 1.0
+    oom = {"host_oom_memory_factor": 2, "overrides": {"host_oom": {"retryable": True}}}
+    assert parse_spec({**GOOD, "retry": oom}).retry.to_policy().host_oom_memory_factor == 2.0
 
 
 @pytest.mark.parametrize(
@@ -29,6 +31,9 @@ def test_retry_settings_become_the_core_policy_with_overrides():
         ({**GOOD, "retry": {"overrides": {"cosmic_rays": {"retryable": True}}}}, "retry.overrides.cosmic_rays", "cuda_oom"),
         ({**GOOD, "name": "Has Spaces"}, "name", "lowercase letters"),
         ({**GOOD, "comand": ["x"]}, "comand", "unknown field"),
+        ({**GOOD, "retry": {"host_oom_memory_factor": 8}}, "retry.host_oom_memory_factor", "less than or equal to 4"),
+        ({**GOOD, "retry": {"host_oom_memory_factor": 2}}, "retry: host_oom_memory_factor",
+         "add overrides: {host_oom: {retryable: true}}"),
     ],
 )
 def test_a_bad_spec_names_the_field_and_the_fix_in_one_line(data, field, hint):

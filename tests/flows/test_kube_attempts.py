@@ -15,6 +15,8 @@ import pytest
 
 from kube_helpers import GPU_FAULT, cluster, evidence_names, inline, kept, kube_blocks, pod_of, tiny
 from flows.run import training_run
+from trainguard.core.attempt import AttemptSummary
+from trainguard.core.report import render_attempt
 from trainguard.core.spec import parse_spec
 from waiting import wait_for
 
@@ -55,7 +57,7 @@ def test_nccl_timeout_is_retried_and_the_next_job_resumes_from_the_checkpoint(kb
     assert "Watchdog caught collective operation timeout" in first_log and "Watchdog" in history[0]["signature"]
 
 
-def test_oom_killed_is_host_oom_and_not_retried(kb: dict[str, Any], sim: Any, tmp_path: Any) -> None:
+def test_oom_killed_is_host_oom_and_not_retried(prefect_server: str, sim: Any, tmp_path: Any) -> None:
     blocks = kube_blocks(sim, tmp_path / "oom", memory_limit="96Mi")
     code = "import time; print('allocating', flush=True); x = b'x' * (400 << 20); time.sleep(30)"
     state, history = run(inline("k-oom", code), blocks, "k-oom-1")
@@ -67,6 +69,21 @@ def test_oom_killed_is_host_oom_and_not_retried(kb: dict[str, Any], sim: Any, tm
     pod = kept(blocks["evidence"], "k-oom-1", 1, pods[0])
     assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"] == "OOMKilled"
     assert "allocating" in kept(blocks["evidence"], "k-oom-1", 1, _pod_log_name(blocks, "k-oom-1", 1))
+
+
+def test_a_host_oom_made_retryable_runs_again_with_the_policys_larger_memory_limit(prefect_server: str, sim: Any,
+                                                                                     tmp_path: Any) -> None:
+    blocks = kube_blocks(sim, tmp_path / "oom-more", memory_limit="96Mi")
+    retry = {"max_attempts": 2, "host_oom_memory_factor": 2, "overrides": {"host_oom": {"retryable": True}}}
+    code = "x = b'x' * (120 << 20); print('fits', flush=True)"  # over 96Mi, under 192Mi
+    state, history = run(inline("k-oom-more", code, retry=retry), blocks, "k-oom-more-1")
+    assert state.is_completed(), state.message
+    assert [(h["category"], h["memory_factor"]) for h in history] == [("host_oom", 1.0), (None, 2.0)]
+    assert history[0]["decision"]["memory_factor"] == 2.0 and "raised to 2x" in history[0]["decision"]["reason"]
+    limits = [kept(blocks["evidence"], "k-oom-more-1", n, "kubernetes/job.json")["spec"]["template"]["spec"][
+        "containers"][0]["resources"]["limits"]["memory"] for n in (1, 2)]
+    assert limits == ["96Mi", str(2 * 96 << 20)]
+    assert "| memory | 2x the backend's memory" in render_attempt(AttemptSummary.from_dict(history[1]))
 
 
 def test_eviction_is_preempted_retried_and_resumed_from_the_checkpoint(kb: dict[str, Any], sim: Any) -> None:
@@ -136,14 +153,6 @@ def test_active_deadline_exceeded_is_timeout(kb: dict[str, Any]) -> None:
     job = kept(kb["evidence"], "k-deadline-1", 1, "kubernetes/job.json")
     assert job["spec"]["activeDeadlineSeconds"] == 2
     assert any(c["reason"] == "DeadlineExceeded" for c in job["status"]["conditions"])
-
-
-def test_a_fail_job_exit_code_fails_the_job_at_once(kb: dict[str, Any]) -> None:
-    state, history = run(inline("k-failjob", "raise SystemExit(127)"), kb, "k-failjob-1")
-    assert state.is_failed() and history[0]["exit_code"] == 127
-    job = kept(kb["evidence"], "k-failjob-1", 1, "kubernetes/job.json")
-    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
-    assert failed["reason"] == "PodFailurePolicy" and "matching FailJob rule" in failed["message"]
 
 
 def test_sigsegv_leaves_its_core_file_on_the_attempt_volume(kb: dict[str, Any], sim: Any) -> None:

@@ -53,6 +53,15 @@ def test_release_deletes_finished_successes_and_gives_failures_their_ttl(kube: K
     b.release(ok)  # already gone: nothing to do, nothing raised
 
 
+def test_a_fail_job_exit_code_fails_the_job_at_once(kube: KubeApi, ns: str, tmp_path: Path) -> None:
+    b = backend(kube, ns, tmp_path)
+    ref = b.provision("r-failjob", 1)
+    outcome = b.run(ref, launch("r-failjob", "raise SystemExit(127)"))
+    failed = next(c for c in kube.read_job(ns, ref.name)["status"]["conditions"] if c["type"] == "Failed")
+    assert outcome.exit_code == 127 and not outcome.succeeded
+    assert failed["reason"] == "PodFailurePolicy" and "matching FailJob rule" in failed["message"]
+
+
 def test_an_unschedulable_attempt_waits_its_bound_then_reports_and_is_deleted_on_release(
     kube: KubeApi, ns: str, tmp_path: Path,
 ) -> None:
@@ -90,6 +99,7 @@ def test_checkpoints_are_listed_newest_first_as_container_paths(kube: KubeApi, n
 ])
 def test_log_lines_are_made_safe_to_show(raw: bytes, shown: str) -> None:
     assert printable(raw) == shown
+
 
 def test_the_pods_oom_kill_wins_over_the_jobs_verdict_when_the_job_is_seen_failing_first(
     kube: KubeApi, sim: kubesim.fixture.Sim, ns: str, tmp_path: Path,

@@ -50,6 +50,7 @@ class AttemptSummary:
     evidence_links: Mapping[str, str] = field(default_factory=dict)  # item name -> (presigned) URL
     evidence_links_expire_at: str = ""
     node: str | None = None
+    memory_factor: float = 1.0  # the attempt's memory request and limit scale (host_oom policy)
     progress: Sequence[tuple[int, float | None]] = ()  # (step, loss) points from the log, thinned
     decision: Mapping[str, Any] = field(default_factory=dict)
 
@@ -72,6 +73,7 @@ class AttemptSummary:
             resumed_from=self.resumed_from,
             newest_checkpoint=self.newest_checkpoint,
             node=self.node,
+            memory_factor=self.memory_factor,
         )
 
     def with_decision(self, decision: RetryDecision) -> AttemptSummary:
@@ -135,8 +137,10 @@ def next_parameters(
 ) -> dict[str, Any]:
     """The next attempt's flow parameters: same spec and blocks, lineage moved one step on."""
     history = [*(parameters.get("history") or []), summary.to_dict()]
+    scaled = {"memory_factor": decision.memory_factor} if decision.memory_factor != 1.0 else {}
     return {
-        **parameters,
+        **{k: v for k, v in parameters.items() if k != "memory_factor"},
+        **scaled,
         "attempt": summary.attempt + 1,
         "run_id": summary.run_id,
         "resume_from": decision.resume_from,

@@ -15,6 +15,9 @@ from types import MappingProxyType
 
 from trainguard.core.taxonomy import INFO, Category
 
+MAX_MEMORY_FACTOR = 4.0
+"""The most an opt-in host_oom policy may scale an attempt's memory request and limit, over the run."""
+
 
 class Backoff(str, enum.Enum):
     """How the wait before the next attempt grows."""
@@ -57,6 +60,7 @@ class RetryPolicy:
     same_signature_limit: int = 2
     require_checkpoint_progress: bool = True
     overrides: Mapping[Category, CategoryOverride] = field(default_factory=dict)
+    host_oom_memory_factor: float = 1.0  # > 1: a retried host_oom attempt gets this much more memory
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -65,6 +69,8 @@ class RetryPolicy:
             raise ValueError("delay_seconds and max_delay_seconds must not be negative")
         if self.same_signature_limit < 0:
             raise ValueError("same_signature_limit must not be negative (0 turns the breaker off)")
+        if not 1.0 <= self.host_oom_memory_factor <= MAX_MEMORY_FACTOR:
+            raise ValueError(f"host_oom_memory_factor must be between 1 (off) and {MAX_MEMORY_FACTOR:g}")
 
     def override_for(self, category: Category) -> CategoryOverride:
         """The user's override for `category`, falling back field by field to the default one."""
@@ -88,6 +94,7 @@ class AttemptRecord:
     resumed_from: str | None = None
     newest_checkpoint: str | None = None  # newest checkpoint when the attempt ended
     node: str | None = None
+    memory_factor: float = 1.0  # how much the attempt's memory request and limit were scaled
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,7 @@ class RetryDecision:
     resume_from: str | None = None
     avoid_nodes: tuple[str, ...] = ()
     budget: int | None = None  # the attempts this failure's category allows; None after a success
+    memory_factor: float = 1.0  # the next attempt's memory scale (see RetryPolicy.host_oom_memory_factor)
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form, for flow results, events and reports."""
@@ -112,6 +120,7 @@ class RetryDecision:
             "resume_from": self.resume_from,
             "avoid_nodes": list(self.avoid_nodes),
             "budget": self.budget,
+            "memory_factor": self.memory_factor,
         }
 
     @classmethod
@@ -122,6 +131,7 @@ class RetryDecision:
         next_attempt = data.get("next_attempt")
         resume_from = data.get("resume_from")
         budget = data.get("budget")
+        factor = data.get("memory_factor")
         return cls(
             retry=bool(data.get("retry")),
             reason=str(data.get("reason", "")),
@@ -130,6 +140,7 @@ class RetryDecision:
             resume_from=str(resume_from) if resume_from else None,
             avoid_nodes=tuple(str(n) for n in nodes) if isinstance(nodes, (list, tuple)) else (),
             budget=budget if isinstance(budget, int) and not isinstance(budget, bool) else None,
+            memory_factor=float(factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else 1.0,
         )
 
 
@@ -167,11 +178,26 @@ def decide(
     resume_from, resume_note = _resume_point(last, checkpoints)
     delay = backoff_seconds(policy, last.attempt, last.category)
     avoid = _nodes_to_avoid(history)
+    factor, memory_note = _memory_factor(policy, last)
     reason = (
         f"{last.category.value} is retryable: attempt {last.attempt + 1} of "
-        f"{budget} in {delay:g}s, {resume_note}"
+        f"{budget} in {delay:g}s, {resume_note}{memory_note}"
     )
-    return RetryDecision(True, reason, last.attempt + 1, delay, resume_from, avoid, budget)
+    return RetryDecision(True, reason, last.attempt + 1, delay, resume_from, avoid, budget, factor)
+
+
+def _memory_factor(policy: RetryPolicy, last: AttemptRecord) -> tuple[float, str]:
+    """The next attempt's memory scale: raised after a host OOM when the policy opts in, else kept.
+
+    The scale compounds over the run's host OOMs and stops at MAX_MEMORY_FACTOR.
+    """
+    current = min(max(last.memory_factor, 1.0), MAX_MEMORY_FACTOR)
+    if last.category is not Category.HOST_OOM or policy.host_oom_memory_factor <= 1.0:
+        return current, ""
+    raised = min(current * policy.host_oom_memory_factor, MAX_MEMORY_FACTOR)
+    if raised <= current:
+        return current, f"; memory stays at {current:g}x, the cap of {MAX_MEMORY_FACTOR:g}x"
+    return raised, f"; memory request and limit raised to {raised:g}x"
 
 
 def _retryable(policy: RetryPolicy, record: AttemptRecord) -> bool:

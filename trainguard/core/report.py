@@ -86,6 +86,9 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
         f"| duration | {summary.duration_seconds:.1f} s |",
         f"| GPU-seconds | {summary.gpu_seconds:.1f} ({summary.gpus} GPU x wall time) |",
     ]
+    if summary.memory_factor != 1.0:
+        lines.append(f"| memory | {summary.memory_factor:g}x the backend's memory request and limit "
+                     "(raised after a host OOM) |")
     if summary.evidence_spooled:
         lines.append(f"| not yet uploaded | {len(summary.evidence_spooled)} items wait in the local spool "
                      f"({_cell(summary.evidence_upload_error or 'upload pending')}); "

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainguard.core import masking, policy
 from trainguard.core.taxonomy import Category
@@ -55,6 +55,19 @@ class RetrySpec(BaseModel):
     same_signature_limit: int = Field(default=2, ge=0, strict=True)
     require_checkpoint_progress: bool = True
     overrides: dict[Category, CategoryOverrideSpec] = Field(default_factory=dict)
+    host_oom_memory_factor: float = Field(
+        default=1.0, ge=1.0, le=policy.MAX_MEMORY_FACTOR,
+        description="Opt-in: after a host_oom that overrides make retryable, the next attempt's memory request "
+        f"and limit are multiplied by this (compounding, at most {policy.MAX_MEMORY_FACTOR:g}x in all); 1 = off.",
+    )
+
+    @model_validator(mode="after")
+    def _memory_factor_needs_a_retry(self) -> RetrySpec:
+        oom = self.overrides.get(Category.HOST_OOM)
+        if self.host_oom_memory_factor > 1.0 and not (oom and oom.retryable):
+            raise ValueError("host_oom_memory_factor: host_oom is not retried, so the factor would never apply; "
+                             "add overrides: {host_oom: {retryable: true}} or drop the factor")
+        return self
 
     def to_policy(self) -> policy.RetryPolicy:
         """The core policy these settings describe."""
@@ -69,6 +82,7 @@ class RetrySpec(BaseModel):
                 category: policy.CategoryOverride(o.retryable, o.max_attempts, o.delay_seconds)
                 for category, o in self.overrides.items()
             },
+            host_oom_memory_factor=self.host_oom_memory_factor,
         )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from trainguard.core.backend import Launch, container_env
 from trainguard.core.kube.zipapp import ENTRYPOINT_FILE
+from trainguard.core.policy import MAX_MEMORY_FACTOR
 
 Wire = dict[str, Any]
 
@@ -39,7 +40,6 @@ ATTEMPT_VOLUME, CHECKPOINT_VOLUME, ENTRYPOINT_VOLUME, SHM_VOLUME = "trainguard-a
 
 LABEL_RUN, LABEL_ATTEMPT = "trainguard.io/run-id", "trainguard.io/attempt"
 LABEL_COMPONENT = "app.kubernetes.io/component"
-MAX_MEMORY_FACTOR = 4.0
 _DNS = re.compile(r"[^a-z0-9-]+")
 _UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
