@@ -41,20 +41,30 @@ def attempt(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> Any:
                          evidence_block=kb["evidence_block"], return_state=True)
 
 
-def allowed_by_rbac() -> set[tuple[str, str]]:
+def allowed_by_rbac(namespace: str) -> set[tuple[str | None, str, str]]:
+    """(namespace or None for cluster scope, resource, verb) the RBAC grants; `trainguard` stands for `namespace`."""
+    docs = [doc for doc in yaml.safe_load_all(RBAC.read_text()) if doc]
+    bound = {(d["metadata"].get("namespace"), d["roleRef"]["kind"], d["roleRef"]["name"]) for d in docs
+             if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+             and {"kind": "ServiceAccount", "name": "trainguard", "namespace": "trainguard"} in d["subjects"]}
     allowed = set()
-    for doc in yaml.safe_load_all(RBAC.read_text()):
-        for rule in (doc or {}).get("rules") or []:
-            allowed |= {(resource, verb) for resource in rule["resources"] for verb in rule["verbs"]}
+    for doc in docs:
+        where = doc["metadata"].get("namespace")
+        if doc["kind"] in ("Role", "ClusterRole") and (where, doc["kind"], doc["metadata"]["name"]) in bound:
+            scope = None if where is None else namespace if where == "trainguard" else where
+            allowed |= {(scope, resource, verb) for rule in doc["rules"]
+                        for resource in rule["resources"] for verb in rule["verbs"]}
     return allowed
 
 
-def calls(sim: Any, namespace: str) -> set[tuple[str, str]]:
+def calls(sim: Any, namespace: str) -> set[tuple[str | None, str, str]]:
+    """Every (namespace, resource, verb) requested of the API: the attempt's namespace, `default`, cluster scope."""
     made = set()
     for entry in sim.requests():
-        if entry.get("namespace") in (namespace, None) and entry.get("resource") and entry["resource"] != "namespaces":
+        if entry.get("namespace") in (namespace, "default", None) and entry.get("resource") \
+                and entry["resource"] != "namespaces":
             resource = entry["resource"] + (f"/{entry['subresource']}" if entry.get("subresource") else "")
-            made.add((resource, entry["verb"]))
+            made.add((entry.get("namespace"), resource, entry["verb"]))
     return made
 
 
@@ -80,7 +90,7 @@ def test_a_killed_flow_run_again_adopts_the_running_job_without_a_second_create(
     assert [c["code"] for c in creates] == [201, 409]
     assert "training finished at step 40" in kept(kb["evidence"], "k-adopt-1", 1, next(
         n for n in evidence_names(kb["evidence"], "k-adopt-1", 1) if n.endswith("/logs/train.log")))
-    assert calls(sim, kb["namespace"]) <= allowed_by_rbac()
+    assert calls(sim, kb["namespace"]) <= allowed_by_rbac(kb["namespace"])
 
 
 def test_api_errors_and_dropped_watches_change_nothing_and_calls_stay_within_rbac(
@@ -102,8 +112,9 @@ def test_api_errors_and_dropped_watches_change_nothing_and_calls_stay_within_rba
     hit = [r for r in sim.requests(namespace=ns) if r.get("fault")]
     assert len(hit) >= 5  # every rule fired: the outcome above came through them
     made = calls(sim, ns)
-    assert {("jobs", "watch"), ("pods", "watch"), ("pods/log", "get"), ("events", "list")} <= made
-    assert made <= allowed_by_rbac(), made - allowed_by_rbac()
+    assert {(ns, "jobs", "watch"), (ns, "pods", "watch"), (ns, "pods/log", "get"), (ns, "events", "list"),
+            ("default", "events", "list"), (None, "nodes", "get")} <= made  # node events live in `default`
+    assert made <= allowed_by_rbac(ns), made - allowed_by_rbac(ns)
 
 
 def test_a_job_deleted_mid_attempt_still_yields_evidence_and_a_verdict(kb: dict[str, Any], sim: Any) -> None:
