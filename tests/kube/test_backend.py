@@ -4,6 +4,7 @@ only stand-in (no GPU exists here)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,10 @@ def test_a_second_run_of_the_same_attempt_adopts_the_job(kube: KubeApi, sim: kub
     ref = b.provision("r-adopt", 1)
     code = "import time\nfor i in range(20):\n  print('tick', i, flush=True); time.sleep(0.05)"
     first = b.run(ref, launch("r-adopt", code))
+    # Supervising the Job it created costs two watches from the Job's resourceVersion and one log stream.
+    made = Counter((r["verb"], r["resource"], r.get("subresource")) for r in sim.requests(namespace=ns))
+    assert made[("watch", "jobs", None)] == made[("watch", "pods", None)] == 1 and made[("get", "pods", "log")] == 1
+    assert made[("list", "jobs", None)] == 0 and made[("list", "pods", None)] <= 1  # a lagging pod watch: one read
     lines: list[str] = []
     second = b.run(b.provision("r-adopt", 1), launch("r-adopt", code), on_line=lines.append)
     assert first.succeeded and second.succeeded and second.node == first.node

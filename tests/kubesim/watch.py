@@ -19,7 +19,7 @@ from kubesim.faults import Rule
 from kubesim.route import Target
 from kubesim.store import Store
 
-BOOKMARK_SECONDS = 1.0
+BOOKMARK_SECONDS = 60.0  # as the apiserver's watch cache: about once a minute, and at the watch's end
 
 
 def _expired(rv: str, current: str) -> dict[str, Any]:

@@ -106,19 +106,20 @@ class KubernetesBackend:
             body = manifests.job_manifest(self.settings.job, launch, config_map)
         except ValueError as exc:
             return AttemptOutcome(None, None, START_ERROR, str(exc))
+        created: dict[str, Any] | None = None
         try:
-            self.api.create_job(self.namespace, body)
-            adopted = False
+            created = self.api.create_job(self.namespace, body)
         except Conflict:
-            adopted = True  # this attempt's Job is already there: follow it, never start a second
+            pass  # this attempt's Job is already there: follow it (from a fresh list), never start a second
         except KubeError as exc:
             return AttemptOutcome(None, None, START_ERROR, f"could not create the Job: {exc}")
-        if adopted:
+        if created is None:
             _say(on_line, f"adopting the running Job {self.namespace}/{ref.name}")
         limits = Limits(unschedulable_seconds=self.settings.unschedulable_seconds,
                         start_error_seconds=self.settings.start_error_seconds,
                         stall_seconds=launch.stall_seconds, deadline_seconds=launch.deadline_seconds)
-        ending = Supervisor(self.api, self.namespace, launch.run_id, launch.attempt, limits, on_line=on_line).run()
+        ending = Supervisor(self.api, self.namespace, launch.run_id, launch.attempt, limits, on_line=on_line,
+                            created=created).run()
         return outcome_of(ending)
 
     def collect_evidence(

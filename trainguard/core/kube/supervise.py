@@ -2,7 +2,10 @@
 
 Two resuming watches (the Job, its pods) feed one queue; a third thread follows the training
 container's log and hands each line to `on_line`. The supervisor wakes on every change, so a
-terminal pod is noticed as soon as the API server reports it. It ends the attempt when:
+terminal pod is noticed as soon as the API server reports it. Given the Job it just created, both
+watches start from that Job's resourceVersion (its pods are all created later), so an attempt costs
+three long-lived requests (two watches and the log) and nothing more while it runs: no lists unless
+a watch is too old (410), watches resumed where they stopped. It ends the attempt when:
 
 - the Job is Complete or Failed, or it is failing (`FailureTarget`) and its pod has ended;
 - the pod failed with `DisruptionTarget` (the podFailurePolicy ignores it, the flow retries it);
@@ -49,7 +52,8 @@ class Limits:
     deadline_seconds: float | None = None
     deadline_margin_seconds: float = 120.0
     settle_seconds: float = 3.0  # after the pod ends, how long to wait for the Job's own verdict
-    watch_timeout_seconds: int = 60
+    watch_timeout_seconds: int = 300  # the server ends a watch then; it is resumed, not re-listed
+    log_read_timeout_seconds: float = 300.0  # a silent log stream is reopened after this long
 
 
 @dataclass
@@ -68,7 +72,8 @@ class Supervisor:
     """Watches one attempt (its Job and pods, by the attempt's labels) until it is terminal."""
 
     def __init__(self, api: Any, namespace: str, run_id: str, attempt: int, limits: Limits, *,
-                 on_line: LineSink | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 on_line: LineSink | None = None, clock: Callable[[], float] = time.monotonic,
+                 created: Wire | None = None) -> None:
         self.api, self.namespace, self.limits, self.clock = api, namespace, limits, clock
         self.job_name = manifests.job_name(run_id, attempt)
         self.selector = manifests.selector(run_id, attempt)
@@ -81,6 +86,11 @@ class Supervisor:
         self.followers: list[threading.Thread] = []
         self.marks: dict[str, float] = {}  # when each waiting condition was first seen
         self.listed: set[str] = set()  # the resources listed at least once (a verdict needs both)
+        self.since: str | None = None  # where both watches start when the caller holds the Job's state
+        version = ((created or {}).get("metadata") or {}).get("resourceVersion")
+        if created is not None and version:
+            self.ending.job, self.since = created, str(version)
+            self.listed = {"jobs", "pods"}
 
     def run(self) -> Ending:
         """Block until the attempt is terminal (or a limit ran out); the watches stop either way."""
@@ -131,7 +141,7 @@ class Supervisor:
 
     def _pump(self, resource: str) -> None:
         api: WatchApi = self.api
-        watch = ResumingWatch(api, resource, self.namespace, self.selector,
+        watch = ResumingWatch(api, resource, self.namespace, self.selector, resource_version=self.since,
                               timeout_seconds=self.limits.watch_timeout_seconds)
         try:
             for event in watch:
@@ -146,7 +156,8 @@ class Supervisor:
         for _ in range(20):  # a dropped stream is resumed; lines already handed out are skipped
             count = 0
             try:
-                for chunk in self.api.stream_pod_log(self.namespace, pod_name, manifests.CONTAINER):
+                for chunk in self.api.stream_pod_log(self.namespace, pod_name, manifests.CONTAINER,
+                                                     read_timeout_seconds=self.limits.log_read_timeout_seconds):
                     pending += chunk
                     *lines, pending = pending.split(b"\n")
                     for raw in lines:
