@@ -148,7 +148,9 @@ async def serve(request: web.Request, store: Store, root: Path, namespace: str,
 
 
 def _terminated(store: Store, pod: dict[str, Any], container: str) -> bool:
-    current = store.get("pods", pod["metadata"]["namespace"], pod["metadata"]["name"])
+    # Every follower asks this ten times a second: a deep copy each time would cost 50 followers
+    # a good part of a core.
+    current = store.peek("pods", pod["metadata"]["namespace"], pod["metadata"]["name"])
     if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
         return True
     status = _status_of(current, container) or {}

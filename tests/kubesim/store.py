@@ -70,6 +70,10 @@ class Store:
         found = self._objects.get((resource, namespace, name))
         return copy.deepcopy(found) if found is not None else None
 
+    def peek(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The stored object itself, or None: for read-only checks on hot paths; never change it."""
+        return self._objects.get((resource, namespace, name))
+
     def list(self, resource: str, namespace: str | None = None, *,
              label_selector: str | None = None,
              field_selector: str | None = None) -> list[dict[str, Any]]:
