@@ -4,6 +4,7 @@ only stand-in (no GPU exists here)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,9 @@ from trainguard.core.backend import Launch
 from trainguard.core.kube.api import KubeApi
 from trainguard.core.kube.backend import KubernetesBackend, KubeSettings
 from trainguard.core.kube.manifests import JobSettings
+from trainguard.core import triage
 from trainguard.core.kube.supervise import printable
+from trainguard.demo import SCRIPT
 from waiting import wait_for
 
 
@@ -65,6 +68,20 @@ def test_a_fail_job_exit_code_fails_the_job_at_once(kube: KubeApi, ns: str, tmp_
     failed = next(c for c in kube.read_job(ns, ref.name)["status"]["conditions"] if c["type"] == "Failed")
     assert outcome.exit_code == 127 and not outcome.succeeded
     assert failed["reason"] == "PodFailurePolicy" and "matching FailJob rule" in failed["message"]
+
+
+def test_sigsegv_is_a_native_crash_with_its_core_file_on_the_attempt_volume(
+    kube: KubeApi, sim: kubesim.fixture.Sim, ns: str, tmp_path: Path,
+) -> None:
+    b = backend(kube, ns, tmp_path)
+    ref = b.provision("r-segv", 1)
+    command = ("python", str(SCRIPT), "--steps", "30", "--step-seconds", "0", "--fail-at-step", "5", "--failure", "segfault")
+    outcome = b.run(ref, Launch(run_id="r-segv", attempt=1, command=command))
+    assert outcome.exit_code == 139 and triage.classify(b.signals(ref, outcome)).category.value == "native_crash"
+    volume = sim.root / "pvc" / ns / "trainguard-attempts" / "r-segv" / "attempt-1"
+    report = json.loads((volume / "crash-report.json").read_text())
+    assert report["signal_name"] == "SIGSEGV" and report["core_files"]
+    assert (volume / "coredumps" / report["core_files"][0]).stat().st_size > 0
 
 
 def test_an_unschedulable_attempt_waits_its_bound_then_reports_and_is_deleted_on_release(
