@@ -134,19 +134,37 @@ def time_grep(patterns: Path, log: Path) -> tuple[float, int]:
     return time.perf_counter() - start, int(done.stdout or b"0")
 
 
+# The child reports its own peak: VmHWM of its own /proc/self/status, read as it exits. getrusage's
+# ru_maxrss (from wait4) is not the child's own: across a vfork+exec it keeps the parent's peak.
+_PEAK_REPORTER = """
+import atexit, os, runpy, sys
+def _peak():
+    with open('/proc/self/status') as fh:
+        kib = next(int(l.split()[1]) for l in fh if l.startswith('VmHWM:'))
+    os.write(int(os.environ['TRAINGUARD_BENCH_PEAK_FD']), b'%d' % kib)
+atexit.register(_peak)
+sys.argv = ['trainguard'] + sys.argv[1:]
+runpy.run_module('trainguard.cli', run_name='__main__', alter_sys=True)
+"""
+
+
 def time_trainguard(log: Path, engine: str, out: Path) -> dict[str, object]:
     """The whole ``trainguard classify`` process: start-up, rule loading, the scan, the answer."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "trainguard.cli", "classify", "--json", "--exit-code", "1",
+    read_end, write_end = os.pipe()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRAINGUARD_BENCH_PEAK_FD": str(write_end)}
+    command = [sys.executable, "-c", _PEAK_REPORTER, "classify", "--json", "--exit-code", "1",
                "--engine", engine, str(log)]
     with out.open("wb") as fh:
         start = time.perf_counter()
-        child = subprocess.Popen(command, stdout=fh, env=env)
-        _, status, usage = os.wait4(child.pid, 0)
+        child = subprocess.Popen(command, stdout=fh, env=env, pass_fds=(write_end,))
+        os.close(write_end)
+        status = child.wait()
         seconds = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
+    with os.fdopen(read_end, "rb") as peak:
+        reported = peak.read()
+    if status != 0 or not reported:
         raise SystemExit(f"trainguard classify failed with status {status}")
-    return {"seconds": seconds, "max_rss_kib": usage.ru_maxrss,
+    return {"seconds": seconds, "max_rss_kib": int(reported),
             "diagnosis": json.loads(out.read_text())}
 
 

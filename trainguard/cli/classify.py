@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
+import click
 import typer
 
 from trainguard.cli.app import app
@@ -72,6 +73,13 @@ def classify_command(
     _show(diagnosis)
     if explain:
         _show_explanation(explanation)
+
+
+def classify_click_command() -> click.Command:
+    """This command on its own, for ``trainguard classify``: no other command module is loaded."""
+    alone = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    alone.command("classify")(classify_command)
+    return typer.main.get_command(alone)
 
 
 def _fail(message: str) -> NoReturn:
