@@ -27,9 +27,9 @@ def _full_app() -> Any:
 def main() -> None:
     """Console-script entry point."""
     if sys.argv[1:2] == ["classify"]:
-        from trainguard.cli.classify import classify_click_command
+        from trainguard.cli.classify import run_alone
 
-        classify_click_command()(sys.argv[2:], prog_name="trainguard classify")
+        run_alone(sys.argv[2:])
         return
     _full_app()()
 
