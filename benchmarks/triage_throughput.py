@@ -2,8 +2,10 @@
 
 Generates a realistic training log (progress lines from several ranks, CRI prefixes, warnings,
 NCCL chatter, one crash with its consequences two thirds of the way in), then times, on the same
-warm file: trainguard's classify (in a child process, reporting its peak RSS) and
-``grep -E -f PATTERNS`` with every rule's log pattern translated to ERE.
+warm file: trainguard's classify (in a child process that reports its own peak RSS, VmHWM, as it
+exits) and ``grep -E -f PATTERNS`` with every rule's log pattern translated to ERE. Wall-clock and
+CPU seconds (user + system, from wait4) are both reported: on a shared machine the CPU ratio is
+the steadier of the two.
 
 Three shapes of log are measured, because the cost of a scan can grow with the lines that match:
 ``quiet`` (almost no line matches a pattern), and noisy logs where about 5 % and 20 % of the lines
