@@ -235,7 +235,10 @@ def trainguard(run: Run, failure: Failure, number: int) -> bool:
         number, diagnosis.category, diagnosis.retryable, diagnosis.fingerprint,
         resumed_from=resumed, newest_checkpoint=newest, node=f"node-{number}"))
     policy = retry_policy.RetryPolicy(max_attempts=BUDGET)
-    decision = retry_policy.decide(policy, run.history, [newest] if newest else [])
+    # The run's checkpoints as a listing of its folder shows them, newest first.
+    saved = int(round(run.progress / run.checkpoint_hours))
+    listing = [f"step-{n * run.checkpoint_hours:.2f}" for n in range(saved, 0, -1)]
+    decision = retry_policy.decide(policy, run.history, listing)
     return decision.retry
 
 

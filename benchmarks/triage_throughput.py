@@ -2,8 +2,10 @@
 
 Generates a realistic training log (progress lines from several ranks, CRI prefixes, warnings,
 NCCL chatter, one crash with its consequences two thirds of the way in), then times, on the same
-warm file: trainguard's classify (in a child process, reporting its peak RSS) and
-``grep -E -f PATTERNS`` with every rule's log pattern translated to ERE.
+warm file: trainguard's classify (in a child process that reports its own peak RSS, VmHWM, as it
+exits) and ``grep -E -f PATTERNS`` with every rule's log pattern translated to ERE. Wall-clock and
+CPU seconds (user + system, from wait4) are both reported: on a shared machine the CPU ratio is
+the steadier of the two.
 
 Three shapes of log are measured, because the cost of a scan can grow with the lines that match:
 ``quiet`` (almost no line matches a pattern), and noisy logs where about 5 % and 20 % of the lines
@@ -124,29 +126,52 @@ def to_ere(pattern: str) -> str | None:
     return pattern.replace(r"\d", "[0-9]").replace(r"\D", "[^0-9]")
 
 
-def time_grep(patterns: Path, log: Path) -> tuple[float, int]:
-    """Seconds for grep to read the whole log, and how many lines it found matching."""
+def time_grep(patterns: Path, log: Path) -> tuple[float, float, int]:
+    """Wall and CPU seconds for grep to read the whole log, and how many lines it found."""
     start = time.perf_counter()
     # Output to a pipe, not /dev/null: GNU grep detects /dev/null and stops at the first match.
     # -c keeps the pipe small while grep still reads every line.
-    done = subprocess.run(["grep", "-c", "-E", "-f", str(patterns), str(log)],
-                          stdout=subprocess.PIPE, env={**os.environ, "LC_ALL": "C"}, check=False)
-    return time.perf_counter() - start, int(done.stdout or b"0")
+    child = subprocess.Popen(["grep", "-c", "-E", "-f", str(patterns), str(log)],
+                             stdout=subprocess.PIPE, env={**os.environ, "LC_ALL": "C"})
+    out = child.stdout.read() if child.stdout else b""
+    _, _, usage = os.wait4(child.pid, 0)
+    child.returncode = 0
+    return time.perf_counter() - start, usage.ru_utime + usage.ru_stime, int(out or b"0")
+
+
+# The child reports its own peak: VmHWM of its own /proc/self/status, read as it exits. getrusage's
+# ru_maxrss (from wait4) is not the child's own: across a vfork+exec it keeps the parent's peak.
+_PEAK_REPORTER = """
+import atexit, os, runpy, sys
+def _peak():
+    with open('/proc/self/status') as fh:
+        kib = next(int(l.split()[1]) for l in fh if l.startswith('VmHWM:'))
+    os.write(int(os.environ['TRAINGUARD_BENCH_PEAK_FD']), b'%d' % kib)
+atexit.register(_peak)
+sys.argv = ['trainguard'] + sys.argv[1:]
+runpy.run_module('trainguard.cli', run_name='__main__', alter_sys=True)
+"""
 
 
 def time_trainguard(log: Path, engine: str, out: Path) -> dict[str, object]:
     """The whole ``trainguard classify`` process: start-up, rule loading, the scan, the answer."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "trainguard.cli", "classify", "--json", "--exit-code", "1",
+    read_end, write_end = os.pipe()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRAINGUARD_BENCH_PEAK_FD": str(write_end)}
+    command = [sys.executable, "-c", _PEAK_REPORTER, "classify", "--json", "--exit-code", "1",
                "--engine", engine, str(log)]
     with out.open("wb") as fh:
         start = time.perf_counter()
-        child = subprocess.Popen(command, stdout=fh, env=env)
-        _, status, usage = os.wait4(child.pid, 0)
+        child = subprocess.Popen(command, stdout=fh, env=env, pass_fds=(write_end,))
+        os.close(write_end)
+        _, status, usage = os.wait4(child.pid, 0)  # its CPU time is its own; its ru_maxrss is not
+        child.returncode = 0
         seconds = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
+    with os.fdopen(read_end, "rb") as peak:
+        reported = peak.read()
+    if status != 0 or not reported:
         raise SystemExit(f"trainguard classify failed with status {status}")
-    return {"seconds": seconds, "max_rss_kib": usage.ru_maxrss,
+    return {"seconds": seconds, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "max_rss_kib": int(reported),
             "diagnosis": json.loads(out.read_text())}
 
 
@@ -161,11 +186,12 @@ def measure(tmp: Path, patterns: Path, args: argparse.Namespace, noise: float) -
     print(f"noise {noise:.0%}: generated {size / 2**20:.0f} MiB in "
           f"{time.perf_counter() - started:.1f} s", file=sys.stderr)
     subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
-    grep_s, ours = [], []
+    grep_s, grep_cpu, ours = [], [], []
     matched = 0
     for _ in range(args.rounds):
-        seconds, matched = time_grep(patterns, log)
+        seconds, cpu, matched = time_grep(patterns, log)
         grep_s.append(seconds)
+        grep_cpu.append(cpu)
         ours.append(time_trainguard(log, args.engine, tmp / "answer.json"))
     best = min(ours, key=lambda r: float(r["seconds"]))  # type: ignore[arg-type]
     ours_s = float(best["seconds"])  # type: ignore[arg-type]
@@ -176,6 +202,12 @@ def measure(tmp: Path, patterns: Path, args: argparse.Namespace, noise: float) -
         "grep_seconds": round(min(grep_s), 3), "trainguard_seconds": round(ours_s, 3),
         "ratio_grep_over_trainguard": round(min(grep_s) / ours_s, 2),
         "trainguard_mib_per_s": round(size / 2**20 / ours_s),
+        # CPU seconds (user + system) say the same less noisily on a shared machine.
+        "grep_cpu_seconds": round(min(grep_cpu), 3),
+        "trainguard_cpu_seconds": round(min(float(r["cpu_seconds"]) for r in ours), 3),  # type: ignore[arg-type]
+        "cpu_ratio_grep_over_trainguard": round(
+            min(grep_cpu) / min(float(r["cpu_seconds"]) for r in ours), 2),  # type: ignore[arg-type]
+        "load_average": round(os.getloadavg()[0], 1),
         "trainguard_peak_rss_mib": round(max(int(r["max_rss_kib"]) for r in ours) / 1024, 1),  # type: ignore[call-overload]
         "diagnosis": {k: best["diagnosis"][k] for k in ("category", "rule_id", "line_number", "rank")},  # type: ignore[index]
         "found_the_cause": all(r["diagnosis"]["line_number"] == cause  # type: ignore[index]

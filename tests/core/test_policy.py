@@ -55,6 +55,22 @@ def test_the_same_signature_twice_in_a_row_trips_the_circuit_breaker():
     assert not decision.retry and "same failure signature repeated 2 times" in decision.reason
 
 
+def test_a_signature_that_returns_only_after_more_new_checkpoints_than_last_time_is_outlasted():
+    ckpts = tuple(f"ckpt/step-{n}.json" for n in range(90, 0, -10))  # newest first
+    nccl = {"category": Category.NCCL_ERROR, "fingerprint": "same"}
+    # Attempt 1 saved 2 checkpoints, attempt 2 six more: an intermittent fault, not a repeat.
+    longer = [failed(1, newest_checkpoint="ckpt/step-20.json", **nccl),
+              failed(2, resumed_from="ckpt/step-20.json", newest_checkpoint="ckpt/step-80.json", **nccl)]
+    assert decide(RetryPolicy(max_attempts=5), longer, ckpts).retry
+    # The same failure after as much training each time (a leak, a timer) trips the breaker.
+    as_long = [failed(1, newest_checkpoint="ckpt/step-10.json", **nccl),
+               failed(2, resumed_from="ckpt/step-10.json", newest_checkpoint="ckpt/step-20.json", **nccl)]
+    decision = decide(RetryPolicy(max_attempts=5), as_long, ckpts)
+    assert not decision.retry and "same failure signature repeated 2 times" in decision.reason
+    # Checkpoints that cannot be counted (the older ones pruned) leave the breaker as it was.
+    assert not decide(RetryPolicy(max_attempts=5), longer, ckpts[:3]).retry
+
+
 def test_a_breaker_limit_of_zero_turns_the_signature_breaker_off():
     history = [failed(n, Category.NCCL_ERROR, fingerprint="same") for n in (1, 2)]
     assert decide(RetryPolicy(max_attempts=5, same_signature_limit=0), history, CKPTS).retry

@@ -88,3 +88,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         assert len(err.splitlines()) == 1 and err.startswith("trainguard classify: error: "), err
     assert "exit_code" in cases[4].stderr.decode() and "line 1" in cases[4].stderr.decode()
     assert f"{bad_rules}:3" in cases[5].stderr.decode()
+
+
+def test_help_and_refused_options_are_answered_by_the_full_command_parser() -> None:
+    # A plain command line is parsed without building the typer command; these are not plain.
+    helped, refused = cli("--help"), cli("-", "--no-such-option", stdin=b"x")
+    assert helped.returncode == 0 and b"--exit-code" in helped.stdout and b"--explain" in helped.stdout
+    assert refused.returncode == 2 and b"No such option" in refused.stderr

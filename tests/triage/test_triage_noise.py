@@ -116,3 +116,31 @@ def test_a_veto_by_a_mixed_regex_is_remembered_only_through_its_digit_blind_part
     import re
     parts = shapes.blind_parts(re.compile(r"c10d|ProcessGroup|\[retry \d|NCCL"))
     assert [p.pattern for p in parts] == ["ProcessGroup", r"\[retry \d", "NCCL"]
+
+
+@pytest.mark.parametrize("pattern, text, widened", [
+    (r"\b(?:s3|gcs)\b.{0,120}\berror\b", "s3 read error", r"\b(?:s[0-9]|gcs)\b.{0,120}\berror\b"),
+    (r"Errno 28", "Errno 28", "Errno [0-9][0-9]"),
+    (r"x{2}3", "xx3", "x{2}[0-9]"),
+    (r"[^0-9a]x", "bx", None),  # widening what a negated class refuses would narrow it
+    (r"(\d)\1", "11", None),  # a back-reference: not read
+])
+def test_a_regex_widened_to_any_digit_matches_whatever_the_regex_matches(
+        pattern: str, text: str, widened: str | None) -> None:
+    import re
+    wide = shapes.widened(pattern)
+    assert (wide.pattern if wide else None) == widened
+    if wide is not None:
+        assert re.search(pattern, text) and shapes.digit_blind(wide.pattern)
+        assert wide.search(text.translate(str.maketrans("123456789", "000000000")))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_shape_rejected_by_a_regex_with_digits_still_lets_its_digit_variant_through(
+        engine: str) -> None:
+    # "s4 ..." is rejected by the storage hint's "s3"; masked, both lines read "s0 ...".
+    log = b"".join(b"[rank0]: s4 read error on shard %d\n" % i for i in range(3000))
+    log += b"[rank0]: s3 read error on shard 1\n"
+    diagnosis = classify(log, engine)
+    assert diagnosis.category is Category.TRANSIENT_IO
+    assert diagnosis.line_number == 3001

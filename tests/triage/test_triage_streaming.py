@@ -64,7 +64,9 @@ def test_scanning_a_large_log_holds_bounded_memory(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert diagnosis is not None and diagnosis.category is Category.CUDA_OOM
-    assert peak < 3 * scan.BLOCK_BYTES, f"peak {peak >> 20} MiB for a 64 MiB log"
+    # The block being read here, the next one in the engine on the second thread, the one being
+    # read from disk, and small change: bounded by the block size, not the log's.
+    assert peak < 4 * scan.BLOCK_BYTES, f"peak {peak >> 20} MiB for a 64 MiB log"
 
 
 @pytest.mark.parametrize("block_bytes", [7, 64, 4096])

@@ -6,12 +6,15 @@ decision is ``trainguard.core.triage``'s. No Prefect import: the command must st
 
 from __future__ import annotations
 
+import argparse
+import inspect
 import json
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
+import click
 import typer
 
 from trainguard.cli.app import app
@@ -72,6 +75,53 @@ def classify_command(
     _show(diagnosis)
     if explain:
         _show_explanation(explanation)
+
+
+def classify_click_command() -> click.Command:
+    """This command on its own, for ``trainguard classify``: no other command module is loaded."""
+    alone = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    alone.command("classify")(classify_command)
+    return typer.main.get_command(alone)
+
+
+class _NotPlain(Exception):
+    """The command line needs the full parser: help, or an option it refuses."""
+
+
+class _PlainParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _NotPlain(message)
+
+
+def run_alone(argv: list[str]) -> None:
+    """Run ``trainguard classify`` with ``argv``, as the typer command would.
+
+    Building a typer command costs more start-up than reading a large log's first gigabyte takes
+    grep (this typer builds a pydantic adapter per parameter), so a plain command line is parsed
+    here from the command's own parameter declarations; help and refused options go to the typer
+    command, which answers them as always.
+    """
+    if any(a in ("--help", "-h") for a in argv):
+        classify_click_command()(argv, prog_name="trainguard classify")
+        return
+    parser = _PlainParser(prog="trainguard classify", add_help=False, allow_abbrev=False)
+    for name, param in inspect.signature(classify_command).parameters.items():
+        info = param.default
+        if isinstance(info, typer.models.ArgumentInfo):
+            parser.add_argument(name, nargs="?", default=info.default)
+        elif param.annotation in (bool, "bool"):
+            parser.add_argument(*info.param_decls, dest=name, action="store_true")
+        else:
+            parser.add_argument(*info.param_decls, dest=name, default=info.default)
+    try:
+        values = vars(parser.parse_args(argv))
+    except _NotPlain:
+        classify_click_command()(argv, prog_name="trainguard classify")
+        return
+    try:
+        classify_command(**values)
+    except typer.Exit as done:
+        raise SystemExit(done.exit_code) from None
 
 
 def _fail(message: str) -> NoReturn:

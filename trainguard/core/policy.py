@@ -172,7 +172,7 @@ def decide(
     if last.category is None:
         return RetryDecision(False, f"attempt {last.attempt} succeeded")
     budget = _budget(policy, last.category)
-    refusal = _refusal(policy, history)
+    refusal = _refusal(policy, history, checkpoints)
     if refusal:
         return RetryDecision(False, refusal, budget=budget)
     resume_from, resume_note = _resume_point(last, checkpoints)
@@ -211,7 +211,8 @@ def _budget(policy: RetryPolicy, category: Category) -> int:
     return policy.max_attempts if override is None else min(override, policy.max_attempts)
 
 
-def _refusal(policy: RetryPolicy, history: Sequence[AttemptRecord]) -> str | None:
+def _refusal(policy: RetryPolicy, history: Sequence[AttemptRecord],
+             checkpoints: Sequence[str] = ()) -> str | None:
     """Why there must be no further attempt, or None when one may follow."""
     last = history[-1]
     assert last.category is not None
@@ -224,7 +225,8 @@ def _refusal(policy: RetryPolicy, history: Sequence[AttemptRecord]) -> str | Non
     limit = policy.same_signature_limit
     recent = history[-limit:] if limit else ()
     repeated = len(recent) == limit and len({r.fingerprint for r in recent}) == 1 and last.fingerprint
-    if limit and repeated and last.category not in PLATFORM_CAUSED and not _moved(recent):
+    if limit and repeated and last.category not in PLATFORM_CAUSED and not _moved(recent) \
+            and not _outlasted(recent, checkpoints):
         return (
             f"circuit breaker: the same failure signature repeated {limit} times in a row "
             f"({category}, fingerprint {last.fingerprint[:12]})"
@@ -237,6 +239,34 @@ def _refusal(policy: RetryPolicy, history: Sequence[AttemptRecord]) -> str | Non
                 f"and made no checkpoint progress before failing ({category})"
             )
     return None
+
+
+def _outlasted(records: Sequence[AttemptRecord], checkpoints: Sequence[str]) -> bool:
+    """Each repeat of the signature came after more new checkpoints than the attempt before it.
+
+    A failure that will keep coming back does so at the same point: at the same step (no new
+    checkpoint) or after as much training as last time (a leak, a timer). An NCCL timeout that
+    returns only after the run saved more checkpoints than it did the time before is an
+    intermittent fault that the run outlasts, as it did; the breaker does not count it. Where
+    the checkpoints an attempt saved cannot be counted (pruned, renamed), it counts as usual.
+    """
+    saved = [_saved(r, checkpoints) for r in records]
+    return all(n is not None for n in saved) and all(
+        b > a for a, b in zip(saved, saved[1:]))  # type: ignore[operator]
+
+
+def _saved(record: AttemptRecord, checkpoints: Sequence[str]) -> int | None:
+    """How many checkpoints the attempt saved, from the run's checkpoints (newest first)."""
+    if record.newest_checkpoint is None:
+        return 0
+    if record.newest_checkpoint not in checkpoints:
+        return None
+    newest = checkpoints.index(record.newest_checkpoint)
+    if record.resumed_from is None:
+        return len(checkpoints) - newest
+    if record.resumed_from not in checkpoints:
+        return None
+    return max(checkpoints.index(record.resumed_from) - newest, 0)
 
 
 def _moved(records: Sequence[AttemptRecord]) -> bool:

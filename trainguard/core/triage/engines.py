@@ -210,18 +210,19 @@ class ReEngine:
 class HyperscanEngine:
     """Hyperscan block mode over line-aligned chunks; patterns it refuses fall to ``re``.
 
-    One scan per chunk reports every match (a single-match database measured no faster, and
-    would need a second scan to find the lines); the collector then reads only the lines of
-    patterns whose rule still needs them.
+    The database is compiled single-match: one scan per chunk reports each pattern that occurs
+    in it at most once, so a chunk of a thousand checkpoint saves costs what a chunk of one
+    does. The collector then finds, by literal search, the lines of the patterns whose rule still
+    needs them.
     """
 
     def __init__(self, patterns: Sequence[Pattern]) -> None:
         assert _hs is not None
         ok = list(range(len(patterns)))
-        self._db = _cached_database(patterns, ok)
+        self._db = _cached_database(patterns, ok, single=True)
         if self._db is None:
             ok = [i for i, p in enumerate(patterns) if _compiles(p)]
-            self._db = _cached_database(patterns, ok) if ok else None
+            self._db = _cached_database(patterns, ok, single=True) if ok else None
         accepted = set(ok)
         self._rest_ids = [i for i in range(len(patterns)) if i not in accepted]
         rest = [patterns[i] for i in self._rest_ids]
@@ -229,56 +230,29 @@ class HyperscanEngine:
         # Hyperscan scratch space is per scan in flight: one per thread (Prefect runs tasks on
         # threads), cloned from the database's own.
         self._local = threading.local()
-        self._patterns = patterns
-        self._accepted = accepted
 
     def present(self, buf: bytes, chunks: Sequence[Chunk]) -> list[list[int]]:
-        """For each chunk, the ids of the patterns that occur in it.
-
-        One scan per chunk reports every match; the lines each pattern matched are kept for
-        ``lines`` to hand out, so a chunk is scanned once however its lines are then read.
-        """
+        """For each chunk, the ids of the patterns that occur in it."""
         out: list[list[int]] = []
         view = memoryview(buf)
         scratch = self._scratch() if self._db is not None else None
-        kept: dict[int, dict[int, list[int]]] = {}
         for a, b in chunks:
-            found: list[tuple[int, int]] = []
+            found: list[int] = []
             if self._db is not None:
                 self._db.scan(view[a:b], scratch=scratch,
-                              match_event_handler=lambda pid, _f, to, *_: found.append((to, pid)))
-            kept[a] = _line_starts(buf, a, found)
-            out.append(list(kept[a]))
-        self._local.kept = kept
+                              match_event_handler=lambda pid, *_: found.append(pid))
+            out.append(found)
         if self._rest is not None:
             ids = self._rest_ids
             for index, pids in enumerate(self._rest.present(buf, chunks)):
                 out[index].extend(ids[pid] for pid in pids)
         return out
 
-    def lines(self, buf: bytes, start: int, stop: int, pids: set[int]) -> dict[int, list[int]]:
-        """For the given patterns, where the lines of the chunk at ``start`` they may match start
-        (from the last ``present`` call on this thread); refused patterns are left out."""
-        kept = getattr(self._local, "kept", {}).get(start, {})
-        return {pid: kept.get(pid, []) for pid in pids if pid in self._accepted}
-
     def _scratch(self) -> Any:
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
             scratch = self._local.scratch = _hs.Scratch(self._db)
         return scratch
-
-
-def _line_starts(buf: bytes, start: int, found: list[tuple[int, int]]) -> dict[int, list[int]]:
-    """Per pattern, the ascending starts of the lines its reported matches end on."""
-    found.sort()
-    out: dict[int, list[int]] = {}
-    for end, pid in found:
-        line_start = buf.rfind(b"\n", start, max(end + start - 1, start)) + 1 or start
-        starts = out.setdefault(pid, [])
-        if not starts or starts[-1] != line_start:
-            starts.append(line_start)
-    return out
 
 
 def hyperscan_available() -> bool:

@@ -1,16 +1,18 @@
 """Streaming the log once through every rule's patterns, in bounded memory and bounded work.
 
 The log is read in blocks that end on a line break, and each block in line-aligned chunks; one
-multi-pattern engine (``engines``) says which patterns occur in each chunk. Only then are the
-lines of those patterns found, decoded, stripped of prefixes (``lines``) and checked with the
-rule's own regex, so the cost of a long log grows neither with the number of rules nor with the
-number of lines that match:
+multi-pattern engine (``engines``), a block ahead on a second thread (``pipeline``), says which
+patterns occur in each chunk, once each however often. Only then are the lines of those patterns
+found, decoded, stripped of prefixes (``lines``) and checked with the rule's own regex, so the
+cost of a long log grows neither with the number of rules nor with the lines that match:
 
 - a rule that already has ``SATURATION`` confirmed lines (``HINT_SATURATION`` for hint-strength
   rules) is not looked at again: its earliest lines are known, later ones cannot win;
-- a line a rule rejects (a warning, a quoted source line, its ``log_not``) is remembered with
-  its digits masked, so the next checkpoint save or retry warning of the same shape costs one
-  dictionary look-up; only rejections by digit-blind regexes are remembered;
+- a chunk's lines are looked at by their distinct digit-masked shapes: a line a rule rejects (a
+  warning, a quoted source line, its ``log_not``, a near miss of its regex) is remembered by its
+  shape, so the next checkpoint save or retry warning of that shape costs one set look-up. A
+  rejection is remembered only where it holds for every digit (``shapes``): by a digit-blind
+  regex, or when the rule's regex widened to any digit rejects the line too;
 - ``context`` patterns are not scanned for: they are checked only in the window of lines
   around a candidate line, from the block in hand and a ring buffer of the previous block's last
   lines.
@@ -30,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from trainguard.core.triage.engines import (
-    Chunk,
     HyperscanEngine,
     MASK,
     Finders,
@@ -41,21 +42,20 @@ from trainguard.core.triage.engines import (
     prefilter_source,
 )
 from trainguard.core.triage.lines import SOURCE, Line, read_line
-from trainguard.core.triage.shapes import blind_parts, digit_blind
+from trainguard.core.triage.pipeline import Block, ahead, chunks
+from trainguard.core.triage.shapes import blind_parts, widened
 from trainguard.core.triage.rules import STRENGTHS, Rule, RuleSet
 from trainguard.core.triage.signals import LogSource
 
 __all__ = ["Hit", "ScanResult", "Scanner", "blocks", "hyperscan_available", "patterns_of"]
 
-BLOCK_BYTES = 8 << 20
+BLOCK_BYTES = 4 << 20
 MAX_LINE_BYTES = 64 << 10
-CHUNK_BYTES = 64 << 10
 MAX_HITS = 4096
 MAX_PENDING = 16
 SATURATION = 64
 HINT_SATURATION = 8
 MAX_REMEMBERED = 1 << 14
-NOISY_CHUNK = 64  # candidate lines in a chunk past which distinct shapes are searched instead
 _BLANK = b" \t\r\n"
 
 
@@ -83,9 +83,6 @@ def patterns_of(rules: Sequence[Rule]) -> list[Pattern]:
             out.append(Pattern(index, regex, False, prefilter_source(regex.pattern),
                                rule.ignore_case))
     return out
-
-
-Block = tuple[bytes, int, int]  # buffer, start, stop: the lines in buffer[start:stop]
 
 
 def blocks(source: LogSource) -> Iterator[Block]:
@@ -142,19 +139,6 @@ def _shape(buf: bytes, start: int, stop: int) -> bytes:
     return buf[start:stop if end < 0 else end].translate(MASK)
 
 
-def chunks(buf: bytes, start: int, stop: int) -> list[Chunk]:
-    """Cut a block into line-aligned chunks of about CHUNK_BYTES."""
-    out: list[Chunk] = []
-    while start < stop:
-        end = min(start + CHUNK_BYTES, stop)
-        if end < stop:
-            cut = buf.rfind(b"\n", start, end) + 1
-            end = cut if cut > start else (buf.find(b"\n", end, stop) + 1 or stop)
-        out.append((start, end))
-        start = end
-    return out
-
-
 class _Rules:
     """What the collector needs of each rule, worked out once per scanner (lazily: most rules
     never see a candidate line, and parsing regexes costs more than a quiet log's scan)."""
@@ -201,13 +185,15 @@ class _Collector:
         self.waiting: list[_Waiting] = []
         self.tail: deque[bytes] = deque(maxlen=max(info.window, 1))
         self.base = 0
-        self.noisy = False
 
-    def block(self, engine: ReEngine | HyperscanEngine, buf: bytes, start: int, stop: int) -> None:
-        """Scan one block of whole lines."""
+    def block(self, engine: ReEngine | HyperscanEngine, buf: bytes, start: int, stop: int,
+              present: list[list[int]] | None = None) -> None:
+        """Scan one block of whole lines; ``present`` is the engine's answer, if already had."""
         found: list[tuple[int, int, Line]] = []
         parts = chunks(buf, start, stop)
-        for (a, b), pids in zip(parts, engine.present(buf, parts), strict=True):
+        if present is None:
+            present = engine.present(buf, parts)
+        for (a, b), pids in zip(parts, present, strict=True):
             found.extend(self._chunk(engine, buf, a, b, pids))
             for rule in {r for _, r, _ in found}:
                 if self.confirmed[rule] >= self.info.limits[rule]:
@@ -234,10 +220,8 @@ class _Collector:
             return []
         out: list[tuple[int, int, Line]] = []
         seen: set[tuple[int, int]] = set()
-        occurrences = 0
         for pid, lines in self._candidates(engine, buf, a, b, todo):
             rule = self.patterns[pid].rule
-            occurrences += len(lines)
             for line_start, shape in lines:
                 if (pid, shape) in self.rejected or (rule, line_start) in seen:
                     continue
@@ -246,23 +230,24 @@ class _Collector:
                 if line is not None:
                     out.append((line_start, rule, line))
                     self.confirmed[rule] += 1
-        self.noisy = occurrences > NOISY_CHUNK
         return out
 
     def _candidates(self, engine: ReEngine | HyperscanEngine, buf: bytes, a: int, b: int,
                     pids: list[int]) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
         """For each pattern, the (start, digit-masked text) of the lines it may match.
 
-        Where the last chunk was noisy, the chunk's distinct masked lines are searched once for
-        every pattern's literals and only shapes not known to fail are looked up among the real
-        lines; otherwise each pattern's own lines are found and masked one by one.
+        The chunk's distinct digit-masked lines are searched once for each pattern's literals,
+        and only shapes not known to fail are looked up among the real lines: a thousand
+        checkpoint saves of one shape cost one rejected shape. A pattern without a literal to
+        look for has its lines found by its regex.
         """
         masked = shapes = lowered = b""
-        rest: list[int] = []
         for pid in pids:
             finder = self.finders[pid]
-            if not (self.noisy and finder.masked is not None):
-                rest.append(pid)
+            if finder.masked is None:
+                lowered_chunk = buf[a:b].lower() if finder.caseless else None
+                yield pid, [(s, _shape(buf, s, b))
+                            for s, _ in finder.candidates(buf, a, b, lowered_chunk)]
                 continue
             if not shapes:
                 masked = buf[a:b].translate(MASK)
@@ -272,15 +257,6 @@ class _Collector:
             found = finder.shapes(shapes, lowered or None) or []
             yield pid, [(s, shape) for shape in found if (pid, shape) not in self.rejected
                         for s in _lines_of(masked, shape, a)]
-        by_engine = engine.lines(buf, a, b, set(rest)) if (
-            rest and isinstance(engine, HyperscanEngine)) else {}
-        for pid in rest:
-            starts = by_engine.get(pid)
-            if starts is None:
-                finder = self.finders[pid]
-                starts = [s for s, _ in finder.candidates(
-                    buf, a, b, buf[a:b].lower() if finder.caseless else None)]
-            yield pid, [(s, _shape(buf, s, b)) for s in starts]
 
     def _confirm(self, pid: int, buf: bytes, start: int, end: int, shape: bytes) -> Line | None:
         """The read line if the pattern's rule accepts it; else remember the shape if it may."""
@@ -294,7 +270,9 @@ class _Collector:
                     self._remember((pid, shape))
                 return None
         if p.regex.search(text) is None:
-            if digit_blind(p.regex.pattern, p.regex.flags):
+            # The widened regex matches every line the rule's would, whatever its digits.
+            wide = widened(p.regex.pattern, p.regex.flags)
+            if wide is not None and (wide.pattern == p.regex.pattern or wide.search(text) is None):
                 self._remember((pid, shape))
             return None
         return line
@@ -368,8 +346,8 @@ class _Collector:
 
     def scan(self, engine: ReEngine | HyperscanEngine, source: LogSource) -> ScanResult:
         last: tuple[bytes, int] | None = None
-        for buf, start, stop in blocks(source):
-            self.block(engine, buf, start, stop)
+        for buf, start, stop, present in ahead(engine, blocks(source)):
+            self.block(engine, buf, start, stop, present)
             end = stop
             while end > start and buf[end - 1] in _BLANK:
                 end -= 1

@@ -82,3 +82,51 @@ def _blind(items: list[Any]) -> bool:
             if not _blind(list(av[-1])):
                 return False
     return True
+
+
+@lru_cache(maxsize=1024)
+def widened(pattern: str, flags: int = 0) -> re.Pattern[str] | None:
+    """The regex with every digit it names widened to any digit, so digit-blind; None if unsure.
+
+    It matches whatever the regex matches, so when it rejects a line, the regex rejects every
+    line of the same digit-masked shape: "s3 ... timed out" rejects a wandb retry line for good.
+    """
+    out: list[str] = []
+    i, in_class, class_digits, negated = 0, False, False, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            nxt = pattern[i + 1:i + 2]
+            if nxt.isdigit() or nxt in ("x", "u", "U", "N", "o"):
+                return None  # back-references and code points: not worth reading
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            if ch == "]" and pattern[i - 1] != "[" and pattern[i - 2:i] != "[^":
+                in_class = False
+                if class_digits and negated:
+                    return None  # widening what a negated class refuses narrows it
+                out.append("0-9]" if class_digits else "]")
+            else:
+                class_digits |= ch.isdigit()
+                out.append(ch)
+        elif ch == "[":
+            in_class, class_digits = True, False
+            negated = pattern[i + 1:i + 2] == "^"
+            out.append(ch)
+        elif ch == "{":
+            end = pattern.find("}", i)
+            if end < 0:
+                return None
+            out.append(pattern[i:end + 1])  # a repeat count, not text
+            i = end + 1
+            continue
+        else:
+            out.append("[0-9]" if ch.isdigit() else ch)
+        i += 1
+    try:
+        compiled = re.compile("".join(out), flags)
+    except re.error:
+        return None
+    return compiled if digit_blind(compiled.pattern, compiled.flags) else None
