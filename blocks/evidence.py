@@ -62,7 +62,7 @@ class S3EvidenceStore(Block):
     retry_attempts: int = Field(default=5, ge=1, le=20, description="Tries per S3 request on transient errors.")
     retry_base_delay_seconds: float = Field(default=0.5, ge=0, description="First backoff; doubles per retry.")
     part_size_bytes: int = Field(default=8 * 1024 * 1024, ge=MIN_PART_BYTES, description="Multipart part size.")
-    concurrency: int = Field(default=4, ge=1, le=32, description="Parts uploaded at once.")
+    concurrency: int = Field(default=10, ge=1, le=32, description="Parts uploaded at once (as boto3's upload_file).")
     link_expiry_seconds: int = Field(default=7 * 24 * 3600, ge=60, le=7 * 24 * 3600,
                                      description="How long the report's presigned links work (at most 7 days).")
 

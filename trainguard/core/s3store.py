@@ -1,27 +1,29 @@
-"""The S3 evidence store: the evidence-store protocol over a bucket, through a local spool.
+"""The S3 store: the evidence-store protocol over a bucket, with a local spool for what S3 did not take.
 
-Every write is spooled on local disk first (``spool``), then uploaded in the order it was written,
-so an attempt's manifest, written last, reaches the bucket last: a bundle with a manifest is
-complete. Objects go up in bounded memory (one PUT up to the part size, else a multipart upload
-whose parts are read from the spool as they are sent), each with its SHA-256 for S3 to check, and
-server-side encryption. Transient failures are retried with backoff; a permanent one (403, no such
-bucket) stops uploading at once. Either way the write itself succeeds: what could not be uploaded
-stays spooled, `pending` says what, `last_error` says why, and `flush` uploads it later. A time
-budget bounds how long one store object spends uploading, so an attempt never waits long on S3.
+While S3 answers, a write goes straight up: a small one as one PUT, a file as a multipart upload
+whose parts are sent in parallel while the file is read (``s3direct``), each with its SHA-256 for
+S3 to check, encrypted server-side; nothing is copied. Transient failures are retried with backoff;
+a permanent one (403, no such bucket) stops at once. A write S3 did not take is spooled on local
+disk (``spool``) with its multipart upload's id, and so is every later write of this store, in
+order: an attempt's manifest, written last, reaches the bucket last, so a bundle with a manifest is
+complete. The write succeeds either way: `pending` says what waits, `last_error` why, and `flush`
+uploads it later, part by part. A time budget bounds how long one store object spends on S3.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import threading
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
+from trainguard.core import s3direct
 from trainguard.core.s3 import NoSuchUpload, S3Bucket, S3Error, S3Permanent, S3Transient
-from trainguard.core.spool import Spool, SpoolEntry, b64_of_hex
+from trainguard.core.spool import TAG, Spool, SpoolEntry, b64_of_hex, part_bytes_for, s3_checksum, same_checksum
 from trainguard.core.stores import EvidenceNotFound, EvidenceStoreError, ObjectInfo, StoredItem, validate_key
 
 T = TypeVar("T")
@@ -45,7 +47,7 @@ class UploadPolicy:
     max_delay_seconds: float = 8.0
     budget_seconds: float | None = 900.0
     part_bytes: int = 8 * 1024 * 1024
-    concurrency: int = 4
+    concurrency: int = 10
 
 
 @dataclass(frozen=True)
@@ -88,15 +90,74 @@ class S3Store:
     # -- the evidence-store protocol ------------------------------------------------------------
 
     def put_bytes(self, key: str, data: bytes) -> StoredItem:
-        """Spool ``data`` for ``key`` and upload what the spool holds; never fails because S3 does."""
-        return self._stored(key, self.spool.add_bytes(self._full(key), bytes(data)))
+        """Upload ``data`` for ``key``, or spool it when S3 cannot take it; never fails because S3 does."""
+        full, data = self._full(key), bytes(data)
+        if len(data) > self.policy.part_bytes:  # a multipart upload from memory: through the spool
+            entry = self.spool.add_bytes(full, data)
+            self._drain()
+            return self._stored(key, entry)
+        return self._put_small(key, data) if self._uploading() else self._stored(key, self.spool.add_bytes(full, data))
+
+    def _put_small(self, key: str, data: bytes) -> StoredItem:
+        full, digest = self._full(key), hashlib.sha256(data).hexdigest()
+        try:
+            self._put_object(full, data, digest, {})
+        except EvidenceStoreError as exc:
+            return self._spooled_after(exc, key, self.spool.add_bytes(full, data))
+        return StoredItem(key, digest, len(data), b64_of_hex(digest))
 
     def put_file(self, key: str, path: Path) -> StoredItem:
-        """Spool the file (hashing it on the way) and upload what the spool holds."""
-        return self._stored(key, self.spool.add_file(self._full(key), Path(path)))
+        """Upload the file (hashing it on the way), or spool a copy of what S3 did not take."""
+        full, path = self._full(key), Path(path)
+        try:
+            handle = path.open("rb")
+        except OSError as exc:
+            raise EvidenceStoreError(f"cannot read {path} for {key!r}: {exc.strerror or exc}") from exc
+        with handle:
+            if not self._uploading():
+                return self._stored(key, self.spool.add_open_file(full, handle))
+            size, most = os.fstat(handle.fileno()).st_size, self.policy.part_bytes
+            if size <= most and len(data := handle.read(most + 1)) <= most:  # it may have grown since
+                return self._put_small(key, data)
+            return self._put_parts(key, path, handle, part_bytes_for(size, self.policy.part_bytes))
+
+    def _put_parts(self, key: str, path: Path, handle: BinaryIO, part_bytes: int) -> StoredItem:
+        """A multipart upload sent while the file is read; on failure the file is spooled with the upload's id."""
+        full = self._full(key)
+        try:
+            upload_id = self._retrying(lambda: self.bucket.create_multipart_upload(full, {}))
+        except EvidenceStoreError as exc:
+            return self._spooled_after(exc, key, self.spool.add_open_file(full, handle))
+        handle.seek(0)
+        sent = s3direct.send_parts(self.bucket, full, upload_id, path, handle, part_bytes, self.policy.concurrency,
+                                   self._retrying)
+        checksum = s3_checksum(sent.part_sha256, True)
+        try:
+            if sent.error:
+                raise sent.error
+            parts = [(n, sent.etags[n], b64_of_hex(digest)) for n, digest in enumerate(sent.part_sha256, 1)]
+            stored = self._retrying(lambda: self.bucket.complete_multipart_upload(full, upload_id, parts))
+            if stored and not same_checksum(stored, checksum):
+                raise S3Permanent(f"{self.describe(key)}: S3 stored checksum {stored}, expected {checksum}")
+        except EvidenceStoreError as exc:
+            resumable = "" if isinstance(exc, (s3direct.SourceChanged, S3Permanent)) else upload_id
+            return self._spooled_after(exc, key, self.spool.add_open_file(full, handle, upload_id=resumable))
+        return StoredItem(key, sent.sha256, sent.size_bytes, checksum)
+
+    def _spooled_after(self, exc: EvidenceStoreError, key: str, entry: SpoolEntry) -> StoredItem:
+        self._stopped, self.last_error = True, str(exc)
+        return self._stored(key, entry)
+
+    def _uploading(self) -> bool:
+        """Whether a write may go straight up (once what waits in the spool went first); else it is spooled."""
+        self._drain()
+        try:
+            self._check_budget()
+        except S3Transient as exc:
+            self._stopped, self.last_error = True, self.last_error or str(exc)
+        return not self._stopped
 
     def _stored(self, key: str, entry: SpoolEntry) -> StoredItem:
-        self._drain()
         return StoredItem(key, entry.sha256, entry.size_bytes, entry.checksum_sha256)
 
     def get_bytes(self, key: str) -> bytes:
@@ -118,7 +179,7 @@ class S3Store:
         """Sorted keys starting with ``prefix``, in the bucket or still spooled."""
         full = self.prefix + prefix
         stored = self._retrying(lambda: self.bucket.list_keys(full))
-        spooled = [entry.key for entry in self.spool.pending() if entry.key.startswith(full)]
+        spooled = [entry.key for entry in self.spool.pending() if entry.key.startswith(full) and entry.op != TAG]
         return sorted({self._short(key) for key in [*stored, *spooled]})
 
     def describe(self, key: str = "") -> str:
@@ -155,24 +216,35 @@ class S3Store:
     # -- beyond the protocol ---------------------------------------------------------------------
 
     def pending(self, prefix: str = "") -> list[str]:
-        """Keys (under ``prefix``) still waiting in the spool, oldest first."""
+        """What (under ``prefix``) still waits in the spool, oldest first: keys, and taggings as ``PREFIX(tags K=V)``."""
         full = self.prefix + prefix
-        return [self._short(entry.key) for entry in self.spool.pending() if entry.key.startswith(full)]
+        return [self._short(entry.key) + (_tag_label(entry.tags) if entry.op == TAG else "")
+                for entry in self.spool.pending() if entry.key.startswith(full)]
 
     def tag_prefix(self, prefix: str, tags: Mapping[str, str]) -> int:
-        """Tag every object under ``prefix``; return how many.
+        """Tag every object under ``prefix``; return how many were tagged or will be. Never fails because S3 does.
 
-        Spooled writes are tagged first, in the spool, so they carry the tags up even if S3 is down
-        now; then the objects already in the bucket (which needs S3, and may raise).
+        Spooled writes are tagged in the spool, so they carry the tags up; the objects already in
+        the bucket are tagged now, or, when S3 cannot be reached, by a tagging spooled after the
+        writes, which `flush` applies in its turn.
         """
         full = self.prefix + prefix
-        spooled = {entry.key: entry for entry in self.spool.pending() if entry.key.startswith(full)}
-        for entry in spooled.values():
+        spooled = [entry for entry in self.spool.pending() if entry.key.startswith(full) and entry.op != TAG]
+        for entry in spooled:
             self.spool.update(entry, tags=dict(tags))  # type: ignore[arg-type]
-        stored = [key for key in self._retrying(lambda: self.bucket.list_keys(full)) if key not in spooled]
+        if self._uploading():
+            try:
+                return len(spooled) + self._tag_stored(full, tags, {entry.key for entry in spooled})
+            except EvidenceStoreError as exc:
+                self._stopped, self.last_error = True, str(exc)
+        self.spool.add_tags(full, tags)
+        return len(spooled)
+
+    def _tag_stored(self, full_prefix: str, tags: Mapping[str, str], skip: set[str]) -> int:
+        stored = [key for key in self._retrying(lambda: self.bucket.list_keys(full_prefix)) if key not in skip]
         for key in stored:
             self._retrying(lambda: self.bucket.put_tags(key, tags))
-        return len(spooled) + len(stored)
+        return len(stored)
 
     def flush(self) -> FlushResult:
         """Upload everything spooled, oldest first, however long ago it was spooled."""
@@ -211,16 +283,24 @@ class S3Store:
         return uploaded
 
     def _upload(self, entry: SpoolEntry) -> None:
-        if not entry.multipart:
+        if entry.op == TAG:
+            self._tag_stored(entry.key, entry.tags, set())
+        elif not entry.multipart:
             body = self.spool.read(entry)
             _check_part(entry, 1, body)
-            sent = b64_of_hex(entry.sha256)
-            stored = self._retrying(lambda: self.bucket.put_object(entry.key, body, sent, entry.tags))
+            self._put_object(entry.key, body, entry.sha256, entry.tags)
         else:
             stored = self._upload_parts(entry)
-        if stored and not same_checksum(stored, entry.checksum_sha256):
-            raise S3Permanent(f"{self.describe(self._short(entry.key))}: S3 stored checksum {stored}, "
-                              f"expected {entry.checksum_sha256}; the upload was not accepted")
+            if stored and not same_checksum(stored, entry.checksum_sha256):
+                raise S3Permanent(f"{self.describe(self._short(entry.key))}: S3 stored checksum {stored}, "
+                                  f"expected {entry.checksum_sha256}; the upload was not accepted")
+
+    def _put_object(self, full: str, body: bytes, digest: str, tags: Mapping[str, str]) -> None:
+        expected = b64_of_hex(digest)
+        stored = self._retrying(lambda: self.bucket.put_object(full, body, expected, tags))
+        if stored and not same_checksum(stored, expected):
+            raise S3Permanent(f"{self.describe(self._short(full))}: S3 stored checksum {stored}, expected "
+                              f"{expected}; the upload was not accepted")
 
     def _upload_parts(self, entry: SpoolEntry) -> str:
         done: dict[int, tuple[str, str]] = {}
@@ -258,30 +338,9 @@ class S3Store:
         return found.size_bytes == entry.size_bytes and same_checksum(found.checksum_sha256, entry.checksum_sha256)
 
     def _send_parts(self, entry: SpoolEntry, todo: list[int]) -> dict[int, tuple[str, str]]:
-        """Upload parts ``todo`` from the spool, ``concurrency`` at a time, each read just before it goes."""
-        results: dict[int, tuple[str, str]] = {}
-        errors: list[BaseException] = []
-        numbers, lock = iter(todo), threading.Lock()
-
-        def worker() -> None:
-            while not errors:
-                with lock:
-                    number = next(numbers, None)
-                if number is None:
-                    return
-                try:
-                    results[number] = self._send_part(entry, number)
-                except BaseException as exc:  # handed to the caller's thread below
-                    errors.append(exc)
-
-        threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(self.policy.concurrency, len(todo)))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
-        return results
+        """Upload parts ``todo`` from the spool, ``concurrency`` at a time, each read just as it goes."""
+        return s3direct.in_parallel({n: functools.partial(self._send_part, entry, n) for n in todo},
+                                    self.policy.concurrency)
 
     def _send_part(self, entry: SpoolEntry, number: int) -> tuple[str, str]:
         """One part, streamed from the spool file (memory stays small whatever the part size)."""
@@ -320,13 +379,8 @@ class S3Store:
                               "spent; the rest stays spooled for `trainguard evidence flush`")
 
 
-def same_checksum(stored: str, expected: str) -> bool:
-    """Whether S3's stored checksum is the expected one.
-
-    S3 spells a multipart object's composite checksum ``base64-N`` in HeadObject but plain
-    ``base64`` in GetObjectAttributes (and some S3-compatible stores always do): compare the digests.
-    """
-    return stored.split("-", 1)[0] == expected.split("-", 1)[0]
+def _tag_label(tags: Mapping[str, str]) -> str:
+    return "(tags " + ", ".join(f"{k}={v}" for k, v in tags.items()) + ")"
 
 
 def _check_part(entry: SpoolEntry, number: int, body: bytes) -> None:

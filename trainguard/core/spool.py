@@ -4,7 +4,9 @@ Every write to a remote store lands in the spool first, in order: a data file an
 it, a JSON record (key, SHA-256, size, part layout, S3 checksum, tags, a multipart upload id once
 one is started). A record's presence means its data is whole; a data file without a record is
 the remains of a crash and is swept. Entries leave the spool only once uploaded, in the order they
-came (so an attempt's manifest, written last, is uploaded last). Uploading is ``s3store``'s job.
+came (so an attempt's manifest, written last, is uploaded last). Besides object writes, an entry
+can be a tagging to apply to every object under a prefix (an attempt's outcome tags, decided while
+S3 was away). Uploading is ``s3store``'s job.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ MIN_PART_BYTES = 5 * 1024 * 1024  # S3's smallest part but the last
 MAX_PARTS = 10_000  # S3's most parts per upload
 _COPY_BYTES = 1024 * 1024
 _SEND_READ_BYTES = 64 * 1024
+PUT, TAG = "put", "tag"
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class SpoolEntry:
     tags: Mapping[str, str] = field(default_factory=dict)
     upload_id: str = ""
     spooled_at: str = ""
+    op: str = PUT  # PUT: upload the data to ``key``; TAG: set ``tags`` on every object under the prefix ``key``
 
     @property
     def multipart(self) -> bool:
@@ -61,6 +65,15 @@ def s3_checksum(part_sha256: tuple[str, ...], multipart: bool) -> str:
         return base64.b64encode(bytes.fromhex(part_sha256[0])).decode()
     joined = b"".join(bytes.fromhex(digest) for digest in part_sha256)
     return f"{base64.b64encode(hashlib.sha256(joined).digest()).decode()}-{len(part_sha256)}"
+
+
+def same_checksum(stored: str, expected: str) -> bool:
+    """Whether S3's stored checksum is the expected one.
+
+    S3 spells a multipart object's composite checksum ``base64-N`` in HeadObject but plain
+    ``base64`` in GetObjectAttributes (and some S3-compatible stores always do): compare the digests.
+    """
+    return stored.split("-", 1)[0] == expected.split("-", 1)[0]
 
 
 def b64_of_hex(digest: str) -> str:
@@ -97,14 +110,24 @@ class Spool:
         except OSError as exc:
             raise EvidenceStoreError(f"cannot read {source} for {key!r}: {exc.strerror or exc}") from exc
         with handle:
-            size = os.fstat(handle.fileno()).st_size
-            return self._add(key, handle, size, tags or {})
+            return self.add_open_file(key, handle, tags)
+
+    def add_open_file(self, key: str, handle: BinaryIO, tags: Mapping[str, str] | None = None,
+                      upload_id: str = "") -> SpoolEntry:
+        """Copy an open file from its start; ``upload_id`` names a multipart upload of it already under way."""
+        handle.seek(0)
+        return self._add(key, handle, os.fstat(handle.fileno()).st_size, tags or {}, upload_id=upload_id)
 
     def add_bytes(self, key: str, data: bytes, tags: Mapping[str, str] | None = None) -> SpoolEntry:
         """Queue ``data`` for ``key``."""
         return self._add(key, io.BytesIO(data), len(data), tags or {})
 
-    def _add(self, key: str, source: BinaryIO, expected_size: int, tags: Mapping[str, str]) -> SpoolEntry:
+    def add_tags(self, prefix: str, tags: Mapping[str, str]) -> SpoolEntry:
+        """Queue setting ``tags`` on every object under ``prefix`` (in order with the writes around it)."""
+        return self._add(prefix, io.BytesIO(b""), 0, tags, op=TAG)
+
+    def _add(self, key: str, source: BinaryIO, expected_size: int, tags: Mapping[str, str], upload_id: str = "",
+             op: str = PUT) -> SpoolEntry:
         folder = self._folder()
         part = part_bytes_for(expected_size, self.preferred_part_bytes)
         try:
@@ -122,8 +145,8 @@ class Spool:
             with self._lock():
                 seq = self._next_seq()
                 os.replace(tmp, folder / f"{seq:012d}.data")
-                entry = SpoolEntry(seq, key, whole, size, part, parts, dict(tags),
-                                   spooled_at=datetime.now(UTC).isoformat())
+                entry = SpoolEntry(seq, key, whole, size, part, parts, dict(tags), upload_id,
+                                   spooled_at=datetime.now(UTC).isoformat(), op=op)
                 self._write_record(entry)
         except OSError as exc:
             _unlink(tmp)
@@ -168,7 +191,7 @@ class Spool:
 
     def newest(self, key: str) -> SpoolEntry | None:
         """The latest pending write of ``key``, if any."""
-        found = [entry for entry in self.pending() if entry.key == key]
+        found = [entry for entry in self.pending() if entry.key == key and entry.op == PUT]
         return found[-1] if found else None
 
     def data_path(self, entry: SpoolEntry) -> Path:
