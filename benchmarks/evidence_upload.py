@@ -6,8 +6,13 @@ child process so that peak RSS is that upload's alone:
 
 - baseline: boto3's `upload_file` with default settings (the AWS CLI's transfer engine: 8 MiB
   parts, 10 threads), one call per file;
-- trainguard: `S3Store.put_file` per file with the block's defaults, which spools each file
-  locally first (copying and hashing it), then uploads it with a SHA-256 per part, in order.
+- trainguard: `S3Store.put_file` per file with the block's defaults, which sends each file's parts
+  (8 MiB, 10 at a time) while it reads and hashes the file, each with its SHA-256 for S3 to check,
+  and keeps a spool copy only of what S3 did not take.
+
+Peak RSS is the child's own high-water mark (VmHWM in /proc/self/status): getrusage's ru_maxrss
+would carry the parent's peak across the exec. "Above the loaded client" subtracts the RSS once
+boto3 is imported and the client built, which both sides pay alike.
 
 Prints each round, then the medians, the throughput ratio (goal >= 1.0x) and the memory ratio (goal
 <= 0.5x). Usage: `.venv/bin/python benchmarks/evidence_upload.py [--rounds 2] [--mib 1024]`.
@@ -75,7 +80,7 @@ def child(kind: str, endpoint: str, bucket: str, folder: Path, spool: Path) -> N
         import boto3
 
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        before_mib, started = _rss_mib(), time.perf_counter()
+        before_mib, started, cpu = _rss_mib(), time.perf_counter(), os.times()
         for path in files:
             client.upload_file(str(path), bucket, f"baseline/{path.relative_to(folder).as_posix()}")
     else:
@@ -87,14 +92,15 @@ def child(kind: str, endpoint: str, bucket: str, folder: Path, spool: Path) -> N
         store = S3Store(S3Bucket(S3Settings(bucket=bucket, region="us-east-1", endpoint_url=endpoint,
                                             max_connections=policy.concurrency + 2)),
                         "trainguard", Spool(spool, policy.part_bytes), policy)
-        before_mib, started = _rss_mib(), time.perf_counter()
+        before_mib, started, cpu = _rss_mib(), time.perf_counter(), os.times()
         for path in files:
             store.put_file(f"runs/bench/attempt-1/{path.relative_to(folder).as_posix()}", path)
         if store.pending():
             raise SystemExit(f"not uploaded: {store.pending()} ({store.last_error})")
     seconds = time.perf_counter() - started
+    cpu_seconds = sum(os.times()[:2]) - sum(cpu[:2])  # this process's own user + system time
     peak_mib = _status_mib("VmHWM:")  # ru_maxrss would carry the parent's peak across the exec
-    print(json.dumps({"seconds": seconds, "peak_rss_mib": peak_mib, "upload_rss_mib": peak_mib - before_mib,
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_mib": peak_mib, "upload_rss_mib": peak_mib - before_mib,
                       "bytes": sum(p.stat().st_size for p in files)}))
 
 
@@ -133,7 +139,7 @@ def run_rounds(endpoint: str, rounds: int, mib: int) -> dict[str, list[dict[str,
                 result = run_child(kind, endpoint, bucket, folder, Path(tmp) / f"spool-{round_no}")
                 results[kind].append(result)
                 print(f"round {round_no} {kind:10s} {result['seconds']:6.2f} s "
-                      f"{result['bytes'] / 2**20 / result['seconds']:6.1f} MiB/s  peak RSS {result['peak_rss_mib']:.1f} "
+                      f"{result['bytes'] / 2**20 / result['seconds']:6.1f} MiB/s  client CPU {result['cpu_seconds']:5.1f} s  peak RSS {result['peak_rss_mib']:.1f} "
                       f"MiB ({result['upload_rss_mib']:.1f} MiB above the loaded client)")
                 urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")).close()
     return results

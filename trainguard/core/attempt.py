@@ -79,6 +79,15 @@ class AttemptSummary:
     def with_decision(self, decision: RetryDecision) -> AttemptSummary:
         return _replace(self, decision=decision.to_dict())
 
+    def with_evidence_status(self, status: object) -> AttemptSummary:
+        """This summary with a newer upload status (``bundles.upload_status``); unchanged if ``status`` is not one."""
+        if not isinstance(status, dict):
+            return self
+        return _replace(self, evidence_spooled=tuple(status.get("spooled", ())),
+                        evidence_upload_error=str(status.get("upload_error", "")),
+                        evidence_links=dict(status.get("links", {})),
+                        evidence_links_expire_at=str(status.get("links_expire_at", "")))
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["decision"] = dict(self.decision)

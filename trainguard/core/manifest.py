@@ -169,14 +169,16 @@ def unlisted_keys(store: EvidenceStore, manifest: Manifest) -> list[str]:
 
 
 def add_items(
-    store: EvidenceStore, run_id: str, attempt: int, items: dict[str, bytes], source: str, collected_at: str
+    store: EvidenceStore, run_id: str, attempt: int, items: dict[str, bytes], source: str, collected_at: str,
+    current: Manifest | None = None,
 ) -> Manifest:
     """Store `items` beside an attempt's evidence and list them in its manifest (rewritten last).
 
     Used for what is only known after collection, such as the attempt's verdict; an item of the
-    same name replaces the listed one.
+    same name replaces the listed one. `current` is the manifest as its writer has it; without
+    it the manifest is read back from the store.
     """
-    current = read_manifest(store, run_id, attempt)
+    current = current or read_manifest(store, run_id, attempt)
     prefix = attempt_prefix(run_id, attempt)
     added = []
     for name, data in items.items():

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from trainguard.core.bundles import AttemptRecord, records
-from trainguard.core.manifest import attempt_prefix, manifest_key
+from trainguard.core.manifest import Manifest, add_items, attempt_prefix, manifest_key
 from trainguard.core.s3store import S3Store
 from trainguard.core.stores import EvidenceStore
 
@@ -81,6 +81,20 @@ def mark_outcome(store: EvidenceStore, run_id: str, attempt: int, succeeded: boo
     if not isinstance(store, TaggingStore):
         return 0
     return store.tag_prefix(attempt_prefix(run_id, attempt) + "/", {OUTCOME_TAG: "succeeded" if succeeded else "failed"})
+
+
+def record_verdict(store: EvidenceStore, manifest: Manifest, verdict: bytes, succeeded: bool, source: str,
+                   recorded_at: str) -> Manifest:
+    """Keep an attempt's verdict beside its evidence, list it in ``manifest``, and tag the attempt with its outcome.
+
+    Nothing here reads the store back, so an object store that is away costs no waiting: the S3
+    store spools the verdict, the rewritten manifest and the tagging (in that order) once S3 has
+    failed, and `flush` carries them up later. Returns the manifest as it now stands.
+    """
+    updated = add_items(store, manifest.run_id, manifest.attempt, {"verdict.json": verdict}, source, recorded_at,
+                        current=manifest)
+    mark_outcome(store, manifest.run_id, manifest.attempt, succeeded)
+    return updated
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,15 @@
 
 The S3 store's way when S3 answers. The file's size at the start fixes the parts; each of
 ``concurrency`` threads takes the next part, hashes that range of the file, then streams it to S3
-(64 KiB at a time, from the page cache) with the SHA-256 for S3 to check, and checks that what it
-sent hashes the same. Meanwhile the calling thread hashes the whole file for the manifest. Nothing
-is copied and memory does not grow with the part size. A file that changes meanwhile (its size,
-modification time or inode) is `SourceChanged`: the caller spools it as it is now. When a part
-cannot be sent, the parts in flight finish, no more are started, and the caller spools the file
-with the upload's id, so `flush` sends only what S3 lacks. Retrying and time budgets are the
-caller's (``retrying``); spooling is ``s3store``'s job.
+(from the page cache) with the SHA-256, which S3 checks against what it receives. Meanwhile the
+calling thread hashes the whole file for the manifest. Nothing is copied and memory does not grow
+with the part size. Hashing reads 256 KiB at a time into one buffer per thread: small reads would
+hand the GIL back and forth thousands of times per part, and the sending threads would wait on it.
+A file that changed meanwhile (size, modification time or inode; a server more lenient than S3
+would not notice) is `SourceChanged`: the caller spools it as it is now. When a part cannot be
+sent, the parts in flight finish, no more are started, and the caller spools the file with the
+upload's id, so `flush` sends only what S3 lacks. Retrying and time budgets are the caller's
+(``retrying``); spooling is ``s3store``'s job.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from trainguard.core.s3 import S3Bucket, S3Error
 from trainguard.core.spool import MAX_PARTS, RangeReader, b64_of_hex
 from trainguard.core.stores import EvidenceStoreError
 
 T = TypeVar("T")
-_READ_BYTES = 1024 * 1024
+_HASH_READ_BYTES = 256 * 1024
 
 
 class SourceChanged(S3Error):
@@ -78,40 +80,35 @@ def _send_part(bucket: S3Bucket, key: str, upload_id: str, number: int, source: 
     checksum = b64_of_hex(digest)
 
     def send() -> str:
-        with RangeReader(source, offset, length) as body:
-            etag = bucket.upload_part(key, upload_id, number, body, checksum)
-            read = body.read_sha256 or _range_sha256(source, offset, length)
-        if read != digest:  # S3 refuses such a part; a lenient server might not
-            raise SourceChanged(f"{source} changed while part {number} was uploaded; it is spooled as it is now")
-        return etag
+        with RangeReader(source, offset, length, hashing=False) as body:
+            return bucket.upload_part(key, upload_id, number, body, checksum)
 
     return retrying(send)
 
 
 def _sha256(handle: BinaryIO, size: int, source: Path) -> str:
     """SHA-256 (hex) of the first ``size`` bytes of ``handle``."""
-    digest, done = hashlib.sha256(), 0
-    handle.seek(0)
     try:
-        while done < size and (chunk := handle.read(min(_READ_BYTES, size - done))):
-            digest.update(chunk)
-            done += len(chunk)
+        return _digest(handle, 0, size, source)
     except OSError as exc:
         raise EvidenceStoreError(f"cannot read {source}: {exc.strerror or exc}") from exc
-    if done != size:
-        raise SourceChanged(f"{source} shrank from {size} to {done} bytes while it was uploaded")
-    return digest.hexdigest()
 
 
 def _range_sha256(source: Path, offset: int, length: int) -> str:
-    digest, done = hashlib.sha256(), 0
     try:
-        with RangeReader(source, offset, length) as reader:
-            while chunk := reader.read(_READ_BYTES):
-                digest.update(chunk)
-                done += len(chunk)
+        with source.open("rb", buffering=0) as raw:
+            return _digest(raw, offset, length, source)
     except OSError as exc:
         raise SourceChanged(f"cannot read {source} again: {exc.strerror or exc}") from exc
+
+
+def _digest(handle: Any, offset: int, length: int, source: Path) -> str:  # any binary file with readinto
+    digest, done = hashlib.sha256(), 0
+    view = memoryview(bytearray(_HASH_READ_BYTES))
+    handle.seek(offset)
+    while done < length and (read := handle.readinto(view[:min(_HASH_READ_BYTES, length - done)])):
+        digest.update(view[:read])
+        done += read
     if done != length:
         raise SourceChanged(f"{source} shrank while it was uploaded")
     return digest.hexdigest()

@@ -259,17 +259,17 @@ class Spool:
 class RangeReader(io.RawIOBase):
     """A seekable, sized, read-only window onto part of a file, so a part streams from disk."""
 
-    def __init__(self, path: Path, offset: int, length: int) -> None:
+    def __init__(self, path: Path, offset: int, length: int, hashing: bool = True) -> None:
         super().__init__()
         self._file = path.open("rb")
         self._start, self._length, self._pos = offset, length, 0
         self._file.seek(offset)
-        self._digest, self._hashed = hashlib.sha256(), 0
+        self._digest, self._hashed, self._hashing = hashlib.sha256(), 0, hashing
         self.read_sha256 = ""  # SHA-256 (hex) of the window, once it has been read from start to end
 
     def _hash(self, data: bytes) -> None:
         """Hash what is read in one straight pass, so checking costs no extra read."""
-        if self._pos == self._hashed:
+        if self._hashing and self._pos == self._hashed:
             self._digest.update(data)
             self._hashed += len(data)
             if self._hashed == self._length and not self.read_sha256:
