@@ -103,9 +103,10 @@ def train_attempt(
     )
     decision = decide_retry(retry_policy, [*history_records(earlier), summary.record()], checkpoints)
     summary = summary.with_decision(decision)
+    if isinstance(evidence, dict):  # never raises or waits long because of S3: what it cannot take is spooled
+        kept = record_verdict(store, summary, evidence["manifest"], return_state=True)
+        summary = summary.with_evidence_status(kept.result(raise_on_failure=False))
     publish_report(summary, [AttemptSummary.from_dict(item) for item in earlier])
-    if evidence is not None:
-        record_verdict(store, summary, return_state=True)  # a failure here must not mask the attempt's
     events.report_attempt(summary)
     if summary.succeeded:
         return summary.to_dict()

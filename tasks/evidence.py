@@ -28,13 +28,21 @@ def collect_evidence(
     if status["spooled"]:
         get_run_logger().warning("%d evidence items wait in the local spool (%s); `trainguard evidence flush` "
                                  "uploads them", len(status["spooled"]), status["upload_error"])
-    return {**collected.summary, **status}
+    return {**collected.summary, **status, "manifest": collected.manifest.to_json()}
 
 
 @task(name="record_verdict", cache_policy=NO_CACHE)
-def record_verdict(store: EvidenceStore, summary: AttemptSummary) -> None:
-    """Keep the attempt's classification and retry decision with its evidence (`verdict.json`)."""
+def record_verdict(store: EvidenceStore, summary: AttemptSummary, manifest_json: str) -> dict[str, Any]:
+    """Keep the attempt's classification and retry decision with its evidence (`verdict.json`), tagged.
+
+    Returns the bundle's upload status afterwards (what is still spooled, links), for the report.
+    """
     data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
     now = datetime.now(timezone.utc).isoformat()
-    manifest.add_items(store, summary.run_id, summary.attempt, {"verdict.json": data}, "flow", now)
-    retention.mark_outcome(store, summary.run_id, summary.attempt, summary.succeeded)  # lifecycle rules key on it
+    current = manifest.Manifest.from_json(manifest_json)
+    updated = retention.record_verdict(store, current, data, summary.succeeded, "flow", now)
+    status = bundles.upload_status(store, updated)
+    if status["spooled"]:
+        get_run_logger().warning("the verdict waits in the local spool with %d evidence items (%s)",
+                                 len(status["spooled"]), status["upload_error"])
+    return status

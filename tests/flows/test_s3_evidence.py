@@ -85,11 +85,13 @@ def test_s3_dying_mid_upload_leaves_the_attempt_classified_its_evidence_spooled_
     state, history = _run_one_failing_attempt(blocks, reference, "s3-outage")
 
     assert history[0]["category"] == "nccl_error" and "Watchdog" in history[0]["signature"]
-    spooled = history[0]["evidence_spooled"]
-    assert "manifest.json" in spooled and any(name.startswith("snapshot/") for name in spooled)
+    spooled = history[0]["evidence_spooled"]  # as the verdict step left it: it never waits on S3, nor fails
+    assert {"manifest.json", "verdict.json", f"(tags {OUTCOME_TAG}=failed)"} <= set(spooled)
+    assert any(name.startswith("snapshot/") for name in spooled)
     assert "gave up after 2 tries" in history[0]["evidence_upload_error"]
     report = Artifact.get("s3-outage-attempt-1").data
     assert f"{len(spooled)} items wait in the local spool" in report and "trainguard evidence flush" in report
+    assert "verdict.json (spooled, not uploaded yet)" in report
     assert not any(key.endswith("manifest.json") for key in s3.objects(block.bucket))  # never claims completeness
 
     s3.proxy.up()
@@ -104,6 +106,6 @@ def test_s3_dying_mid_upload_leaves_the_attempt_classified_its_evidence_spooled_
     assert sorted(stored) == sorted({f"evidence/{item.key}" for item in manifest.items}
                                     | {"evidence/runs/s3-outage/attempt-1/manifest.json"})
     assert s3.client().list_multipart_uploads(Bucket=block.bucket).get("Uploads", []) == []
-    spooled_while_down = f"evidence/runs/s3-outage/attempt-1/{spooled[0]}"  # tagged in the spool, carried up
-    tags = s3.client().get_object_tagging(Bucket=block.bucket, Key=spooled_while_down)["TagSet"]
-    assert {"Key": OUTCOME_TAG, "Value": "failed"} in tags
+    for key in stored:  # uploaded before the outage or spooled during it: all carry the attempt's outcome
+        assert s3.client().get_object_tagging(Bucket=block.bucket, Key=key)["TagSet"] == [
+            {"Key": OUTCOME_TAG, "Value": "failed"}], key
