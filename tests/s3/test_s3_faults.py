@@ -100,6 +100,25 @@ def test_s3_going_down_mid_upload_keeps_everything_spooled_and_flush_resumes_it(
     assert s3.client().list_multipart_uploads(Bucket=store.bucket.bucket).get("Uploads", []) == []
 
 
+def test_a_file_that_changes_while_it_uploads_is_spooled_as_it_is_now_and_flush_sends_that(make_store, s3, tmp_path) -> None:
+    store = make_store()
+    source = tmp_path / "train.log"
+    source.write_bytes(b"step 1 loss 0.5\n" * (MIN_PART_BYTES // 8))  # two parts
+    s3.proxy.hold(lambda m, p: _parts(m, p) and "partNumber=2" in p)
+    worker = threading.Thread(target=lambda: store.put_file("runs/r1/attempt-1/logs/train.log", source))
+    worker.start()
+    wait_for(s3.proxy.held.is_set, what="part 2 to reach the proxy")
+    with source.open("ab") as out:
+        out.write(b"step 2 loss 0.4\n")  # the training process was still writing
+    s3.proxy.release()
+    worker.join(30)
+
+    assert store.pending() == ["runs/r1/attempt-1/logs/train.log"] and "changed while it was uploaded" in store.last_error
+    assert store.flush().pending == ()
+    assert s3.objects(store.bucket.bucket) == {"tg/runs/r1/attempt-1/logs/train.log": source.read_bytes()}
+    assert s3.client().list_multipart_uploads(Bucket=store.bucket.bucket).get("Uploads", []) == []
+
+
 def test_when_the_time_budget_is_spent_writes_stay_spooled_without_calling_s3(make_store, s3) -> None:
     now = [0.0]
     policy = UploadPolicy(attempts=3, base_delay_seconds=1, max_delay_seconds=1, budget_seconds=10,

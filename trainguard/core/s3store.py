@@ -12,6 +12,7 @@ uploads it later, part by part. A time budget bounds how long one store object s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -140,9 +141,15 @@ class S3Store:
             if stored and not same_checksum(stored, checksum):
                 raise S3Permanent(f"{self.describe(key)}: S3 stored checksum {stored}, expected {checksum}")
         except EvidenceStoreError as exc:
-            resumable = "" if isinstance(exc, (s3direct.SourceChanged, S3Permanent)) else upload_id
-            return self._spooled_after(exc, key, self.spool.add_open_file(full, handle, upload_id=resumable))
+            if isinstance(exc, (s3direct.SourceChanged, S3Permanent)):  # its parts are of no use to a resume
+                self._abort_quietly(full, upload_id)
+                upload_id = ""
+            return self._spooled_after(exc, key, self.spool.add_open_file(full, handle, upload_id=upload_id))
         return StoredItem(key, sent.sha256, sent.size_bytes, checksum)
+
+    def _abort_quietly(self, full: str, upload_id: str) -> None:
+        with contextlib.suppress(EvidenceStoreError):  # else the lifecycle rule aborts it after 7 days
+            self.bucket.abort_multipart_upload(full, upload_id)
 
     def _spooled_after(self, exc: EvidenceStoreError, key: str, entry: SpoolEntry) -> StoredItem:
         self._stopped, self.last_error = True, str(exc)
