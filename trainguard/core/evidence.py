@@ -27,6 +27,7 @@ from trainguard.core.stores import EvidenceStore, StoredItem
 from trainguard.core.workspace import AttemptWorkspace
 
 CRASH_TAIL_LINES = 200
+_MASK_BLOCK_BYTES = 1024 * 1024
 ENTRYPOINT, RUNNER, WORKSPACE, FLOW = "entrypoint", "runner", "local-workspace", "flow"
 
 _IGNORED_SUFFIXES = (".tmp", ".partial")
@@ -160,10 +161,14 @@ def _no_crash_report_reason(runner: dict[str, Any] | None) -> str:
 
 
 def _put_masked_copy(c: Collector, name: str, path: Path, masker: masking.Masker) -> None:
-    """Store ``path`` with every secret masked, line by line (the raw log stays on the attempt's volume)."""
+    """Store ``path`` with every secret masked (the raw log stays on the attempt's volume).
+
+    Whole lines are masked about 1 MiB at a time: the masker's rules never reach across a line
+    end, so this gives the per-line result at a fraction of the per-call cost.
+    """
     with tempfile.NamedTemporaryFile(prefix="trainguard-log-", suffix=".log") as masked, path.open("rb") as raw:
-        for line in raw:
-            text = line.decode("utf-8", errors="surrogateescape")
+        while lines := raw.readlines(_MASK_BLOCK_BYTES):
+            text = b"".join(lines).decode("utf-8", errors="surrogateescape")
             masked.write(masker.mask(text).encode("utf-8", errors="surrogateescape"))
         masked.flush()
         c.put_file(name, Path(masked.name), ENTRYPOINT)
