@@ -21,7 +21,7 @@ from tasks.report import publish_report, read_progress
 from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
 from tasks.triage import classify_failure, decide_retry
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, history_records, new_run_id
-from trainguard.core import masking
+from trainguard.core import manifest, masking
 from trainguard.core.backend import AttemptOutcome, launch_for
 from trainguard.core.spec import TrainingSpec
 
@@ -81,6 +81,8 @@ def train_attempt(
         avoid_nodes=avoid_nodes or (), memory_factor=memory_factor,
     )
     ref, train_state, evidence_state = None, None, None
+    # before the attempt can fill the disk: space for the manifest and verdict that say what happened
+    no_reserve = manifest.reserve_space(store, run_id, attempt)
     try:
         ref = provision_workspace(backend, run_id, attempt)
         train_state = run_training(backend, ref, launch, dict(spec.secret_env), return_state=True)
@@ -100,12 +102,15 @@ def train_attempt(
         duration_seconds=outcome.duration_seconds, gpus=spec.gpus,
         resumed_from=resume_from, newest_checkpoint=checkpoints[0] if checkpoints else None,
         progress=read_progress(backend, ref, outcome), **_evidence_fields(evidence), **_diagnosis_fields(diagnosis),
+        storage_problems=(*outcome.storage_problems, *_evidence_problems(evidence, no_reserve)),
     )
     decision = decide_retry(retry_policy, [*history_records(earlier), summary.record()], checkpoints)
     summary = summary.with_decision(decision)
+    if evidence is not None:  # a verdict that cannot be kept is a storage failure, never the attempt's
+        kept = record_verdict(store, summary, return_state=True).result(raise_on_failure=False)
+        summary = summary.with_storage_problems(kept if isinstance(kept, str) else None)
+    manifest.release_space(store, run_id, attempt)
     publish_report(summary, [AttemptSummary.from_dict(item) for item in earlier])
-    if evidence is not None:
-        record_verdict(store, summary, return_state=True)  # a failure here must not mask the attempt's
     events.report_attempt(summary)
     if summary.succeeded:
         return summary.to_dict()
@@ -131,6 +136,12 @@ def _evidence_fields(evidence: Any) -> dict[str, Any]:
     return {"evidence": evidence["location"], "evidence_items": evidence["items"], "evidence_missing": evidence["missing"],
             **{f"evidence_{name}": evidence[name] for name in ("spooled", "upload_error", "links", "links_expire_at")
                if name in evidence}}
+
+
+def _evidence_problems(evidence: Any, no_reserve: str | None) -> list[str]:
+    """What the evidence store could not take; a failed reservation only matters when it did not."""
+    failures = list(evidence.get("storage_problems", ())) if isinstance(evidence, dict) else []
+    return [*failures, no_reserve] if failures and no_reserve else failures
 
 
 def _diagnosis_fields(diagnosis: Any) -> dict[str, Any]:

@@ -49,6 +49,7 @@ class AttemptSummary:
     evidence_upload_error: str = ""  # why they wait
     evidence_links: Mapping[str, str] = field(default_factory=dict)  # item name -> (presigned) URL
     evidence_links_expire_at: str = ""
+    storage_problems: Sequence[str] = ()  # what trainguard could not write (log, reports, evidence), and why
     node: str | None = None
     memory_factor: float = 1.0  # the attempt's memory request and limit scale (host_oom policy)
     progress: Sequence[tuple[int, float | None]] = ()  # (step, loss) points from the log, thinned
@@ -79,10 +80,15 @@ class AttemptSummary:
     def with_decision(self, decision: RetryDecision) -> AttemptSummary:
         return _replace(self, decision=decision.to_dict())
 
+    def with_storage_problems(self, *problems: str | None) -> AttemptSummary:
+        """This summary with more storage failures (None entries are skipped)."""
+        return _replace(self, storage_problems=(*self.storage_problems, *(p for p in problems if p)))
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["decision"] = dict(self.decision)
         data["progress"] = [list(point) for point in self.progress]
+        data["storage_problems"] = list(self.storage_problems)
         data["gpu_seconds"] = self.gpu_seconds
         return data
 
@@ -91,6 +97,8 @@ class AttemptSummary:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["progress"] = _progress(values.get("progress"))
+        problems = values.get("storage_problems")
+        values["storage_problems"] = tuple(str(p) for p in problems) if isinstance(problems, list | tuple) else ()
         return cls(**values)
 
 
