@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -43,16 +44,21 @@ def checkpoint_written(tmp_path: Path) -> Path | None:
     return next(iter(sorted((tmp_path / "trainguard-data/work/runs").glob("*/checkpoints/step-*.json"))), None)
 
 
-@pytest.mark.parametrize(("signum", "category", "code"), [(signal.SIGTERM, "preempted", 143),
-                                                           (signal.SIGINT, "user_cancelled", 130)])
+# Ctrl-C runs on a temporary server of the CLI's own, which must end with it
+@pytest.mark.parametrize(("signum", "category", "code", "own_server"), [(signal.SIGTERM, "preempted", 143, False),
+                                                                         (signal.SIGINT, "user_cancelled", 130, True)])
 def test_a_stopped_run_records_the_attempt_prints_the_table_and_says_how_to_resume(
-    prefect_server, tmp_path, signum, category, code
+    prefect_server, tmp_path, signum, category, code, own_server
 ):
     slow_spec(tmp_path, "stopped")
-    cli = start(tmp_path, "run", "run.yaml", api_url=prefect_server)
-    wait_for(lambda: checkpoint_written(tmp_path), 120, "the first checkpoint")
+    cli = start(tmp_path, "run", "run.yaml", api_url=None if own_server else prefect_server)
+    wait_for(lambda: checkpoint_written(tmp_path), 240, "the first checkpoint")
+    servers = [p for p in _children(cli.pid) if "uvicorn" in _cmdline(p) or "prefect" in _cmdline(p)]
+    assert bool(servers) == own_server, [_cmdline(p) for p in _children(cli.pid)]
     cli.send_signal(signum)
     out, err = cli.communicate(timeout=120)
+    for server in servers:
+        wait_for(lambda: not _alive(server), 30, "the temporary server to stop with the CLI")
 
     assert cli.returncode == code, out[-3000:] + err[-3000:]
     table = out[out.index("trainguard run stopped-"):]
@@ -121,6 +127,10 @@ def test_kill_9_of_the_cli_leaves_nothing_running_and_resume_continues_the_run(t
 
     assert resumed.returncode == 0, out[-3000:] + err[-3000:]
     assert f"resuming run {run_dir.name} at attempt 2, from" in out
+    assert "marked 2 flow run(s) the lost process left running as Crashed" in out  # the attempt and its parent
+    with sqlite3.connect(tmp_path / "prefect-home" / "prefect.db") as db:  # the temporary server's own database
+        states = db.execute("SELECT name, state_type FROM flow_run").fetchall()
+    assert not [name for name, state in states if state in ("RUNNING", "PENDING")], states
     table = out[out.index(f"trainguard run {run_dir.name}"):]
     assert "Crashed" in table and "Completed" in table and "2/" in table
     assert (tmp_path / "trainguard-data/evidence/runs" / run_dir.name / "attempt-1/verdict.json").is_file()
