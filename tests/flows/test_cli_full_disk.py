@@ -102,3 +102,19 @@ def test_resume_never_picks_an_empty_checkpoint(prefect_server, tmp_path):
     run_id = table.split()[2]
     verdict = json.loads((tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/verdict.json").read_text())
     assert verdict["decision"]["resume_from"].endswith("step-000020.json")
+
+
+def test_evidence_show_of_a_run_whose_evidence_could_not_be_stored_points_at_its_work_folder(tmp_path):
+    # what a disk full before the attempt even started leaves: work files, and no evidence folder at all
+    attempt = tmp_path / "trainguard-data/work/runs/full-disk-0badc0de/attempt-1"
+    (attempt / "logs").mkdir(parents=True)
+    (attempt / "logs/train.log").write_text("step 1\n")
+    (attempt / "process.json").write_text("{}")
+
+    shown = CliRunner().invoke(app, ["evidence", "show", "full-disk-0badc0de", "--root",
+                                     str(tmp_path / "trainguard-data/evidence"), "--work", str(tmp_path / "trainguard-data/work")])
+
+    assert shown.exit_code == 1, shown.output
+    assert "attempt-1: nothing was stored (no manifest)" in shown.output
+    assert "not stored: logs/train.log" in shown.output and "not stored: process.json" in shown.output
+    assert "no evidence for run" not in shown.output
