@@ -66,6 +66,7 @@ def test_a_code_error_on_a_full_disk_stays_a_code_error_and_the_storage_failure_
         reports = client.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=[f"{artifact_key(run_id)}-report"])))
     assert "**Storage failed**" in reports[0].data and "No space left on device" in reports[0].data, reports[0].data
+    assert "x" * 2000 not in result.stderr  # the failed state's log line carries no 200-line output tail
     verdict_errors = [line for line in result.stderr.splitlines() if "record_verdict" in line and "ERROR" in line]
     assert not verdict_errors and "EvidenceNotFound" not in result.stderr, verdict_errors  # it reports, never raises
 
