@@ -21,7 +21,7 @@ from tasks.report import publish_report, read_progress
 from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
 from tasks.triage import classify_failure, decide_retry
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, history_records, new_run_id
-from trainguard.core import masking
+from trainguard.core import manifest, masking
 from trainguard.core.backend import AttemptOutcome, launch_for
 from trainguard.core.spec import TrainingSpec
 
@@ -81,6 +81,8 @@ def train_attempt(
         avoid_nodes=avoid_nodes or (), memory_factor=memory_factor,
     )
     ref, train_state, evidence_state = None, None, None
+    # before the attempt can fill the disk: space for the manifest and verdict that say what happened
+    no_reserve = manifest.reserve_space(store, run_id, attempt)
     try:
         ref = provision_workspace(backend, run_id, attempt)
         train_state = run_training(backend, ref, launch, dict(spec.secret_env), return_state=True)
@@ -100,12 +102,18 @@ def train_attempt(
         duration_seconds=outcome.duration_seconds, gpus=spec.gpus,
         resumed_from=resume_from, newest_checkpoint=checkpoints[0] if checkpoints else None,
         progress=read_progress(backend, ref, outcome), **_evidence_fields(evidence), **_diagnosis_fields(diagnosis),
+        storage_problems=(*outcome.storage_problems, *_evidence_problems(evidence, no_reserve)),
     )
     decision = decide_retry(retry_policy, [*history_records(earlier), summary.record()], checkpoints)
     summary = summary.with_decision(decision)
-    if isinstance(evidence, dict):  # never raises or waits long because of S3: what it cannot take is spooled
-        kept = record_verdict(store, summary, evidence["manifest"], return_state=True)
-        summary = summary.with_evidence_status(kept.result(raise_on_failure=False))
+    if evidence is not None:  # never raises or waits long because of storage: what S3 cannot take is spooled
+        manifest_json = evidence.get("manifest") if isinstance(evidence, dict) else None
+        kept = record_verdict(store, summary, manifest_json, return_state=True).result(raise_on_failure=False)
+        if isinstance(kept, dict):
+            summary = summary.with_evidence_status(kept).with_storage_problems(kept.get("storage_problem"))
+        else:
+            summary = summary.with_storage_problems(f"verdict.json could not be stored: {kept}")
+    manifest.release_space(store, run_id, attempt)
     publish_report(summary, [AttemptSummary.from_dict(item) for item in earlier])
     events.report_attempt(summary)
     if summary.succeeded:
@@ -132,6 +140,12 @@ def _evidence_fields(evidence: Any) -> dict[str, Any]:
     return {"evidence": evidence["location"], "evidence_items": evidence["items"], "evidence_missing": evidence["missing"],
             **{f"evidence_{name}": evidence[name] for name in ("spooled", "upload_error", "links", "links_expire_at")
                if name in evidence}}
+
+
+def _evidence_problems(evidence: Any, no_reserve: str | None) -> list[str]:
+    """What the evidence store could not take; a failed reservation only matters when it did not."""
+    failures = list(evidence.get("storage_problems", ())) if isinstance(evidence, dict) else []
+    return [*failures, no_reserve] if failures and no_reserve else failures
 
 
 def _diagnosis_fields(diagnosis: Any) -> dict[str, Any]:

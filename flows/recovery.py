@@ -62,11 +62,15 @@ def keep_verdict(params: dict[str, Any], summary: AttemptSummary) -> None:
     """Keep the verdict reached after the attempt died beside its evidence, as the flow would have."""
     try:
         store = load_evidence(params.get("evidence_block"))
-        data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
-        manifest.add_items(store, summary.run_id, summary.attempt, {"verdict.json": data}, "retry-controller",
-                           datetime.now(timezone.utc).isoformat())
     except Exception as exc:  # the evidence stays as collected; the verdict also lives in the run's events
         logger.warning("could not keep the verdict of %s attempt %s: %s", summary.run_id, summary.attempt, exc)
+        return
+    data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
+    problem = manifest.record_verdict(store, summary.run_id, summary.attempt, data, "retry-controller",
+                                      datetime.now(timezone.utc).isoformat())
+    manifest.release_space(store, summary.run_id, summary.attempt)  # set aside by the flow that died
+    if problem:
+        logger.warning("the verdict of %s attempt %s: %s", summary.run_id, summary.attempt, problem)
 
 
 def publish_report(summaries: list[AttemptSummary]) -> None:

@@ -55,9 +55,18 @@ def training_run(
             break
         time.sleep(decision.delay_seconds)
         params = next_parameters(params, summary, decision, str(summary.flow_run_id))
+    storage = _storage_note(history)
     if summary.succeeded:
-        return Completed(message=f"{run_id} succeeded on attempt {summary.attempt}", data=history)
-    return Failed(message=f"{run_id} failed: {decision.reason}", data=history)
+        return Completed(message=f"{run_id} succeeded on attempt {summary.attempt}{storage}", data=history)
+    return Failed(message=f"{run_id} failed: {decision.reason}{storage}", data=history)
+
+
+def _storage_note(history: list[dict[str, Any]]) -> str:
+    """"; storage failed in attempt N: ..." for the first attempt that could not write everything."""
+    for item in history:
+        if problems := item.get("storage_problems"):
+            return f"; storage failed in attempt {item.get('attempt')}: {problems[0]}"
+    return ""
 
 
 def attempt_summary(state: State) -> AttemptSummary | None:

@@ -21,6 +21,9 @@ def collect_evidence(
 ) -> dict[str, Any]:
     """Have the backend copy everything the attempt left into the store; never raise for a missing piece."""
     collected = backend.collect_evidence(ref, store, outcome)
+    failures = manifest.storage_failures(collected.manifest)
+    if failures:  # said as a warning: a full evidence disk is the user's to fix, not a detail
+        get_run_logger().warning("evidence could not be stored: %s", "; ".join(failures))
     absent = "; ".join(f"{item.name}: {item.reason}" for item in collected.manifest.missing)
     get_run_logger().info("kept %d evidence items in %s%s", len(collected.manifest.items), collected.location,
                           f" (absent: {absent})" if absent else "")
@@ -28,21 +31,33 @@ def collect_evidence(
     if status["spooled"]:
         get_run_logger().warning("%d evidence items wait in the local spool (%s); `trainguard evidence flush` "
                                  "uploads them", len(status["spooled"]), status["upload_error"])
-    return {**collected.summary, **status, "manifest": collected.manifest.to_json()}
+    return {**collected.summary, **status, "manifest": collected.manifest.to_json(), "storage_problems": failures}
 
 
 @task(name="record_verdict", cache_policy=NO_CACHE)
-def record_verdict(store: EvidenceStore, summary: AttemptSummary, manifest_json: str) -> dict[str, Any]:
+def record_verdict(store: EvidenceStore, summary: AttemptSummary, manifest_json: str | None) -> dict[str, Any]:
     """Keep the attempt's classification and retry decision with its evidence (`verdict.json`), tagged.
 
-    Returns the bundle's upload status afterwards (what is still spooled, links), for the report.
+    Never raises because of storage: an S3 store that is away spools the verdict, and a store that
+    cannot take it (a full disk) is said in ``storage_problem``, which the attempt reports. Returns
+    the bundle's upload status afterwards (what is still spooled, links), for the report.
     """
     data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
     now = datetime.now(timezone.utc).isoformat()
-    current = manifest.Manifest.from_json(manifest_json)
-    updated = retention.record_verdict(store, current, data, summary.succeeded, "flow", now)
+    current = manifest.Manifest.from_json(manifest_json) if manifest_json else None
+    try:
+        if current is None:
+            current = manifest.read_manifest(store, summary.run_id, summary.attempt)
+        updated = retention.record_verdict(store, current, data, summary.succeeded, "flow", now)
+    except Exception as exc:  # store what can be stored, and say what could not
+        get_run_logger().warning("could not keep the verdict with its evidence: %s: %s", type(exc).__name__, exc)
+        problem = manifest.record_verdict(store, summary.run_id, summary.attempt, data, "flow", now)
+        if problem:
+            get_run_logger().warning("%s", problem)
+        status = bundles.upload_status(store, current) if current else {}
+        return {**status, "storage_problem": problem}
     status = bundles.upload_status(store, updated)
     if status["spooled"]:
         get_run_logger().warning("the verdict waits in the local spool with %d evidence items (%s)",
                                  len(status["spooled"]), status["upload_error"])
-    return status
+    return {**status, "storage_problem": None}

@@ -24,6 +24,10 @@ class TrainingFailed(Exception):
     def __str__(self) -> str:
         return str(self.args[0])
 
+    def __repr__(self) -> str:
+        # Prefect logs the failed state with its data: the outcome may carry a 200-line output tail
+        return f"TrainingFailed({self.args[0]!r})"
+
 
 @task(name="provision_workspace", cache_policy=NO_CACHE)
 def provision_workspace(backend: Backend, run_id: str, attempt: int) -> AttemptRef:

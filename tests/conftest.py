@@ -7,6 +7,8 @@ which takes ~10 s to start on 2 cores; each folder's conftest adds its own block
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 from prefect.settings import PREFECT_API_URL
@@ -20,3 +22,17 @@ def prefect_server():
     """A real Prefect API server for the session; yields its URL for subprocesses."""
     with prefect_test_harness(server_startup_timeout=240):
         yield PREFECT_API_URL.value()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A real 2 MB tmpfs, mounted for the test (we run as root in CI); skips, saying why, where mounting is not allowed."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a 2 MB tmpfs here (needs root and mount rights): {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -11,7 +11,7 @@ people. The core imports these functions too, so both sides redact the same way.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 REDACTED = "***"
 
@@ -25,25 +25,34 @@ SECRET_NAMES_VARIABLE = "TRAINGUARD_SECRET_NAMES"
 # Shorter values ("1", "true", "cpu") would mask half the log; CI systems draw the same line.
 MIN_MASKED_LENGTH = 6
 
-# Strings that are secrets by their shape alone, wherever they appear, each with the literal text
-# that must occur for it to match: a line without any of them skips the pattern (a megabyte line
-# costs a few substring searches, not a regex pass per shape).
-_TOKEN_SHAPES = (
-    (("AKIA", "ASIA", "AGPA", "AIDA", "AROA"), r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b"),  # AWS key ids
-    (("hf_",), r"\bhf_[A-Za-z0-9]{20,}"),  # Hugging Face
-    (("gh", "github_pat_"), r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),  # GitHub
-    (("xox",), r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),  # Slack tokens
-    (("hooks.slack.com/",), r"(?<=hooks\.slack\.com/)(?:services|workflows|triggers)/[A-Za-z0-9_/+-]+"),  # webhooks
-    (("sk-",), r"\bsk-(?:proj-)?[A-Za-z0-9_-]{20,}"),  # OpenAI-style API keys
-    (("glpat-",), r"\bglpat-[A-Za-z0-9_-]{20,}"),  # GitLab
-    (("wandb_v1_",), r"\bwandb_v1_[A-Za-z0-9_]{20,}"),  # Weights & Biases
+# Strings that are secrets by their shape alone, wherever they appear. Every pattern starts with a
+# literal, so the regex engine finds candidates by fast substring search, whatever the line's
+# length; the word boundary a token needs before it is checked in Python, on the few matches, so
+# no rule scans the text position by position. The ``secret`` group is what becomes ``***``.
+_SHAPE_RULES: tuple[tuple[re.Pattern[str], bool], ...] = tuple(
+    (re.compile(pattern), bounded) for pattern, bounded in (
+        (r"(?P<secret>(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16})\b", True),  # AWS key ids
+        (r"(?P<secret>hf_[A-Za-z0-9]{20,})", True),  # Hugging Face
+        (r"(?P<secret>gh[pousr]_[A-Za-z0-9]{20,})", True),  # GitHub
+        (r"(?P<secret>github_pat_[A-Za-z0-9_]{20,})", True),
+        (r"(?P<secret>xox[abposr]-[A-Za-z0-9-]{10,})", True),  # Slack tokens
+        (r"hooks\.slack\.com/(?P<secret>(?:services|workflows|triggers)/[A-Za-z0-9_/+-]+)", False),  # webhooks
+        (r"(?P<secret>sk-(?:proj-)?[A-Za-z0-9_-]{20,})", True),  # OpenAI-style API keys
+        (r"(?P<secret>glpat-[A-Za-z0-9_-]{20,})", True),  # GitLab
+        (r"(?P<secret>wandb_v1_[A-Za-z0-9_]{20,})", True),  # Weights & Biases
+    )
 )
-_SHAPES = tuple((literals, re.compile(pattern)) for literals, pattern in _TOKEN_SHAPES)
-# NAME=value or NAME: value where NAME looks like a secret's (upper case, as variables are spelled)
+# NAME=value or NAME: value where NAME looks like a secret's (upper case, as variables are spelled):
+# matched from the secret-looking part of the name; what comes before it is checked by
+# `_name_starts_word`. The separator stays on its line, so masking a block of lines or each line
+# of it gives the same text. Possessive runs: giving back a name character can never make a
+# separator appear, so a candidate that fails costs one forward scan, not a backtrack.
+_NAME_MAX = 64
 _ASSIGNMENT = re.compile(
-    r"(?P<name>\b[A-Z0-9_]{0,64}(?:" + "|".join(SECRET_NAME_PARTS) + r")[A-Z0-9_]{0,64})"
-    r"(?P<sep>\s*[=:]\s*)(?P<quote>[\"']?)(?P<value>[^\s\"',;]{" + str(MIN_MASKED_LENGTH) + r",})"
+    r"(?:" + "|".join(SECRET_NAME_PARTS) + r")[A-Z0-9_]{0," + str(_NAME_MAX) + r"}+"
+    r"[ \t]*[=:][ \t]*[\"']?(?P<secret>[^\s\"',;]{" + str(MIN_MASKED_LENGTH) + r",})"
 )
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 # CSI (colours, cursor moves), OSC (titles, hyperlinks; ended by BEL or ST), other two-byte ESC
 # sequences, then any C0/C1 control character left except tab.
 _CONTROL = re.compile(
@@ -57,6 +66,11 @@ _CONTROL = re.compile(
 _URL_CREDENTIALS = re.compile(
     r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]{0,31}://[^\s:/@]{0,256}):(?P<password>[^\s@/]{0,1024})@"
 )
+
+
+# The same, found from "://": the scheme before it is checked by `_scheme_ends_at`.
+_URL_PASSWORD = re.compile(r"://[^\s:/@]{0,256}+:(?P<secret>[^\s@/]{0,1024}+)@")
+_SCHEME_END = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]{0,31}\Z")
 
 
 def is_secret_name(name: str) -> bool:
@@ -146,16 +160,80 @@ class Masker:
         return Masker([*self.values, *values])
 
     def mask(self, text: str) -> str:
-        """``text`` with every known secret value and token shape replaced by ``***``."""
-        if self._values is not None and any(value in text for value in self.values):
+        """``text`` with every known secret value and token shape replaced by ``***``.
+
+        One pass for the values (a single alternation, longest first), then plain substring
+        searches for the shapes' literals, each pattern tried only where its literal starts; the cost grows with the text's length, not with the
+        number of rules times its length.
+        """
+        if self._values is not None:
             text = self._values.sub(REDACTED, text)
-        for literals, shape in _SHAPES:
-            if any(literal in text for literal in literals):
-                text = shape.sub(REDACTED, text)
-        if any(part in text for part in SECRET_NAME_PARTS):
-            text = _ASSIGNMENT.sub(lambda m: f"{m.group('name')}{m.group('sep')}{m.group('quote')}{REDACTED}", text)
-        return redact_text(text)
+        # rule by rule, each on the text the one before left: a "***" that ends a token is a word
+        # boundary the next rule may start after
+        for pattern, bounded in _SHAPE_RULES:
+            text = _mask_matches(text, pattern, _starts_word if bounded else _anywhere)
+        text = _mask_matches(text, _ASSIGNMENT, _name_starts_word)
+        return _mask_matches(text, _URL_PASSWORD, _scheme_before)
 
     def for_people(self, text: str) -> str:
         """Masked and without terminal control sequences: text fit for a tail, a table or a report."""
         return self.mask(strip_control(text))
+
+
+def _mask_matches(text: str, pattern: re.Pattern[str], accept: Callable[[str, int], bool]) -> str:
+    """``text`` with the ``secret`` group of every accepted match of ``pattern`` masked.
+
+    A rejected match is retried from its next character, so a token inside it is still found.
+    """
+    spans: list[tuple[int, int]] = []
+    position = 0
+    while found := pattern.search(text, position):
+        if accept(text, found.start()):
+            spans.append(found.span("secret"))
+            position = max(found.end(), found.start() + 1)
+        else:
+            position = found.start() + 1
+    return _masked(text, spans) if spans else text
+
+
+def _scheme_before(text: str, index: int) -> bool:
+    """Whether a URL scheme (``https``, ``postgres+asyncpg``) ends at ``index``."""
+    return _SCHEME_END.search(text, max(0, index - 33), index) is not None
+
+
+def _is_word(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
+def _word_before(text: str, index: int) -> bool:
+    return index > 0 and _is_word(text[index - 1])
+
+
+def _starts_word(text: str, index: int) -> bool:
+    return not _word_before(text, index)
+
+
+def _anywhere(text: str, index: int) -> bool:
+    return True
+
+
+def _name_starts_word(text: str, index: int) -> bool:
+    """Whether the upper-case name that reaches ``index`` starts a word and is short enough."""
+    start, lowest = index, max(0, index - _NAME_MAX - 1)
+    while start > lowest and text[start - 1] in _NAME_CHARS:
+        start -= 1
+    return index - start <= _NAME_MAX and not _word_before(text, start)
+
+
+def _masked(text: str, spans: list[tuple[int, int]]) -> str:
+    """``text`` with each span (overlapping ones merged) replaced by ``***``."""
+    pieces: list[str] = []
+    done = 0
+    for start, end in sorted(spans):
+        if pieces and start <= done:
+            done = max(done, end)  # overlaps or touches the span masked just before
+            continue
+        pieces += [text[done:start], REDACTED]
+        done = end
+    pieces.append(text[done:])
+    return "".join(pieces)

@@ -16,6 +16,11 @@ from trainguard.core.manifest import (
     MissingItem,
     attempt_prefix,
     read_manifest,
+    record_verdict,
+    release_space,
+    reserve_space,
+    storage_failures,
+    store_manifest,
     verify_manifest,
     write_manifest,
 )
@@ -69,7 +74,7 @@ def test_a_write_interrupted_midway_leaves_neither_object_nor_temp_file(store) -
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        store._write("runs/r1/attempt-1/coredumps/core", failing_chunks())
+        store._write("runs/r1/attempt-1/coredumps/core", failing_chunks, 0)
 
     assert not store.exists("runs/r1/attempt-1/coredumps/core")
     assert _files_under(store.root) == []
@@ -222,3 +227,42 @@ def test_attempt_prefix_refuses_unsafe_run_ids() -> None:
         attempt_prefix("../x", 1)
     with pytest.raises(ValueError, match="attempt"):
         attempt_prefix("r1", 0)
+
+
+def _fill(disk: Path) -> None:
+    """Write into ``disk`` until it says it is full."""
+    with (disk / "filler").open("wb") as out:
+        with pytest.raises(OSError, match="No space left"):
+            while True:
+                out.write(b"x" * 65536)
+                out.flush()
+
+
+def test_a_full_disk_still_takes_the_manifest_and_verdict_it_set_space_aside_for(small_disk: Path) -> None:
+    store = LocalEvidenceStore(small_disk / "evidence")
+    assert reserve_space(store, "r1", 1) is None
+    _fill(small_disk)
+    with pytest.raises(EvidenceStoreError, match="No space left on device"):
+        store.put_bytes("runs/r1/attempt-1/crash-tail.txt", b"t" * 20_000)  # not reserved: refused
+    manifest = store_manifest(store, Manifest("r1", 1, "2026-01-01T00:00:00+00:00", (), (
+        MissingItem("crash-tail.txt", "local-workspace", "could not collect: EvidenceStoreError: no space"),)), "flow")
+
+    assert record_verdict(store, "r1", 1, b'{"category": "code_error"}' * 500, "flow", "2026-01-01T00:00:01+00:00") is None
+    kept = read_manifest(store, "r1", 1)
+    assert [item.name for item in kept.items] == ["verdict.json"] and kept.missing == manifest.missing
+    assert storage_failures(kept) == ["evidence crash-tail.txt: EvidenceStoreError: no space"]
+    release_space(store, "r1", 1)
+    assert store.list_keys("runs/") == ["runs/r1/attempt-1/manifest.json", "runs/r1/attempt-1/verdict.json"]
+    assert sorted(p.name for p in (small_disk / "evidence/runs/r1/attempt-1").iterdir()) == ["manifest.json", "verdict.json"]
+
+
+def test_without_space_set_aside_a_lost_manifest_and_verdict_are_reported_not_raised(small_disk: Path) -> None:
+    store = LocalEvidenceStore(small_disk / "evidence")
+    _fill(small_disk)
+    assert "No space left on device" in (reserve_space(store, "r1", 1) or "")
+    manifest = store_manifest(store, Manifest("r1", 1, "2026-01-01T00:00:00+00:00", (), ()), "flow")
+
+    problem = record_verdict(store, "r1", 1, b"{}" * 5000, "flow", "2026-01-01T00:00:01+00:00")
+    assert [item.name for item in manifest.missing] == ["manifest.json"]
+    assert storage_failures(manifest)[0].startswith("evidence manifest.json: could not store the manifest")
+    assert problem is not None and problem.startswith("verdict.json could not be stored") and "No space" in problem

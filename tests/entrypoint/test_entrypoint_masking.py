@@ -52,6 +52,10 @@ def test_terminal_control_sequences_are_stripped_from_the_crash_reports_tail(run
         ("xoxb-1234567890-abcdef", "***"),
         ("sort_key=loss lr=0.1", "sort_key=loss lr=0.1"),  # ordinary text stays readable
         ("HF_TOKEN=1", "HF_TOKEN=1"),  # too short to be a secret worth masking everywhere
+        ("task-" + "a" * 24, "task-" + "a" * 24),  # "sk-" inside a word is no key
+        ("retry-sk-" + "a" * 24, "retry-***"),
+        ("monKEY=bananas12 DB_PASSWORD=hunter22", "monKEY=bananas12 DB_PASSWORD=***"),
+        ("postgres+asyncpg://me:pa55word@db/x", "postgres+asyncpg://me:***@db/x"),
     ],
 )
 def test_token_shapes_and_secret_assignments_are_masked_and_ordinary_text_is_not(text: str, expected: str) -> None:

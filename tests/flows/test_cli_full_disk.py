@@ -1,7 +1,7 @@
 """Storage faults under `trainguard run`: a real 2 MB tmpfs fills up, checkpoints come out empty.
 
-The work and evidence folders live on a tmpfs mounted by the test (we run as root in CI); where
-mounting is not allowed the test says so and skips.
+The work and evidence folders live on a tmpfs mounted by the test (tests/conftest.py `small_disk`;
+we run as root in CI); where mounting is not allowed the test says so and skips.
 """
 
 from __future__ import annotations
@@ -12,9 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 from flow_helpers import tiny_spec
+from prefect import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+from typer.testing import CliRunner
+
+from tasks.report import artifact_key
+from trainguard.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 FILLS_THE_DISK = """
@@ -38,19 +43,6 @@ def trainguard(*args: str, cwd: Path, api_url: str | None = None) -> subprocess.
                           capture_output=True, text=True, timeout=240)
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a 2 MB tmpfs here (needs root and mount rights): {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def test_a_code_error_on_a_full_disk_stays_a_code_error_and_the_storage_failure_is_shown(prefect_server, small_disk):
     (small_disk / "train.py").write_text(FILLS_THE_DISK)
     (small_disk / "run.yaml").write_text(yaml.safe_dump({"name": "full-disk", "command": [sys.executable, "train.py"],
@@ -62,8 +54,31 @@ def test_a_code_error_on_a_full_disk_stays_a_code_error_and_the_storage_failure_
     table = result.stdout[result.stdout.index("trainguard run full-disk-"):]
     assert "code_error" in table and "unknown" not in table, table
     assert "TypeError: unsupported operand" in table
-    assert "log file write failed" in result.stdout and "No space left on device" in result.stdout
     assert "attempt 2" not in table.lower()  # a code error is not retried
+    # the storage failure is in the table, in the final lines, and in the report a person opens first
+    rows = table[:table.index("Failed: ")]
+    assert "STORAGE FAILED: log file write failed" in rows and "No space left on device" in rows, rows
+    ending = table[table.index("Failed: "):]
+    assert "storage failed in attempt 1: log file write failed" in ending
+    assert "storage failed in attempt 1: runner.json could not be written: [Errno 28]" in ending
+    run_id = table.split()[2]
+    with get_client(sync_client=True) as client:
+        reports = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[f"{artifact_key(run_id)}-report"])))
+    assert "**Storage failed**" in reports[0].data and "No space left on device" in reports[0].data, reports[0].data
+    assert "x" * 2000 not in result.stderr  # the failed state's log line carries no 200-line output tail
+    verdict_errors = [line for line in result.stderr.splitlines() if "record_verdict" in line and "ERROR" in line]
+    assert not verdict_errors and "EvidenceNotFound" not in result.stderr, verdict_errors  # it reports, never raises
+
+    # the manifest was written into the space set aside before the attempt filled the disk
+    shown = CliRunner().invoke(app, ["evidence", "show", run_id, "--root", str(small_disk / "trainguard-data/evidence")])
+    assert shown.exit_code == 0, shown.output
+    assert "attempt 1 (partial:" in shown.output and "verdict.json" in shown.output
+    assert "code_error (code.exception)" in shown.output
+    kept = json.loads((small_disk / "trainguard-data/evidence/runs" / run_id / "attempt-1/manifest.json").read_text())
+    why = {item["name"]: item["reason"] for item in kept["missing"]}
+    assert "No space left on device" in why["crash-tail.txt"]
+    assert why["runner.json"].startswith("runner.json could not be written: [Errno 28]")
 
 
 def test_resume_never_picks_an_empty_checkpoint(prefect_server, tmp_path):
@@ -88,3 +103,19 @@ def test_resume_never_picks_an_empty_checkpoint(prefect_server, tmp_path):
     run_id = table.split()[2]
     verdict = json.loads((tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/verdict.json").read_text())
     assert verdict["decision"]["resume_from"].endswith("step-000020.json")
+
+
+def test_evidence_show_of_a_run_whose_evidence_could_not_be_stored_points_at_its_work_folder(tmp_path):
+    # what a disk full before the attempt even started leaves: work files, and no evidence folder at all
+    attempt = tmp_path / "trainguard-data/work/runs/full-disk-0badc0de/attempt-1"
+    (attempt / "logs").mkdir(parents=True)
+    (attempt / "logs/train.log").write_text("step 1\n")
+    (attempt / "process.json").write_text("{}")
+
+    shown = CliRunner().invoke(app, ["evidence", "show", "full-disk-0badc0de", "--root",
+                                     str(tmp_path / "trainguard-data/evidence"), "--work", str(tmp_path / "trainguard-data/work")])
+
+    assert shown.exit_code == 1, shown.output
+    assert "attempt-1: nothing was stored (no manifest)" in shown.output
+    assert "not stored: logs/train.log" in shown.output and "not stored: process.json" in shown.output
+    assert "no evidence for run" not in shown.output

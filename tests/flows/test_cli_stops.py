@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +122,10 @@ def test_kill_9_of_the_cli_leaves_nothing_running_and_resume_continues_the_run(t
 
     assert resumed.returncode == 0, out[-3000:] + err[-3000:]
     assert f"resuming run {run_dir.name} at attempt 2, from" in out
+    assert "marked 2 flow run(s) the lost process left running as Crashed" in out  # the attempt and its parent
+    with sqlite3.connect(tmp_path / "prefect-home" / "prefect.db") as db:  # the temporary server's own database
+        states = db.execute("SELECT name, state_type FROM flow_run").fetchall()
+    assert not [name for name, state in states if state in ("RUNNING", "PENDING")], states
     table = out[out.index(f"trainguard run {run_dir.name}"):]
     assert "Crashed" in table and "Completed" in table and "2/" in table
     assert (tmp_path / "trainguard-data/evidence/runs" / run_dir.name / "attempt-1/verdict.json").is_file()

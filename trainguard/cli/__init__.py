@@ -19,7 +19,7 @@ def _full_app() -> Any:
     """The typer application with every command registered."""
     for name in _COMMAND_MODULES:
         importlib.import_module(f"trainguard.cli.{name}")
-    from trainguard.cli.app import app
+    from trainguard.cli.typer_app import app
 
     return app
 

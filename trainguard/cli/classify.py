@@ -17,7 +17,7 @@ from typing import Any, BinaryIO, NoReturn
 import click
 import typer
 
-from trainguard.cli.app import app
+from trainguard.cli.typer_app import app
 from trainguard.core import triage
 
 _EMPTY = {k: None for k in ("category", "retryable", "rule_id", "signature", "line_number",

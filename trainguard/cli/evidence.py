@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from trainguard.cli.app import app
+from trainguard.cli.typer_app import app
 from trainguard.cli.output import console, fail, plain, say
 from trainguard.core import bundles
 from trainguard.core import manifest as manifests
@@ -26,6 +26,8 @@ def show(
     root: Path = typer.Option(Path("trainguard-data/evidence"), help="Evidence folder (used without --block)."),
     block: str | None = typer.Option(None, help="A saved evidence block ('block-type-slug/name') instead of --root."),
     deep: bool = typer.Option(False, "--deep", help="Download and hash every item instead of trusting stored checksums."),
+    work: Path = typer.Option(Path("trainguard-data/work"), help="Work folder of the local backend, for a run "
+                              "whose evidence could not be stored."),
 ) -> None:
     """List each attempt's evidence items, verify them against the manifest, and say why anything is missing.
 
@@ -33,18 +35,36 @@ def show(
     manifest, without downloading; `--deep` downloads and hashes every object. An attempt without
     a manifest, and objects the manifest does not list, are reported too (exit code 1).
     """
-    store = open_store(root, block)
+    # a disk that was full from the start may not even hold the evidence folder: the work folder still speaks
+    store = LocalEvidenceStore(root.resolve()) if block is None and not root.is_dir() and work.is_dir() \
+        else open_store(root, block)
     try:
         attempts = manifests.attempts_in_store(store, run_id)
     except WorkspaceError as exc:
         fail(f"RUN_ID: {exc}")
     if not attempts:
-        fail(f"no evidence for run {run_id!r} in {store.describe()}; check the run id and --root/--block")
+        _show_unstored(store, run_id, work)
     bad = 0
     for attempt in attempts:
         bad += _show_attempt(store, run_id, attempt, deep)
     if bad:
         fail(f"{bad} evidence problem(s): see above", code=1)
+
+
+def _show_unstored(store: EvidenceStore, run_id: str, work: Path) -> None:
+    """A run with nothing in the store: say what its work folder still holds, or that it is unknown."""
+    folders = sorted((work / "runs" / run_id).glob("attempt-*")) if (work / "runs").is_dir() else []
+    if not folders:
+        fail(f"no evidence for run {run_id!r} in {store.describe()}; check the run id and --root/--block")
+    for folder in folders:
+        files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        say(plain(f"{run_id} {folder.name}:", "bold"), " ", plain("nothing was stored (no manifest): the evidence "
+            "store could not take it (a full disk?); what the attempt left is still in its work folder", "red"))
+        say("  ", str(folder))
+        for name in files:
+            say("  not stored: ", name)
+    fail(f"the evidence of run {run_id!r} is missing from {store.describe()}; free space there and keep the "
+         f"work folder above, which holds what the attempts left", code=1)
 
 
 def open_store(root: Path, block: str | None, no_time_limit: bool = False) -> EvidenceStore:
@@ -74,7 +94,9 @@ def _show_attempt(store: EvidenceStore, run_id: str, attempt: int, deep: bool) -
     problems += [f"{key}: not in the manifest (added after collection?)" for key in manifests.unlisted_keys(store, found)]
     spooled = set(store.pending(manifests.attempt_prefix(run_id, attempt) + "/")) if isinstance(
         store, bundles.SpoolingStore) else set()
-    table = Table(title=plain(f"{run_id} attempt {attempt}: {store.describe(manifests.attempt_prefix(run_id, attempt))}"))
+    partial = f" (partial: {len(found.missing)} absent)" if found.missing else ""
+    where = store.describe(manifests.attempt_prefix(run_id, attempt))
+    table = Table(title=plain(f"{run_id} attempt {attempt}{partial}: {where}"))
     for column in ("item", "size", "sha256", "source", "status"):
         table.add_column(column, overflow="fold")
     for item in found.items:

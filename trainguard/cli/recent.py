@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from trainguard.cli.app import app
+from trainguard.cli.typer_app import app
 from trainguard.cli.output import console, fail, plain
 from trainguard.core import recovery
 from trainguard.core.stores import EvidenceStore, LocalEvidenceStore

@@ -9,10 +9,13 @@ from typing import Any
 
 import typer
 
-from trainguard.cli.app import app
+from trainguard.cli.typer_app import app
 from trainguard.cli.output import attempts_table, console, fail, plain, say
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.spec import SpecError, TrainingSpec, load_spec, parse_spec
+
+
+_STORAGE_LINES = 4
 
 
 @app.command("run")
@@ -102,6 +105,12 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
     console.print()
     console.print(attempts_table(summaries, title=f"trainguard run {run_id}"))
     say(f"{state.name}: {state.message}")
+    for summary in summaries:  # the last word: a full disk is the user's to fix before the next run
+        for problem in summary.storage_problems[:_STORAGE_LINES]:
+            say(plain(f"storage failed in attempt {summary.attempt}:", "bold red"), " ", problem)
+        if len(summary.storage_problems) > _STORAGE_LINES:
+            say(f"  and {len(summary.storage_problems) - _STORAGE_LINES} more storage failures: the run's report "
+                f"and `trainguard evidence show {run_id}` list them")
     if summaries and summaries[-1].evidence:
         # the location is a path or an s3:// URI: Path() would fold "s3://" into "s3:/"
         run_location = summaries[-1].evidence.rstrip("/").rpartition("/")[0]

@@ -17,7 +17,7 @@ import typer
 
 from trainguard.cli.output import attempts_table, console, fail, say
 from trainguard.core import recovery
-from trainguard.core.attempt import AttemptSummary
+from trainguard.core.attempt import LINEAGE_TAG, AttemptSummary
 from trainguard.core.spec import TrainingSpec
 
 STOPS = {
@@ -82,7 +82,37 @@ def plan_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], spec_fi
             found = recovery.settle(backend, store, run_id, attempt, max_attempts=max_attempts, gpus=spec.gpus,
                                     next_step=f"continued by `{resume_command(spec_file, run_id)}`", rules=rules)
         history.append(found)
+    if closed := close_lost_flow_runs(run_id):
+        say(f"marked {closed} flow run(s) the lost process left running as Crashed")
     checkpoints = backend.checkpoints(run_id)
     resume_from = checkpoints[0] if checkpoints else None
     say(f"resuming run {run_id} at attempt {attempts[-1] + 1}, from {resume_from or 'the start (no checkpoint)'}")
     return {"attempt": attempts[-1] + 1, "resume_from": resume_from, "history": [s.to_dict() for s in history]}
+
+
+def close_lost_flow_runs(run_id: str) -> int:
+    """Mark the flow runs a killed `trainguard run` left Running as Crashed; return how many.
+
+    They would otherwise stay Running in the UI for good: nothing else ever ends them. The attempt
+    runs carry the run's lineage tag; their parent training-run flow run is found through them.
+    """
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, FlowRunFilterTags
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    alive = (StateType.RUNNING, StateType.PENDING)
+    message = f"the process running it was lost; run {run_id} was continued with --resume"
+    try:
+        with get_client(sync_client=True) as client:
+            attempts = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=[f"{LINEAGE_TAG}:{run_id}"]),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=list(alive)))))
+            parents = {client.read_task_run(r.parent_task_run_id).flow_run_id for r in attempts if r.parent_task_run_id}
+            lost = [*attempts, *(run for p in parents if p and (run := client.read_flow_run(p)).state_type in alive)]
+            for run in lost:
+                client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+    except Exception as exc:  # the resume goes on; the UI is only less tidy
+        say(f"warning: could not mark the lost run's flow runs Crashed: {type(exc).__name__}: {exc}")
+        return 0
+    return len(lost)

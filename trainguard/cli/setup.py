@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from trainguard.cli.app import app
+from trainguard.cli.typer_app import app
 from trainguard.cli.output import console, fail
 
 

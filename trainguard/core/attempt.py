@@ -49,6 +49,7 @@ class AttemptSummary:
     evidence_upload_error: str = ""  # why they wait
     evidence_links: Mapping[str, str] = field(default_factory=dict)  # item name -> (presigned) URL
     evidence_links_expire_at: str = ""
+    storage_problems: Sequence[str] = ()  # what trainguard could not write (log, reports, evidence), and why
     node: str | None = None
     memory_factor: float = 1.0  # the attempt's memory request and limit scale (host_oom policy)
     progress: Sequence[tuple[int, float | None]] = ()  # (step, loss) points from the log, thinned
@@ -81,17 +82,22 @@ class AttemptSummary:
 
     def with_evidence_status(self, status: object) -> AttemptSummary:
         """This summary with a newer upload status (``bundles.upload_status``); unchanged if ``status`` is not one."""
-        if not isinstance(status, dict):
+        if not isinstance(status, dict) or "spooled" not in status:
             return self
         return _replace(self, evidence_spooled=tuple(status.get("spooled", ())),
                         evidence_upload_error=str(status.get("upload_error", "")),
                         evidence_links=dict(status.get("links", {})),
                         evidence_links_expire_at=str(status.get("links_expire_at", "")))
 
+    def with_storage_problems(self, *problems: str | None) -> AttemptSummary:
+        """This summary with more storage failures (None entries are skipped)."""
+        return _replace(self, storage_problems=(*self.storage_problems, *(p for p in problems if p)))
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["decision"] = dict(self.decision)
         data["progress"] = [list(point) for point in self.progress]
+        data["storage_problems"] = list(self.storage_problems)
         data["gpu_seconds"] = self.gpu_seconds
         return data
 
@@ -100,6 +106,8 @@ class AttemptSummary:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["progress"] = _progress(values.get("progress"))
+        problems = values.get("storage_problems")
+        values["storage_problems"] = tuple(str(p) for p in problems) if isinstance(problems, list | tuple) else ()
         return cls(**values)
 
 

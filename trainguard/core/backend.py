@@ -107,6 +107,7 @@ class AttemptOutcome:
         events: Platform events in Kubernetes wire form (reason, message, type, involvedObject).
         log_path: A local file with the attempt's log, where the backend has one.
         log_tail: The last lines of output the backend saw, for when the log file is incomplete.
+        storage_problems: Files of the attempt that could not be written (a full disk), one line each.
     """
 
     exit_code: int | None
@@ -121,6 +122,7 @@ class AttemptOutcome:
     events: tuple[Mapping[str, Any], ...] = ()
     log_path: str | None = None
     log_tail: str = ""
+    storage_problems: tuple[str, ...] = ()
 
     @property
     def succeeded(self) -> bool:
@@ -138,6 +140,7 @@ class AttemptOutcome:
         values = {k: v for k, v in data.items() if k in known}
         values["conditions"] = tuple(values.get("conditions") or ())
         values["events"] = tuple(values.get("events") or ())
+        values["storage_problems"] = tuple(str(p) for p in values.get("storage_problems") or ())
         values.setdefault("exit_code", None)
         values.setdefault("signal", None)
         values.setdefault("reason", ERROR)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -44,7 +45,9 @@ START_ERROR = "StartError"
 _MAX_LINE_BYTES = 64 * 1024  # a progress bar that never prints "\n" is still shown, in pieces
 TAIL_LINES = 200  # the output tail kept in memory, for triage when the log file is incomplete
 _TAIL_LINE_CHARS = 4096
-_LOG_FAILED = "trainguard-entrypoint: warning: log file write failed"
+_WARNING = "trainguard-entrypoint: warning: "
+_LOG_FAILED = _WARNING + "log file write failed"
+_OS_ERROR = re.compile(r"\[Errno \d+\]")  # a warning about a file the entrypoint could not write
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class ProcessOutcome:
     message: str
     output_tail: tuple[str, ...] = ()  # the last lines seen on the pipe, masked
     log_incomplete: bool = False  # the entrypoint could not write the whole log (a full disk)
+    storage_problems: tuple[str, ...] = ()  # files of the attempt that could not be written, and why
 
 
 def _print_line(line: str) -> None:
@@ -84,6 +88,7 @@ class _OutputWatcher(threading.Thread):
         self.problem: str | None = None
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.log_failure: str | None = None
+        self.storage_problems: list[str] = []
 
     def run(self) -> None:
         pending = b""
@@ -103,7 +108,9 @@ class _OutputWatcher(threading.Thread):
         line = self._masker.mask(raw.rstrip(b"\r").decode("utf-8", errors="replace"))
         self.tail.append(line[:_TAIL_LINE_CHARS])
         if line.startswith(_LOG_FAILED) and self.log_failure is None:
-            self.log_failure = line.removeprefix("trainguard-entrypoint: warning: ")
+            self.log_failure = line.removeprefix(_WARNING)
+        if line.startswith(_WARNING) and _OS_ERROR.search(line) and len(self.storage_problems) < 20:
+            self.storage_problems.append(masking.strip_control(line.removeprefix(_WARNING))[:_TAIL_LINE_CHARS])
         if self._on_line is None:
             return
         try:
@@ -192,7 +199,8 @@ class LocalProcessRunner:
         for problem in (watcher.log_failure, watcher.problem):
             if problem:  # a storage failure belongs in the outcome a person reads, not only in a log line
                 message = f"{message}; {problem}"
-        outcome = self._finish(workspace, command, proc.pid, exit_code, sig, reason, message, started_at, start)
+        outcome = self._finish(workspace, command, proc.pid, exit_code, sig, reason, message, started_at, start,
+                               watcher.storage_problems)
         return replace(outcome, output_tail=tuple(watcher.tail), log_incomplete=watcher.log_failure is not None)
 
     def _argv(self, command: Sequence[str], workspace: AttemptWorkspace) -> list[str]:
@@ -300,11 +308,14 @@ class LocalProcessRunner:
     def _finish(
         self, workspace: AttemptWorkspace, command: Sequence[str], pid: int | None, exit_code: int | None,
         sig: int | None, reason: str, message: str, started_at: datetime, start: float,
+        storage_problems: Sequence[str] = (),
     ) -> ProcessOutcome:
         outcome = ProcessOutcome(exit_code, sig, reason, started_at, datetime.now(UTC),
                                  max(0.0, self._clock() - start), workspace.log_path, message)
-        _write_runner_report(workspace, outcome, command, pid)
-        return outcome
+        problems = [*storage_problems]
+        if (lost := _write_runner_report(workspace, outcome, command, pid)) is not None:
+            problems.append(lost)
+        return replace(outcome, storage_problems=tuple(problems))
 
 
 def _kill_group(pgid: int) -> None:
@@ -337,7 +348,7 @@ def _crash_report(workspace: AttemptWorkspace, entrypoint_pid: int) -> dict[str,
 
 def _write_runner_report(
     workspace: AttemptWorkspace, outcome: ProcessOutcome, command: Sequence[str], pid: int | None
-) -> None:
+) -> str | None:
     payload = {
         "format": 1,
         "run_id": workspace.run_id,
@@ -356,5 +367,6 @@ def _write_runner_report(
     }
     try:
         write_json_atomic(workspace.runner_report_path, payload)
-    except OSError:
-        pass  # the outcome is still returned; a lost runner.json shows up as missing evidence
+    except OSError as exc:  # the outcome is still returned; the manifest lists runner.json as missing
+        return f"runner.json could not be written: {exc}"
+    return None

@@ -57,7 +57,8 @@ class LocalBackend:
         extra: Mapping[str, bytes] | None = None,
     ) -> CollectedEvidence:
         ws = self.workspace(ref)
-        manifest = evidence.collect_local_evidence(ws, store, extra=extra)
+        failures = outcome.storage_problems if outcome is not None else ()
+        manifest = evidence.collect_local_evidence(ws, store, extra=extra, write_failures=failures)
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
@@ -91,4 +92,5 @@ def outcome_of(result: ProcessOutcome) -> AttemptOutcome:
         log_path=None if result.log_incomplete else str(result.log_path),
         # the runner's own tail is carried only where the log file cannot stand in for it
         log_tail="\n".join(result.output_tail) if result.log_incomplete or not result.log_path.exists() else "",
+        storage_problems=result.storage_problems,
     )

@@ -13,10 +13,14 @@ import re
 from dataclasses import MISSING, asdict, dataclass
 from typing import Any
 
-from trainguard.core.stores import EvidenceNotFound, EvidenceStore, StoredItem
+from trainguard.core.stores import EvidenceNotFound, EvidenceStore, EvidenceStoreError, ReservingStore, StoredItem
 from trainguard.core.workspace import validate_attempt, validate_run_id
 
 MANIFEST_FORMAT = 1
+VERDICT = "verdict.json"
+# Space set aside before an attempt runs, so a disk the attempt fills still takes the manifest (a
+# few KiB per hundred items) and the verdict: generous, and given back once they are written.
+RESERVED_BYTES = {"manifest.json": 256 * 1024, VERDICT: 64 * 1024}
 
 
 class ManifestError(ValueError):
@@ -125,6 +129,58 @@ def store_manifest(store: EvidenceStore, manifest: Manifest, source: str) -> Man
         return Manifest(manifest.run_id, manifest.attempt, manifest.created_at, manifest.items,
                         (*manifest.missing, MissingItem("manifest.json", source, reason)))
     return manifest
+
+
+def reserve_space(store: EvidenceStore, run_id: str, attempt: int) -> str | None:
+    """Set space aside for the attempt's manifest and verdict, where the store can; None, or why not.
+
+    Called before the attempt runs: its output may fill the disk the evidence goes to.
+    """
+    if not isinstance(store, ReservingStore):
+        return None
+    try:
+        for name, size in RESERVED_BYTES.items():
+            store.reserve(f"{attempt_prefix(run_id, attempt)}/{name}", size)
+    except EvidenceStoreError as exc:
+        return f"no space could be set aside for the manifest: {exc}"
+    return None
+
+
+def release_space(store: EvidenceStore, run_id: str, attempt: int) -> None:
+    """Give back what `reserve_space` set aside, once the manifest and verdict are written."""
+    if isinstance(store, ReservingStore):
+        for name in RESERVED_BYTES:
+            try:
+                store.release(f"{attempt_prefix(run_id, attempt)}/{name}")
+            except EvidenceStoreError:
+                pass  # a reserve left behind is a hidden file, not lost evidence
+
+
+def storage_failures(manifest: Manifest) -> list[str]:
+    """The missing items the store failed to take (not those the attempt never produced), one line each."""
+    failed = [item for item in manifest.missing
+              if item.name == "manifest.json" or "EvidenceStoreError" in item.reason]
+    return [f"evidence {item.name}: {item.reason.removeprefix('could not collect: ')}" for item in failed]
+
+
+def record_verdict(
+    store: EvidenceStore, run_id: str, attempt: int, data: bytes, source: str, collected_at: str
+) -> str | None:
+    """Keep ``verdict.json`` beside the attempt's evidence and list it in the manifest; never raise.
+
+    Without a readable manifest the verdict is still stored on its own. Returns None, or one line
+    saying what could not be stored and why.
+    """
+    try:
+        add_items(store, run_id, attempt, {VERDICT: data}, source, collected_at)
+        return None
+    except Exception as exc:  # a store failure must not mask the attempt's own outcome
+        problem = f"{type(exc).__name__}: {exc}"
+    try:
+        store.put_bytes(f"{attempt_prefix(run_id, attempt)}/{VERDICT}", data)
+    except Exception as exc:
+        return f"{VERDICT} could not be stored: {type(exc).__name__}: {exc}"
+    return f"{VERDICT} was stored but is not listed in the manifest: {problem}"
 
 
 def read_manifest(store: EvidenceStore, run_id: str, attempt: int) -> Manifest:

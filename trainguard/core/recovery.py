@@ -19,7 +19,7 @@ from typing import Any
 from trainguard.core import masking, triage
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backend import ERROR, AttemptOutcome, AttemptRef, Backend
-from trainguard.core.manifest import add_items, attempts_in_store, read_manifest
+from trainguard.core.manifest import attempts_in_store, read_manifest, record_verdict, release_space, storage_failures
 from trainguard.core.stores import EvidenceNotFound, EvidenceStore
 from trainguard.core.taxonomy import INFO, Category
 from trainguard.core.workspace import validate_run_id
@@ -133,8 +133,6 @@ def settle(
         **_diagnosis_fields(backend, ref, outcome, stopped, rules),
     )
     data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
-    try:
-        add_items(store, run_id, attempt, {"verdict.json": data}, "cli", datetime.now(UTC).isoformat())
-    except Exception:  # noqa: BLE001 - the summary is still shown; a lost verdict is visible in `evidence show`
-        pass
-    return summary
+    problem = record_verdict(store, run_id, attempt, data, "cli", datetime.now(UTC).isoformat())
+    release_space(store, run_id, attempt)  # set aside by the process that was lost
+    return summary.with_storage_problems(*storage_failures(manifest), problem)

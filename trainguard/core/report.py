@@ -42,8 +42,23 @@ def table_row(summary: AttemptSummary) -> dict[str, str]:
         "signature": _shorten(plain(_signature(summary)), 90) or "-",
         "duration": f"{summary.duration_seconds:.1f}s",
         "resumed from": PurePath(summary.resumed_from).name if summary.resumed_from else "(start)",
-        "evidence": _relative(summary.evidence) if summary.evidence else "-",
+        "evidence": _evidence_cell(summary),
     }
+
+
+def storage_line(summary: AttemptSummary) -> str:
+    """What could not be written for the attempt, in one line ("" when everything was)."""
+    problems = summary.storage_problems
+    if not problems:
+        return ""
+    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{masking.for_people(problems[0])}{more}"
+
+
+def _evidence_cell(summary: AttemptSummary) -> str:
+    where = _relative(summary.evidence) if summary.evidence else "-"
+    problem = storage_line(summary)
+    return f"{where}\nSTORAGE FAILED: {_shorten(problem, 160)}" if problem else where
 
 
 def budget(summary: AttemptSummary) -> int:
@@ -89,6 +104,8 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
     if summary.memory_factor != 1.0:
         lines.append(f"| memory | {summary.memory_factor:g}x the backend's memory request and limit "
                      "(raised after a host OOM) |")
+    for problem in summary.storage_problems:
+        lines.append(f"| **storage failed** | {_cell(problem)} |")
     if summary.evidence_spooled:
         lines.append(f"| not yet uploaded | {len(summary.evidence_spooled)} items wait in the local spool "
                      f"({_cell(summary.evidence_upload_error or 'upload pending')}); "

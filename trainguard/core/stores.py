@@ -8,15 +8,17 @@ store and under which names is ``evidence``'s and ``manifest``'s business; the S
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
 
 _CHUNK_BYTES = 1024 * 1024
+_PAGE_BYTES = 4096
 MAX_KEY_LENGTH = 1024
 
 
@@ -97,6 +99,22 @@ class EvidenceStore(Protocol):
         ...
 
 
+@runtime_checkable
+class ReservingStore(Protocol):
+    """A store on a disk that can fill up: it sets space aside for the writes that must not fail."""
+
+    def reserve(self, key: str, size_bytes: int) -> None:
+        """Set ``size_bytes`` aside for later writes of ``key``; raises `EvidenceStoreError`."""
+        ...
+
+    def release(self, key: str) -> None:
+        """Give back what is left of ``key``'s reserve; releasing none is not an error."""
+        ...
+
+
+_OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
 def validate_key(key: str) -> str:
     """Return ``key`` unchanged or raise a one-line `EvidenceStoreError` saying how to fix it.
 
@@ -123,7 +141,13 @@ def validate_key(key: str) -> str:
 
 
 class LocalEvidenceStore:
-    """Evidence in a local (or mounted) folder: one file per key."""
+    """Evidence in a local (or mounted) folder: one file per key.
+
+    A full disk must not cost the few small objects that say what happened (the manifest, the
+    verdict): `reserve` allocates space for a key up front in a hidden file beside it, and a
+    write of that key that fails for lack of space shrinks the reserve by what it needs and
+    tries once more. What is left is released when the key's last write is done.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root).absolute()
@@ -133,18 +157,71 @@ class LocalEvidenceStore:
 
     def put_bytes(self, key: str, data: bytes) -> StoredItem:
         """Store ``data`` under ``key``: temp file in the same folder, fsync, then ``os.replace``."""
-        return self._write(key, iter((bytes(data),)))
+        data = bytes(data)
+        return self._write(key, lambda: iter((data,)), len(data))
 
     def put_file(self, key: str, path: Path) -> StoredItem:
         """Stream the file at ``path`` to ``key`` in chunks, atomically."""
         try:
             handle = Path(path).open("rb")
+            size = os.fstat(handle.fileno()).st_size
         except OSError as exc:
             raise EvidenceStoreError(f"cannot read {path} for {key!r}: {exc.strerror or exc}") from exc
-        with handle:
-            return self._write(key, _chunks(handle))
 
-    def _write(self, key: str, chunks: Iterator[bytes]) -> StoredItem:
+        def chunks() -> Iterator[bytes]:
+            handle.seek(0)
+            return _chunks(handle)
+
+        with handle:
+            return self._write(key, chunks, size)
+
+    def reserve(self, key: str, size_bytes: int) -> None:
+        """Allocate ``size_bytes`` for later writes of ``key`` (a hidden file beside it)."""
+        path = self._reserve_path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("wb") as handle:
+                try:
+                    os.posix_fallocate(handle.fileno(), 0, size_bytes)
+                except OSError as exc:
+                    if exc.errno in _OUT_OF_SPACE:
+                        raise
+                    handle.write(bytes(size_bytes))  # a file system without fallocate: blocks of zeros
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            _unlink_quietly(str(path))
+            raise EvidenceStoreError(f"cannot reserve {size_bytes} bytes for {key!r} under {self.root}: "
+                                     f"{exc.strerror or exc}") from exc
+
+    def release(self, key: str) -> None:
+        """Delete what is left of ``key``'s reserve."""
+        _unlink_quietly(str(self._reserve_path(key)))
+
+    def _reserve_path(self, key: str) -> Path:
+        target = self._path(key)
+        return target.with_name(f".{target.name}.reserve")
+
+    def _write(self, key: str, chunks: Callable[[], Iterator[bytes]], size_bytes: int) -> StoredItem:
+        try:
+            return self._write_once(key, chunks())
+        except EvidenceStoreError as exc:
+            out_of_space = isinstance(exc.__cause__, OSError) and exc.__cause__.errno in _OUT_OF_SPACE
+            if not (out_of_space and self._draw_on_reserve(key, size_bytes)):
+                raise
+            return self._write_once(key, chunks())
+
+    def _draw_on_reserve(self, key: str, size_bytes: int) -> bool:
+        """Shrink ``key``'s reserve by ``size_bytes`` and a page of slack; whether there was one."""
+        path = self._reserve_path(key)
+        try:
+            left = path.stat().st_size
+            os.truncate(path, max(0, left - size_bytes - _PAGE_BYTES))
+        except OSError:
+            return False
+        return True
+
+    def _write_once(self, key: str, chunks: Iterator[bytes]) -> StoredItem:
         target = self._path(key)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)

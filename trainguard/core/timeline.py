@@ -91,6 +91,13 @@ def chart(summaries: Sequence[AttemptSummary]) -> str:
     return "```text\n" + "\n".join(lines) + "\n```"
 
 
+def _storage(summaries: Sequence[AttemptSummary]) -> list[str]:
+    """A warning block for every attempt that could not write everything (a full disk), before the timeline."""
+    lines = [f"- attempt {s.attempt}: {md_text(problem, 300)}" for s in summaries for problem in s.storage_problems]
+    return ["**Storage failed**: some of what trainguard writes could not be written, so the evidence is partial.",
+            "", *lines, ""] if lines else []
+
+
 def render_run(summaries: Sequence[AttemptSummary]) -> str:
     """The run report: headline, timeline of attempts and the progress chart."""
     last = summaries[-1]
@@ -104,7 +111,7 @@ def render_run(summaries: Sequence[AttemptSummary]) -> str:
     wasted = sum(wasted_gpu_seconds(s) for s in summaries)
     lines = [f"# Run {md_text(last.run_id, 128)}: {verdict}", "",
              f"{len(summaries)} attempt(s), {total:.0f} GPU-seconds, {wasted:.0f} of them wasted.", "",
-             "## Timeline", "", *_timeline(summaries)]
+             *_storage(summaries), "## Timeline", "", *_timeline(summaries)]
     picture = chart(summaries)
     if picture:
         lines += ["", "## Progress per attempt", "", picture]
