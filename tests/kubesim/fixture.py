@@ -134,6 +134,11 @@ class Sim:
         self._http.call("POST", "/_kubesim/compact", {})
 
     @property
+    def in_cluster_url(self) -> str:
+        """The HTTPS endpoint pods reach through KUBERNETES_SERVICE_HOST/PORT."""
+        return str(json.loads((self.root / "in-cluster.json").read_text())["url"])
+
+    @property
     def env(self) -> dict[str, str]:
         """Environment for subprocesses (kubectl, workers) pointing at this cluster."""
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
