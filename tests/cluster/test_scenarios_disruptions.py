@@ -256,16 +256,31 @@ IN_CLUSTER = ("from kubernetes import client, config\n"
 
 
 def test_a_pod_lists_its_namespace_with_the_official_in_cluster_config(
-        core: client.CoreV1Api, ns: str) -> None:
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
+    opted_out = pod("outside", "print(open('/var/run/secrets/kubernetes.io/serviceaccount/token').read())")
+    opted_out["spec"]["automountServiceAccountToken"] = False
+    core.create_namespaced_pod(ns, opted_out)
     core.create_namespaced_pod(ns, pod("inside", IN_CLUSTER))
     phase(core, ns, "inside", "Succeeded")
     # HTTPS to KUBERNETES_SERVICE_HOST/PORT, verified against the mounted ca.crt, with the token.
-    assert pod_log(core, ns, "inside") == f"{ns} inside\n"
-    opted_out = pod("outside", IN_CLUSTER)
-    opted_out["spec"]["automountServiceAccountToken"] = False
-    core.create_namespaced_pod(ns, opted_out)
+    assert pod_log(core, ns, "inside") == f"{ns} inside outside\n"
+    listed = sim.requests(verb="list", resource="pods", namespace=ns, scheme="https")
+    assert [r["user"] for r in listed] == [f"system:serviceaccount:{ns}:default"]
     phase(core, ns, "outside", "Failed")
-    assert "Service token file does not exist" in pod_log(core, ns, "outside")
+    assert "FileNotFoundError" in pod_log(core, ns, "outside")
+
+
+def test_a_descendant_that_left_the_process_group_ends_with_its_container(
+        core: client.CoreV1Api, ns: str) -> None:
+    code = ("import subprocess, sys\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+            "print(p.pid, flush=True)")
+    core.create_namespaced_pod(ns, pod("leaver", code))
+    phase(core, ns, "leaver", "Succeeded")
+    leaver = Path(f"/proc/{int(pod_log(core, ns, 'leaver'))}/stat")
+    # As in a PID namespace: when the container's init is gone, nothing of it runs on.
+    wait_for(lambda: not leaver.exists() or leaver.read_text().rsplit(")", 1)[1].split()[0] in "ZX",
+             what="the setsid'd child to be gone")
 
 
 def test_a_host_python_image_runs_that_interpreter_and_its_scripts_from_a_shell_too(

@@ -67,7 +67,8 @@ class Server:
                 "resource": target.resource if target else None,
                 "namespace": target.namespace if target else None,
                 "name": target.name if target else None,
-                "subresource": target.sub if target else None}
+                "subresource": target.sub if target else None,
+                "scheme": request.scheme, "user": serviceaccount.user_of(request.headers)}
         if target is not None and self.faults.wants_labels:
             info["labels"] = await self._labels(request, target)
         rule = self.faults.match(info)

@@ -97,6 +97,17 @@ def automounts(pod: Mapping[str, Any], account: Mapping[str, Any] | None) -> boo
     return True if account_value is None else bool(account_value)
 
 
+def user_of(headers: Mapping[str, str]) -> str:
+    """Who a request says it is, as an audit log names it (the token is not checked)."""
+    scheme, _, token = headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return "system:anonymous"
+    parts = token.split(":")
+    if len(parts) == 4 and parts[0] == "kubesim":
+        return f"system:serviceaccount:{parts[1]}:{parts[2]}"
+    return token if token == "kubesim" else "bearer"
+
+
 def write_files(folder: Path, pod: Mapping[str, Any], ca_certificate: Path) -> Path:
     """The service-account folder for one pod: token, ca.crt, namespace."""
     meta, spec = pod["metadata"], pod.get("spec") or {}
