@@ -11,7 +11,9 @@ same workers in the same run. Figures:
 - cost per attempt: the mean run time of one flow run as the server records it, and its slope per
   added worker (flat = concurrency adds no cost of ours; the bare flow's slope is the machine's own);
 - retry latency: from a failed attempt's end to its successor being scheduled (the hook), and to
-  the successor running (a worker picking it up, a new flow process starting), median and worst.
+  the successor running (a worker picking it up, a new flow process starting), median and worst;
+  once within the workload (the successor queues behind the other runs' attempts) and once for a
+  lone run afterwards, when a worker is free (the latency trainguard itself adds).
 
 Usage: .venv/bin/python benchmarks/throughput_runs.py [--runs 4] [--workers 1 2 4]
 """
@@ -144,10 +146,12 @@ def main() -> None:
                                  TRAINGUARD_PROJECT_DIR=str(ROOT)):
                 ours, latency = trainguard_workload(args.runs, blocks)
                 bare = bare_workload(2 * args.runs)
+                _, idle = trainguard_workload(1, blocks)  # one lineage alone: no queue in front of the successor
             rows.append((n, ours, bare, latency))
             print(f"{n} worker(s): trainguard {ours['per_minute']:.1f} attempts/min (mean {ours['cost']:.2f} s each), "
                   f"bare {bare['per_minute']:.1f} runs/min (mean {bare['cost']:.2f} s each), "
-                  f"ratio {ours['per_minute'] / bare['per_minute']:.2f}x; {describe(latency)}", flush=True)
+                  f"ratio {ours['per_minute'] / bare['per_minute']:.2f}x; under load {describe(latency)}; "
+                  f"with a free worker {describe(idle)}", flush=True)
     report(rows)
 
 

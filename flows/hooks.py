@@ -144,6 +144,9 @@ def carry_on(params: dict[str, Any], flow_run: Any, state: Any, known: AttemptSu
         scheduled_time=when,
         tags=lineage_tags(summary.run_id, summary.attempt + 1, str(flow_run.id)),
         idempotency_key=idempotency_key(flow_run.id),
+        # What the run was started with on its work pool (image, env, resources of the flow pod)
+        # holds for every attempt, not only the first.
+        job_variables=dict(getattr(flow_run, "job_variables", None) or {}) or None,
     )
     logger.info("attempt %s of %s is flow run %s, at %s: %s",
                 summary.attempt + 1, summary.run_id, next_run.id, when.isoformat(), decision.reason)

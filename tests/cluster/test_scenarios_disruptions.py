@@ -245,8 +245,42 @@ def test_env_comes_from_field_secret_and_config_map_refs_and_points_at_the_api(
             "'KUBERNETES_SERVICE_HOST', 'KUBERNETES_SERVICE_PORT')))")
     core.create_namespaced_pod(ns, pod("envy", code, env=env))
     phase(core, ns, "envy", "Succeeded")
-    host, port = sim.url.removeprefix("http://").rsplit(":", 1)
+    host, port = sim.in_cluster_url.removeprefix("https://").rsplit(":", 1)
     assert pod_log(core, ns, "envy") == f"envy node-1 s3cr3t 0.1 {host} {port}\n"
+
+
+IN_CLUSTER = ("from kubernetes import client, config\n"
+              "config.load_incluster_config()\n"
+              "ns = open(config.incluster_config.SERVICE_TOKEN_FILENAME.replace('token', 'namespace')).read()\n"
+              "print(ns, *(p.metadata.name for p in client.CoreV1Api().list_namespaced_pod(ns).items))")
+
+
+def test_a_pod_lists_its_namespace_with_the_official_in_cluster_config(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
+    opted_out = pod("outside", "print(open('/var/run/secrets/kubernetes.io/serviceaccount/token').read())")
+    opted_out["spec"]["automountServiceAccountToken"] = False
+    core.create_namespaced_pod(ns, opted_out)
+    core.create_namespaced_pod(ns, pod("inside", IN_CLUSTER))
+    phase(core, ns, "inside", "Succeeded")
+    # HTTPS to KUBERNETES_SERVICE_HOST/PORT, verified against the mounted ca.crt, with the token.
+    assert pod_log(core, ns, "inside") == f"{ns} inside outside\n"
+    listed = sim.requests(verb="list", resource="pods", namespace=ns, scheme="https")
+    assert [r["user"] for r in listed] == [f"system:serviceaccount:{ns}:default"]
+    phase(core, ns, "outside", "Failed")
+    assert "FileNotFoundError" in pod_log(core, ns, "outside")
+
+
+def test_a_descendant_that_left_the_process_group_ends_with_its_container(
+        core: client.CoreV1Api, ns: str) -> None:
+    code = ("import subprocess, sys\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+            "print(p.pid, flush=True)")
+    core.create_namespaced_pod(ns, pod("leaver", code))
+    phase(core, ns, "leaver", "Succeeded")
+    leaver = Path(f"/proc/{int(pod_log(core, ns, 'leaver'))}/stat")
+    # As in a PID namespace: when the container's init is gone, nothing of it runs on.
+    wait_for(lambda: not leaver.exists() or leaver.read_text().rsplit(")", 1)[1].split()[0] in "ZX",
+             what="the setsid'd child to be gone")
 
 
 def test_a_host_python_image_runs_that_interpreter_and_its_scripts_from_a_shell_too(

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from blocks import EvidenceFolder, LocalProcessBackend
-from flow_helpers import ROOT, subprocess_env
+from flow_helpers import ROOT, prefect_cli, subprocess_env
+from prefect import get_client
 from s3fixtures import s3, s3_server  # noqa: F401  (fixtures for the S3 evidence tests)
 
 
@@ -50,3 +51,20 @@ def served(prefect_server, tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+DEPLOYMENTS = {"train-attempt/local-pool", "train-attempt/kubernetes", "training-run/nightly-retrain",
+               "retry-controller/safety-net"}
+
+
+@pytest.fixture(scope="session")
+def deployed(prefect_server):
+    """prefect.yaml deployed as the README says: both work pools (the Kubernetes one from
+    deployments/kubernetes/base-job-template.json), then `prefect deploy --all`."""
+    env = subprocess_env(prefect_server)
+    prefect_cli(env, "work-pool", "create", "trainguard-local", "--type", "process", "--overwrite")
+    prefect_cli(env, "work-pool", "create", "trainguard-kubernetes", "--type", "kubernetes", "--overwrite",
+                "--base-job-template", "deployments/kubernetes/base-job-template.json")
+    prefect_cli(env, "--no-prompt", "deploy", "--all")
+    with get_client(sync_client=True) as client:
+        return {name: client.read_deployment_by_name(name) for name in DEPLOYMENTS}

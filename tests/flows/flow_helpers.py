@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ from runs import attempt_runs, tiny_spec  # noqa: F401  (re-exported for the tes
 
 
 ROOT = Path(__file__).resolve().parents[2]
+PREFECT = [sys.executable, "-m", "prefect"]
 
 
 def attempt_dir(evidence_root: Path, run_id: str, attempt: int) -> Path:
@@ -55,3 +58,10 @@ def deployment_exists(name: str) -> bool:
             return True
         except ObjectNotFound:
             return False
+
+
+def prefect_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The `prefect` command from the project root; fails the test with its output."""
+    done = subprocess.run([*PREFECT, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"prefect {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done

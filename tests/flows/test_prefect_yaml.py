@@ -9,32 +9,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
-import pytest
-from flow_helpers import ROOT, attempt_dir, read_run, subprocess_env, tiny_spec
+from flow_helpers import PREFECT, ROOT, attempt_dir, read_run, subprocess_env, tiny_spec
 from prefect import get_client
 from waiting import wait_for
-
-PREFECT = [sys.executable, "-m", "prefect"]
-DEPLOYMENTS = {"train-attempt/local-pool", "train-attempt/kubernetes", "training-run/nightly-retrain",
-               "retry-controller/safety-net"}
-
-
-def _prefect(env: dict, *args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([*PREFECT, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"prefect {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
-    return done
-
-
-@pytest.fixture(scope="module")
-def deployed(prefect_server):
-    env = subprocess_env(prefect_server)
-    _prefect(env, "work-pool", "create", "trainguard-local", "--type", "process", "--overwrite")
-    _prefect(env, "work-pool", "create", "trainguard-kubernetes", "--type", "kubernetes", "--overwrite")
-    _prefect(env, "--no-prompt", "deploy", "--all")
-    with get_client(sync_client=True) as client:
-        return {name: client.read_deployment_by_name(name) for name in DEPLOYMENTS}
 
 
 def test_prefect_deploy_all_creates_every_deployment_with_its_pool_schedule_and_concurrency_limit(deployed):

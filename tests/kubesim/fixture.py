@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kubesim.config import ImageRuntime, NodeSpec, SimConfig
+from kubesim.runtime import kill_strays
 
 START_TIMEOUT_SECONDS = 15.0
 STOP_TIMEOUT_SECONDS = 10.0
@@ -134,6 +135,11 @@ class Sim:
         self._http.call("POST", "/_kubesim/compact", {})
 
     @property
+    def in_cluster_url(self) -> str:
+        """The HTTPS endpoint pods reach through KUBERNETES_SERVICE_HOST/PORT."""
+        return str(json.loads((self.root / "in-cluster.json").read_text())["url"])
+
+    @property
     def env(self) -> dict[str, str]:
         """Environment for subprocesses (kubectl, workers) pointing at this cluster."""
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
@@ -169,7 +175,7 @@ def _child_groups(pid: int) -> set[int]:
     return groups
 
 
-def _stop(process: subprocess.Popen[bytes], log: Path) -> None:
+def _stop(process: subprocess.Popen[bytes], root: Path, log: Path) -> None:
     containers = _child_groups(process.pid)
     started = time.monotonic()
     outcome = f"had already exited with {process.poll()}"
@@ -186,6 +192,7 @@ def _stop(process: subprocess.Popen[bytes], log: Path) -> None:
     for group in {process.pid, *containers}:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)
+    kill_strays(str(root / "pods"))  # container descendants that left their process group
     process.wait()
 
 
@@ -222,6 +229,6 @@ def run(root: Path | str | None = None, nodes: Iterable[NodeSpec] | None = None,
         url = _wait_ready(process, kubeconfig, log)
         yield Sim(url, kubeconfig, base, process)
     finally:
-        _stop(process, log)
+        _stop(process, base, log)
         if owned:
             shutil.rmtree(base, ignore_errors=True)

@@ -88,12 +88,18 @@ def remove_targets(*, only_dead: bool = False) -> None:
             else:
                 candidates.update(Path(p) for p in record["created"])
                 finished.append(entry)
+    orphans = REGISTRY / "orphans.json"  # created by a server now gone, in use by another then
+    with contextlib.suppress(OSError, ValueError):
+        candidates.update(Path(p) for p in json.loads(orphans.read_text()))
     for path in sorted(candidates - protected, key=lambda p: len(p.parts), reverse=True):
         with contextlib.suppress(OSError):
             if path.is_dir():
                 path.rmdir()  # only when empty
             elif path.stat().st_size == 0:
                 path.unlink()
+    with contextlib.suppress(OSError):
+        REGISTRY.mkdir(exist_ok=True)
+        orphans.write_text(json.dumps(sorted(str(p) for p in candidates & protected if p.exists())))
     for entry in finished:
         with contextlib.suppress(OSError):
             entry.unlink()

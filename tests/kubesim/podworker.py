@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kubesim import mounts, podstatus, runtime, workload
+from kubesim import mounts, podstatus, runtime, serviceaccount, workload
 from kubesim.podstatus import ContainerState
 from kubesim.store import timestamp
 
@@ -302,6 +302,8 @@ class PodWorker:
         try:
             folders = workload.prepare_volumes(kubelet.store, pod, self.dir, kubelet.config.root)
             binds = workload.mount_map(spec, folders, container_dir)
+            if namespaced:  # the path can only be bound in a mount namespace of its own
+                serviceaccount.bind(binds, kubelet.store, pod, kubelet.config.root, self.dir)
             env = workload.build_env(
                 kubelet.store, pod, spec, self._extra_env(binds),
                 path_prefix=workload.host_python_path(kubelet.config.root, image_runtime))
@@ -343,7 +345,9 @@ class PodWorker:
         extra = workload.mount_env(binds)
         if self.kubelet.api_url:
             host, _, port = self.kubelet.api_url.rsplit("/", 1)[-1].rpartition(":")
-            extra.update({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port})
+            extra.update({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port,
+                          "KUBERNETES_SERVICE_PORT_HTTPS": port,
+                          "KUBERNETES_PORT": f"tcp://{host}:{port}"})
         if self.gpus:
             devices = ",".join(str(g) for g in self.gpus)
             extra.update({"NVIDIA_VISIBLE_DEVICES": devices, "CUDA_VISIBLE_DEVICES": devices})

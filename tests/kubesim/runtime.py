@@ -41,6 +41,7 @@ _WRAPPER = (
     'ulimit -c unlimited 2>/dev/null; exec "$@"'
 )
 _WATCHDOG_PERIOD_SECONDS = 0.05
+_INIT_POLL_SECONDS = 0.25
 
 
 def rfc3339nano(moment: datetime | None = None) -> str:
@@ -274,9 +275,13 @@ class Container:
         """Wait for the instance to end; every process of its group is gone afterwards."""
         if self._exit is not None:
             return self._exit
-        code = await self.proc.wait()
-        # The container's init died: like a PID namespace, take the rest with it.
+        code = await self._init_exit(None)
+        assert code is not None
+        # The container's init died: like a PID namespace, take the rest with it, also what
+        # left the process group (a setsid'd child, such as Prefect's flow engine).
         self.signal(signal.SIGKILL)
+        kill_strays(str(self.launch.log_path.parent))
+        await self.proc.wait()
         await asyncio.gather(*self._pumps, return_exceptions=True)
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -296,11 +301,27 @@ class Container:
             self.signal(signal.SIGKILL)  # as containerd's StopContainer with timeout 0
         elif self.proc.returncode is None:
             self.signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(asyncio.shield(self.proc.wait()), grace_seconds)
-            except TimeoutError:
+            if await self._init_exit(grace_seconds) is None:
                 self.signal(signal.SIGKILL)
         return await self.wait()
+
+    async def _init_exit(self, timeout: float | None) -> int | None:
+        """The init process's exit status once it exited, or None after `timeout` seconds.
+
+        asyncio's wait() also waits for the output pipes to close, which a descendant that
+        outlives init holds open; the container ends with its init all the same.
+        """
+        waiter = asyncio.ensure_future(self.proc.wait())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.proc.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            await asyncio.wait({waiter}, timeout=_INIT_POLL_SECONDS if left is None
+                               else min(left, _INIT_POLL_SECONDS))
+        if not waiter.done():
+            waiter.cancel()
+        return self.proc.returncode
 
 
 async def _remove_cgroup(group: Path) -> None:
@@ -330,3 +351,27 @@ def group_rss_bytes(pgid: int) -> int:
         except (OSError, ValueError):
             continue
     return total
+
+
+def kill_strays(container_dir: str) -> list[int]:
+    """SIGKILL every process that still carries this container's mounts in its environment.
+
+    Every container process inherits KUBESIM_MOUNTS, which names files in the container's own
+    folder; a descendant that started a session of its own escapes the process-group kill, but
+    not this. Returns the pids signalled.
+    """
+    marker = (container_dir.rstrip("/") + "/").encode()
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        mounts = next((v for v in environ.split(b"\0") if v.startswith(b"KUBESIM_MOUNTS=")), b"")
+        if marker in mounts:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    return killed

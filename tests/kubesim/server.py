@@ -13,13 +13,14 @@ import json
 import logging
 import os
 import signal
+import ssl
 from pathlib import Path
 from typing import Any
 
 import yaml
 from aiohttp import web
 
-from kubesim import discovery, gc, openapi, route
+from kubesim import discovery, gc, openapi, route, serviceaccount
 from kubesim.config import SimConfig
 from kubesim.control import Control, controllers_module
 from kubesim.errors import ApiError, MethodNotAllowed, NotFound, status_for
@@ -66,7 +67,8 @@ class Server:
                 "resource": target.resource if target else None,
                 "namespace": target.namespace if target else None,
                 "name": target.name if target else None,
-                "subresource": target.sub if target else None}
+                "subresource": target.sub if target else None,
+                "scheme": request.scheme, "user": serviceaccount.user_of(request.headers)}
         if target is not None and self.faults.wants_labels:
             info["labels"] = await self._labels(request, target)
         rule = self.faults.match(info)
@@ -179,19 +181,29 @@ async def _start_controllers(server: Server, url: str) -> list[asyncio.Task[Any]
 
 
 class Listener:
-    """The listening socket, which an outage fault closes and reopens on the same port."""
+    """The listening sockets (plain HTTP for kubeconfigs, HTTPS for pods' in-cluster clients),
+    which an outage fault closes and reopens on the same ports."""
 
-    def __init__(self, runner: web.AppRunner, host: str) -> None:
-        self.runner, self.host = runner, host
+    def __init__(self, runner: web.AppRunner, host: str,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.runner, self.host, self.tls = runner, host, tls
         self.port = 0
+        self.tls_port = 0
         self.site: web.TCPSite | None = None
+        self.tls_site: web.TCPSite | None = None
         self._reopening: set[asyncio.Task[None]] = set()
 
     async def open(self) -> None:
         # Open watches and log follows end with the server; don't wait a minute for them.
-        self.site = web.TCPSite(self.runner, self.host, self.port, shutdown_timeout=0.5)
-        await self.site.start()
-        self.port = self.runner.addresses[0][1]
+        self.site, self.port = await self._site(self.port, None)
+        if self.tls is not None:
+            self.tls_site, self.tls_port = await self._site(self.tls_port, self.tls)
+
+    async def _site(self, port: int, tls: ssl.SSLContext | None) -> tuple[web.TCPSite, int]:
+        before = set(self.runner.addresses)
+        site = web.TCPSite(self.runner, self.host, port, shutdown_timeout=0.5, ssl_context=tls)
+        await site.start()
+        return site, next(a for a in self.runner.addresses if a not in before)[1]
 
     async def outage(self, seconds: float, spare: object = None) -> None:
         """Refuse connections from now on, cutting the open ones but `spare` (the connection
@@ -200,8 +212,9 @@ class Listener:
         The port is closed when this returns, so a client told the outage began cannot reach
         the server on any connection.
         """
-        if self.site is not None:
-            await self.site.stop()
+        for site in (self.site, self.tls_site):
+            if site is not None:
+                await site.stop()
         server = self.runner.server
         for connection in list(server.connections if server is not None else []):
             if connection is not spare:
@@ -222,14 +235,18 @@ async def serve(config: SimConfig, host: str = "127.0.0.1", port: int = 0,
     server = Server(config)
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
     await runner.setup()
-    listener = Listener(runner, host)
+    _, certificate, key = serviceaccount.write_certificates(config.root / "pki")
+    listener = Listener(runner, host, serviceaccount.server_context(certificate, key))
     listener.port = port
     await listener.open()
     server.control.outage = listener.outage
     bound = listener.port
     server.address = f"{host}:{bound}"
     url = f"http://{host}:{bound}"
-    tasks = await _start_controllers(server, url)
+    in_cluster = f"https://{host}:{listener.tls_port}"
+    tasks = await _start_controllers(server, in_cluster)
+    (config.root / "in-cluster.json").write_text(json.dumps(
+        {"url": in_cluster, "ca": str(config.root / "pki" / "ca.crt")}))
     if kubeconfig is not None:
         write_kubeconfig(kubeconfig, url)
     print(f"kubesim listening on {url}", flush=True)

@@ -1,0 +1,92 @@
+"""The attempt flow on the Kubernetes work pool: flow pods made by prefect-kubernetes' own worker.
+
+prefect.yaml's `train-attempt/kubernetes` deployment on the `trainguard-kubernetes` pool (created from
+deployments/kubernetes/base-job-template.json), a real `prefect worker start --type kubernetes`
+against kubesim, and kubesim running each flow pod's `prefect flow-run execute` as a process. Inside
+the flow pod, trainguard's backend block holds no kubeconfig, so it reaches the cluster the way a pod
+does: in-cluster config (KUBERNETES_SERVICE_HOST/PORT over HTTPS, the service-account token and CA
+kubesim projects into the pod). The GPUs are the only stand-in: kubesim's nodes advertise them.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubesim
+import pytest
+from flow_helpers import PREFECT, ROOT, attempt_dir, read_run, subprocess_env
+from kube_helpers import NODES, tiny
+from prefect.deployments import run_deployment
+from runs import attempt_runs
+from services.prefect_server import managed_process
+from waiting import wait_for
+
+from blocks import EvidenceFolder, KubernetesJobBackend
+from trainguard.core.kube.api import KubeApi
+
+POOL, NAMESPACE = "trainguard-kubernetes", "trainguard"  # the pool prefect.yaml names; the template's namespace
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    images = {"python:*": kubesim.HostPython(sys.executable),  # the training image
+              "prefecthq/prefect:*": kubesim.HostPython(sys.executable)}  # the flow pod's, the worker's default
+    with kubesim.run(root=tmp_path_factory.mktemp("kubesim"), nodes=NODES, images=images, time_scale=0.02) as running:
+        yield running
+
+
+@pytest.fixture
+def worker(sim: Any, deployed: dict[str, Any], prefect_server: str, tmp_path: Path) -> Iterator[None]:
+    """One real Kubernetes worker on prefect.yaml's pool, against kubesim."""
+    env = {**subprocess_env(prefect_server), "KUBECONFIG": str(sim.kubeconfig), "PREFECT_WORKER_QUERY_SECONDS": "1",
+           "PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_NAMESPACES": NAMESPACE}
+    argv = [*PREFECT, "worker", "start", "--pool", POOL, "--type", "kubernetes", "--name", f"kube-{uuid.uuid4().hex[:6]}"]
+    with managed_process(argv, tmp_path / "worker.log", env, cwd=tmp_path):
+        yield
+
+
+def _lineage_done(run_id: str) -> list[Any] | None:
+    runs = attempt_runs(run_id)
+    return runs if len(runs) == 2 and all(r.state.is_final() for r in runs) else None
+
+
+@pytest.mark.timeout(600)  # the session's deployments may be made here first: 3 CLI runs on a loaded machine
+def test_flow_pods_create_the_training_job_in_cluster_and_the_next_pod_resumes_from_the_checkpoint(
+        sim: Any, worker: None, tmp_path: Path) -> None:
+    KubeApi.from_kubeconfig(str(sim.kubeconfig)).core.create_namespace({"metadata": {"name": NAMESPACE}})
+    suffix = uuid.uuid4().hex[:8]
+    KubernetesJobBackend(namespace=NAMESPACE, image="python:3.11", local_root=str(tmp_path / "local"),
+                         failed_job_ttl_seconds=600).save(f"in-cluster-{suffix}")  # no kubeconfig: in-cluster
+    EvidenceFolder(root=str(tmp_path / "evidence")).save(f"evidence-{suffix}")
+    spec = tiny("k-pool", "--fail-at-step", "25", "--fail-on-attempt", "1", "--checkpoint-every", "10")
+    # The flow pods' image holds this checkout here: a run-level job variable, as a custom run sets it;
+    # the next attempt must carry it over to its own flow pod.
+    env = {"PYTHONUNBUFFERED": "1", "TRAINGUARD_PROJECT_DIR": str(ROOT)}
+    first = run_deployment("train-attempt/kubernetes", timeout=0, tags=["trainguard-run:k-pool-1"],
+                           job_variables={"env": env}, parameters={
+        "spec": spec, "run_id": "k-pool-1", "backend_block": f"trainguard-kubernetes-job-backend/in-cluster-{suffix}",
+        "evidence_block": f"evidence-{suffix}"})
+
+    runs = wait_for(lambda: _lineage_done("k-pool-1"), 300, "both attempts to end")
+    assert read_run(first.id).state.is_failed() and "nccl_error" in read_run(first.id).state.message
+    second = runs[1]
+    assert second.state.is_completed(), second.state
+    assert second.job_variables == {"env": env}
+    assert second.parameters["attempt"] == 2 and second.parameters["parent_flow_run_id"] == str(first.id)
+    assert second.parameters["resume_from"] == "/trainguard/checkpoints/k-pool-1/step-000020.json"
+    logs = [p.read_text(errors="replace") for p in attempt_dir(tmp_path / "evidence", "k-pool-1", 2).rglob("*.log")]
+    assert any("attempt 2: resumed from step 20" in text for text in logs)
+
+    # Each attempt ran in a flow pod of its own, and that pod created its training Job over the
+    # in-cluster endpoint as the pool's service account.
+    flow_pods = {p["metadata"]["labels"]["prefect.io/flow-run-id"]: p["spec"]["serviceAccountName"]
+                 for p in KubeApi.from_kubeconfig(str(sim.kubeconfig)).list_pods(NAMESPACE)["items"]
+                 if "prefect.io/flow-run-id" in p["metadata"].get("labels", {})}
+    assert flow_pods == {str(first.id): "trainguard", str(second.id): "trainguard"}
+    created = [r for r in sim.requests(verb="create", resource="jobs", namespace=NAMESPACE)
+               if r["user"] != "kubesim"]  # the worker creates the flow pods' Jobs from its kubeconfig
+    assert [(r["scheme"], r["user"]) for r in created] == [("https", "system:serviceaccount:trainguard:trainguard")] * 2
