@@ -1,9 +1,10 @@
-"""A throwaway single-node Slurm for the tests: munged, slurmctld and slurmd on loopback, all under one folder.
+"""A throwaway single-node Slurm for the tests: munged, slurmctld, slurmd and accounting on loopback, under one folder.
 
 Nothing system-wide is read or written: the configuration, munge key and socket, state, spool, pid
-and log files live under the folder given, and every command reaches this cluster through
-`SLURM_CONF`. The node is this machine, tracked with `proctrack/linuxproc` and `task/none` (no
-cgroups needed), as root. Job completion records go to `jobcomp/filetxt`; there is no slurmdbd.
+and log files and the accounting database live under the folder given, and every command reaches
+this cluster through `SLURM_CONF`. The node is this machine, tracked with `proctrack/linuxproc` and
+`task/none` (no cgroups needed), as root. Jobs and steps are accounted by slurmdbd over MariaDB
+(tests/slurm/accounting.py), so `sacct` answers; job completion records also go to `jobcomp/filetxt`.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DAEMONS = ("munged", "slurmctld", "slurmd")
+from slurm import accounting
+
+DAEMONS = ("mariadbd", "munged", "slurmdbd", "slurmctld", "slurmd")  # in starting order
 
 
 # Settings that do not depend on the folder or the ports: root daemons, no cgroups, memory
-# enforced by jobacct_gather (OverMemoryKill), completion records to a text file, no slurmdbd.
+# enforced by jobacct_gather (OverMemoryKill), completion records also to a text file.
 _STATIC = (
     "SlurmUser=root",
     "SlurmdUser=root",
@@ -34,7 +37,6 @@ _STATIC = (
     "JobAcctGatherType=jobacct_gather/linux",
     "JobAcctGatherFrequency=1",
     "JobAcctGatherParams=OverMemoryKill",
-    "AccountingStorageType=accounting_storage/none",
     "JobCompType=jobcomp/filetxt",
     "SelectType=select/cons_tres",
     "SelectTypeParameters=CR_Core_Memory",
@@ -59,7 +61,8 @@ def free_port() -> int:
 
 
 def missing_binaries() -> list[str]:
-    return [name for name in (*DAEMONS, "sbatch", "squeue", "scontrol", "scancel", "sinfo") if not shutil.which(name)]
+    commands = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo", "sacct")
+    return [name for name in commands if not shutil.which(name)] + accounting.missing_binaries()
 
 
 def _memory_mb() -> int:
@@ -76,6 +79,7 @@ class SlurmCluster:
     node: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
     partition: str = "debug"
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    db: accounting.Accounting | None = None
 
     @property
     def conf(self) -> Path:
@@ -98,12 +102,15 @@ class SlurmCluster:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         ctl_port, node_port = free_port(), free_port()
         r = self.root
+        self.db = accounting.Accounting(r / "db", mariadb_port=free_port(), dbd_port=free_port())
+        self.db.write_dbd_conf(r / "etc", self.munge_socket, r / "log", r / "run")
         self.conf.write_text("\n".join([
             "ClusterName=trainguard-test",
             f"SlurmctldHost={self.node}(127.0.0.1)",
             f"SlurmctldPort={ctl_port}",
             f"SlurmdPort={node_port}",
             *_STATIC,
+            *self.db.slurm_conf_lines(self.munge_socket),
             f"AuthInfo=socket={self.munge_socket}",
             f"StateSaveLocation={r}/state",
             f"SlurmdSpoolDir={r}/spool",
@@ -133,16 +140,46 @@ class SlurmCluster:
         log.close()
 
     def start(self) -> None:
-        """Write the configuration and start the three daemons in the foreground of their own sessions."""
+        """Write the configuration and start the daemons in the foreground of their own sessions.
+
+        MariaDB and munged start side by side; slurmdbd once both answer; slurmctld once slurmdbd
+        listens (it registers the cluster there first); slurmd last.
+        """
         self.write_config()
+        db = self.db
+        assert db is not None
+        self._spawn("mariadbd", db.mariadb_argv())
         m = self.root / "munge"
         self._spawn("munged", [
             "munged", "--foreground", "--force", f"--key-file={self._munge_key()}", f"--socket={self.munge_socket}",
             f"--pid-file={m}/munged.pid", f"--log-file={m}/munged.log", f"--seed-file={m}/munged.seed",
         ])
         self._wait_for_path(self.munge_socket, "munged's socket")
-        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        db.wait_ready("MariaDB", db.mariadb_port, self._check_alive)
+        self._spawn("slurmdbd", ["slurmdbd", "-D"])
+        db.wait_ready("slurmdbd", db.dbd_port, self._check_alive)
+        self.start_controller()
         self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.node])
+
+    def start_controller(self) -> None:
+        """Start slurmctld; it recovers its jobs from the state folder when started again."""
+        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+
+    def stop_controller(self) -> None:
+        """Stop slurmctld alone (jobs keep running under slurmd); `restart_controller` brings it back."""
+        self._stop("slurmctld")
+        del self.processes["slurmctld"]
+
+    def restart_controller(self, timeout: float = 60.0) -> None:
+        """Start slurmctld again if it was stopped, and wait until it answers."""
+        if "slurmctld" not in self.processes:
+            self.start_controller()
+        deadline = time.monotonic() + timeout
+        while " is UP" not in self.run("scontrol", "ping", check=False).stdout:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"slurmctld did not answer within {timeout:g}s of its restart")
+            time.sleep(0.1)
 
     def _wait_for_path(self, path: Path, what: str, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
@@ -185,12 +222,15 @@ class SlurmCluster:
             while self.jobs() and time.monotonic() < deadline:
                 time.sleep(0.2)
         for name in reversed(DAEMONS):
-            proc = self.processes.get(name)
-            if proc is None or proc.poll() is not None:
-                continue
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            self._stop(name)
+
+    def _stop(self, name: str) -> None:
+        proc = self.processes.get(name)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -1,13 +1,18 @@
 """A real single-node Slurm for the session, and per-test Slurm backend and evidence blocks.
 
-The cluster (tests/slurm/cluster.py) runs munged, slurmctld and slurmd on loopback from a throwaway
-folder; `./dev test` installs slurm-wlm and munge. The flows run on the session's Prefect server
-(tests/conftest.py). Nothing here is mocked: jobs are real sbatch jobs running the tiny trainer.
+The cluster (tests/slurm/cluster.py) runs MariaDB, munged, slurmdbd, slurmctld and slurmd on
+loopback from a throwaway folder; `./dev test` installs their OS packages. It starts in the
+background as soon as collection shows a test here will run, so its ~10 s of start-up overlap the
+Prefect server's (tests/conftest.py) and earlier tests. Nothing here is mocked: jobs are real
+sbatch jobs running the tiny trainer.
 """
 
 from __future__ import annotations
 
 import shutil
+import tempfile
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,24 +20,67 @@ from slurm.cluster import SlurmCluster, missing_binaries
 from slurm_helpers import save_slurm_blocks
 from waiting import wait_for
 
+_HERE = Path(__file__).resolve().parent
+
+
+class _Starting:
+    """The session's cluster, started in a thread; `ready()` waits for it and re-raises its failure."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="trainguard-slurm-"))
+        self.cluster = SlurmCluster(self.root)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, name="slurm-cluster-start", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self.cluster.start()
+            wait_for(lambda: self.cluster.node_state() == "idle", timeout=90, what="the Slurm node to be idle",
+                     interval=0.1)
+        except BaseException as exc:  # handed to the first test that needs the cluster
+            self.error = exc
+
+    def ready(self) -> SlurmCluster:
+        self._thread.join(180)
+        if self._thread.is_alive():
+            raise RuntimeError("the Slurm test cluster did not start within 180s")
+        if self.error is not None:
+            raise self.error
+        return self.cluster
+
+    def stop(self) -> None:
+        self._thread.join(180)
+        self.cluster.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+_starting: _Starting | None = None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the cluster now if a test of this folder is selected and Slurm is installed."""
+    global _starting
+    if _starting is None and not missing_binaries() and any(_HERE in Path(item.path).parents for item in session.items):
+        _starting = _Starting()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    global _starting
+    if _starting is not None:
+        _starting.stop()
+        _starting = None
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
-    """munged, slurmctld and slurmd for the session; the node is idle when this yields."""
+def slurm_cluster():
+    """munged, slurmctld, slurmd and accounting for the session; the node is idle when this yields."""
     missing = missing_binaries()
     if missing:
         pytest.fail(f"Slurm is not installed ({', '.join(missing)} missing): run ./dev test, which installs "
-                    "slurm-wlm and munge")
-    root = tmp_path_factory.mktemp("slurm")
-    cluster = SlurmCluster(root)
-    try:
-        cluster.start()
-        wait_for(lambda: cluster.node_state() == "idle", timeout=60, what="the Slurm node to be idle", interval=0.2)
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+                    "slurm-wlm, munge, slurmdbd, slurm-wlm-mysql-plugin and mariadb-server-core")
+    assert _starting is not None, "the Slurm cluster is started when collection selects a test of tests/slurm"
+    return _starting.ready()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from waiting import wait_for
 
 from blocks import EvidenceFolder, SlurmBackend
 from flows.run import training_run
+from trainguard.core.slurm import accounting_rows
 from trainguard.core.slurm_job import job_name
 from trainguard.core.spec import parse_spec
 
@@ -72,6 +73,11 @@ def jobcomp_lines(cluster: SlurmCluster, name: str) -> list[str]:
     if not cluster.jobcomp_log.is_file():
         return []
     return [line for line in cluster.jobcomp_log.read_text().splitlines() if f" Name={name} " in line]
+
+
+def sacct_steps(path: Path, job_id: str) -> dict[str, dict[str, str]]:
+    """The sacct record kept as evidence (`slurm/sacct.txt`), by job or step id, for job `job_id`."""
+    return {row["JobID"]: row for row in accounting_rows(path.read_text()) if row["JobID"].split(".")[0] == job_id}
 
 
 def save_slurm_blocks(cluster: SlurmCluster, tmp_path, **fields: Any) -> dict[str, Any]:

@@ -7,8 +7,11 @@ trainer; the flow follows it with squeue and reads its end from scontrol and the
 from __future__ import annotations
 
 import json
+import re
 
-from slurm_helpers import Meanwhile, jobcomp_lines, log_says, run, running_job, save_slurm_blocks, tiny_spec
+from slurm_helpers import (
+    Meanwhile, jobcomp_lines, log_says, run, running_job, sacct_steps, save_slurm_blocks, tiny_spec,
+)
 from waiting import wait_for
 
 from trainguard.core.manifest import read_manifest, verify_manifest
@@ -33,14 +36,21 @@ def test_an_nccl_timeout_on_slurm_is_retried_from_its_checkpoint_and_succeeds(sl
     names = {item.name for item in manifest.items}
     job_id = json.loads((evidence / "attempt-1" / "slurm" / "slurm-job.json").read_text())["job_id"]
     for expected in (f"slurm/slurm-{job_id}.out", f"slurm/slurm-{job_id}.err", "slurm/scontrol-show-job.txt",
-                     "slurm/batch-script.sh", "slurm/jobcomp.txt", "crash-report.json", "snapshot/env.json"):
+                     "slurm/batch-script.sh", "slurm/jobcomp.txt", "slurm/sacct.txt", "slurm/sacct.json",
+                     "crash-report.json", "snapshot/env.json"):
         assert expected in names, expected
+    assert not [item for item in manifest.missing if item.name.startswith("slurm/sacct")], manifest.missing
+    steps = sacct_steps(evidence / "attempt-1" / "slurm" / "sacct.txt", job_id)
+    assert set(steps) == {job_id, f"{job_id}.batch", f"{job_id}.0"}  # the allocation, the batch shell, srun's step
+    for step in steps.values():
+        assert (step["State"], step["ExitCode"], step["NodeList"]) == ("FAILED", "1:0", slurm_cluster.node), step
+        assert re.fullmatch(r"\d\d:\d\d:\d\d", step["Elapsed"]), step
+    assert re.fullmatch(r"\d+(\.\d+)?[KMG]", steps[f"{job_id}.0"]["MaxRSS"]), steps  # the trainer's peak memory
+    assert f'"job_id": {job_id}' in (evidence / "attempt-1" / "slurm" / "sacct.json").read_text()
     assert "JobState=FAILED" in (evidence / "attempt-1" / "slurm" / "scontrol-show-job.txt").read_text()
     assert "Requeue=0" in (evidence / "attempt-1" / "slurm" / "scontrol-show-job.txt").read_text()  # --no-requeue
     assert "Watchdog caught collective" in (evidence / "attempt-1" / "slurm" / f"slurm-{job_id}.out").read_text()
     assert "srun" in (evidence / "attempt-1" / "slurm" / "batch-script.sh").read_text()
-    accounting = {item.name: item.reason for item in manifest.missing if item.name.startswith("slurm/sacct")}
-    assert "slurm/sacct.json" in names or "accounting storage is disabled" in accounting.get("slurm/sacct.json", "")
     # the spec's env reaches the job through container_env and sbatch's environment
     assert json.loads((evidence / "attempt-1" / "snapshot" / "env.json").read_text())["variables"]["WANDB_PROJECT"] == "sweeps"
 
@@ -74,6 +84,11 @@ def test_scancel_by_a_user_is_user_cancelled_and_not_retried(slurm_blocks, slurm
     assert [(h["category"], h["termination_reason"]) for h in history] == [("user_cancelled", "Cancelled")]
     assert "not retryable" in history[0]["decision"]["reason"]
     assert jobcomp_lines(slurm_cluster, job_name("slurm-scancel-1", 2)) == []
+    job_id = beside.result
+    steps = sacct_steps(slurm_blocks["evidence"] / "runs" / "slurm-scancel-1" / "attempt-1" / "slurm" / "sacct.txt", job_id)
+    assert steps[job_id]["State"].startswith("CANCELLED by ")  # sacct names who cancelled it
+    for step in (f"{job_id}.batch", f"{job_id}.0"):  # each step's own end, as the accounting kept it
+        assert re.fullmatch(r"\d+:\d+", steps[step]["ExitCode"]) and steps[step]["MaxRSS"], steps[step]
 
 
 def test_a_job_over_its_time_limit_is_a_timeout(prefect_server, slurm_node_up, tmp_path):

@@ -27,6 +27,10 @@ _UNAVAILABLE = re.compile(
     re.IGNORECASE,
 )
 _NOT_FOUND = re.compile(r"Invalid job id specified|Job ID \S+ not found|not found", re.IGNORECASE)
+# What `accounting` asks sacct for: the record of the job and every step.
+# JobName comes last: it is the one column a user's text reaches, so a '|' in it shifts nothing else.
+ACCOUNTING_FIELDS = ("JobID", "State", "ExitCode", "DerivedExitCode", "NodeList", "Start", "End", "Elapsed",
+                     "MaxRSS", "MaxRSSNode", "ReqMem", "AllocTRES", "Reason", "JobName")
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][\w/:.]*)=")
 _MAX_TEXT = 1_000_000  # a runaway command output is cut, never read without bound into memory
 
@@ -83,6 +87,22 @@ def parse_key_values(text: str) -> dict[str, str]:
         end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
         values.setdefault(match.group(1), text[match.end():end].strip())
     return values
+
+
+def accounting_rows(text: str) -> list[dict[str, str]]:
+    """`sacct --parsable2` output (header first) as one dict per job or step row."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return []
+    header = lines[0].split("|")
+    return [dict(zip(header, line.split("|"), strict=False)) for line in lines[1:]]
+
+
+def accounting_settled(rows: list[dict[str, str]], job_id: str) -> bool:
+    """Whether the job's row and all its steps' rows are in a terminal state (the record is final)."""
+    states = [row.get("State", "").split(" ")[0] for row in rows]
+    job_rows = [row for row in rows if row.get("JobID") == job_id]
+    return bool(job_rows) and all(state in TERMINAL_STATES for state in states)
 
 
 def parse_exit_code(value: str | None) -> tuple[int | None, int | None]:
@@ -224,17 +244,26 @@ class SlurmClient:
         """`scontrol show node NODE`: its state and reason."""
         return self._run("scontrol", "show", "node", node)
 
-    def accounting(self, job_id: str) -> tuple[str, str]:
-        """The accounting record of the job and each step: ("json", text) or ("parsable2", text)."""
+    def accounting(self, job_id: str) -> str:
+        """`sacct --parsable2` for the job and each of its steps: one `|`-separated row each, with a header.
+
+        The columns are `ACCOUNTING_FIELDS`; `accounting_rows` reads them. Raises `SlurmError` where
+        the cluster keeps no accounting ("accounting storage is disabled").
+        """
+        return self._run("sacct", "--parsable2", f"--jobs={job_id}",
+                         f"--format={','.join(ACCOUNTING_FIELDS)}")
+
+    def accounting_json(self, job_id: str) -> str:
+        """`sacct --json` for the job: every field Slurm keeps, steps included (Slurm 21.08 and later)."""
+        return self._run("sacct", "--json", f"--jobs={job_id}")
+
+    def ping(self) -> str:
+        """`scontrol ping`: which controller the configuration names and whether it answers (one line)."""
         try:
-            return "json", self._run("sacct", "--json", f"--jobs={job_id}")
-        except (SlurmRejected, JobNotFound):
-            raise
+            text = self._run("scontrol", "ping")
         except SlurmError as exc:
-            if "accounting storage is disabled" in str(exc).lower():
-                raise
-        fields = "JobID,JobName,State,ExitCode,DerivedExitCode,NodeList,Start,End,Elapsed,MaxRSS,ReqMem,AllocTRES,Reason"
-        return "parsable2", self._run("sacct", "--parsable2", f"--jobs={job_id}", f"--format={fields}")
+            text = str(exc)
+        return " ".join(text.split("*")[0].split())
 
     def config(self) -> dict[str, str]:
         """`scontrol show config` as a dict (keys like JobCompLoc, MinJobAge)."""

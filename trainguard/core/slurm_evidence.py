@@ -2,7 +2,7 @@
 
 `collect` freezes the attempt's workspace on the shared folder with the local collector (log, crash
 report, snapshots, core dumps, checkpoint), then adds Slurm's own account of the job: the
-accounting record of every step (`sacct`), `scontrol show job` as kept at the end, the batch script,
+accounting record of the job and every step (`sacct`, once final), `scontrol show job` as kept at the end, the batch script,
 the job's stdout and stderr files, the job-completion record, each other task's files and, after a
 node failure, `scontrol show node`. Every piece that is not there is listed as missing with the
 reason; nothing here raises.
@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import hashlib
 import io
+import time
 import zipfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
 import trainguard_entrypoint
 
-from trainguard.core import evidence
+from trainguard.core import evidence, slurm
 from trainguard.core.manifest import Manifest, ManifestItem, MissingItem, attempt_prefix, store_manifest
 from trainguard.core.slurm import SlurmClient, SlurmError
 from trainguard.core.stores import EvidenceStore
@@ -31,6 +33,7 @@ from trainguard.core.workspace import AttemptWorkspace
 
 SLURM = "slurm"
 _MAX_JOBCOMP_BYTES = 64 * 1024 * 1024
+_NO_CONTROLLER = "the Slurm controller did not answer when the attempt ended (see runner.json)"
 
 
 def entrypoint_archive(shared_folder: Path) -> Path:
@@ -82,18 +85,54 @@ class _Slurm:
             self.absent(name, f"could not collect: {type(exc).__name__}: {exc}")
 
 
-def _accounting(s: _Slurm, client: SlurmClient, job_id: str) -> None:
+@dataclass(frozen=True)
+class Reach:
+    """What Slurm can be asked while collecting, and how long the accounting record may take to settle.
+
+    Attributes:
+        controller: slurmctld answers; False after the supervisor gave up on it, so no scontrol
+            call waits out its connection timeout again (sacct asks slurmdbd, not the controller).
+        settle_seconds: How long to wait for the job's accounting record to reach a terminal state
+            (slurmctld sends it to slurmdbd just after the job ends). 0: take it as it is.
+        clock, sleep: Injected for that wait.
+    """
+
+    controller: bool = True
+    settle_seconds: float = 10.0
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+def _accounting(s: _Slurm, client: SlurmClient, job_id: str, reach: Reach) -> None:
+    """sacct's record of the job and every step, once final: `sacct.txt` (readable columns) and `sacct.json`."""
+    deadline = reach.clock() + reach.settle_seconds
+    while True:
+        try:
+            text = client.accounting(job_id)
+        except SlurmError as exc:
+            s.absent("slurm/sacct.txt", f"sacct has no record: {exc}")
+            s.absent("slurm/sacct.json", "sacct has no record (see slurm/sacct.txt)")
+            return
+        settled = slurm.accounting_settled(slurm.accounting_rows(text), job_id)
+        if settled or reach.clock() >= deadline:
+            break
+        reach.sleep(0.2)
+    s.put("slurm/sacct.txt", text.encode("utf-8"))
+    if not settled:
+        s.absent("slurm/sacct-final", f"the accounting record was not final after {reach.settle_seconds:g}s; "
+                 "sacct.txt holds it as it was")
     try:
-        form, text = client.accounting(job_id)
+        s.put("slurm/sacct.json", client.accounting_json(job_id).encode("utf-8"))
     except SlurmError as exc:
-        s.absent("slurm/sacct.json", f"sacct has no record: {exc}")
-        return
-    s.put("slurm/sacct.json" if form == "json" else "slurm/sacct.txt", text.encode("utf-8"))
+        s.absent("slurm/sacct.json", f"sacct --json failed (the columns are in slurm/sacct.txt): {exc}")
 
 
-def _jobcomp(s: _Slurm, client: SlurmClient, job_id: str) -> None:
+def _jobcomp(s: _Slurm, client: SlurmClient, job_id: str, reach: Reach) -> None:
     """The job-completion plugin's line for the job (jobcomp/filetxt), where the site writes one."""
     name = "slurm/jobcomp.txt"
+    if not reach.controller:
+        s.absent(name, _NO_CONTROLLER)
+        return
     try:
         config = client.config()
     except SlurmError as exc:
@@ -116,16 +155,20 @@ def _jobcomp(s: _Slurm, client: SlurmClient, job_id: str) -> None:
         s.absent(name, f"no line for job {job_id} in {path} (the job may still be completing)")
 
 
-def _job_files(s: _Slurm, client: SlurmClient, ws: AttemptWorkspace, job_id: str) -> None:
+def _job_files(s: _Slurm, client: SlurmClient, ws: AttemptWorkspace, job_id: str, reach: Reach) -> None:
     kept = ws.root / "slurm" / "scontrol-show-job.txt"
     if kept.is_file():
         s.put("slurm/scontrol-show-job.txt", kept)
+    elif not reach.controller:
+        s.absent("slurm/scontrol-show-job.txt", _NO_CONTROLLER)
     else:
         try:
             s.put("slurm/scontrol-show-job.txt", client.show_job_text(job_id).encode("utf-8"))
         except SlurmError as exc:
             s.absent("slurm/scontrol-show-job.txt", f"not kept at the end and gone now: {exc}")
     try:
+        if not reach.controller:
+            raise SlurmError(_NO_CONTROLLER)
         s.put("slurm/batch-script.sh", client.batch_script(job_id).encode("utf-8"))
     except SlurmError as exc:
         script = ws.root / "slurm-batch.sh"
@@ -158,18 +201,19 @@ def _other_files(s: _Slurm, ws: AttemptWorkspace, node_failed: bool) -> None:
 
 def collect(
     ws: AttemptWorkspace, client: SlurmClient, store: EvidenceStore, *, job_id: str | None, node_failed: bool,
-    extra: Mapping[str, bytes] | None = None,
+    extra: Mapping[str, bytes] | None = None, reach: Reach | None = None,
 ) -> Manifest:
     """Freeze the attempt's files and Slurm's account of its job into `store`; never raises."""
+    reach = reach or Reach()
     local = evidence.collect_local_evidence(ws, store, extra=extra)
     s = _Slurm(store, attempt_prefix(ws.run_id, ws.attempt))
     if job_id is None:
         s.absent("slurm/scontrol-show-job.txt", "no Slurm job was submitted for this attempt (see runner.json)")
     else:
         for name, step in (
-            ("slurm/sacct.json", lambda: _accounting(s, client, job_id)),
-            ("slurm/jobcomp.txt", lambda: _jobcomp(s, client, job_id)),
-            ("slurm/job", lambda: _job_files(s, client, ws, job_id)),
+            ("slurm/sacct.txt", lambda: _accounting(s, client, job_id, reach)),
+            ("slurm/jobcomp.txt", lambda: _jobcomp(s, client, job_id, reach)),
+            ("slurm/job", lambda: _job_files(s, client, ws, job_id, reach)),
             ("slurm/other", lambda: _other_files(s, ws, node_failed)),
         ):
             s.guarded(name, step)
