@@ -78,6 +78,16 @@ class SlurmBackend(Block):
         description="squeue is asked about the job at most this far apart (it backs off up to here).",
     )
 
+    command_timeout_seconds: float = Field(
+        default=30.0, gt=0, title="Command timeout (s)",
+        description="A Slurm command (squeue, sbatch, scontrol, sacct) that has not answered by then counts as failed.",
+    )
+    controller_timeout_seconds: float = Field(
+        default=300.0, gt=0, title="Controller silence allowed (s)",
+        description="How long slurmctld may go unanswered while a job is followed before the attempt ends as "
+        "ControllerUnreachable, with the evidence it can still collect (the job may run on and be adopted later).",
+    )
+
     def backend(self) -> SlurmAdapter:
         """The Slurm adapter this block describes."""
         env = {**os.environ, "SLURM_CONF": self.slurm_conf} if self.slurm_conf else None
@@ -90,5 +100,6 @@ class SlurmBackend(Block):
         settings.check()
         return SlurmAdapter(
             shared_folder=Path(self.shared_folder).expanduser().resolve(), settings=settings,
-            python=self.python or sys.executable, client=SlurmClient(env=env), poll_max_seconds=self.poll_max_seconds,
+            python=self.python or sys.executable, client=SlurmClient(env=env, timeout_seconds=self.command_timeout_seconds),
+            poll_max_seconds=self.poll_max_seconds, controller_timeout_seconds=self.controller_timeout_seconds,
         )

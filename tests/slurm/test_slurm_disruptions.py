@@ -1,4 +1,4 @@
-"""Slurm disruptions through the attempt flow: a flow process killed mid-job, a node set DOWN mid-job."""
+"""Slurm disruptions through the attempt flow: a flow process killed, a node set DOWN, the controller stopped mid-job."""
 
 from __future__ import annotations
 
@@ -9,12 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from slurm_helpers import Meanwhile, job_states, jobcomp_lines, log_says, run, running_job, tiny_spec
+from slurm_helpers import (
+    Meanwhile, job_states, jobcomp_lines, log_says, run, running_job, sacct_steps, save_slurm_blocks, tiny_spec,
+)
 from waiting import wait_for
 
 from flows.attempt import train_attempt
+from trainguard.core.manifest import read_manifest, verify_manifest
 from trainguard.core.slurm_job import job_name
 from trainguard.core.spec import parse_spec
+from trainguard.core.stores import LocalEvidenceStore
 
 ROOT = Path(__file__).resolve().parents[2]
 _ATTEMPT = """
@@ -95,8 +99,6 @@ for i in range(40):
 
 
 def test_a_job_over_its_memory_limit_is_a_host_oom(prefect_server, slurm_node_up, tmp_path):
-    from conftest import save_slurm_blocks
-
     # No cgroups here: the cluster enforces --mem with jobacct_gather's OverMemoryKill, which kills
     # the step and says so in the job's stderr (with cgroups Slurm would also say OUT_OF_MEMORY).
     blocks = save_slurm_blocks(slurm_node_up, tmp_path, memory_mb=300)
@@ -107,3 +109,41 @@ def test_a_job_over_its_memory_limit_is_a_host_oom(prefect_server, slurm_node_up
     assert (history[0]["category"], history[0]["termination_reason"]) == ("host_oom", "OOMKilled")
     err = next((blocks["evidence"] / "runs" / "slurm-oom-1" / "attempt-1" / "slurm").glob("slurm-*.err")).read_text()
     assert "exceeded memory limit" in err
+
+
+def test_a_controller_that_stops_answering_ends_the_attempt_saying_so_with_the_evidence_there_is(
+    prefect_server, slurm_node_up, tmp_path
+):
+    cluster, run_id = slurm_node_up, "slurm-ctldlost-1"
+    blocks = save_slurm_blocks(cluster, tmp_path, command_timeout_seconds=5, controller_timeout_seconds=2)
+    spec = tiny_spec("slurm-ctldlost", "--steps", "600", "--step-seconds", "0.1", retry={"max_attempts": 1})
+
+    def stop_controller() -> str:
+        job_id = running_job(cluster, run_id, 1)
+        wait_for(log_says(blocks["shared"], run_id, 1, "step 5/"), what="training to make progress")
+        cluster.stop_controller()  # slurmd and the job run on; squeue, scontrol and sbatch get no answer
+        return job_id
+
+    beside = Meanwhile(stop_controller)
+    beside.start()
+    try:
+        state, history = run(spec, blocks, run_id)
+        job_id = beside.join_checked()
+    finally:
+        beside.join(60)
+        cluster.restart_controller()
+    cluster.run("scancel", job_id)
+    wait_for(lambda: not cluster.jobs(), timeout=60, what="the left job to be cancelled")
+
+    assert state.is_failed()
+    assert [(h["termination_reason"], h["category"]) for h in history] == [("ControllerUnreachable", "unknown")]
+    attempt = blocks["evidence"] / "runs" / run_id / "attempt-1"
+    said = json.loads((attempt / "runner.json").read_text())["message"]
+    assert f"at {cluster.node} is DOWN" in said and f"scancel {job_id}" in said and "\n" not in said
+    store = LocalEvidenceStore(blocks["evidence"])
+    manifest = read_manifest(store, run_id, 1)
+    assert verify_manifest(store, manifest) == []
+    names = {item.name for item in manifest.items}
+    assert {f"slurm/slurm-{job_id}.out", "slurm/sacct.txt", "slurm/batch-script.sh", "snapshot/env.json"} <= names
+    assert "did not answer" in {m.name: m.reason for m in manifest.missing}["slurm/scontrol-show-job.txt"]
+    assert sacct_steps(attempt / "slurm" / "sacct.txt", job_id)[job_id]["State"] == "RUNNING"  # slurmdbd still answers

@@ -53,6 +53,8 @@ class SlurmBackend:
         client: The Slurm command adapter.
         clock, sleep: Injected for the supervision loop.
         poll_min_seconds, poll_max_seconds: The `squeue` backoff range while a job is queued or running.
+        controller_timeout_seconds: How long the controller may go unanswered while a job is followed
+            before the attempt ends as `ControllerUnreachable` (the job itself may run on).
     """
 
     shared_folder: Path
@@ -63,6 +65,7 @@ class SlurmBackend:
     sleep: Callable[[float], None] = time.sleep
     poll_min_seconds: float = 0.25
     poll_max_seconds: float = 2.0
+    controller_timeout_seconds: float = 300.0
     kind: str = KIND
 
     def workspace(self, ref: AttemptRef) -> AttemptWorkspace:
@@ -84,6 +87,8 @@ class SlurmBackend:
         stopped_for: str | None = None
         try:
             stopped_for = self._supervise(ws, job_id, launch, on_line or _print_line)
+        except _ControllerLost as lost:
+            return self._unreachable(ws, job_id, str(lost), started_at)
         except BaseException as exc:  # the flow is being stopped: the job must not outlive it
             self._cancel_quietly(job_id)
             self._write_runner(ws, job_id, None, CANCELLED, f"the flow was interrupted ({type(exc).__name__}); "
@@ -96,8 +101,12 @@ class SlurmBackend:
         extra: Mapping[str, bytes] | None = None,
     ) -> CollectedEvidence:
         ws = self.workspace(ref)
+        lost = outcome is not None and outcome.reason == slurm_job.UNREACHABLE
+        reach = slurm_evidence.Reach(controller=not lost, settle_seconds=0.0 if lost else 10.0,
+                                     clock=self.clock, sleep=self.sleep)
         manifest = slurm_evidence.collect(ws, self.client, store, job_id=self.recorded_job_id(ws),
-                                          node_failed=bool(outcome and outcome.reason == "NodeLost"), extra=extra)
+                                          node_failed=bool(outcome and outcome.reason == "NodeLost"), extra=extra,
+                                          reach=reach)
         return CollectedEvidence(manifest, store.describe(f"runs/{ref.run_id}/attempt-{ref.attempt}"))
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
@@ -143,6 +152,7 @@ class SlurmBackend:
         if adopted is not None:
             self._record(ws, adopted, adopted=True)
             return adopted
+        self._stop_earlier_attempts(launch)
         script = ws.root / "slurm-batch.sh"
         entry = slurm_evidence.entrypoint_archive(self.shared_folder)
         script.write_text(slurm_job.batch_script(
@@ -156,6 +166,14 @@ class SlurmBackend:
         job_id = self.client.submit(str(script), options, env)
         self._record(ws, job_id, adopted=False, options=options)
         return job_id
+
+    def _stop_earlier_attempts(self, launch: Launch) -> None:
+        """Cancel this run's earlier attempts still queued or running (one left behind when the
+        controller stopped answering), so no two jobs train on the run's checkpoint folder at once."""
+        for attempt in range(1, launch.attempt):
+            comment = slurm_job.job_comment(launch.run_id, attempt, str(self.shared_folder))
+            for job_id, _ in self.client.find(slurm_job.job_name(launch.run_id, attempt), comment):
+                self.client.cancel(job_id)
 
     def _base_env(self) -> dict[str, str]:
         client_env = self.client.env if self.client.env is not None else os.environ
@@ -194,12 +212,17 @@ class SlurmBackend:
         """Follow the job until it is terminal; return why trainguard stopped it, if it did."""
         tail = LogTail(ws.log_path, on_line, self.clock)
         delay, running_since, stopped_for = self.poll_min_seconds, None, None
+        answered = self.clock()
         while True:
             tail.poll()
             try:
                 state = self.client.state(job_id)
-            except SlurmUnavailable:
-                state = "UNKNOWN"  # the controller is busy or restarting: ask again, later
+                answered = self.clock()
+            except SlurmUnavailable as exc:
+                state = "UNKNOWN"  # the controller is busy or restarting: ask again, later, within bounds
+                if self.clock() - answered >= self.controller_timeout_seconds:
+                    tail.poll(final=True)
+                    raise _ControllerLost(self._lost_message(job_id, exc, self.clock() - answered)) from exc
             if state is None or state in TERMINAL_STATES:
                 tail.poll(final=True)
                 return stopped_for
@@ -213,6 +236,23 @@ class SlurmBackend:
                     delay = self.poll_min_seconds
             self.sleep(delay)
             delay = min(delay * 1.5, self.poll_max_seconds) if state != "COMPLETING" else self.poll_min_seconds
+
+    def _lost_message(self, job_id: str, exc: SlurmError, silent_seconds: float) -> str:
+        conf = (self.client.env or os.environ).get("SLURM_CONF", "the system's slurm.conf")
+        return (f"Slurm's controller did not answer for {silent_seconds:.0f}s while trainguard followed job {job_id} "
+                f"({self.client.ping() or 'scontrol ping gave no answer'}; configured in {conf}; last error: {exc}); "
+                f"the job may still be running: bring slurmctld back (`scontrol ping`, its log), then run this attempt "
+                f"again to adopt job {job_id}, or `scancel {job_id}`")
+
+    def _unreachable(self, ws: AttemptWorkspace, job_id: str, message: str, started: datetime) -> AttemptOutcome:
+        self._write_runner(ws, job_id, None, slurm_job.UNREACHABLE, message)
+        event = {"type": "Warning", "reason": slurm_job.UNREACHABLE, "message": message,
+                 "involvedObject": {"kind": "SlurmJob", "name": job_id}}
+        crash = _read_json(ws.crash_report_path)  # the job may have ended and reported before the controller went
+        exit_code, sig = _exit_status(crash, None)
+        return AttemptOutcome(exit_code=exit_code, signal=sig, reason=slurm_job.UNREACHABLE, message=message,
+                              started_at=started.isoformat(), finished_at=datetime.now(UTC).isoformat(),
+                              events=(event,), log_path=str(ws.log_path))
 
     def _cancel_quietly(self, job_id: str) -> None:
         try:
@@ -291,6 +331,10 @@ class SlurmBackend:
             pass  # shows up as missing evidence; the outcome is still returned
 
 
+class _ControllerLost(Exception):
+    """The controller stayed silent past `controller_timeout_seconds`; the message says what to do."""
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
@@ -330,7 +374,7 @@ def _message(job_id: str, info: JobInfo | None, code: int | None, sig: int | Non
         text += f" (signal {sig})"
     if stopped_for == slurm_job.STALLED:
         text += "; cancelled by trainguard: no new log output within the stall window"
-    elif signalled and info.state != "COMPLETED":
+    elif signalled and info.state not in ("COMPLETED", "CANCELLED"):  # scancel's TERM reaches the trap too
         text += "; Slurm warned of its time limit (--signal) and the command stopped"
     return text
 

@@ -30,6 +30,7 @@ STATE_REASONS = {
 }
 SIGNAL_MARKER = "slurm-signal.txt"  # the batch shell notes here when Slurm warned it (--signal)
 STALLED = "Stalled"
+UNREACHABLE = "ControllerUnreachable"  # the controller stopped answering while the job was followed
 # slurmstepd's words in the job's stderr when it killed a step over its memory limit: with cgroups
 # Slurm also says OUT_OF_MEMORY; with jobacct_gather's OverMemoryKill the job just ends FAILED.
 _MEMORY_KILLED = re.compile(
