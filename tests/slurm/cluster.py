@@ -23,8 +23,8 @@ from slurm import accounting
 DAEMONS = ("mariadbd", "munged", "slurmdbd", "slurmctld", "slurmd")  # in starting order
 
 
-# Settings that do not depend on the folder or the ports: root daemons, no cgroups, memory
-# enforced by jobacct_gather (OverMemoryKill), completion records also to a text file.
+# Settings that do not depend on the folder or the ports: root daemons, processes tracked without
+# cgroups, completion records also to a text file. Memory: see `memory_enforcement`.
 _STATIC = (
     "SlurmUser=root",
     "SlurmdUser=root",
@@ -33,10 +33,8 @@ _STATIC = (
     "SlurmctldDebug=info",
     "SlurmdDebug=info",
     "ProctrackType=proctrack/linuxproc",
-    "TaskPlugin=task/none",
     "JobAcctGatherType=jobacct_gather/linux",
     "JobAcctGatherFrequency=1",
-    "JobAcctGatherParams=OverMemoryKill",
     "JobCompType=jobcomp/filetxt",
     "SelectType=select/cons_tres",
     "SelectTypeParameters=CR_Core_Memory",
@@ -65,6 +63,46 @@ def missing_binaries() -> list[str]:
     return [name for name in commands if not shutil.which(name)] + accounting.missing_binaries()
 
 
+_MEMORY_CGROUP = Path("/sys/fs/cgroup/memory")  # cgroup v1's memory controller, as Slurm's cgroup/v1 uses it
+
+
+def cgroup_memory_usable() -> bool:
+    """Whether this machine lets root make memory cgroups (v1) with a limit: then Slurm can confine jobs."""
+    probe = _MEMORY_CGROUP / f"trainguard-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+    except OSError:
+        return False
+    try:
+        (probe / "memory.limit_in_bytes").write_text(str(256 * 2**20))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.rmdir()
+
+
+def memory_enforcement(etc: Path) -> list[str]:
+    """slurm.conf's lines for memory limits: the kernel's cgroup OOM killer where cgroups allow it
+    (steps end OUT_OF_MEMORY), else jobacct_gather's polling (OverMemoryKill, steps end FAILED)."""
+    if not cgroup_memory_usable():
+        return ["TaskPlugin=task/none", "JobAcctGatherParams=OverMemoryKill"]
+    (etc / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nConstrainRAMSpace=yes\n"
+                                     "ConstrainSwapSpace=no\nConstrainCores=no\nConstrainDevices=no\n")
+    return ["TaskPlugin=task/cgroup"]
+
+
+def remove_cgroups(node: str) -> None:
+    """slurmd leaves its `slurm_NODE` cgroups behind, empty of processes: remove them, deepest first."""
+    for top in Path("/sys/fs/cgroup").glob(f"*/slurm_{node}"):
+        folders = [p for p in top.rglob("*") if p.is_dir()] + [top]
+        for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass  # still holds a process: not ours to force
+
+
 def _memory_mb() -> int:
     with open("/proc/meminfo", encoding="ascii") as handle:
         total_kb = int(next(line for line in handle if line.startswith("MemTotal:")).split()[1])
@@ -80,6 +118,12 @@ class SlurmCluster:
     partition: str = "debug"
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     db: accounting.Accounting | None = None
+    memory_lines: list[str] = field(default_factory=list)
+
+    @property
+    def memory_cgroups(self) -> bool:
+        """Whether jobs' memory is confined by cgroups (else by jobacct_gather's polling)."""
+        return "TaskPlugin=task/cgroup" in self.memory_lines
 
     @property
     def conf(self) -> Path:
@@ -102,6 +146,7 @@ class SlurmCluster:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         ctl_port, node_port = free_port(), free_port()
         r = self.root
+        self.memory_lines = memory_enforcement(r / "etc")
         self.db = accounting.Accounting(r / "db", mariadb_port=free_port(), dbd_port=free_port())
         self.db.write_dbd_conf(r / "etc", self.munge_socket, r / "log", r / "run")
         self.conf.write_text("\n".join([
@@ -110,6 +155,7 @@ class SlurmCluster:
             f"SlurmctldPort={ctl_port}",
             f"SlurmdPort={node_port}",
             *_STATIC,
+            *self.memory_lines,
             *self.db.slurm_conf_lines(self.munge_socket),
             f"AuthInfo=socket={self.munge_socket}",
             f"StateSaveLocation={r}/state",
@@ -223,6 +269,8 @@ class SlurmCluster:
                 time.sleep(0.2)
         for name in reversed(DAEMONS):
             self._stop(name)
+        if self.memory_cgroups:
+            remove_cgroups(self.node)
 
     def _stop(self, name: str) -> None:
         proc = self.processes.get(name)

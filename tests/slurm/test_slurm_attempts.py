@@ -42,10 +42,9 @@ def test_an_nccl_timeout_on_slurm_is_retried_from_its_checkpoint_and_succeeds(sl
     assert not [item for item in manifest.missing if item.name.startswith("slurm/sacct")], manifest.missing
     steps = sacct_steps(evidence / "attempt-1" / "slurm" / "sacct.txt", job_id)
     assert set(steps) == {job_id, f"{job_id}.batch", f"{job_id}.0"}  # the allocation, the batch shell, srun's step
-    for step in steps.values():
+    for step in steps.values():  # MaxRSS is there too; a step this short may end before its first sample
         assert (step["State"], step["ExitCode"], step["NodeList"]) == ("FAILED", "1:0", slurm_cluster.node), step
-        assert re.fullmatch(r"\d\d:\d\d:\d\d", step["Elapsed"]), step
-    assert re.fullmatch(r"\d+(\.\d+)?[KMG]", steps[f"{job_id}.0"]["MaxRSS"]), steps  # the trainer's peak memory
+        assert re.fullmatch(r"\d\d:\d\d:\d\d", step["Elapsed"]) and "MaxRSS" in step, step
     assert f'"job_id": {job_id}' in (evidence / "attempt-1" / "slurm" / "sacct.json").read_text()
     assert "JobState=FAILED" in (evidence / "attempt-1" / "slurm" / "scontrol-show-job.txt").read_text()
     assert "Requeue=0" in (evidence / "attempt-1" / "slurm" / "scontrol-show-job.txt").read_text()  # --no-requeue
@@ -87,8 +86,9 @@ def test_scancel_by_a_user_is_user_cancelled_and_not_retried(slurm_blocks, slurm
     job_id = beside.result
     steps = sacct_steps(slurm_blocks["evidence"] / "runs" / "slurm-scancel-1" / "attempt-1" / "slurm" / "sacct.txt", job_id)
     assert steps[job_id]["State"].startswith("CANCELLED by ")  # sacct names who cancelled it
-    for step in (f"{job_id}.batch", f"{job_id}.0"):  # each step's own end, as the accounting kept it
-        assert re.fullmatch(r"\d+:\d+", steps[step]["ExitCode"]) and steps[step]["MaxRSS"], steps[step]
+    for step in (f"{job_id}.batch", f"{job_id}.0"):  # each step's own end and peak memory, as accounting kept them
+        assert re.fullmatch(r"\d+:\d+", steps[step]["ExitCode"]), steps[step]
+        assert re.fullmatch(r"\d+(\.\d+)?[KMG]", steps[step]["MaxRSS"]), steps[step]
 
 
 def test_a_job_over_its_time_limit_is_a_timeout(prefect_server, slurm_node_up, tmp_path):
