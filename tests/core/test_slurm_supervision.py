@@ -25,6 +25,7 @@ class Script:
     def __init__(self, shared: str, down_after_submit: bool = False) -> None:
         self.now, self.calls, self.shared = 0.0, [], shared
         self.controller_up, self.down_after_submit = True, down_after_submit
+        self.nodes = ["n1"]
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
@@ -47,6 +48,8 @@ class Script:
             return CommandResult(0, "COMPLETED\n", "")
         if argv[0] == "scontrol" and "job" in argv:
             return CommandResult(0, FINISHED, "")
+        if argv[0] == "sinfo":
+            return CommandResult(0, "".join(f"{node}|idle\n" for node in self.nodes), "")
         if argv[:3] == ["scontrol", "show", "hostnames"]:
             return CommandResult(0, "n1\n", "")
         return CommandResult(0, "", "")
@@ -89,3 +92,16 @@ def test_the_accounting_record_is_final_once_the_job_and_every_step_ended():
     assert accounting_rows(ended)[1] == {"JobID": "9.batch", "State": "CANCELLED", "ExitCode": "0:15", "NodeList": "n1",
                                          "Elapsed": "00:00:04", "MaxRSS": "2048K", "JobName": "batch"}
     assert not accounting_settled([], "9")
+
+
+def test_a_retry_after_a_node_failure_excludes_the_node_where_the_partition_has_another_else_waits_for_it(tmp_path):
+    launch = Launch("r", 2, ("python", "-c", "pass"), avoid_nodes=("n1",))
+    submitted = {}
+    for nodes in (["n1", "n2"], ["n1"]):
+        script = Script(str(tmp_path))
+        script.nodes = nodes
+        backend = _backend(tmp_path / str(len(nodes)), script)
+        backend.run(backend.provision("r", 2), launch, on_line=lambda line: None)
+        submitted[len(nodes)] = next(call for call in script.calls if call[0] == "sbatch")
+    assert "--exclude=n1" in submitted[2]
+    assert not any(option.startswith("--exclude") for option in submitted[1])  # the job waits for n1 instead
