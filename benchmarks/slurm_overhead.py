@@ -1,12 +1,13 @@
 """trainguard's time per attempt on Slurm against a bare `sbatch --wait` of the same command.
 
-Starts the tests' throwaway single-node Slurm (tests/slurm/cluster.py: needs slurm-wlm and munge,
-as `./dev test` installs them), then, interleaved and after one warm-up each:
+Starts the tests' throwaway single-node Slurm (tests/slurm/cluster.py, with slurmdbd over MariaDB for
+accounting: needs slurm-wlm, munge, slurmdbd, slurm-wlm-mysql-plugin and mariadb-server-core, as
+`./dev test` installs them), then, interleaved and after one warm-up each:
 
 - bare: `sbatch --wait --no-requeue --wrap "srun COMMAND"`, wall time from submission to return;
 - trainguard: the Slurm backend's share of one attempt (provision, sbatch with the entrypoint
   under srun, supervision with squeue and the log tail, the final scontrol reads, evidence
-  collection with its manifest, and triage's signals), wall time.
+  collection with sacct's record and its manifest, and triage's signals), wall time.
 
 It also measures how long after a job's end trainguard has its outcome: a side thread polls
 `squeue` for the job as fast as it can; the delay runs from the first terminal state it sees to
