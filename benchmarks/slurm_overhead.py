@@ -67,7 +67,9 @@ class _Observer(threading.Thread):
                 self.ended_at = time.perf_counter()
 
 
-def time_trainguard(backend: SlurmBackend, cluster: SlurmCluster, n: int, store: LocalEvidenceStore) -> tuple[float, float]:
+def time_trainguard(
+    backend: SlurmBackend, cluster: SlurmCluster, n: int, store: LocalEvidenceStore
+) -> tuple[float, float, float]:
     run_id = f"bench-{n}"
     start = time.perf_counter()
     ref = backend.provision(run_id, 1)
@@ -77,12 +79,14 @@ def time_trainguard(backend: SlurmBackend, cluster: SlurmCluster, n: int, store:
     returned = time.perf_counter()
     observer.stop.set()
     observer.join()
-    backend.collect_evidence(ref, store, outcome)
+    collected = backend.collect_evidence(ref, store, outcome)
+    evidence = time.perf_counter() - returned
     backend.signals(ref, outcome)
     wall = time.perf_counter() - start
     assert outcome.succeeded, outcome.message
+    assert "slurm/sacct.txt" in {item.name for item in collected.manifest.items}, collected.manifest.missing
     notice = returned - observer.ended_at if observer.ended_at is not None else float("nan")
-    return wall, notice
+    return wall, notice, evidence
 
 
 def main() -> None:
@@ -101,16 +105,18 @@ def main() -> None:
         backend = SlurmBackend(folder / "shared", client=SlurmClient(env=cluster.env))
         store = LocalEvidenceStore(folder / "evidence")
         time_bare(cluster, folder), time_trainguard(backend, cluster, 0, store)  # warm-up
-        bare, ours, notice = [], [], []
+        bare, ours, notice, evidence = [], [], [], []
         for n in range(1, runs + 1):
             bare.append(time_bare(cluster, folder))
-            wall, delay = time_trainguard(backend, cluster, n, store)
+            wall, delay, kept = time_trainguard(backend, cluster, n, store)
             ours.append(wall)
             notice.append(delay)
+            evidence.append(kept)
         b, t = statistics.median(bare), statistics.median(ours)
         print(f"bare sbatch --wait: median {b:.2f} s  ({', '.join(f'{x:.2f}' for x in bare)})")
         print(f"trainguard attempt: median {t:.2f} s  ({', '.join(f'{x:.2f}' for x in ours)})")
         print(f"ratio: {t / b:.2f}x bare sbatch --wait (trainguard's own share: {t - b:+.2f} s per attempt)")
+        print(f"of which evidence collection (sacct record included): median {statistics.median(evidence):.2f} s")
         print(f"job end -> trainguard has the outcome: median {statistics.median(notice):.2f} s, "
               f"max {max(notice):.2f} s")
     finally:
