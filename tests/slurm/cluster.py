@@ -10,6 +10,7 @@ this cluster through `SLURM_CONF`. The node is this machine, tracked with `proct
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -52,10 +53,27 @@ _STATIC = (
 )
 
 
+# The daemons' ports come from below the kernel's ephemeral range (ip_local_port_range starts at
+# 32768): the cluster starts beside the Prefect server and other services that bind port 0, and a
+# port handed out by bind(0) and released could otherwise be taken by a daemon before its owner binds it.
+_PRIVATE_PORTS = range(20000, 32000)
+_handed_out: set[int] = set()  # never the same port twice in one process, bound yet or not
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nobody listens on now, outside the ephemeral range."""
+    for _ in range(100):
+        port = random.choice(_PRIVATE_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free loopback port between 20000 and 32000")
 
 
 def missing_binaries() -> list[str]:

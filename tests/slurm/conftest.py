@@ -83,15 +83,18 @@ def slurm_cluster():
     return _starting.ready()
 
 
+def _resume_if_set_down(cluster: SlurmCluster) -> None:
+    if cluster.node_state().startswith(("down", "drain")):  # a test set it so; busy states pass by themselves
+        cluster.set_node("resume")
+
+
 @pytest.fixture
 def slurm_node_up(slurm_cluster):
     """The node is idle before the test and brought back after it, whatever the test did to it."""
-    if slurm_cluster.node_state() != "idle":
-        slurm_cluster.set_node("resume")
+    _resume_if_set_down(slurm_cluster)
     wait_for(lambda: slurm_cluster.node_state() == "idle", timeout=60, what="the Slurm node to be idle", interval=0.2)
     yield slurm_cluster
-    if slurm_cluster.node_state() not in ("idle", "mixed", "allocated"):
-        slurm_cluster.set_node("resume")
+    _resume_if_set_down(slurm_cluster)
 
 
 @pytest.fixture
