@@ -59,8 +59,14 @@ _starting: _Starting | None = None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the cluster now if a test of this folder is selected and Slurm is installed."""
+    """Start the cluster now if a test of this folder is selected and Slurm is installed.
+
+    Under pytest-xdist every worker collects every test, but only one runs this folder (see
+    tests/conftest.py): there the cluster starts when the first test asks for it.
+    """
     global _starting
+    if hasattr(session.config, "workerinput"):
+        return
     if _starting is None and not missing_binaries() and any(_HERE in Path(item.path).parents for item in session.items):
         _starting = _Starting()
 
@@ -79,7 +85,9 @@ def slurm_cluster():
     if missing:
         pytest.fail(f"Slurm is not installed ({', '.join(missing)} missing): run ./dev test, which installs "
                     "slurm-wlm, munge, slurmdbd, slurm-wlm-mysql-plugin and mariadb-server-core")
-    assert _starting is not None, "the Slurm cluster is started when collection selects a test of tests/slurm"
+    global _starting
+    if _starting is None:  # an xdist worker: this is the worker that runs the Slurm tests
+        _starting = _Starting()
     return _starting.ready()
 
 
