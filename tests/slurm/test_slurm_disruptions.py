@@ -95,7 +95,7 @@ for i in range(40):
 
 
 def test_a_job_over_its_memory_limit_is_a_host_oom(prefect_server, slurm_node_up, tmp_path):
-    from conftest import save_slurm_blocks
+    from slurm_helpers import save_slurm_blocks
 
     # No cgroups here: the cluster enforces --mem with jobacct_gather's OverMemoryKill, which kills
     # the step and says so in the job's stderr (with cgroups Slurm would also say OUT_OF_MEMORY).
