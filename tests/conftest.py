@@ -38,6 +38,7 @@ def small_disk(tmp_path: Path):
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
+
 # The suite runs on several pytest-xdist workers (`./dev test` passes `-n`, `--dist loadgroup`).
 # A folder whose tests share an expensive service for the session runs on one worker, so the
 # service starts once; every other file is a group of its own. The longest groups go first, so that
