@@ -15,6 +15,7 @@ from prefect.settings import PREFECT_API_URL
 from prefect.testing.utilities import prefect_test_harness
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +37,31 @@ def small_disk(tmp_path: Path):
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+# The suite runs on several pytest-xdist workers (`./dev test` passes `-n`, `--dist loadgroup`).
+# A folder whose tests share an expensive service for the session runs on one worker, so the
+# service starts once; every other file is a group of its own. The longest groups go first, so that
+# no long group is left to run alone at the end.
+_ONE_WORKER_FOLDERS = ("scale", "slurm")
+_LONGEST_FIRST = ("tests/scale", "tests/slurm", "tests/flows", "tests/s3", "tests/cluster", "tests/kube")
+
+
+def _group(item: pytest.Item) -> str:
+    parts = item.path.relative_to(_ROOT).parts
+    if len(parts) > 2 and parts[1] in _ONE_WORKER_FOLDERS:
+        return "/".join(parts[:2])
+    return "/".join(parts)
+
+
+def _rank(group: str) -> int:
+    for rank, prefix in enumerate(_LONGEST_FIRST):
+        if group.startswith(prefix):
+            return rank
+    return len(_LONGEST_FIRST)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    items.sort(key=lambda item: _rank(_group(item)))

@@ -59,8 +59,10 @@ def test_a_segfault_leaves_a_core_file_in_the_working_directory(tmp_path: Path) 
 
 
 def test_stop_sends_sigterm_and_a_handler_exits_143(tmp_path: Path) -> None:
-    code = ("import signal, sys, time\n"
-            "signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(143)))\n"
+    # The handler writes with os.write: a print() could land inside the unfinished print('ready')
+    # (the test sees 'ready' in the log before that call returns) and fail as a reentrant call.
+    code = ("import os, signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: (os.write(1, b'got TERM\\n'), sys.exit(143)))\n"
             "print('ready', flush=True)\ntime.sleep(30)")
 
     async def scenario() -> runtime.Exit:
