@@ -61,6 +61,7 @@ def _rank(group: str) -> int:
     return len(_LONGEST_FIRST)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups off the markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
