@@ -44,16 +44,21 @@ def checkpoint_written(tmp_path: Path) -> Path | None:
     return next(iter(sorted((tmp_path / "trainguard-data/work/runs").glob("*/checkpoints/step-*.json"))), None)
 
 
-@pytest.mark.parametrize(("signum", "category", "code"), [(signal.SIGTERM, "preempted", 143),
-                                                           (signal.SIGINT, "user_cancelled", 130)])
+# Ctrl-C runs on a temporary server of the CLI's own, which must end with it
+@pytest.mark.parametrize(("signum", "category", "code", "own_server"), [(signal.SIGTERM, "preempted", 143, False),
+                                                                         (signal.SIGINT, "user_cancelled", 130, True)])
 def test_a_stopped_run_records_the_attempt_prints_the_table_and_says_how_to_resume(
-    prefect_server, tmp_path, signum, category, code
+    prefect_server, tmp_path, signum, category, code, own_server
 ):
     slow_spec(tmp_path, "stopped")
-    cli = start(tmp_path, "run", "run.yaml", api_url=prefect_server)
-    wait_for(lambda: checkpoint_written(tmp_path), 120, "the first checkpoint")
+    cli = start(tmp_path, "run", "run.yaml", api_url=None if own_server else prefect_server)
+    wait_for(lambda: checkpoint_written(tmp_path), 240, "the first checkpoint")
+    servers = [p for p in _children(cli.pid) if "uvicorn" in _cmdline(p) or "prefect" in _cmdline(p)]
+    assert bool(servers) == own_server, [_cmdline(p) for p in _children(cli.pid)]
     cli.send_signal(signum)
     out, err = cli.communicate(timeout=120)
+    for server in servers:
+        wait_for(lambda: not _alive(server), 30, "the temporary server to stop with the CLI")
 
     assert cli.returncode == code, out[-3000:] + err[-3000:]
     table = out[out.index("trainguard run stopped-"):]
