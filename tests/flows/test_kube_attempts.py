@@ -153,3 +153,21 @@ def test_active_deadline_exceeded_is_timeout(kb: dict[str, Any]) -> None:
     job = kept(kb["evidence"], "k-deadline-1", 1, "kubernetes/job.json")
     assert job["spec"]["activeDeadlineSeconds"] == 2
     assert any(c["reason"] == "DeadlineExceeded" for c in job["status"]["conditions"])
+
+
+def test_a_fail_job_exit_code_fails_the_job_at_once(kb: dict[str, Any]) -> None:
+    state, history = run(inline("k-failjob", "raise SystemExit(127)"), kb, "k-failjob-1")
+    assert state.is_failed() and history[0]["exit_code"] == 127 and len(history) == 1
+    job = kept(kb["evidence"], "k-failjob-1", 1, "kubernetes/job.json")
+    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PodFailurePolicy" and "matching FailJob rule" in failed["message"]
+
+
+def test_sigsegv_leaves_its_core_file_on_the_attempt_volume(kb: dict[str, Any], sim: Any) -> None:
+    state, history = run(tiny("k-segv", "--fail-at-step", "5", "--failure", "segfault", retry={"max_attempts": 1}),
+                         kb, "k-segv-1")
+    assert state.is_failed() and history[0]["exit_code"] == 139 and history[0]["category"] == "native_crash"
+    volume = sim.root / "pvc" / kb["namespace"] / "trainguard-attempts" / "k-segv-1" / "attempt-1"
+    report = __import__("json").loads((volume / "crash-report.json").read_text())
+    assert report["signal_name"] == "SIGSEGV" and report["core_files"]
+    assert (volume / "coredumps" / report["core_files"][0]).stat().st_size > 0
