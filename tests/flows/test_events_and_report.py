@@ -9,10 +9,12 @@ from __future__ import annotations
 import re
 import sys
 
+import pytest
 from flow_helpers import tiny_spec
 from prefect import get_client
 from prefect.artifacts import Artifact
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+from prefect.events.worker import EventsWorker
 from waiting import wait_for
 
 from flows.run import training_run
@@ -26,6 +28,14 @@ HOSTILE = (
     "print('Traceback (most recent call last):\\nTypeError: <img src=x onerror=alert(1)> | broken | row')\n"
     "sys.exit(1)\n"
 )
+
+
+@pytest.fixture(autouse=True)
+def events_to_this_server(blocks):
+    """Prefect keeps one events worker per process, bound to the server it first sent to; on a test
+    worker that ran another folder's server (or fault proxy) first, start it afresh for this one."""
+    EventsWorker.drain_all(timeout=5)
+    yield
 
 
 def events_of(run_id: str) -> dict[str, dict]:

@@ -12,6 +12,7 @@ import os
 import subprocess
 
 import pytest
+from prefect.events.worker import EventsWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from scale_helpers import POOL, ROOT
@@ -39,6 +40,9 @@ def pg_client(pg_server):
     """Point this folder's tests (only these: other folders use their own server) at `pg_server`."""
     with temporary_settings({PREFECT_API_URL: pg_server.api_url}):
         yield
+    # Prefect keeps one events (and log) worker per process, bound to the server it first sent to:
+    # stop them, so the tests that run next in this process send to their own server again.
+    EventsWorker.drain_all(timeout=10)
 
 
 def prefect_cli(api_url: str, *args: str, timeout: float = 120) -> str:
