@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from trainguard.core.bundles import AttemptRecord, records
-from trainguard.core.manifest import Manifest, add_items, attempt_prefix, manifest_key
+from trainguard.core.manifest import VERDICT, Manifest, add_items, attempt_prefix, manifest_key
 from trainguard.core.s3store import S3Store
 from trainguard.core.stores import EvidenceStore
 
@@ -91,7 +91,7 @@ def record_verdict(store: EvidenceStore, manifest: Manifest, verdict: bytes, suc
     store spools the verdict, the rewritten manifest and the tagging (in that order) once S3 has
     failed, and `flush` carries them up later. Returns the manifest as it now stands.
     """
-    updated = add_items(store, manifest.run_id, manifest.attempt, {"verdict.json": verdict}, source, recorded_at,
+    updated = add_items(store, manifest.run_id, manifest.attempt, {VERDICT: verdict}, source, recorded_at,
                         current=manifest)
     mark_outcome(store, manifest.run_id, manifest.attempt, succeeded)
     return updated
