@@ -262,7 +262,13 @@ class Container:
             await asyncio.sleep(_WATCHDOG_PERIOD_SECONDS)
 
     def signal(self, sig: int) -> None:
-        """Send a signal to the whole process group (ignores an already-gone group)."""
+        """Send a signal to the whole process group (ignores an already-gone group).
+
+        Once the container has ended (`wait` killed its group), its pid may name some later,
+        unrelated process group: nothing is sent then.
+        """
+        if self._exit is not None:
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
 

@@ -14,21 +14,25 @@ import sys
 # stdlib only and tiny: it must start fast and outlive nothing but its own check
 _WATCHDOG = """
 import os, signal, sys, time
-cli, server = int(sys.argv[1]), int(sys.argv[2])
-def alive(pid):
+def started(pid):
+    # a pid names one process only together with its start time: a reused pid starts later
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+            fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
-        return False
-while alive(cli) and alive(server):
+        return None
+    return None if fields[0] in "ZX" else fields[19]
+cli, server = int(sys.argv[1]), int(sys.argv[2])
+cli_start, server_start = started(cli), started(server)
+alive = lambda pid, start: start is not None and started(pid) == start
+while alive(cli, cli_start) and alive(server, server_start):
     time.sleep(0.2)
-if alive(server):
+if alive(server, server_start):
     os.kill(server, signal.SIGTERM)
     deadline = time.monotonic() + 5
-    while alive(server) and time.monotonic() < deadline:
+    while alive(server, server_start) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if alive(server):
+    if alive(server, server_start):
         os.kill(server, signal.SIGKILL)
 """
 
