@@ -15,7 +15,7 @@ from prefect.states import Failed, State
 
 from blocks import load_backend, load_evidence, resolve_policy
 from flows import events
-from flows.hooks import schedule_next_attempt
+from flows.hooks import CarriedOver, carry_over, schedule_next_attempt
 from tasks.evidence import collect_evidence, record_verdict
 from tasks.report import publish_report, read_progress
 from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
@@ -73,6 +73,13 @@ def train_attempt(
         rules_file: a user's triage rule file layered over the shipped rules.
     """
     run_id = run_id or new_run_id(spec.name, current_run.id)
+    if current_run.run_count > 1:  # the same flow run again, after its process was stopped (an evicted pod)
+        carried = carry_over(train_attempt, current_run.id)
+        if carried.parameters is None:
+            return _lost_attempt_ends(carried)
+        nxt = carried.parameters
+        attempt, resume_from, parent_flow_run_id = nxt["attempt"], nxt["resume_from"], nxt["parent_flow_run_id"]
+        history, avoid_nodes, memory_factor = nxt["history"], nxt["avoid_nodes"], nxt.get("memory_factor", 1.0)
     backend, store = load_backend(backend_block or spec.backend), load_evidence(evidence_block)
     retry_policy, earlier = resolve_policy(spec, retry_policy_block), history or []
     launch = launch_for(
@@ -120,6 +127,15 @@ def train_attempt(
         return summary.to_dict()
     message = f"attempt {attempt} failed: {summary.category} ({summary.rule_id}); {decision.reason}"
     return Failed(message=message, data=AttemptFailed(message, summary.to_dict()))
+
+
+def _lost_attempt_ends(carried: CarriedOver) -> dict[str, Any] | State:
+    """This rescheduled run's end when the attempt it lost needs no successor (done, or given up)."""
+    if carried.lost.succeeded:
+        return carried.lost.to_dict()
+    lost = carried.lost
+    message = f"attempt {lost.attempt} failed: {lost.category} ({lost.rule_id}); {carried.decision.reason}"
+    return Failed(message=message, data=AttemptFailed(message, lost.to_dict()))
 
 
 def _outcome(train_state: State | None) -> AttemptOutcome:

@@ -13,10 +13,13 @@ parameter names must be exactly `flow, flow_run, state`: the runner calls hooks 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from prefect import get_client
 from prefect.logging import get_logger
+from prefect.states import Crashed
 
 from blocks import load_backend, resolve_policy
 from flows import events, recovery
@@ -111,10 +114,65 @@ def _run_seconds(flow_run: Any) -> float:
     return max(0.0, (end - start).total_seconds())
 
 
+RESCHEDULED = ("its flow process was stopped and Prefect started the same flow run again "
+               "(PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR=reschedule, e.g. an evicted flow pod)")
+
+
+@dataclass(frozen=True)
+class CarriedOver:
+    """What a flow run started again after its process was stopped makes of the attempt it lost.
+
+    `parameters` are the attempt to make now (the lost one's successor), or None when there is none:
+    the lost attempt had already finished training (`lost.succeeded`), or the policy gives up.
+    """
+
+    lost: AttemptSummary
+    decision: policy.RetryDecision
+    parameters: dict[str, Any] | None
+
+
+def carry_over(flow: Any, flow_run_id: Any) -> CarriedOver:
+    """Settle the attempt a rescheduled flow run lost, and make this run its successor.
+
+    Prefect's Kubernetes worker reschedules the *same* flow run when its pod gets SIGTERM (eviction,
+    preemption): no hook runs, and the run starts again with the parameters it was created with.
+    Taken as they are, the attempt would start over from its old checkpoint, under its old number,
+    into its own evidence. Instead the lost attempt is judged the way the crash hook judges a killed
+    one (its kept verdict, else preempted, with its evidence and leftovers seen to), and this run
+    continues as the next attempt: the next number, the newest checkpoint, the lost attempt in its
+    history, its node avoided. The new parameters are written back to the flow run, so the hooks,
+    the retry controller and a further reschedule all start from them.
+    """
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(flow_run_id)
+    params = bound_parameters(flow, dict(flow_run.parameters))
+    plan = plan_after(params, flow_run, Crashed(message=RESCHEDULED))
+    assert plan is not None  # a Crashed state is always judged
+    lost, decision = plan
+    if lost.succeeded or not decision.retry:
+        return CarriedOver(lost, decision, None)
+    nxt = next_parameters(params, lost, decision, str(flow_run.id))
+    nxt["spec"] = parse_spec(nxt["spec"]).model_dump(mode="json")
+    name = str(flow_run.name or "")
+    suffix = f"-a{params.get('attempt', 1)}"
+    tags = [t for t in flow_run.tags if not t.startswith(("attempt:", "parent:"))]
+    tags += [t for t in lineage_tags(lost.run_id, lost.attempt + 1, str(flow_run.id)) if t not in tags]
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(
+            flow_run.id, parameters=nxt, tags=tags,
+            name=f"{name[:-len(suffix)]}-a{lost.attempt + 1}" if name.endswith(suffix) else None)
+    logger.warning("%s attempt %s was lost: %s; this flow run goes on as attempt %s: %s", lost.run_id,
+                   lost.attempt, RESCHEDULED, lost.attempt + 1, decision.reason)
+    return CarriedOver(lost, decision, nxt)
+
+
 def schedule_next_attempt(flow: Any, flow_run: Any, state: Any) -> None:
     """on_failure / on_crashed hook: schedule the next attempt as a new run of the same deployment."""
     if flow_run.deployment_id is None:
         return  # a direct call or subflow: its caller (the training-run flow) loops attempts
+    if getattr(flow_run, "run_count", 1) > 1:  # rescheduled: `carry_over` moved its parameters on
+        with get_client(sync_client=True) as client:
+            flow_run = client.read_flow_run(flow_run.id)
     params = bound_parameters(flow, dict(flow_run.parameters))
     data = state.result(raise_on_failure=False) if state.is_failed() else None
     carry_on(params, flow_run, state, data.summary if isinstance(data, AttemptFailed) else None)
@@ -153,4 +211,4 @@ def carry_on(params: dict[str, Any], flow_run: Any, state: Any, known: AttemptSu
     return next_run
 
 
-__all__ = ["bound_parameters", "carry_on", "idempotency_key", "plan_after", "schedule_next_attempt"]
+__all__ = ["CarriedOver", "bound_parameters", "carry_on", "carry_over", "idempotency_key", "plan_after", "schedule_next_attempt"]

@@ -18,8 +18,9 @@ from typing import Any
 
 import kubesim
 import pytest
+from kubernetes.client import ApiException
 from flow_helpers import PREFECT, ROOT, attempt_dir, read_run, subprocess_env
-from kube_helpers import NODES, tiny
+from kube_helpers import NODES, pod_of, tiny
 from prefect.deployments import run_deployment
 from runs import attempt_runs
 from services.prefect_server import managed_process
@@ -49,6 +50,31 @@ def worker(sim: Any, deployed: dict[str, Any], prefect_server: str, tmp_path: Pa
         yield
 
 
+def _namespace(sim: Any) -> KubeApi:
+    api = KubeApi.from_kubeconfig(str(sim.kubeconfig))
+    try:
+        api.core.create_namespace({"metadata": {"name": NAMESPACE}})
+    except ApiException as exc:
+        if exc.status != 409:  # the module's first test made it
+            raise
+    return api
+
+
+def _blocks(tmp_path: Path) -> dict[str, str]:
+    suffix = uuid.uuid4().hex[:8]
+    KubernetesJobBackend(namespace=NAMESPACE, image="python:3.11", local_root=str(tmp_path / "local"),
+                         failed_job_ttl_seconds=600).save(f"in-cluster-{suffix}")  # no kubeconfig: in-cluster
+    EvidenceFolder(root=str(tmp_path / "evidence")).save(f"evidence-{suffix}")
+    return {"backend_block": f"trainguard-kubernetes-job-backend/in-cluster-{suffix}", "evidence_block": f"evidence-{suffix}"}
+
+
+def _flow_pod(api: KubeApi, flow_run_id: object) -> str | None:
+    for pod in api.list_pods(NAMESPACE, f"prefect.io/flow-run-id={flow_run_id}")["items"]:
+        if pod["status"].get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp"):
+            return str(pod["metadata"]["name"])
+    return None
+
+
 def _lineage_done(run_id: str) -> list[Any] | None:
     runs = attempt_runs(run_id)
     return runs if len(runs) == 2 and all(r.state.is_final() for r in runs) else None
@@ -57,19 +83,15 @@ def _lineage_done(run_id: str) -> list[Any] | None:
 @pytest.mark.timeout(600)  # the session's deployments may be made here first: 3 CLI runs on a loaded machine
 def test_flow_pods_create_the_training_job_in_cluster_and_the_next_pod_resumes_from_the_checkpoint(
         sim: Any, worker: None, tmp_path: Path) -> None:
-    KubeApi.from_kubeconfig(str(sim.kubeconfig)).core.create_namespace({"metadata": {"name": NAMESPACE}})
-    suffix = uuid.uuid4().hex[:8]
-    KubernetesJobBackend(namespace=NAMESPACE, image="python:3.11", local_root=str(tmp_path / "local"),
-                         failed_job_ttl_seconds=600).save(f"in-cluster-{suffix}")  # no kubeconfig: in-cluster
-    EvidenceFolder(root=str(tmp_path / "evidence")).save(f"evidence-{suffix}")
+    _namespace(sim)
+    blocks = _blocks(tmp_path)
     spec = tiny("k-pool", "--fail-at-step", "25", "--fail-on-attempt", "1", "--checkpoint-every", "10")
     # The flow pods' image holds this checkout here: a run-level job variable, as a custom run sets it;
     # the next attempt must carry it over to its own flow pod.
     env = {"PYTHONUNBUFFERED": "1", "TRAINGUARD_PROJECT_DIR": str(ROOT)}
     first = run_deployment("train-attempt/kubernetes", timeout=0, tags=["trainguard-run:k-pool-1"],
                            job_variables={"env": env}, parameters={
-        "spec": spec, "run_id": "k-pool-1", "backend_block": f"trainguard-kubernetes-job-backend/in-cluster-{suffix}",
-        "evidence_block": f"evidence-{suffix}"})
+        "spec": spec, "run_id": "k-pool-1", **blocks})
 
     runs = wait_for(lambda: _lineage_done("k-pool-1"), 300, "both attempts to end")
     assert read_run(first.id).state.is_failed() and "nccl_error" in read_run(first.id).state.message
@@ -90,3 +112,41 @@ def test_flow_pods_create_the_training_job_in_cluster_and_the_next_pod_resumes_f
     created = [r for r in sim.requests(verb="create", resource="jobs", namespace=NAMESPACE)
                if r["user"] != "kubesim"]  # the worker creates the flow pods' Jobs from its kubeconfig
     assert [(r["scheme"], r["user"]) for r in created] == [("https", "system:serviceaccount:trainguard:trainguard")] * 2
+
+
+@pytest.mark.timeout(600)
+def test_an_evicted_flow_pod_is_rescheduled_as_exactly_one_next_attempt_from_the_newest_checkpoint(
+        sim: Any, worker: None, tmp_path: Path) -> None:
+    """The worker's backoffLimit 0 sets PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR=reschedule in the flow
+    pod: an eviction reschedules the same flow run, and no hook runs. That run goes on as attempt 2."""
+    api = _namespace(sim)
+    spec = tiny("k-evict", "--fail-after-steps", "12", "--failure", "hang", "--fail-on-attempt", "1")
+    env = {"PYTHONUNBUFFERED": "1", "TRAINGUARD_PROJECT_DIR": str(ROOT)}
+    run = run_deployment("train-attempt/kubernetes", timeout=0, tags=["trainguard-run:k-evict-1"],
+                         job_variables={"env": env}, parameters={"spec": spec, "run_id": "k-evict-1", **_blocks(tmp_path)})
+    training = wait_for(lambda: pod_of(api, NAMESPACE, "k-evict-1", 1), 240, "attempt 1's training pod")
+    wait_for(lambda: b"injecting failure 'hang'" in api.read_pod_log(NAMESPACE, training), 120, "training to hang")
+    flow_pod = wait_for(lambda: _flow_pod(api, run.id), 30, "the flow pod")
+    flow_job = api.read_pod(NAMESPACE, flow_pod)["metadata"]["ownerReferences"][0]["name"]
+    api.core.create_namespaced_pod_eviction(flow_pod, NAMESPACE, {"metadata": {"name": flow_pod, "namespace": NAMESPACE}})
+
+    done = wait_for(lambda: (r := read_run(run.id)).state.is_final() and r, 300, "the rescheduled run to end")
+    assert done.state.is_completed(), done.state
+    assert done.run_count == 2, "the same flow run ran twice: evicted, then rescheduled"
+    # podReplacementPolicy: Failed, so the evicted pod's Job made no second pod running the same flow
+    # run beside the worker's new one while the first still stopped (Kubernetes' default would)
+    created = api.list_events(NAMESPACE, field_selector=f"involvedObject.kind=Job,involvedObject.name={flow_job}")
+    assert [e["reason"] for e in created["items"]].count("SuccessfulCreate") == 1
+    assert [r.id for r in attempt_runs("k-evict-1")] == [run.id], "no other flow run was made for the run"
+    assert done.parameters["attempt"] == 2 and done.name == "k-evict-a2" and "attempt:2" in done.tags
+    assert done.parameters["resume_from"] == "/trainguard/checkpoints/k-evict-1/step-000010.json"
+    assert [h["category"] for h in done.parameters["history"]] == ["preempted"]
+
+    evidence = tmp_path / "evidence"
+    lost = (attempt_dir(evidence, "k-evict-1", 1) / "verdict.json").read_text()
+    assert '"category": "preempted"' in lost
+    logs = [p.read_bytes() for p in attempt_dir(evidence, "k-evict-1", 1).rglob("*.log")]
+    assert any(b"injecting failure 'hang'" in text for text in logs), "the evicted attempt's evidence was kept"
+    logs = [p.read_text(errors="replace") for p in attempt_dir(evidence, "k-evict-1", 2).rglob("*.log")]
+    assert any("attempt 2: resumed from step 10" in text for text in logs)
+    assert pod_of(api, NAMESPACE, "k-evict-1", 1) is None, "attempt 1's hanging training was stopped"
