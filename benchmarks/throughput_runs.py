@@ -10,6 +10,11 @@ same workers in the same run. Figures:
 - attempts (or bare runs) per minute: all of them, from the first submission to the last end;
 - cost per attempt: the mean run time of one flow run as the server records it, and its slope per
   added worker (flat = concurrency adds no cost of ours; the bare flow's slope is the machine's own);
+- CPU per attempt: the CPU seconds the workers' process trees (flow processes, entrypoints, trainers),
+  the Prefect server and PostgreSQL spent on the workload, divided by its attempts, and its slope per
+  added worker. Wall time per attempt grows once more flow processes run than the machine has
+  cores; CPU per attempt stays flat unless something of ours costs more as concurrency grows
+  (contention, retries, queries that grow with the number of runs);
 - retry latency: from a failed attempt's end to its successor being scheduled (the hook), and to
   the successor running (a worker picking it up, a new flow process starting), median and worst;
   once within the workload (the successor queues behind the other runs' attempts) and once for a
@@ -119,6 +124,55 @@ def bare_workload(n_flows: int) -> dict[str, float]:
     return measure(runs, started)
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds of the process and of its reaped children)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), sum(int(f) for f in fields[11:15]) / TICK
+
+
+def tree_cpu(roots: list[int]) -> float:
+    """CPU seconds spent so far by `roots` and every descendant, living or reaped.
+
+    A reaped descendant's time is in its parent's children times; a living one is counted itself.
+    """
+    stats = {int(e.name): _stat(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()}
+    children: dict[int, list[int]] = {}
+    for pid, st in stats.items():
+        if st is not None:
+            children.setdefault(st[0], []).append(pid)
+    total, todo = 0.0, list(roots)
+    while todo:
+        pid = todo.pop()
+        st = stats.get(pid)
+        if st is not None:
+            total += st[1]
+            todo.extend(children.get(pid, ()))
+    return total
+
+
+def service_roots(server_port: int, pg_folder: Path) -> list[int]:
+    """The Prefect server's process and PostgreSQL's postmaster: the services every run costs."""
+    needle = f"--port\0{server_port}".encode()
+    server = [int(e.name) for e in Path("/proc").iterdir()
+              if e.name.isdigit() and needle in _read(e / "cmdline") and b"server" in _read(e / "cmdline")]
+    postmaster = int((pg_folder / "data" / "postmaster.pid").read_text().split()[0])
+    outermost = [pid for pid in server if (_stat(pid) or (0, 0.0))[0] not in server]  # the tree, counted once
+    return [*outermost, postmaster]
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
 def slope(xs: list[int], ys: list[float]) -> float:
     mx, my = statistics.mean(xs), statistics.mean(ys)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
@@ -143,15 +197,20 @@ def main() -> None:
         rows = []
         for n in args.workers:
             with process_workers(n, POOL, server.api_url, root / f"workers-{n}", ROOT, limit=1,
-                                 TRAINGUARD_PROJECT_DIR=str(ROOT)):
+                                 TRAINGUARD_PROJECT_DIR=str(ROOT)) as workers:
+                roots = [*(w.pid for w in workers), *service_roots(int(server.api_url.rsplit(":", 1)[1].split("/")[0]),
+                                                                  pg.folder)]
+                before = tree_cpu(roots)
                 ours, latency = trainguard_workload(args.runs, blocks)
+                middle = tree_cpu(roots)
                 bare = bare_workload(2 * args.runs)
+                ours["cpu"], bare["cpu"] = (middle - before) / (2 * args.runs), (tree_cpu(roots) - middle) / (2 * args.runs)
                 _, idle = trainguard_workload(1, blocks)  # one lineage alone: no queue in front of the successor
             rows.append((n, ours, bare, latency))
-            print(f"{n} worker(s): trainguard {ours['per_minute']:.1f} attempts/min (mean {ours['cost']:.2f} s each), "
-                  f"bare {bare['per_minute']:.1f} runs/min (mean {bare['cost']:.2f} s each), "
-                  f"ratio {ours['per_minute'] / bare['per_minute']:.2f}x; under load {describe(latency)}; "
-                  f"with a free worker {describe(idle)}", flush=True)
+            print(f"{n} worker(s): trainguard {ours['per_minute']:.1f} attempts/min (mean {ours['cost']:.2f} s, "
+                  f"{ours['cpu']:.2f} CPU s each), bare {bare['per_minute']:.1f} runs/min (mean {bare['cost']:.2f} s, "
+                  f"{bare['cpu']:.2f} CPU s each), ratio {ours['per_minute'] / bare['per_minute']:.2f}x; "
+                  f"under load {describe(latency)}; with a free worker {describe(idle)}", flush=True)
     report(rows)
 
 
@@ -164,6 +223,9 @@ def report(rows: list) -> None:
     base = rows[0][1]["cost"]
     print(f"cost per attempt vs workers: slope {ours:+.3f} s per added worker ({ours / base:+.1%} of the "
           f"1-worker cost); bare flow's slope {bare:+.3f} s per added worker (the machine's own contention)")
+    cpu, bare_cpu = (slope(xs, [r[key]["cpu"] for r in rows]) for key in (1, 2))
+    print(f"CPU per attempt vs workers: slope {cpu:+.3f} CPU s per added worker ({cpu / rows[0][1]['cpu']:+.1%} of "
+          f"the 1-worker {rows[0][1]['cpu']:.2f} CPU s); bare flow's {bare_cpu:+.3f} CPU s per added worker")
     print(f"all settings: {describe([x for *_, lat in rows for x in lat])}")
 
 

@@ -7,14 +7,21 @@ have the factory the flow calls (`backend()` or `store()`); anything else is ref
 
 from __future__ import annotations
 
+import importlib
+
 from prefect.blocks.core import Block
 
 import blocks.backends as _backends  # noqa: F401  (registers the block types before Block.load)
 import blocks.evidence as _evidence  # noqa: F401
-import blocks.slurm as _slurm  # noqa: F401
-import blocks.kubernetes as _kubernetes  # noqa: F401
 from trainguard.core.backend import Backend
 from trainguard.core.stores import EvidenceStore
+
+
+# Block types whose modules are imported only when a reference names them: slug -> (module, class).
+ON_DEMAND = {
+    "trainguard-kubernetes-job-backend": ("blocks.kubernetes", "KubernetesJobBackend"),
+    "trainguard-slurm-backend": ("blocks.slurm", "SlurmBackend"),
+}
 
 
 class BlockReferenceError(ValueError):
@@ -23,6 +30,8 @@ class BlockReferenceError(ValueError):
 
 def _load(reference: str, default_slug: str, field: str) -> Block:
     ref = reference if "/" in reference else f"{default_slug}/{reference}"
+    if ref.split("/", 1)[0] in ON_DEMAND:  # its class must be registered before Block.load reads it
+        importlib.import_module(ON_DEMAND[ref.split("/", 1)[0]][0])
     try:
         return Block.load(ref)
     except ValueError as exc:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 
 import pytest
+
+from flow_helpers import ROOT, subprocess_env
 
 from blocks import BlockReferenceError, EvidenceFolder, LocalProcessBackend, RetryPolicy, load_backend, load_evidence
 from trainguard.core.backend import Backend
@@ -35,3 +39,20 @@ def test_an_evidence_block_loads_by_reference(prefect_server, tmp_path) -> None:
     EvidenceFolder(root=str(tmp_path / "ev")).save(name)
     store = load_evidence(f"trainguard-evidence-folder/{name}")
     assert str(tmp_path / "ev") in store.describe()
+
+
+def test_a_flow_process_imports_prefect_kubernetes_only_for_a_kubernetes_block(prefect_server, tmp_path) -> None:
+    """Importing prefect-kubernetes costs a flow process ~1.4 CPU s; a local attempt never needs it."""
+    from blocks import KubernetesJobBackend, SlurmBackend
+    from blocks.loading import ON_DEMAND
+
+    assert {cls.get_block_type_slug() for cls in (KubernetesJobBackend, SlurmBackend)} == set(ON_DEMAND)
+    name = f"k-{uuid.uuid4().hex[:8]}"
+    KubernetesJobBackend(namespace="ns", image="python:3.11", kubeconfig=str(tmp_path / "kubeconfig")).save(name)
+    code = ("import sys, flows.attempt; before = 'prefect_kubernetes' in sys.modules; "
+            "from blocks import load_backend; "
+            f"backend = load_backend('trainguard-kubernetes-job-backend/{name}'); "
+            "print(before, type(backend).__name__, 'prefect_kubernetes' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(prefect_server),
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "KubernetesBackend", "True"], out.stderr[-2000:]
