@@ -220,9 +220,10 @@ def report(rows: list) -> None:
         return
     ours = slope(xs, [o["cost"] for _, o, _, _ in rows])
     bare = slope(xs, [b["cost"] for _, _, b, _ in rows])
-    base = rows[0][1]["cost"]
+    base, bare_base = rows[0][1]["cost"], rows[0][2]["cost"]
     print(f"cost per attempt vs workers: slope {ours:+.3f} s per added worker ({ours / base:+.1%} of the "
-          f"1-worker cost); bare flow's slope {bare:+.3f} s per added worker (the machine's own contention)")
+          f"1-worker cost); bare flow's slope {bare:+.3f} s per added worker ({bare / bare_base:+.1%}: the machine's "
+          f"own contention)")
     cpu, bare_cpu = (slope(xs, [r[key]["cpu"] for r in rows]) for key in (1, 2))
     print(f"CPU per attempt vs workers: slope {cpu:+.3f} CPU s per added worker ({cpu / rows[0][1]['cpu']:+.1%} of "
           f"the 1-worker {rows[0][1]['cpu']:.2f} CPU s); bare flow's {bare_cpu:+.3f} CPU s per added worker")
