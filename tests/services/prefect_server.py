@@ -102,16 +102,27 @@ def managed_process(argv: list[str], log: Path, env: dict[str, str], cwd: Path |
             stop_group(proc)
 
 
+def signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Send `sig` to the process group `proc` leads, unless that group id may name another's now.
+
+    While the leader is unreaped, or while any member lives, the id stays reserved. Once the leader
+    is reaped and its pid names some other process, the group is not ours any more: with a pid space
+    of 32768 and a suite that starts thousands of processes, pids come round within minutes.
+    """
+    if proc.poll() is not None and Path(f"/proc/{proc.pid}").exists():
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
 def stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
     """SIGTERM the process group of `proc`, then SIGKILL what is left after `grace` seconds."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+    signal_group(proc, signal.SIGTERM)
     try:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # children that outlived their parent, too
+    signal_group(proc, signal.SIGKILL)  # children that outlived their parent, too
     proc.wait(timeout=grace)
 
 
