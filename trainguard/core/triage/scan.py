@@ -39,7 +39,7 @@ from trainguard.core.triage.engines import (
     ReEngine,
     hyperscan_available,
     make_engine,
-    prefilter_source,
+    candidate_source,
 )
 from trainguard.core.triage.lines import SOURCE, Line, read_line
 from trainguard.core.triage.pipeline import Block, ahead, chunks
@@ -80,7 +80,7 @@ def patterns_of(rules: Sequence[Rule]) -> list[Pattern]:
     out: list[Pattern] = []
     for index, rule in enumerate(rules):
         for regex in rule.log_res:
-            out.append(Pattern(index, regex, False, prefilter_source(regex.pattern),
+            out.append(Pattern(index, regex, False, candidate_source(regex.pattern),
                                rule.ignore_case))
     return out
 
