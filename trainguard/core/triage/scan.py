@@ -185,6 +185,7 @@ class _Collector:
         self.waiting: list[_Waiting] = []
         self.tail: deque[bytes] = deque(maxlen=max(info.window, 1))
         self.base = 0
+        self.newlines: int | None = None  # of the chunk in hand, once it is split into lines
 
     def block(self, engine: ReEngine | HyperscanEngine, buf: bytes, start: int, stop: int,
               present: list[list[int]] | None = None) -> None:
@@ -193,8 +194,12 @@ class _Collector:
         parts = chunks(buf, start, stop)
         if present is None:
             present = engine.present(buf, parts)
+        newlines = 0
         for (a, b), pids in zip(parts, present, strict=True):
+            self.newlines = None
             found.extend(self._chunk(engine, buf, a, b, pids))
+            # A chunk split into lines has had them counted; counting again costs a pass.
+            newlines += buf.count(b"\n", a, b) if self.newlines is None else self.newlines
             for rule in {r for _, r, _ in found}:
                 if self.confirmed[rule] >= self.info.limits[rule]:
                     self.done.add(rule)
@@ -210,7 +215,7 @@ class _Collector:
             elif (rule, line.rank) not in self.hits:
                 self._with_context(hit, buf, start, stop, offset)
         self._remember_tail(buf, start, stop)
-        self.base = line_no + buf.count(b"\n", pos, stop)
+        self.base += newlines
 
     def _chunk(self, engine: ReEngine | HyperscanEngine, buf: bytes, a: int, b: int,
                pids: list[int]) -> list[tuple[int, int, Line]]:
@@ -251,7 +256,9 @@ class _Collector:
                 continue
             if not shapes:
                 masked = buf[a:b].translate(MASK)
-                shapes = b"\n".join(dict.fromkeys(masked.split(b"\n")))
+                lines = masked.split(b"\n")
+                self.newlines = len(lines) - 1
+                shapes = b"\n".join(set(lines))
             if finder.caseless and not lowered:
                 lowered = shapes.lower()
             found = finder.shapes(shapes, lowered or None) or []
