@@ -56,6 +56,7 @@ MAX_PENDING = 16
 SATURATION = 64
 HINT_SATURATION = 8
 MAX_REMEMBERED = 1 << 14
+MAX_REMEMBERED_SHAPE = 4 << 10
 _BLANK = b" \t\r\n"
 
 
@@ -182,6 +183,7 @@ class _Collector:
         self.confirmed = [0] * len(info.rules)
         self.done: set[int] = set()  # saturated rules
         self.rejected: set[tuple[int, bytes]] = set()  # (pattern, masked line) known to fail
+        self.lacking: set[tuple[int, bytes]] = set()  # (pattern, masked line) without its literals
         self.waiting: list[_Waiting] = []
         self.tail: deque[bytes] = deque(maxlen=max(info.window, 1))
         self.base = 0
@@ -241,12 +243,13 @@ class _Collector:
                     pids: list[int]) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
         """For each pattern, the (start, digit-masked text) of the lines it may match.
 
-        The chunk's distinct digit-masked lines are searched once for each pattern's literals,
-        and only shapes not known to fail are looked up among the real lines: a thousand
-        checkpoint saves of one shape cost one rejected shape. A pattern without a literal to
-        look for has its lines found by its regex.
+        Each of the chunk's distinct digit-masked lines is searched once for a pattern's
+        literals, ever: a shape known to fail or to lack them costs a set look-up, and only the
+        others are looked up among the real lines, so a thousand checkpoint saves of one shape
+        cost one rejected shape. A pattern without a literal has its lines found by its regex.
         """
-        masked = shapes = lowered = b""
+        masked = b""
+        shapes: set[bytes] = set()
         for pid in pids:
             finder = self.finders[pid]
             if finder.masked is None:
@@ -254,16 +257,25 @@ class _Collector:
                 yield pid, [(s, _shape(buf, s, b))
                             for s, _ in finder.candidates(buf, a, b, lowered_chunk)]
                 continue
-            if not shapes:
+            if not masked:
                 masked = buf[a:b].translate(MASK)
                 lines = masked.split(b"\n")
                 self.newlines = len(lines) - 1
-                shapes = b"\n".join(set(lines))
-            if finder.caseless and not lowered:
-                lowered = shapes.lower()
-            found = finder.shapes(shapes, lowered or None) or []
-            yield pid, [(s, shape) for shape in found if (pid, shape) not in self.rejected
-                        for s in _lines_of(masked, shape, a)]
+                shapes = set(lines)
+            found = [shape for shape in shapes if (pid, shape) not in self.rejected
+                     and (pid, shape) not in self.lacking and self._holds(pid, shape)]
+            yield pid, [(s, shape) for shape in found for s in _lines_of(masked, shape, a)]
+
+    def _holds(self, pid: int, shape: bytes) -> bool:
+        """Whether the digit-masked line holds one of the pattern's literals; remembered if not."""
+        finder = self.finders[pid]
+        if finder.shapes(shape, shape.lower() if finder.caseless else None):
+            return True
+        if len(shape) <= MAX_REMEMBERED_SHAPE:
+            if len(self.lacking) >= MAX_REMEMBERED:
+                self.lacking.clear()
+            self.lacking.add((pid, shape))
+        return False
 
     def _confirm(self, pid: int, buf: bytes, start: int, end: int, shape: bytes) -> Line | None:
         """The read line if the pattern's rule accepts it; else remember the shape if it may."""
