@@ -27,7 +27,7 @@ import io
 import os
 import re
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -42,6 +42,7 @@ from trainguard.core.triage.engines import (
     candidate_source,
 )
 from trainguard.core.triage.lines import SOURCE, Line, read_line
+from trainguard.core.triage.noisy import LiteralLines, Shapes, lines_of, shape_at
 from trainguard.core.triage.pipeline import Block, ahead, chunks
 from trainguard.core.triage.shapes import blind_parts, widened
 from trainguard.core.triage.rules import STRENGTHS, Rule, RuleSet
@@ -123,23 +124,6 @@ def _split(fh: BinaryIO | io.BytesIO) -> Iterator[Block]:
         yield carry, 0, len(carry)
 
 
-def _lines_of(masked: bytes, shape: bytes, base: int) -> list[int]:
-    """Where the lines that read ``shape`` once masked start (offsets into the block)."""
-    out = []
-    size, end = len(shape), len(masked)
-    i = masked.find(shape)
-    while i >= 0:
-        if (i == 0 or masked[i - 1] == 10) and (i + size == end or masked[i + size] == 10):
-            out.append(base + i)
-        i = masked.find(shape, i + max(size, 1))
-    return out
-
-
-def _shape(buf: bytes, start: int, stop: int) -> bytes:
-    end = buf.find(b"\n", start, stop)
-    return buf[start:stop if end < 0 else end].translate(MASK)
-
-
 class _Rules:
     """What the collector needs of each rule, worked out once per scanner (lazily: most rules
     never see a candidate line, and parsing regexes costs more than a quiet log's scan)."""
@@ -174,8 +158,9 @@ class _Collector:
     """Turns engine reports into verified, bounded hits; one instance per scan."""
 
     def __init__(self, info: _Rules, patterns: Sequence[Pattern], finders: Finders,
-                 active: set[int]) -> None:
+                 active: set[int], noisy: LiteralLines | None = None) -> None:
         self.info = info
+        self.noisy = noisy
         self.patterns = patterns
         self.finders = finders
         self.active = active
@@ -248,23 +233,35 @@ class _Collector:
         others are looked up among the real lines, so a thousand checkpoint saves of one shape
         cost one rejected shape. A pattern without a literal has its lines found by its regex.
         """
-        masked = b""
-        shapes: set[bytes] = set()
+        got: tuple[bytes, Collection[bytes], Shapes | None] | None = None
         for pid in pids:
             finder = self.finders[pid]
             if finder.masked is None:
                 lowered_chunk = buf[a:b].lower() if finder.caseless else None
-                yield pid, [(s, _shape(buf, s, b))
+                yield pid, [(s, shape_at(buf, s, b))
                             for s, _ in finder.candidates(buf, a, b, lowered_chunk)]
                 continue
-            if not masked:
-                masked = buf[a:b].translate(MASK)
-                lines = masked.split(b"\n")
-                self.newlines = len(lines) - 1
-                shapes = set(lines)
+            if got is None:
+                got = self._shapes(buf, a, b, pids)
+            masked, shapes, by_shape = got
             found = [shape for shape in shapes if (pid, shape) not in self.rejected
                      and (pid, shape) not in self.lacking and self._holds(pid, shape)]
-            yield pid, [(s, shape) for shape in found for s in _lines_of(masked, shape, a)]
+            yield pid, [(s, shape) for shape in found for s in (
+                by_shape[shape] if by_shape is not None else lines_of(masked, shape, a))]
+
+    def _shapes(self, buf: bytes, a: int, b: int,
+                pids: list[int]) -> tuple[bytes, Collection[bytes], Shapes | None]:
+        """The chunk's distinct digit-masked lines: only those holding a literal of the noisy
+        patterns when the engine can say which, else all of them, with the masked chunk."""
+        if self.noisy is not None:
+            by_shape = self.noisy.shapes(
+                buf, a, b, [pid for pid in pids if self.finders[pid].masked is not None])
+            if by_shape is not None:
+                return b"", by_shape.keys(), by_shape
+        masked = buf[a:b].translate(MASK)
+        lines = masked.split(b"\n")
+        self.newlines = len(lines) - 1
+        return masked, set(lines), None
 
     def _holds(self, pid: int, shape: bytes) -> bool:
         """Whether the digit-masked line holds one of the pattern's literals; remembered if not."""
@@ -395,4 +392,6 @@ class Scanner:
         """Scan one log; ``active`` limits which rules may match (all with log patterns)."""
         if active is None:
             active = {i for i, r in enumerate(self.rules.rules) if r.log_res}
-        return _Collector(self.info, self.patterns, self.finders, active).scan(self.engine, source)
+        noisy = LiteralLines(self.finders) if isinstance(self.engine, HyperscanEngine) else None
+        return _Collector(self.info, self.patterns, self.finders, active, noisy).scan(
+            self.engine, source)
