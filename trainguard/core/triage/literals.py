@@ -108,16 +108,20 @@ def loosened(pattern: str) -> str:
     required literals is a word of ``PROGRESS_WORDS``, as long as a part with literals remains:
     ``nan.*loss`` becomes ``nan``. Whatever else the pattern is, it is returned unchanged.
     """
+    if _ANY_RUN not in pattern:  # most patterns: nothing to leave out, nothing to parse
+        return pattern
     flags = _FLAGS.match(pattern)
     head = flags.group(0) if flags else ""
     branches = []
     for branch in _top_level(pattern[len(head):], "|"):
         parts = _top_level(branch, _ANY_RUN)
-        kept = [p for p in parts if not _names_progress(head + p)]
-        if len(parts) > 1 and kept and any(required_literals(head + p) for p in kept):
+        kept = [p for p in parts if len(parts) == 1 or not _names_progress(head + p)]
+        if len(kept) < len(parts) and kept and any(required_literals(head + p) for p in kept):
             branch = _ANY_RUN.join(kept)
         branches.append(branch)
     out = head + "|".join(branches)
+    if out == pattern:
+        return pattern
     try:
         re.compile(out)
     except re.error:

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - exercised where hyperscan is not insta
 
 # Past about this many candidate lines in a chunk, masking all of it costs less than a
 # callback and a look-up per line; the next chunks are then masked whole, and then tried again.
-MAX_LINES = 192
+MAX_LINES = 384
 MASK_WHOLE_AFTER_OVERFLOW = 16
 NOISY_CHUNKS = 2  # a pattern present in this many chunks is looked for by its literals
 MAX_BUILDS = 8
