@@ -167,7 +167,8 @@ def test_a_real_error_among_sparse_noise_of_its_own_kind_is_found_far_into_the_l
     assert (diagnosis.line_number, diagnosis.rank) == (len(lines) - 90 + 1, 2)
 
 
-def test_the_lines_holding_a_noisy_patterns_literal_are_found_by_shape() -> None:
+def test_the_lines_holding_a_noisy_patterns_literal_are_found_by_shape(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     scanner = scan.Scanner(triage.load_rules())
     pid = next(i for i, p in enumerate(scanner.patterns) if b"Connection refused" in p.prefilter)
     chunk = b"".join(b"[rank0]: iter %d\n" % i + NCCL_NOISE % (i, i) for i in range(3))
@@ -180,3 +181,7 @@ def test_the_lines_holding_a_noisy_patterns_literal_are_found_by_shape() -> None
     shape = b"h-0:0000:0000 [0] NCCL INFO Call to connect returned Connection refused, retrying"
     starts = [i for i in range(len(chunk)) if chunk.startswith(b"h-", i)]
     assert found == {shape: starts}
+    # More such lines than that costs in callbacks: this chunk and the next are masked whole.
+    monkeypatch.setattr(noisy_module, "MAX_LINES", 2)
+    assert lines.shapes(chunk, 0, len(chunk), [pid]) is None
+    assert lines.shapes(chunk, 0, len(chunk), [pid]) is None

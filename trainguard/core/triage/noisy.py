@@ -63,7 +63,9 @@ class LiteralLines:
         try:
             self._db.scan(memoryview(buf)[a:b], scratch=self._scratch,
                           match_event_handler=at_end_of)
-        except _hs.error:  # stopped: too many lines
+        except _hs.error:  # stopped (too many lines), or failed: the whole chunk is masked
+            ends.append(-1)
+        if len(ends) > MAX_LINES or (ends and ends[-1] < 0):
             self.whole = MASK_WHOLE_AFTER_OVERFLOW
             return None
         out: Shapes = {}
