@@ -33,7 +33,6 @@ sys.path.insert(0, str(REPO))
 
 from trainguard.core import triage  # noqa: E402
 from trainguard.core.triage.engines import prefilter_source  # noqa: E402
-from trainguard.core.triage.scan import patterns_of  # noqa: E402
 
 CRASH = (
     "[rank3]: Traceback (most recent call last):\n"
@@ -227,7 +226,8 @@ def main() -> None:
     args = parser.parse_args()
     rules = triage.load_rules()
     # grep gets every pattern a rule holds, context patterns included, as it always has.
-    sources = [p.prefilter.decode() for p in patterns_of(rules.rules)] + [
+    # They are the rules' own patterns, not the looser ones trainguard's engine looks for.
+    sources = [prefilter_source(r.pattern).decode() for rule in rules.rules for r in rule.log_res] + [
         prefilter_source(r.pattern).decode() for rule in rules.rules for r in rule.context_res]
     ere = [e for e in (to_ere(s) for s in sources) if e is not None]
     print(f"{len(ere)} of {len(sources)} patterns expressible in ERE for grep", file=sys.stderr)

@@ -11,6 +11,7 @@ import pytest
 
 from trainguard.core import triage
 from trainguard.core.taxonomy import Category
+from trainguard.core.triage import noisy as noisy_module
 from trainguard.core.triage import scan, shapes
 
 ENGINES = ["re"] + (["hyperscan"] if triage.hyperscan_available() else [])
@@ -43,7 +44,7 @@ def classify(log: bytes, engine: str, **signals: object) -> triage.Diagnosis:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_real_error_after_thousands_of_retry_warnings_of_the_same_kind_is_found(engine: str) -> None:
-    log = noisy(20000) + b"requests.exceptions.ConnectionError: HTTPSConnectionPool(host='s3.amazonaws.com', port=443): Read timed out.\n"
+    log = noisy(8000) + b"requests.exceptions.ConnectionError: HTTPSConnectionPool(host='s3.amazonaws.com', port=443): Read timed out.\n"
     diagnosis = classify(log, engine)
     assert diagnosis.category is Category.TRANSIENT_IO
     assert diagnosis.line_number == log.count(b"\n")
@@ -144,3 +145,43 @@ def test_a_shape_rejected_by_a_regex_with_digits_still_lets_its_digit_variant_th
     diagnosis = classify(log, engine)
     assert diagnosis.category is Category.TRANSIENT_IO
     assert diagnosis.line_number == 3001
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_real_error_among_sparse_noise_of_its_own_kind_is_found_far_into_the_log(
+        engine: str) -> None:
+    # A few retry warnings in every chunk: past the first chunks, only the lines holding the
+    # noisy patterns' literals are looked at, and the real error is one of them.
+    lines = []
+    for i in range(24000):  # about four chunks
+        lines.append(b"[rank%d]: iter %d | lm loss: 1.%04d\n" % (i % 8, i, i % 9999))
+        if i % 120 == 0:
+            lines.append(RETRY_NOISE % (i % 8, i))
+        if i % 150 == 0:
+            lines.append(NCCL_NOISE % (i % 8, i % 8))
+    real = (b"[rank2]: requests.exceptions.ConnectionError: HTTPSConnectionPool(host='s3.amazonaws"
+            b".com', port=443): Read timed out.\n")
+    log = b"".join(lines[:-90]) + real + b"".join(lines[-90:])
+    diagnosis = classify(log, engine)
+    assert diagnosis.category is Category.TRANSIENT_IO
+    assert (diagnosis.line_number, diagnosis.rank) == (len(lines) - 90 + 1, 2)
+
+
+def test_the_lines_holding_a_noisy_patterns_literal_are_found_by_shape(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    scanner = scan.Scanner(triage.load_rules())
+    pid = next(i for i, p in enumerate(scanner.patterns) if b"Connection refused" in p.prefilter)
+    chunk = b"".join(b"[rank0]: iter %d\n" % i + NCCL_NOISE % (i, i) for i in range(3))
+    lines = noisy_module.LiteralLines(scanner.finders)
+    assert lines.shapes(chunk, 0, len(chunk), [pid]) is None  # not yet seen in two chunks
+    found = lines.shapes(chunk, 0, len(chunk), [pid])
+    if not triage.hyperscan_available():
+        assert found is None  # every chunk is masked whole
+        return
+    shape = b"h-0:0000:0000 [0] NCCL INFO Call to connect returned Connection refused, retrying"
+    starts = [i for i in range(len(chunk)) if chunk.startswith(b"h-", i)]
+    assert found == {shape: starts}
+    # More such lines than that costs in callbacks: this chunk and the next are masked whole.
+    monkeypatch.setattr(noisy_module, "MAX_LINES", 2)
+    assert lines.shapes(chunk, 0, len(chunk), [pid]) is None
+    assert lines.shapes(chunk, 0, len(chunk), [pid]) is None

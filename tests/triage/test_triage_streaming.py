@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -166,3 +167,16 @@ def test_required_literals_cover_every_alternative() -> None:
         assert any(lit in text for lit in literals), literals
     assert engines.required_literals("a|\\d+") is None
     assert engines.required_literals("(?i)loss\\W{0,3}\\s*(?:nan|inf)\\b") == [b"loss"]
+
+
+def test_candidate_patterns_leave_out_the_words_every_progress_line_prints() -> None:
+    rule = r"(?i)\bnan\b.{0,40}\bloss\b|\bloss\b.{0,40}\b(?:nan|diverged)\b"
+    loose = engines.candidate_source(rule)
+    assert loose == rb"(?i)\bnan\b|\b(?:nan|diverged)\b"
+    healthy = "iter 120 | lm loss: 2.41 | grad norm: 0.93"
+    assert not re.search(loose.decode(), healthy)
+    for line in ("loss is NaN at step 3", "NaN in the loss", "the loss diverged", healthy):
+        assert bool(re.search(loose.decode(), line)) >= bool(re.search(rule, line)), line
+    # Nothing rarer to look for instead: the pattern stays as it is.
+    assert engines.candidate_source(r"loss.{0,9}\d+") == rb"loss.*\d+"
+    assert engines.candidate_source("NCCL error.*rank") == b"NCCL error.*rank"

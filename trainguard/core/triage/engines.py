@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.core.triage.literals import required_literals
+from trainguard.core.triage.literals import loosened, required_literals
 
 _hs: Any
 try:  # Hyperscan is an optional accelerator; the pure-re engine gives the same answers.
@@ -54,6 +54,11 @@ def prefilter_source(pattern: str) -> bytes:
     # enforces the bound, so the prefilter may accept any run within the line.
     pattern = _BOUNDED_ANY.sub(".*", pattern)
     return pattern.encode("utf-8")
+
+
+def candidate_source(pattern: str) -> bytes:
+    """What the engines look for: the prefilter without the words every progress line prints."""
+    return loosened(prefilter_source(pattern).decode("utf-8")).encode("utf-8")
 
 
 Chunk = tuple[int, int]  # a line-aligned byte range of the block being scanned

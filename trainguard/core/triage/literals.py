@@ -1,7 +1,8 @@
 """Literals a regex's every match must contain, read from the parsed pattern.
 
 The pure-``re`` engine and ``LineFinder`` search for these with ``bytes.find`` (memchr speed) and
-run the regex only on the lines holding one. Nothing here knows about rules or logs.
+run the regex only on the lines holding one. ``loosened`` drops, from a pattern used only to find
+candidate lines, the parts that name a word every training progress line prints.
 """
 
 from __future__ import annotations
@@ -13,6 +14,13 @@ from re import _parser as _sre  # type: ignore[attr-defined]  # stdlib regex par
 
 MIN_LITERAL = 3
 MAX_EXPANSION = 64
+# Words every progress line of a training loop prints ("iter 120 | lm loss: 2.41 | grad norm: ...").
+# A candidate-line pattern that must see one of them as well as a rarer part costs a multi-pattern
+# engine a check on every line of a healthy log, and filters nothing the rarer part does not.
+PROGRESS_WORDS = frozenset({b"loss", b"lr", b"step", b"epoch", b"iter", b"iteration",
+                            b"grad_norm", b"grad norm", b"tokens"})
+_FLAGS = re.compile(r"^\(\?[aiLmsux]+\)")
+_ANY_RUN = ".*"
 
 
 def required_literals(pattern: str) -> list[bytes] | None:
@@ -91,3 +99,59 @@ def _item(op: Any, av: Any) -> list[str] | None:
     if op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT) and av[0] >= 1:
         return _sequence(list(av[2]))
     return None
+
+
+def loosened(pattern: str) -> str:
+    """A pattern matching every line ``pattern`` matches, without its progress-line words.
+
+    Each top-level alternative that is parts joined by ``.*`` keeps only the parts none of whose
+    required literals is a word of ``PROGRESS_WORDS``, as long as a part with literals remains:
+    ``nan.*loss`` becomes ``nan``. Whatever else the pattern is, it is returned unchanged.
+    """
+    if _ANY_RUN not in pattern:  # most patterns: nothing to leave out, nothing to parse
+        return pattern
+    flags = _FLAGS.match(pattern)
+    head = flags.group(0) if flags else ""
+    branches = []
+    for branch in _top_level(pattern[len(head):], "|"):
+        parts = _top_level(branch, _ANY_RUN)
+        kept = [p for p in parts if len(parts) == 1 or not _names_progress(head + p)]
+        if len(kept) < len(parts) and kept and any(required_literals(head + p) for p in kept):
+            branch = _ANY_RUN.join(kept)
+        branches.append(branch)
+    out = head + "|".join(branches)
+    if out == pattern:
+        return pattern
+    try:
+        re.compile(out)
+    except re.error:
+        return pattern
+    return out
+
+
+def _names_progress(part: str) -> bool:
+    literals = required_literals(part)
+    return literals is not None and any(lit.lower() in PROGRESS_WORDS for lit in literals)
+
+
+def _top_level(pattern: str, separator: str) -> list[str]:
+    """Split at ``separator`` where it stands outside groups, classes and escapes."""
+    parts, depth, in_class, i, start = [], 0, False, 0, 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]" or pattern[i - 1] == "["
+        elif ch == "[":
+            in_class = True
+        elif ch in "()":
+            depth += 1 if ch == "(" else -1
+        elif depth == 0 and pattern.startswith(separator, i):
+            parts.append(pattern[start:i])
+            i = start = i + len(separator)
+            continue
+        i += 1
+    parts.append(pattern[start:])
+    return parts

@@ -27,7 +27,7 @@ import io
 import os
 import re
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -39,9 +39,10 @@ from trainguard.core.triage.engines import (
     ReEngine,
     hyperscan_available,
     make_engine,
-    prefilter_source,
+    candidate_source,
 )
 from trainguard.core.triage.lines import SOURCE, Line, read_line
+from trainguard.core.triage.noisy import LiteralLines, Shapes, lines_of, shape_at
 from trainguard.core.triage.pipeline import Block, ahead, chunks
 from trainguard.core.triage.shapes import blind_parts, widened
 from trainguard.core.triage.rules import STRENGTHS, Rule, RuleSet
@@ -56,6 +57,7 @@ MAX_PENDING = 16
 SATURATION = 64
 HINT_SATURATION = 8
 MAX_REMEMBERED = 1 << 14
+MAX_REMEMBERED_SHAPE = 4 << 10
 _BLANK = b" \t\r\n"
 
 
@@ -80,7 +82,7 @@ def patterns_of(rules: Sequence[Rule]) -> list[Pattern]:
     out: list[Pattern] = []
     for index, rule in enumerate(rules):
         for regex in rule.log_res:
-            out.append(Pattern(index, regex, False, prefilter_source(regex.pattern),
+            out.append(Pattern(index, regex, False, candidate_source(regex.pattern),
                                rule.ignore_case))
     return out
 
@@ -122,23 +124,6 @@ def _split(fh: BinaryIO | io.BytesIO) -> Iterator[Block]:
         yield carry, 0, len(carry)
 
 
-def _lines_of(masked: bytes, shape: bytes, base: int) -> list[int]:
-    """Where the lines that read ``shape`` once masked start (offsets into the block)."""
-    out = []
-    size, end = len(shape), len(masked)
-    i = masked.find(shape)
-    while i >= 0:
-        if (i == 0 or masked[i - 1] == 10) and (i + size == end or masked[i + size] == 10):
-            out.append(base + i)
-        i = masked.find(shape, i + max(size, 1))
-    return out
-
-
-def _shape(buf: bytes, start: int, stop: int) -> bytes:
-    end = buf.find(b"\n", start, stop)
-    return buf[start:stop if end < 0 else end].translate(MASK)
-
-
 class _Rules:
     """What the collector needs of each rule, worked out once per scanner (lazily: most rules
     never see a candidate line, and parsing regexes costs more than a quiet log's scan)."""
@@ -173,8 +158,9 @@ class _Collector:
     """Turns engine reports into verified, bounded hits; one instance per scan."""
 
     def __init__(self, info: _Rules, patterns: Sequence[Pattern], finders: Finders,
-                 active: set[int]) -> None:
+                 active: set[int], noisy: LiteralLines | None = None) -> None:
         self.info = info
+        self.noisy = noisy
         self.patterns = patterns
         self.finders = finders
         self.active = active
@@ -182,9 +168,11 @@ class _Collector:
         self.confirmed = [0] * len(info.rules)
         self.done: set[int] = set()  # saturated rules
         self.rejected: set[tuple[int, bytes]] = set()  # (pattern, masked line) known to fail
+        self.lacking: set[tuple[int, bytes]] = set()  # (pattern, masked line) without its literals
         self.waiting: list[_Waiting] = []
         self.tail: deque[bytes] = deque(maxlen=max(info.window, 1))
         self.base = 0
+        self.newlines: int | None = None  # of the chunk in hand, once it is split into lines
 
     def block(self, engine: ReEngine | HyperscanEngine, buf: bytes, start: int, stop: int,
               present: list[list[int]] | None = None) -> None:
@@ -193,8 +181,12 @@ class _Collector:
         parts = chunks(buf, start, stop)
         if present is None:
             present = engine.present(buf, parts)
+        newlines = 0
         for (a, b), pids in zip(parts, present, strict=True):
+            self.newlines = None
             found.extend(self._chunk(engine, buf, a, b, pids))
+            # A chunk split into lines has had them counted; counting again costs a pass.
+            newlines += buf.count(b"\n", a, b) if self.newlines is None else self.newlines
             for rule in {r for _, r, _ in found}:
                 if self.confirmed[rule] >= self.info.limits[rule]:
                     self.done.add(rule)
@@ -210,7 +202,7 @@ class _Collector:
             elif (rule, line.rank) not in self.hits:
                 self._with_context(hit, buf, start, stop, offset)
         self._remember_tail(buf, start, stop)
-        self.base = line_no + buf.count(b"\n", pos, stop)
+        self.base += newlines
 
     def _chunk(self, engine: ReEngine | HyperscanEngine, buf: bytes, a: int, b: int,
                pids: list[int]) -> list[tuple[int, int, Line]]:
@@ -236,27 +228,51 @@ class _Collector:
                     pids: list[int]) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
         """For each pattern, the (start, digit-masked text) of the lines it may match.
 
-        The chunk's distinct digit-masked lines are searched once for each pattern's literals,
-        and only shapes not known to fail are looked up among the real lines: a thousand
-        checkpoint saves of one shape cost one rejected shape. A pattern without a literal to
-        look for has its lines found by its regex.
+        Each of the chunk's distinct digit-masked lines is searched once for a pattern's
+        literals, ever: a shape known to fail or to lack them costs a set look-up, and only the
+        others are looked up among the real lines, so a thousand checkpoint saves of one shape
+        cost one rejected shape. A pattern without a literal has its lines found by its regex.
         """
-        masked = shapes = lowered = b""
+        got: tuple[bytes, Collection[bytes], Shapes | None] | None = None
         for pid in pids:
             finder = self.finders[pid]
             if finder.masked is None:
                 lowered_chunk = buf[a:b].lower() if finder.caseless else None
-                yield pid, [(s, _shape(buf, s, b))
+                yield pid, [(s, shape_at(buf, s, b))
                             for s, _ in finder.candidates(buf, a, b, lowered_chunk)]
                 continue
-            if not shapes:
-                masked = buf[a:b].translate(MASK)
-                shapes = b"\n".join(dict.fromkeys(masked.split(b"\n")))
-            if finder.caseless and not lowered:
-                lowered = shapes.lower()
-            found = finder.shapes(shapes, lowered or None) or []
-            yield pid, [(s, shape) for shape in found if (pid, shape) not in self.rejected
-                        for s in _lines_of(masked, shape, a)]
+            if got is None:
+                got = self._shapes(buf, a, b, pids)
+            masked, shapes, by_shape = got
+            found = [shape for shape in shapes if (pid, shape) not in self.rejected
+                     and (pid, shape) not in self.lacking and self._holds(pid, shape)]
+            yield pid, [(s, shape) for shape in found for s in (
+                by_shape[shape] if by_shape is not None else lines_of(masked, shape, a))]
+
+    def _shapes(self, buf: bytes, a: int, b: int,
+                pids: list[int]) -> tuple[bytes, Collection[bytes], Shapes | None]:
+        """The chunk's distinct digit-masked lines: only those holding a literal of the noisy
+        patterns when the engine can say which, else all of them, with the masked chunk."""
+        if self.noisy is not None:
+            by_shape = self.noisy.shapes(
+                buf, a, b, [pid for pid in pids if self.finders[pid].masked is not None])
+            if by_shape is not None:
+                return b"", by_shape.keys(), by_shape
+        masked = buf[a:b].translate(MASK)
+        lines = masked.split(b"\n")
+        self.newlines = len(lines) - 1
+        return masked, set(lines), None
+
+    def _holds(self, pid: int, shape: bytes) -> bool:
+        """Whether the digit-masked line holds one of the pattern's literals; remembered if not."""
+        finder = self.finders[pid]
+        if finder.shapes(shape, shape.lower() if finder.caseless else None):
+            return True
+        if len(shape) <= MAX_REMEMBERED_SHAPE:
+            if len(self.lacking) >= MAX_REMEMBERED:
+                self.lacking.clear()
+            self.lacking.add((pid, shape))
+        return False
 
     def _confirm(self, pid: int, buf: bytes, start: int, end: int, shape: bytes) -> Line | None:
         """The read line if the pattern's rule accepts it; else remember the shape if it may."""
@@ -376,4 +392,6 @@ class Scanner:
         """Scan one log; ``active`` limits which rules may match (all with log patterns)."""
         if active is None:
             active = {i for i, r in enumerate(self.rules.rules) if r.log_res}
-        return _Collector(self.info, self.patterns, self.finders, active).scan(self.engine, source)
+        noisy = LiteralLines(self.finders) if isinstance(self.engine, HyperscanEngine) else None
+        return _Collector(self.info, self.patterns, self.finders, active, noisy).scan(
+            self.engine, source)

@@ -1,0 +1,127 @@
+"""Finding, in one Hyperscan pass, the lines of a chunk that hold a literal of the patterns a
+noisy log keeps reporting.
+
+On a log where most chunks hold a checkpoint save, a retried request or a socket warning, the
+same few patterns are present in nearly every chunk, and their lines are of a few digit-masked
+shapes already known to fail. Masking and splitting the whole chunk to find those shapes costs
+several passes over every byte in Python; a small database of those patterns' literals, each
+followed by the rest of its line, reports each line holding one once, at its end, and only those
+lines are masked. Which patterns are noisy is learnt as the log is read; where Hyperscan cannot
+be imported, or a chunk holds too many such lines, the caller masks the whole chunk as before.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from trainguard.core.triage.engines import MASK, Finders
+
+_hs: Any
+try:  # an accelerator only: without it every chunk is masked whole
+    import hyperscan as _hs
+except ImportError:  # pragma: no cover - exercised where hyperscan is not installed
+    _hs = None
+
+# Past about this many candidate lines in a chunk, masking all of it costs less than a
+# callback and a look-up per line; the next chunks are then masked whole, and then tried again.
+MAX_LINES = 384
+MASK_WHOLE_AFTER_OVERFLOW = 16
+NOISY_CHUNKS = 2  # a pattern present in this many chunks is looked for by its literals
+MAX_BUILDS = 8
+
+Shapes = dict[bytes, list[int]]  # digit-masked line -> where the lines of that shape start
+
+
+class LiteralLines:
+    """The lines holding a literal of the noisy patterns, by digit-masked shape; one per scan."""
+
+    def __init__(self, finders: Finders) -> None:
+        self.finders = finders
+        self.seen: Counter[int] = Counter()
+        self.pids: frozenset[int] = frozenset()
+        self.builds = 0
+        self.whole = 0  # chunks still to mask whole after one held too many lines
+        self._db: Any = None
+        self._scratch: Any = None
+
+    def shapes(self, buf: bytes, a: int, b: int, pids: list[int]) -> Shapes | None:
+        """The shapes of the lines of ``buf[a:b]`` that may match one of ``pids``, with where
+        those lines start; None when the caller should mask the whole chunk instead."""
+        self.seen.update(pids)
+        if self.whole:
+            self.whole -= 1
+            return None
+        if _hs is None or (not self.pids.issuperset(pids) and not self._build(pids)):
+            return None
+        ends: list[int] = []
+
+        def at_end_of(_id: int, _from: int, to: int, _flags: int, _context: Any) -> bool:
+            ends.append(to)
+            return len(ends) > MAX_LINES  # True stops the scan
+
+        try:
+            self._db.scan(memoryview(buf)[a:b], scratch=self._scratch,
+                          match_event_handler=at_end_of)
+        except _hs.error:  # stopped (too many lines), or failed: the whole chunk is masked
+            ends.append(-1)
+        if len(ends) > MAX_LINES or (ends and ends[-1] < 0):
+            self.whole = MASK_WHOLE_AFTER_OVERFLOW
+            return None
+        out: Shapes = {}
+        for end in ends:  # one report per line: one expression, matched at the line's end
+            end += a
+            start = buf.rfind(b"\n", a, end) + 1 or a
+            out.setdefault(buf[start:end].translate(MASK), []).append(start)
+        return out
+
+    def _build(self, pids: list[int]) -> bool:
+        """Compile the literals of the noisy patterns; False if they cannot be used for ``pids``."""
+        if self.builds >= MAX_BUILDS or any(self.seen[pid] < NOISY_CHUNKS for pid in pids):
+            return False
+        wanted = self.pids | frozenset(pids)
+        literals: set[bytes] = set()
+        for pid in wanted:
+            finder = self.finders[pid]
+            if finder.literals is None or any(b"\n" in lit for lit in finder.literals):
+                return False
+            literals.update(finder.literals)
+        db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+        try:  # caseless for all: a few more lines, but one report per line
+            db.compile(expressions=[_rest_of_line(sorted(literals))], ids=[0],
+                       flags=[_hs.HS_FLAG_MULTILINE | _hs.HS_FLAG_CASELESS])
+        except _hs.error:
+            self.builds = MAX_BUILDS
+            return False
+        self._db, self._scratch = db, _hs.Scratch(db)
+        self.pids = wanted
+        self.builds += 1
+        return True
+
+
+def _rest_of_line(literals: list[bytes]) -> bytes:
+    """One literal of the list, then the rest of its line: it matches once per line, at its end."""
+    return b"(?:" + b"|".join(_escaped(lit) for lit in literals) + b")[^\\n]*$"
+
+
+def _escaped(literal: bytes) -> bytes:
+    return b"".join(bytes([c]) if chr(c).isalnum() and c < 128 else b"\\x%02x" % c
+                    for c in literal)
+
+
+def lines_of(masked: bytes, shape: bytes, base: int) -> list[int]:
+    """Where the lines that read ``shape`` once masked start (offsets into the block)."""
+    out = []
+    size, end = len(shape), len(masked)
+    i = masked.find(shape)
+    while i >= 0:
+        if (i == 0 or masked[i - 1] == 10) and (i + size == end or masked[i + size] == 10):
+            out.append(base + i)
+        i = masked.find(shape, i + max(size, 1))
+    return out
+
+
+def shape_at(buf: bytes, start: int, stop: int) -> bytes:
+    """The digit-masked text of the line starting at ``start``."""
+    end = buf.find(b"\n", start, stop)
+    return buf[start:stop if end < 0 else end].translate(MASK)
