@@ -22,6 +22,16 @@ ON_DEMAND = {
     "trainguard-kubernetes-job-backend": ("blocks.kubernetes", "KubernetesJobBackend"),
     "trainguard-slurm-backend": ("blocks.slurm", "SlurmBackend"),
 }
+# Every trainguard block type, the same way. A block is loaded through its own class: `Block.load`
+# first imports every installed Prefect collection (prefect-kubernetes alone costs ~1.4 CPU s),
+# which a local attempt's flow process never needs.
+OWN_TYPES = {
+    **ON_DEMAND,
+    "trainguard-local-process-backend": ("blocks.backends", "LocalProcessBackend"),
+    "trainguard-evidence-folder": ("blocks.evidence", "EvidenceFolder"),
+    "trainguard-s3-evidence-store": ("blocks.evidence", "S3EvidenceStore"),
+    "trainguard-retry-policy": ("blocks.retry", "RetryPolicy"),
+}
 
 
 class BlockReferenceError(ValueError):
@@ -30,10 +40,13 @@ class BlockReferenceError(ValueError):
 
 def _load(reference: str, default_slug: str, field: str) -> Block:
     ref = reference if "/" in reference else f"{default_slug}/{reference}"
-    if ref.split("/", 1)[0] in ON_DEMAND:  # its class must be registered before Block.load reads it
-        importlib.import_module(ON_DEMAND[ref.split("/", 1)[0]][0])
+    slug, name = ref.split("/", 1)
     try:
-        return Block.load(ref)
+        if slug in OWN_TYPES:
+            module, cls = OWN_TYPES[slug]
+            block: Block = getattr(importlib.import_module(module), cls).load(name)
+            return block
+        return Block.load(ref)  # another library's block type: Prefect finds its class
     except ValueError as exc:
         raise BlockReferenceError(
             f"{field} {reference!r}: no such block ({exc}); save one, or pass 'block-type-slug/name' "

@@ -42,17 +42,28 @@ def test_an_evidence_block_loads_by_reference(prefect_server, tmp_path) -> None:
 
 
 def test_a_flow_process_imports_prefect_kubernetes_only_for_a_kubernetes_block(prefect_server, tmp_path) -> None:
-    """Importing prefect-kubernetes costs a flow process ~1.4 CPU s; a local attempt never needs it."""
-    from blocks import KubernetesJobBackend, SlurmBackend
-    from blocks.loading import ON_DEMAND
+    """Importing prefect-kubernetes costs a flow process ~1.4 CPU s; a local attempt never needs it.
 
-    assert {cls.get_block_type_slug() for cls in (KubernetesJobBackend, SlurmBackend)} == set(ON_DEMAND)
-    name = f"k-{uuid.uuid4().hex[:8]}"
-    KubernetesJobBackend(namespace="ns", image="python:3.11", kubeconfig=str(tmp_path / "kubeconfig")).save(name)
-    code = ("import sys, flows.attempt; before = 'prefect_kubernetes' in sys.modules; "
-            "from blocks import load_backend; "
-            f"backend = load_backend('trainguard-kubernetes-job-backend/{name}'); "
-            "print(before, type(backend).__name__, 'prefect_kubernetes' in sys.modules)")
+    `Block.load` imports every installed Prefect collection first, so trainguard's own blocks are
+    loaded through their own classes, and the Kubernetes and Slurm blocks' modules only on demand.
+    """
+    from blocks import KubernetesJobBackend
+    from blocks.loading import OWN_TYPES
+    from deployments.setup import block_classes
+
+    assert {cls.get_block_type_slug(): (cls.__module__, cls.__name__) for cls in block_classes()} == OWN_TYPES
+    suffix = uuid.uuid4().hex[:8]
+    KubernetesJobBackend(namespace="ns", image="python:3.11", kubeconfig=str(tmp_path / "kubeconfig")).save(f"k-{suffix}")
+    LocalProcessBackend(work_root=str(tmp_path / "w")).save(f"l-{suffix}")
+    EvidenceFolder(root=str(tmp_path / "e")).save(f"e-{suffix}")
+    RetryPolicy().save(f"r-{suffix}")
+    code = ("import sys, flows.attempt; from blocks import load_backend, load_evidence, resolve_policy; "
+            "from trainguard.core.spec import parse_spec; "
+            f"load_backend('trainguard-local-process-backend/l-{suffix}'); load_evidence('e-{suffix}'); "
+            f"resolve_policy(parse_spec({{'name': 'x', 'command': ['true']}}), 'r-{suffix}'); "
+            "local = 'prefect_kubernetes' in sys.modules; "
+            f"backend = load_backend('trainguard-kubernetes-job-backend/k-{suffix}'); "
+            "print(local, type(backend).__name__, 'prefect_kubernetes' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(prefect_server),
                          capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["False", "KubernetesBackend", "True"], out.stderr[-2000:]
