@@ -13,6 +13,9 @@ be imported, or a chunk holds too many such lines, the caller masks the whole ch
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import KeysView
+from itertools import compress, repeat
+from operator import add
 from typing import Any
 
 from trainguard.core.triage.engines import MASK, Finders
@@ -30,7 +33,29 @@ MASK_WHOLE_AFTER_OVERFLOW = 16
 NOISY_CHUNKS = 2  # a pattern present in this many chunks is looked for by its literals
 MAX_BUILDS = 8
 
-Shapes = dict[bytes, list[int]]  # digit-masked line -> where the lines of that shape start
+
+class Shapes:
+    """A chunk's lines holding a noisy literal: their distinct digit-masked texts, and where the
+    lines of each text start. Built with C-level loops (``map``, ``join``, one ``translate``,
+    ``split``): a Python statement per line costs more than Hyperscan's pass over the chunk."""
+
+    __slots__ = ("_masked", "_starts")
+
+    def __init__(self, buf: bytes, a: int, ends: list[int]) -> None:
+        ends = list(map(add, ends, repeat(a)))
+        # A line starts after the newline before its end, or at the chunk's start.
+        self._starts = list(map(max, map(add, map(buf.rfind, repeat(b"\n"), repeat(a), ends),
+                                         repeat(1)), repeat(a)))
+        lines = map(buf.__getitem__, map(slice, self._starts, ends))
+        self._masked = b"\n".join(lines).translate(MASK).split(b"\n") if ends else []
+
+    def keys(self) -> KeysView[bytes]:
+        """The distinct digit-masked lines, in the order they first occur."""
+        return dict.fromkeys(self._masked).keys()
+
+    def __getitem__(self, shape: bytes) -> list[int]:
+        """Where the lines reading ``shape`` once masked start, in order."""
+        return list(compress(self._starts, map(shape.__eq__, self._masked)))
 
 
 class LiteralLines:
@@ -68,12 +93,7 @@ class LiteralLines:
         if len(ends) > MAX_LINES or (ends and ends[-1] < 0):
             self.whole = MASK_WHOLE_AFTER_OVERFLOW
             return None
-        out: Shapes = {}
-        for end in ends:  # one report per line: one expression, matched at the line's end
-            end += a
-            start = buf.rfind(b"\n", a, end) + 1 or a
-            out.setdefault(buf[start:end].translate(MASK), []).append(start)
-        return out
+        return Shapes(buf, a, ends)  # one report per line: one expression, matched at its end
 
     def _build(self, pids: list[int]) -> bool:
         """Compile the literals of the noisy patterns; False if they cannot be used for ``pids``."""
