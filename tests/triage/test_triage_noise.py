@@ -7,6 +7,8 @@ checked here against the case it could get wrong.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from trainguard.core import triage
@@ -186,3 +188,39 @@ def test_the_lines_holding_a_noisy_patterns_literal_are_found_by_shape(
     monkeypatch.setattr(noisy_module, "MAX_LINES", 2)
     assert lines.shapes(chunk, 0, len(chunk), [pid]) is None
     assert lines.shapes(chunk, 0, len(chunk), [pid]) is None
+
+
+def test_once_a_noisy_log_is_long_the_engines_own_pass_finds_its_noisy_lines(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # The database that finds the noisy lines in the engine's pass, without the noisy patterns,
+    # is compiled after COMBINE_AFTER chunks; every hit stays the one found without it.
+    monkeypatch.setattr(noisy_module, "COMBINE_AFTER", 2)
+    monkeypatch.setattr(scan, "BLOCK_BYTES", 256 << 10)  # blocks handed to it after that
+    real = (b"[rank2]: requests.exceptions.ConnectionError: HTTPSConnectionPool(host='s3.amazonaws"
+            b".com', port=443): Read timed out.\n")
+    lines = []
+    for i in range(30000):  # ~60 noisy lines in each chunk of 256 KiB: few enough to be found
+        lines.append(b"[rank%d]: iter %d | lm loss: 1.%04d\n" % (i % 8, i, i % 9999))
+        if i % 40 == 0:
+            lines.append(RETRY_NOISE % (i % 8, i))
+        if i % 50 == 0:
+            lines.append(NCCL_NOISE % (i % 8, i % 8))
+    log = b"".join(lines[:-300]) + real + b"".join(lines[-300:])
+    used: list[bool] = []
+    database = noisy_module.LiteralLines.database
+
+    def spied(self: noisy_module.LiteralLines) -> object:
+        used.append(database(self) is not None)
+        return database(self)
+
+    monkeypatch.setattr(noisy_module.LiteralLines, "database", spied)
+    scanner = scan.Scanner(triage.load_rules())  # the rules' own database: from the usual cache
+    monkeypatch.setenv("TRAINGUARD_CACHE_DIR", str(tmp_path / "combined"))  # compiled here
+    found = scanner.scan(log)
+    assert any(used) is triage.hyperscan_available()
+    monkeypatch.setenv("TRAINGUARD_CACHE_DIR", str(tmp_path / "empty"))
+    monkeypatch.setattr(noisy_module, "COMBINE_AFTER", 10**9)
+    used.clear()
+    assert repr(found) == repr(scanner.scan(log)) and not any(used)
+    assert any(hit.line.text.endswith("Read timed out.") and hit.line.rank == 2
+               for hit in found.hits)

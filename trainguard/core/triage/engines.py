@@ -29,6 +29,7 @@ try:  # Hyperscan is an optional accelerator; the pure-re engine gives the same 
 except ImportError:  # pragma: no cover - exercised by forcing engine="re" in tests
     _hs = None
 
+LINE_FLAGS = (_hs.HS_FLAG_MULTILINE | _hs.HS_FLAG_CASELESS) if _hs is not None else 0
 _BOUNDED_ANY = re.compile(r"(?<!\\)\.\{\d*,\d+\}")
 
 
@@ -232,6 +233,7 @@ class HyperscanEngine:
         self._rest_ids = [i for i in range(len(patterns)) if i not in accepted]
         rest = [patterns[i] for i in self._rest_ids]
         self._rest = ReEngine(rest) if rest else None
+        self._patterns, self._ok = patterns, ok
         # Hyperscan scratch space is per scan in flight: one per thread (Prefect runs tasks on
         # threads), cloned from the database's own.
         self._local = threading.local()
@@ -253,10 +255,45 @@ class HyperscanEngine:
                 out[index].extend(ids[pid] for pid in pids)
         return out
 
-    def _scratch(self) -> Any:
-        scratch = getattr(self._local, "scratch", None)
+    def with_lines(self, expression: bytes, pids: frozenset[int], cached_only: bool) -> Any:
+        """The patterns' database plus ``expression``, reported (as id ``len(patterns)``) at the
+        end of each line it matches: one pass says which patterns occur and where such lines
+        end. ``pids``, whose every match lies in such a line, are left out: their literals cost
+        the pass most on a noisy log, and the lines say more. From the cache only if
+        ``cached_only``; None if not had or if it does not compile."""
+        if self._db is None or self._rest is not None:
+            return None
+        ids = [i for i in self._ok if i not in pids]
+        return _cached_database(self._patterns, ids, single=True, lines=expression,
+                                cached_only=cached_only)
+
+    def present_lines(self, buf: bytes, chunks: Sequence[Chunk], db: Any,
+                      pids: frozenset[int]) -> tuple[list[list[int]], list[list[int]]]:
+        """For each chunk, the patterns that may occur in it and the ends (from the chunk's
+        start) of its lines matching the line expression of ``db``, a database from
+        ``with_lines`` without ``pids``: those may occur wherever such a line is found."""
+        present: list[list[int]] = []
+        ends: list[list[int]] = []
+        view = memoryview(buf)
+        scratch = self._scratch(db)
+        line_id = len(self._patterns)
+        for a, b in chunks:
+            found: list[int] = []
+            at: list[int] = []
+            db.scan(view[a:b], scratch=scratch, match_event_handler=lambda pid, _f, to, _fl, _c: (
+                at.append(to) if pid == line_id else found.append(pid)))
+            present.append(found + sorted(pids) if at else found)
+            ends.append(at)
+        return present, ends
+
+    def _scratch(self, db: Any = None) -> Any:
+        db = self._db if db is None else db
+        scratches = getattr(self._local, "scratches", None)
+        if scratches is None:
+            scratches = self._local.scratches = {}
+        scratch = scratches.get(id(db))
         if scratch is None:
-            scratch = self._local.scratch = _hs.Scratch(self._db)
+            scratch = scratches[id(db)] = _hs.Scratch(db)
         return scratch
 
 
@@ -304,15 +341,18 @@ def _cache_dir() -> Path | None:
         return None
 
 
-def _cached_database(patterns: Sequence[Pattern], ids: Sequence[int], single: bool = False) -> Any:
+def _cached_database(patterns: Sequence[Pattern], ids: Sequence[int], single: bool = False,
+                     lines: bytes | None = None, cached_only: bool = False) -> Any:
     """Compile (or load the cached compilation of) the patterns; None if one does not compile.
 
     Compiling a few hundred patterns takes Hyperscan about half a second, longer than the rest of
     ``trainguard classify`` together, so the serialised database is kept in the user's cache.
     """
     assert _hs is not None
-    key = hashlib.sha256(repr((getattr(_hs, "__version__", ""), [
-        (i, patterns[i].prefilter, _flags(patterns[i], single)) for i in ids])).encode()
+    described = [(i, patterns[i].prefilter, _flags(patterns[i], single)) for i in ids]
+    if lines is not None:
+        described.append((len(patterns), lines, LINE_FLAGS))
+    key = hashlib.sha256(repr((getattr(_hs, "__version__", ""), described)).encode()
                          ).hexdigest()[:24]
     folder = _cache_dir()
     path = folder / f"hs-{key}.db" if folder is not None else None
@@ -322,11 +362,15 @@ def _cached_database(patterns: Sequence[Pattern], ids: Sequence[int], single: bo
             db = _hs.loadb(path.read_bytes(), mode=_hs.HS_MODE_BLOCK)
         except (_hs.error, OSError):
             db = None
+    if db is None and cached_only:
+        return None
     if db is None:
         db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+        extra = [] if lines is None else [lines]
         try:
-            db.compile(expressions=[patterns[i].prefilter for i in ids], ids=list(ids),
-                       flags=[_flags(patterns[i], single) for i in ids])
+            db.compile(expressions=[patterns[i].prefilter for i in ids] + extra,
+                       ids=list(ids) + [len(patterns)] * len(extra),
+                       flags=[_flags(patterns[i], single) for i in ids] + [LINE_FLAGS] * len(extra))
         except _hs.error:
             return None
         if path is not None:

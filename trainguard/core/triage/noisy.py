@@ -8,6 +8,13 @@ several passes over every byte in Python; a small database of those patterns' li
 followed by the rest of its line, reports each line holding one once, at its end, and only those
 lines are masked. Which patterns are noisy is learnt as the log is read; where Hyperscan cannot
 be imported, or a chunk holds too many such lines, the caller masks the whole chunk as before.
+
+That small database costs a second pass over every noisy chunk; the engine's own database with
+the same expression added makes one pass say both which patterns occur and where those lines
+end. Compiling it takes about as long as the rules' own (~0.4 s): it is compiled for a set of
+noisy patterns once a log has shown itself long (``COMBINE_AFTER`` noisy chunks; the one pass
+saves about 0.9 CPU s per GiB) and kept in the same cache, from which a later scan of such a log
+takes it at once.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from itertools import compress, repeat
 from operator import add
 from typing import Any
 
-from trainguard.core.triage.engines import MASK, Finders
+from trainguard.core.triage.engines import LINE_FLAGS, MASK, Finders, HyperscanEngine
+from trainguard.core.triage.pipeline import LineDatabase
 
 _hs: Any
 try:  # an accelerator only: without it every chunk is masked whole
@@ -32,6 +40,7 @@ MAX_LINES = 384
 MASK_WHOLE_AFTER_OVERFLOW = 16
 NOISY_CHUNKS = 2  # a pattern present in this many chunks is looked for by its literals
 MAX_BUILDS = 8
+COMBINE_AFTER = 1024  # noisy chunks (256 MiB) before the one-pass database is compiled
 
 
 class Shapes:
@@ -61,8 +70,13 @@ class Shapes:
 class LiteralLines:
     """The lines holding a literal of the noisy patterns, by digit-masked shape; one per scan."""
 
-    def __init__(self, finders: Finders) -> None:
+    def __init__(self, finders: Finders, engine: HyperscanEngine | None = None) -> None:
         self.finders = finders
+        self.engine = engine
+        self.combined: LineDatabase | None = None  # the engine's database, finding these lines
+        self.looked = True  # whether the cache was asked for the combined database of self.pids
+        self.used = 0  # chunks whose lines were found by the small database, since it was built
+        self._expression = b""
         self.seen: Counter[int] = Counter()
         self.pids: frozenset[int] = frozenset()
         self.builds = 0
@@ -70,15 +84,28 @@ class LiteralLines:
         self._db: Any = None
         self._scratch: Any = None
 
-    def shapes(self, buf: bytes, a: int, b: int, pids: list[int]) -> Shapes | None:
+    def database(self) -> LineDatabase | None:
+        """The database to give the engine the next block with: None while chunks are masked
+        whole, or before a database finding these lines in the engine's pass is had."""
+        return None if self.whole else self.combined
+
+    def shapes(self, buf: bytes, a: int, b: int, pids: list[int],
+               found: tuple[list[int], frozenset[int]] | None = None) -> Shapes | None:
         """The shapes of the lines of ``buf[a:b]`` that may match one of ``pids``, with where
-        those lines start; None when the caller should mask the whole chunk instead."""
+        those lines start; None when the caller should mask the whole chunk instead. ``found``
+        is the ends of the lines the engine's pass found, and for which patterns, if it did."""
         self.seen.update(pids)
         if self.whole:
             self.whole -= 1
             return None
+        if found is not None and found[1].issuperset(pids):
+            if len(found[0]) > MAX_LINES:
+                self.whole = MASK_WHOLE_AFTER_OVERFLOW
+                return None
+            return Shapes(buf, a, found[0])
         if _hs is None or (not self.pids.issuperset(pids) and not self._build(pids)):
             return None
+        self._combine()
         ends: list[int] = []
 
         def at_end_of(_id: int, _from: int, to: int, _flags: int, _context: Any) -> bool:
@@ -107,16 +134,28 @@ class LiteralLines:
                 return False
             literals.update(finder.literals)
         db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-        try:  # caseless for all: a few more lines, but one report per line
+        try:  # caseless for all: a few more lines, but one report per line (the engine's flags)
             db.compile(expressions=[_rest_of_line(sorted(literals))], ids=[0],
-                       flags=[_hs.HS_FLAG_MULTILINE | _hs.HS_FLAG_CASELESS])
+                       flags=[LINE_FLAGS])
         except _hs.error:
             self.builds = MAX_BUILDS
             return False
         self._db, self._scratch = db, _hs.Scratch(db)
         self.pids = wanted
         self.builds += 1
+        self._expression = _rest_of_line(sorted(literals))
+        self.combined, self.looked, self.used = None, False, 0
         return True
+
+    def _combine(self) -> None:
+        """Take the one-pass database from the cache once; compile it once the log is long."""
+        self.used += 1
+        if self.engine is None or (self.looked and self.used != COMBINE_AFTER):
+            return
+        db = self.engine.with_lines(self._expression, self.pids, cached_only=not self.looked)
+        self.looked = True
+        if db is not None:
+            self.combined = (db, self.pids)
 
 
 def _rest_of_line(literals: list[bytes]) -> bytes:

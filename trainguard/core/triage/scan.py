@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 from collections import deque
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,11 +40,11 @@ from trainguard.core.triage.engines import (
     make_engine,
     candidate_source,
 )
-from trainguard.core.triage.lines import SOURCE, Line, read_line
+from trainguard.core.triage.lines import Line, read_line
 from trainguard.core.triage.noisy import LiteralLines, Shapes, lines_of, shape_at
-from trainguard.core.triage.pipeline import Block, ahead, chunks
-from trainguard.core.triage.shapes import blind_parts, widened
-from trainguard.core.triage.rules import STRENGTHS, Rule, RuleSet
+from trainguard.core.triage.pipeline import Answer, Block, ahead, chunks
+from trainguard.core.triage.shapes import RuleChecks, widened
+from trainguard.core.triage.rules import Rule, RuleSet
 from trainguard.core.triage.signals import LogSource
 
 __all__ = ["Hit", "ScanResult", "Scanner", "blocks", "hyperscan_available", "patterns_of"]
@@ -124,28 +123,6 @@ def _split(fh: BinaryIO | io.BytesIO) -> Iterator[Block]:
         yield carry, 0, len(carry)
 
 
-class _Rules:
-    """What the collector needs of each rule, worked out once per scanner (lazily: most rules
-    never see a candidate line, and parsing regexes costs more than a quiet log's scan)."""
-
-    def __init__(self, ruleset: RuleSet) -> None:
-        self.rules = ruleset.rules
-        self.warning_line = ruleset.warning_line
-        self.limits = [HINT_SATURATION if r.strength <= STRENGTHS["hint"] else SATURATION
-                       for r in ruleset.rules]
-        self.window = max((r.context_lines for r in ruleset.rules if r.context_res), default=0)
-        self._rejectors: dict[int, list[tuple[re.Pattern[str], list[re.Pattern[str]]]]] = {}
-
-    def rejectors(self, index: int) -> list[tuple[re.Pattern[str], list[re.Pattern[str]]]]:
-        """The regexes that veto a candidate line of the rule, each with its digit-blind parts."""
-        found = self._rejectors.get(index)
-        if found is None:
-            rule = self.rules[index]
-            own = [SOURCE, *rule.log_not_res] + ([] if rule.warnings else [self.warning_line])
-            found = self._rejectors[index] = [(r, blind_parts(r)) for r in own]
-        return found
-
-
 @dataclass
 class _Waiting:
     """A candidate line whose context window runs past the end of its block."""
@@ -157,7 +134,7 @@ class _Waiting:
 class _Collector:
     """Turns engine reports into verified, bounded hits; one instance per scan."""
 
-    def __init__(self, info: _Rules, patterns: Sequence[Pattern], finders: Finders,
+    def __init__(self, info: RuleChecks, patterns: Sequence[Pattern], finders: Finders,
                  active: set[int], noisy: LiteralLines | None = None) -> None:
         self.info = info
         self.noisy = noisy
@@ -173,17 +150,18 @@ class _Collector:
         self.tail: deque[bytes] = deque(maxlen=max(info.window, 1))
         self.base = 0
         self.newlines: int | None = None  # of the chunk in hand, once it is split into lines
+        self.lines: tuple[list[int], frozenset[int]] | None = None  # found by the engine's pass
 
     def block(self, engine: ReEngine | HyperscanEngine, buf: bytes, start: int, stop: int,
-              present: list[list[int]] | None = None) -> None:
-        """Scan one block of whole lines; ``present`` is the engine's answer, if already had."""
+              answer: Answer | None = None) -> None:
+        """Scan one block of whole lines; ``answer`` is the engine's, if already had."""
         found: list[tuple[int, int, Line]] = []
         parts = chunks(buf, start, stop)
-        if present is None:
-            present = engine.present(buf, parts)
+        present, ends, covered = answer or (engine.present(buf, parts), None, frozenset())
         newlines = 0
-        for (a, b), pids in zip(parts, present, strict=True):
+        for index, ((a, b), pids) in enumerate(zip(parts, present, strict=True)):
             self.newlines = None
+            self.lines = None if ends is None else (ends[index], covered)
             found.extend(self._chunk(engine, buf, a, b, pids))
             # A chunk split into lines has had them counted; counting again costs a pass.
             newlines += buf.count(b"\n", a, b) if self.newlines is None else self.newlines
@@ -255,7 +233,8 @@ class _Collector:
         patterns when the engine can say which, else all of them, with the masked chunk."""
         if self.noisy is not None:
             by_shape = self.noisy.shapes(
-                buf, a, b, [pid for pid in pids if self.finders[pid].masked is not None])
+                buf, a, b, [pid for pid in pids if self.finders[pid].masked is not None],
+                self.lines)
             if by_shape is not None:
                 return b"", by_shape.keys(), by_shape
         masked = buf[a:b].translate(MASK)
@@ -362,8 +341,9 @@ class _Collector:
 
     def scan(self, engine: ReEngine | HyperscanEngine, source: LogSource) -> ScanResult:
         last: tuple[bytes, int] | None = None
-        for buf, start, stop, present in ahead(engine, blocks(source)):
-            self.block(engine, buf, start, stop, present)
+        lines = self.noisy.database if self.noisy is not None else lambda: None
+        for buf, start, stop, answer in ahead(engine, blocks(source), lines):
+            self.block(engine, buf, start, stop, answer)
             end = stop
             while end > start and buf[end - 1] in _BLANK:
                 end -= 1
@@ -384,7 +364,7 @@ class Scanner:
         self.rules = rules
         self.patterns = patterns_of(rules.rules)
         self.finders = Finders(self.patterns)
-        self.info = _Rules(rules)
+        self.info = RuleChecks(rules, SATURATION, HINT_SATURATION)
         self.engine = make_engine(self.patterns, engine)
         self.engine_name = "hyperscan" if isinstance(self.engine, HyperscanEngine) else "re"
 
@@ -392,6 +372,7 @@ class Scanner:
         """Scan one log; ``active`` limits which rules may match (all with log patterns)."""
         if active is None:
             active = {i for i, r in enumerate(self.rules.rules) if r.log_res}
-        noisy = LiteralLines(self.finders) if isinstance(self.engine, HyperscanEngine) else None
+        noisy = (LiteralLines(self.finders, self.engine)
+                 if isinstance(self.engine, HyperscanEngine) else None)
         return _Collector(self.info, self.patterns, self.finders, active, noisy).scan(
             self.engine, source)

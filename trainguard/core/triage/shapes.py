@@ -2,6 +2,7 @@
 
 The scan remembers a rejected line by its digit-masked shape; that is sound only for the
 regexes this module says are blind, because two lines of one shape differ only in digits.
+``RuleChecks`` holds, per rule, the regexes that veto a candidate line, with their blind parts.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from functools import lru_cache
 from typing import Any
 
 from re import _parser as _sre  # type: ignore[attr-defined]  # stdlib regex parser, 3.11+
+
+from trainguard.core.triage.lines import SOURCE
+from trainguard.core.triage.rules import STRENGTHS, RuleSet
 
 
 @lru_cache(maxsize=1024)
@@ -130,3 +134,26 @@ def widened(pattern: str, flags: int = 0) -> re.Pattern[str] | None:
     except re.error:
         return None
     return compiled if digit_blind(compiled.pattern, compiled.flags) else None
+
+
+class RuleChecks:
+    """What the collector needs of each rule, worked out once per scanner (lazily: most rules
+    never see a candidate line, and parsing regexes costs more than a quiet log's scan)."""
+
+    def __init__(self, ruleset: RuleSet, saturation: int, hint_saturation: int) -> None:
+        self.rules = ruleset.rules
+        self.warning_line = ruleset.warning_line
+        # Confirmed lines after which a rule is not looked at again: later ones cannot win.
+        self.limits = [hint_saturation if r.strength <= STRENGTHS["hint"] else saturation
+                       for r in ruleset.rules]
+        self.window = max((r.context_lines for r in ruleset.rules if r.context_res), default=0)
+        self._rejectors: dict[int, list[tuple[re.Pattern[str], list[re.Pattern[str]]]]] = {}
+
+    def rejectors(self, index: int) -> list[tuple[re.Pattern[str], list[re.Pattern[str]]]]:
+        """The regexes that veto a candidate line of the rule, each with its digit-blind parts."""
+        found = self._rejectors.get(index)
+        if found is None:
+            rule = self.rules[index]
+            own = [SOURCE, *rule.log_not_res] + ([] if rule.warnings else [self.warning_line])
+            found = self._rejectors[index] = [(r, blind_parts(r)) for r in own]
+        return found
