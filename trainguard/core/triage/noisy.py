@@ -52,9 +52,11 @@ class Shapes:
 
     def __init__(self, buf: bytes, a: int, ends: list[int]) -> None:
         ends = list(map(add, ends, repeat(a)))
-        # A line starts after the newline before its end, or at the chunk's start.
-        self._starts = list(map(max, map(add, map(buf.rfind, repeat(b"\n"), repeat(a), ends),
-                                         repeat(1)), repeat(a)))
+        # A line starts after the newline before its end. A chunk starts a line: at 0 or after
+        # a newline, so looking from the byte before it, the first line's start is found too.
+        assert a == 0 or buf[a - 1] == 10, "a chunk starts at the start of a line"
+        self._starts = list(map(add, map(buf.rfind, repeat(b"\n"), repeat(max(a - 1, 0)), ends),
+                                repeat(1)))
         lines = map(buf.__getitem__, map(slice, self._starts, ends))
         self._masked = b"\n".join(lines).translate(MASK).split(b"\n") if ends else []
 
