@@ -137,7 +137,7 @@ class LiteralLines:
             literals.update(finder.literals)
         db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
         try:  # caseless for all: a few more lines, but one report per line (the engine's flags)
-            db.compile(expressions=[_rest_of_line(sorted(literals))], ids=[0],
+            db.compile(expressions=[_rest_of_line(_shortest(literals))], ids=[0],
                        flags=[LINE_FLAGS])
         except _hs.error:
             self.builds = MAX_BUILDS
@@ -145,7 +145,7 @@ class LiteralLines:
         self._db, self._scratch = db, _hs.Scratch(db)
         self.pids = wanted
         self.builds += 1
-        self._expression = _rest_of_line(sorted(literals))
+        self._expression = _rest_of_line(_shortest(literals))
         self.combined, self.looked, self.used = None, False, 0
         return True
 
@@ -158,6 +158,19 @@ class LiteralLines:
         self.looked = True
         if db is not None:
             self.combined = (db, self.pids)
+
+
+def _shortest(literals: set[bytes]) -> list[bytes]:
+    """The literals that hold no other (caseless, as they are looked for): a line holding
+    "HTTPError" or "Read timed out" holds "HTTP" or "timed out", and every literal the scan has
+    to try at each byte costs it time."""
+    lowered = sorted({lit.lower(): lit for lit in sorted(literals)}.items(),
+                     key=lambda item: (len(item[0]), item[0]))
+    kept: list[tuple[bytes, bytes]] = []
+    for low, lit in lowered:
+        if not any(other in low for other, _ in kept):
+            kept.append((low, lit))
+    return sorted(lit for _, lit in kept)
 
 
 def _rest_of_line(literals: list[bytes]) -> bytes:
