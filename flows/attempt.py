@@ -130,11 +130,13 @@ def train_attempt(
 
 
 def _lost_attempt_ends(carried: CarriedOver) -> dict[str, Any] | State:
-    """This rescheduled run's end when the attempt it lost needs no successor (done, or given up)."""
+    """This rescheduled run's end when it is not the next attempt (the lost one is done, given up, or followed)."""
     if carried.lost.succeeded:
         return carried.lost.to_dict()
     lost = carried.lost
     message = f"attempt {lost.attempt} failed: {lost.category} ({lost.rule_id}); {carried.decision.reason}"
+    if carried.successor:  # the failure hook finds it again by its idempotency key: no second one
+        message += f"; the next attempt is flow run {carried.successor}"
     return Failed(message=message, data=AttemptFailed(message, lost.to_dict()))
 
 

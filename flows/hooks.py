@@ -18,6 +18,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from prefect import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 from prefect.logging import get_logger
 from prefect.states import Crashed
 
@@ -129,6 +130,7 @@ class CarriedOver:
     lost: AttemptSummary
     decision: policy.RetryDecision
     parameters: dict[str, Any] | None
+    successor: str | None = None  # a next attempt that already exists as a flow run of its own
 
 
 def carry_over(flow: Any, flow_run_id: Any) -> CarriedOver:
@@ -151,6 +153,13 @@ def carry_over(flow: Any, flow_run_id: Any) -> CarriedOver:
     lost, decision = plan
     if lost.succeeded or not decision.retry:
         return CarriedOver(lost, decision, None)
+    # The stopped process may have reported its run Crashed first (an engine that did not take the
+    # reschedule in time), so a hook or the retry controller scheduled the next attempt already.
+    successor = _successor_of(flow_run.id)
+    if successor is not None:
+        logger.warning("%s attempt %s was lost; its next attempt is flow run %s already: this run ends here",
+                       lost.run_id, lost.attempt, successor)
+        return CarriedOver(lost, decision, None, successor)
     nxt = next_parameters(params, lost, decision, str(flow_run.id))
     nxt["spec"] = parse_spec(nxt["spec"]).model_dump(mode="json")
     name = str(flow_run.name or "")
@@ -164,6 +173,13 @@ def carry_over(flow: Any, flow_run_id: Any) -> CarriedOver:
     logger.warning("%s attempt %s was lost: %s; this flow run goes on as attempt %s: %s", lost.run_id,
                    lost.attempt, RESCHEDULED, lost.attempt + 1, decision.reason)
     return CarriedOver(lost, decision, nxt)
+
+
+def _successor_of(flow_run_id: Any) -> str | None:
+    """A flow run scheduled as the next attempt after `flow_run_id` (its lineage tag), if one exists."""
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"parent:{flow_run_id}"])))
+    return next((str(r.id) for r in runs if r.id != flow_run_id), None)
 
 
 def schedule_next_attempt(flow: Any, flow_run: Any, state: Any) -> None:

@@ -130,17 +130,25 @@ def test_an_evicted_flow_pod_is_rescheduled_as_exactly_one_next_attempt_from_the
     flow_job = api.read_pod(NAMESPACE, flow_pod)["metadata"]["ownerReferences"][0]["name"]
     api.core.create_namespaced_pod_eviction(flow_pod, NAMESPACE, {"metadata": {"name": flow_pod, "namespace": NAMESPACE}})
 
-    done = wait_for(lambda: (r := read_run(run.id)).state.is_final() and r, 300, "the rescheduled run to end")
+    wait_for(lambda: read_run(run.id).state.is_final(), 300, "the rescheduled run to end")
+    runs = wait_for(lambda: (rs := attempt_runs("k-evict-1")) and all(r.state.is_final() for r in rs) and rs,
+                    120, "every attempt of the run to end")
+    # Exactly one next attempt. Normally the rescheduled run itself goes on as attempt 2. An engine that
+    # reported Crashed before the reschedule took (a loaded machine) had its hook schedule attempt 2
+    # as a run of its own; the rescheduled run then finds it and ends without making another.
+    second = [r for r in runs if r.parameters.get("attempt") == 2]
+    assert len(second) == 1 and len(runs) <= 2, [(r.name, r.parameters.get("attempt"), r.state.name) for r in runs]
+    done = second[0]
     assert done.state.is_completed(), done.state
-    assert done.run_count == 2, "the same flow run ran twice: evicted, then rescheduled"
+    assert done.parameters["resume_from"] == "/trainguard/checkpoints/k-evict-1/step-000010.json"
+    assert [h["category"] for h in done.parameters["history"]] == ["preempted"]
+    if done.id == run.id:
+        assert done.run_count == 2, "the same flow run ran twice: evicted, then rescheduled"
+        assert done.name == "k-evict-a2" and "attempt:2" in done.tags
     # podReplacementPolicy: Failed, so the evicted pod's Job made no second pod running the same flow
     # run beside the worker's new one while the first still stopped (Kubernetes' default would)
     created = api.list_events(NAMESPACE, field_selector=f"involvedObject.kind=Job,involvedObject.name={flow_job}")
     assert [e["reason"] for e in created["items"]].count("SuccessfulCreate") == 1
-    assert [r.id for r in attempt_runs("k-evict-1")] == [run.id], "no other flow run was made for the run"
-    assert done.parameters["attempt"] == 2 and done.name == "k-evict-a2" and "attempt:2" in done.tags
-    assert done.parameters["resume_from"] == "/trainguard/checkpoints/k-evict-1/step-000010.json"
-    assert [h["category"] for h in done.parameters["history"]] == ["preempted"]
 
     evidence = tmp_path / "evidence"
     lost = (attempt_dir(evidence, "k-evict-1", 1) / "verdict.json").read_text()
