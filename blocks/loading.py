@@ -11,8 +11,8 @@ import importlib
 
 from prefect.blocks.core import Block
 
-import blocks.backends as _backends  # noqa: F401  (registers the block types before Block.load)
-import blocks.evidence as _evidence  # noqa: F401
+import blocks.backends as _backends  # the defaults when no reference is given
+import blocks.evidence as _evidence
 from trainguard.core.backend import Backend
 from trainguard.core.stores import EvidenceStore
 
