@@ -15,7 +15,7 @@ from prefect.states import Failed, State
 
 from blocks import load_backend, load_evidence, resolve_policy
 from flows import events
-from flows.hooks import CarriedOver, carry_over, schedule_next_attempt
+from flows.hooks import schedule_next_attempt, settle_lost_attempt
 from tasks.evidence import collect_evidence, record_verdict
 from tasks.report import publish_report, read_progress
 from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
@@ -23,6 +23,7 @@ from tasks.triage import classify_failure, decide_retry
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, history_records, new_run_id
 from trainguard.core import manifest, masking
 from trainguard.core.backend import AttemptOutcome, launch_for
+from trainguard.core.policy import RetryDecision
 from trainguard.core.spec import TrainingSpec
 
 
@@ -74,12 +75,7 @@ def train_attempt(
     """
     run_id = run_id or new_run_id(spec.name, current_run.id)
     if current_run.run_count > 1:  # the same flow run again, after its process was stopped (an evicted pod)
-        carried = carry_over(train_attempt, current_run.id)
-        if carried.parameters is None:
-            return _lost_attempt_ends(carried)
-        nxt = carried.parameters
-        attempt, resume_from, parent_flow_run_id = nxt["attempt"], nxt["resume_from"], nxt["parent_flow_run_id"]
-        history, avoid_nodes, memory_factor = nxt["history"], nxt["avoid_nodes"], nxt.get("memory_factor", 1.0)
+        return _lost_attempt_ends(*settle_lost_attempt(train_attempt, current_run.id))
     backend, store = load_backend(backend_block or spec.backend), load_evidence(evidence_block)
     retry_policy, earlier = resolve_policy(spec, retry_policy_block), history or []
     launch = launch_for(
@@ -129,14 +125,11 @@ def train_attempt(
     return Failed(message=message, data=AttemptFailed(message, summary.to_dict()))
 
 
-def _lost_attempt_ends(carried: CarriedOver) -> dict[str, Any] | State:
-    """This rescheduled run's end when it is not the next attempt (the lost one is done, given up, or followed)."""
-    if carried.lost.succeeded:
-        return carried.lost.to_dict()
-    lost = carried.lost
-    message = f"attempt {lost.attempt} failed: {lost.category} ({lost.rule_id}); {carried.decision.reason}"
-    if carried.successor:  # the failure hook finds it again by its idempotency key: no second one
-        message += f"; the next attempt is flow run {carried.successor}"
+def _lost_attempt_ends(lost: AttemptSummary, decision: RetryDecision) -> dict[str, Any] | State:
+    """A rescheduled run's end: the verdict of the attempt it lost; the failure hook schedules the next."""
+    if lost.succeeded:
+        return lost.to_dict()
+    message = f"attempt {lost.attempt} failed: {lost.category} ({lost.rule_id}); {decision.reason}"
     return Failed(message=message, data=AttemptFailed(message, lost.to_dict()))
 
 

@@ -13,12 +13,10 @@ parameter names must be exactly `flow, flow_run, state`: the runner calls hooks 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from prefect import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 from prefect.logging import get_logger
 from prefect.states import Crashed
 
@@ -119,31 +117,18 @@ RESCHEDULED = ("its flow process was stopped and Prefect started the same flow r
                "(PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR=reschedule, e.g. an evicted flow pod)")
 
 
-@dataclass(frozen=True)
-class CarriedOver:
-    """What a flow run started again after its process was stopped makes of the attempt it lost.
-
-    `parameters` are the attempt to make now (the lost one's successor), or None when there is none:
-    the lost attempt had already finished training (`lost.succeeded`), or the policy gives up.
-    """
-
-    lost: AttemptSummary
-    decision: policy.RetryDecision
-    parameters: dict[str, Any] | None
-    successor: str | None = None  # a next attempt that already exists as a flow run of its own
-
-
-def carry_over(flow: Any, flow_run_id: Any) -> CarriedOver:
-    """Settle the attempt a rescheduled flow run lost, and make this run its successor.
+def settle_lost_attempt(flow: Any, flow_run_id: Any) -> tuple[AttemptSummary, policy.RetryDecision]:
+    """Judge the attempt that a rescheduled flow run lost; the run then ends with that verdict.
 
     Prefect's Kubernetes worker reschedules the *same* flow run when its pod gets SIGTERM (eviction,
-    preemption): no hook runs, and the run starts again with the parameters it was created with.
-    Taken as they are, the attempt would start over from its old checkpoint, under its old number,
-    into its own evidence. Instead the lost attempt is judged the way the crash hook judges a killed
-    one (its kept verdict, else preempted, with its evidence and leftovers seen to), and this run
-    continues as the next attempt: the next number, the newest checkpoint, the lost attempt in its
-    history, its node avoided. The new parameters are written back to the flow run, so the hooks,
-    the retry controller and a further reschedule all start from them.
+    preemption), and the run starts again with the parameters it was created with. Running the
+    attempt again under its old number, from its old checkpoint, into its own evidence would be
+    wrong; continuing the run as the next attempt would race the failure hook and the retry
+    controller, which schedule that attempt as a run of its own. So the started-again run only
+    settles the lost attempt, the way the crash hook judges a killed one (its kept verdict, else
+    preempted, with its evidence and leftovers seen to), and ends with it. Its failure hook then
+    schedules the next attempt with the one idempotency key every scheduler of it uses
+    (`idempotency_key`), so however the engine, the hook and the controller interleave, one exists.
     """
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(flow_run_id)
@@ -151,44 +136,14 @@ def carry_over(flow: Any, flow_run_id: Any) -> CarriedOver:
     plan = plan_after(params, flow_run, Crashed(message=RESCHEDULED))
     assert plan is not None  # a Crashed state is always judged
     lost, decision = plan
-    if lost.succeeded or not decision.retry:
-        return CarriedOver(lost, decision, None)
-    # The stopped process may have reported its run Crashed first (an engine that did not take the
-    # reschedule in time), so a hook or the retry controller scheduled the next attempt already.
-    successor = _successor_of(flow_run.id)
-    if successor is not None:
-        logger.warning("%s attempt %s was lost; its next attempt is flow run %s already: this run ends here",
-                       lost.run_id, lost.attempt, successor)
-        return CarriedOver(lost, decision, None, successor)
-    nxt = next_parameters(params, lost, decision, str(flow_run.id))
-    nxt["spec"] = parse_spec(nxt["spec"]).model_dump(mode="json")
-    name = str(flow_run.name or "")
-    suffix = f"-a{params.get('attempt', 1)}"
-    tags = [t for t in flow_run.tags if not t.startswith(("attempt:", "parent:"))]
-    tags += [t for t in lineage_tags(lost.run_id, lost.attempt + 1, str(flow_run.id)) if t not in tags]
-    with get_client(sync_client=True) as client:
-        client.update_flow_run(
-            flow_run.id, parameters=nxt, tags=tags,
-            name=f"{name[:-len(suffix)]}-a{lost.attempt + 1}" if name.endswith(suffix) else None)
-    logger.warning("%s attempt %s was lost: %s; this flow run goes on as attempt %s: %s", lost.run_id,
-                   lost.attempt, RESCHEDULED, lost.attempt + 1, decision.reason)
-    return CarriedOver(lost, decision, nxt)
-
-
-def _successor_of(flow_run_id: Any) -> str | None:
-    """A flow run scheduled as the next attempt after `flow_run_id` (its lineage tag), if one exists."""
-    with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"parent:{flow_run_id}"])))
-    return next((str(r.id) for r in runs if r.id != flow_run_id), None)
+    logger.warning("%s attempt %s was lost: %s; %s", lost.run_id, lost.attempt, RESCHEDULED, decision.reason)
+    return lost, decision
 
 
 def schedule_next_attempt(flow: Any, flow_run: Any, state: Any) -> None:
     """on_failure / on_crashed hook: schedule the next attempt as a new run of the same deployment."""
     if flow_run.deployment_id is None:
         return  # a direct call or subflow: its caller (the training-run flow) loops attempts
-    if getattr(flow_run, "run_count", 1) > 1:  # rescheduled: `carry_over` moved its parameters on
-        with get_client(sync_client=True) as client:
-            flow_run = client.read_flow_run(flow_run.id)
     params = bound_parameters(flow, dict(flow_run.parameters))
     data = state.result(raise_on_failure=False) if state.is_failed() else None
     carry_on(params, flow_run, state, data.summary if isinstance(data, AttemptFailed) else None)
@@ -227,4 +182,4 @@ def carry_on(params: dict[str, Any], flow_run: Any, state: Any, known: AttemptSu
     return next_run
 
 
-__all__ = ["CarriedOver", "bound_parameters", "carry_on", "carry_over", "idempotency_key", "plan_after", "schedule_next_attempt"]
+__all__ = ["bound_parameters", "carry_on", "idempotency_key", "plan_after", "schedule_next_attempt", "settle_lost_attempt"]
