@@ -142,7 +142,7 @@ def test_a_controller_that_stops_answering_ends_the_attempt_saying_so_with_the_e
     cluster.run("scancel", job_id)  # the job outlived its flow; the next test's fixture waits for the idle node
 
     assert state.is_failed()
-    assert [(h["termination_reason"], h["category"]) for h in history] == [("ControllerUnreachable", "unknown")]
+    assert [(h["termination_reason"], h["category"]) for h in history] == [("ControllerUnreachable", "transient_io")]
     attempt = blocks["evidence"] / "runs" / run_id / "attempt-1"
     said = json.loads((attempt / "runner.json").read_text())["message"]
     assert f"at {cluster.node} is DOWN" in said and f"scancel {job_id}" in said and "\n" not in said
