@@ -51,6 +51,7 @@ def test_the_batch_script_quotes_the_command_and_wraps_it_in_srun_with_the_entry
     assert "srun --kill-on-bad-exit=1" in script
     assert "'1e-3; rm -rf /'" in script and "/s/ep.pyz" in script
     assert "marker='/s/ws dir/slurm-signal.txt'" in script
+    assert 'scancel --signal=TERM "$SLURM_JOB_ID"' in script  # the warning goes on to the tasks, not to srun
 
 
 @pytest.mark.parametrize(("state", "code", "signalled", "stopped_for", "category"), [

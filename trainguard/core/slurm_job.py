@@ -151,10 +151,13 @@ def batch_script(*, python: str, entrypoint: str, command: Sequence[str], worksp
     return "\n".join([
         "#!/bin/bash",
         f"# trainguard: run {shlex.quote(run_id)}, attempt {attempt}. Generated; Slurm keeps a copy with the job.",
-        "# Slurm's warning before the time limit (--signal=B:TERM@...) reaches this shell: note it, pass it on.",
+        "# Slurm's warning before the time limit (--signal=B:TERM@...) reaches this shell: note it, pass it on",
+        "# to the tasks through Slurm (not the batch shell again), so each entrypoint gets SIGTERM and writes its",
+        "# report; srun itself would kill its tasks on SIGTERM. Only if scancel fails is srun signalled.",
         f"marker={shlex.quote(marker)}",
         "step=",
-        "trap 'date -u +%Y-%m-%dT%H:%M:%SZ >> \"$marker\"; [ -n \"$step\" ] && kill -TERM \"$step\" 2>/dev/null' TERM",
+        "trap 'date -u +%Y-%m-%dT%H:%M:%SZ >> \"$marker\"; [ -n \"$step\" ] && { scancel --signal=TERM \"$SLURM_JOB_ID\" "
+        "2>/dev/null || kill -TERM \"$step\" 2>/dev/null; }' TERM",
         " ".join(shlex.quote(a) for a in argv) + " &",
         "step=$!",
         "while :; do",
