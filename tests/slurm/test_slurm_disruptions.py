@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import re
 import sys
+from typing import Any
 
 from slurm_helpers import (
     Meanwhile, job_states, log_says, run, running_job, sacct_steps, save_slurm_blocks, tiny_spec,
 )
 from waiting import wait_for
 
+from flows.attempt import train_attempt
 from trainguard.core.manifest import read_manifest, verify_manifest
 from trainguard.core.slurm_job import job_name
+from trainguard.core.spec import parse_spec
 from trainguard.core.stores import LocalEvidenceStore
 
 
@@ -81,12 +84,12 @@ def test_a_job_over_its_memory_limit_is_a_host_oom(prefect_server, slurm_node_up
         assert "exceeded memory limit" in err.read_text() and step["MaxRSS"], step
 
 
-def test_a_controller_that_stops_answering_ends_the_attempt_saying_so_with_the_evidence_there_is(
+def test_a_controller_that_stops_answering_ends_attempts_saying_so_and_the_next_one_continues_the_job(
     prefect_server, slurm_node_up, tmp_path
 ):
     cluster, run_id = slurm_node_up, "slurm-ctldlost-1"
     blocks = save_slurm_blocks(cluster, tmp_path, command_timeout_seconds=5, controller_timeout_seconds=2)
-    spec = tiny_spec("slurm-ctldlost", "--steps", "600", "--step-seconds", "0.1", retry={"max_attempts": 1})
+    spec = tiny_spec("slurm-ctldlost", "--steps", "3000", "--step-seconds", "0.1", retry={"max_attempts": 2})
 
     def stop_controller() -> str:
         job_id = running_job(cluster, run_id, 1)
@@ -97,18 +100,19 @@ def test_a_controller_that_stops_answering_ends_the_attempt_saying_so_with_the_e
     beside = Meanwhile(stop_controller)
     beside.start()
     try:
-        state, history = run(spec, blocks, run_id)
+        state, history = run(spec, blocks, run_id)  # attempt 2 finds the controller still silent at submission
         job_id = beside.join_checked()
     finally:
         beside.join(60)
         cluster.restart_controller()
-    cluster.run("scancel", job_id)  # the job outlived its flow; the next test's fixture waits for the idle node
 
     assert state.is_failed()
-    assert [(h["termination_reason"], h["category"]) for h in history] == [("ControllerUnreachable", "transient_io")]
+    assert [(h["termination_reason"], h["category"]) for h in history] == [("ControllerUnreachable", "transient_io")] * 2
     attempt = blocks["evidence"] / "runs" / run_id / "attempt-1"
     said = json.loads((attempt / "runner.json").read_text())["message"]
     assert f"at {cluster.node} is DOWN" in said and f"scancel {job_id}" in said and "\n" not in said
+    second = json.loads((blocks["evidence"] / "runs" / run_id / "attempt-2" / "runner.json").read_text())
+    assert "did not answer when trainguard went to submit attempt 2" in second["message"] and second["job_id"] is None
     store = LocalEvidenceStore(blocks["evidence"])
     manifest = read_manifest(store, run_id, 1)
     assert verify_manifest(store, manifest) == []
@@ -118,3 +122,34 @@ def test_a_controller_that_stops_answering_ends_the_attempt_saying_so_with_the_e
     # slurmdbd still answers; the job's start may still sit in slurmctld's queue for it when slurmctld stops
     assert sacct_steps(attempt / "slurm" / "sacct.txt", job_id)[job_id]["State"] in ("PENDING", "RUNNING")
     assert "not final" in {m.name: m.reason for m in manifest.missing}["slurm/sacct-final"]
+    _the_next_attempt_continues(cluster, blocks, run_id, spec, job_id)
+
+
+def _the_next_attempt_continues(cluster: Any, blocks: dict[str, Any], run_id: str, spec: dict[str, Any],
+                                job_id: str) -> None:
+    """With slurmctld back, attempt 3 follows the job attempt 1 lost (it still trains), and submits none."""
+    record = blocks["shared"] / "runs" / run_id / "attempt-3" / "slurm-job.json"
+
+    def warn_once_continued() -> list[tuple[str, str]]:
+        wait_for(record.is_file, timeout=60, what="attempt 3 to take the job over")
+        running = job_states(cluster, job_name(run_id, 1))
+        cluster.run("scancel", "--signal=TERM", "--batch", job_id)  # the job ends, as at its time limit
+        return running
+
+    beside = Meanwhile(warn_once_continued)
+    beside.start()
+    state = train_attempt(parse_spec(spec), attempt=3, run_id=run_id, backend_block=blocks["backend_block"],
+                          evidence_block=blocks["evidence_block"], return_state=True)
+    assert beside.join_checked() == [(job_id, "RUNNING")]
+
+    assert state.is_failed()
+    assert job_states(cluster, job_name(run_id, 3)) == []  # no job of its own
+    assert json.loads(record.read_text())["job_attempt"] == 1
+    kept = blocks["evidence"] / "runs" / run_id / "attempt-3"
+    verdict = json.loads((kept / "verdict.json").read_text())
+    assert (verdict["category"], verdict["termination_reason"]) == ("timeout", "DeadlineExceeded"), verdict
+    assert "step 5/" in (kept / "logs" / f"train-{run_id}-attempt-3.log").read_text()  # the job's log, as its own
+    assert json.loads((kept / "crash-report.json").read_text())["signal"] == 15
+    store = LocalEvidenceStore(blocks["evidence"])
+    assert verify_manifest(store, read_manifest(store, run_id, 3)) == []
+    assert sacct_steps(kept / "slurm" / "sacct.txt", job_id)[job_id]["State"] == "FAILED"
