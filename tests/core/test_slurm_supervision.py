@@ -201,3 +201,34 @@ def test_odd_squeue_answers_past_the_bound_end_the_attempt_leaving_the_job_to_th
     assert "squeue answered 5 times in a row with an error" in outcome.message and "scancel 42" in outcome.message
     assert len([call for call in script.calls if call[:2] == ["squeue", "--noheader"] and "--jobs=42" in call]) == 5
     assert not [call for call in script.calls if call[0] == "scancel"]
+
+
+def test_stop_orphan_cancels_the_job_found_by_name_and_comment_and_keeps_its_end(tmp_path):
+    states = {"7": "RUNNING"}
+    calls = []
+
+    def slurm(argv, env, timeout):
+        argv = list(argv)
+        calls.append(argv)
+        if argv[0] == "squeue" and any(a.startswith("--name=") for a in argv):  # no record: found by name and comment
+            return CommandResult(0, f"7|RUNNING|{job_comment('r', 1, str(tmp_path))}\n", "")
+        if argv[0] == "squeue":
+            return CommandResult(0, states["7"] + "\n", "")
+        if argv[0] == "scancel":
+            states["7"] = "CANCELLED"
+            return CommandResult(0, "", "")
+        if argv[0] == "scontrol" and "job" in argv:
+            return CommandResult(0, FINISHED.replace("COMPLETED", "CANCELLED"), "")
+        return CommandResult(0, "", "")
+
+    backend = SlurmBackend(tmp_path, client=SlurmClient(runner=slurm), sleep=lambda seconds: None)
+    ref = backend.provision("r", 1)
+
+    said = backend.stop_orphan(ref)
+
+    assert said is not None and "cancelled Slurm job 7, left RUNNING" in said and "ended CANCELLED" in said
+    assert ["scancel", "7"] in calls
+    assert "JobState=CANCELLED" in (tmp_path / "runs" / "r" / "attempt-1" / "slurm" / "scontrol-show-job.txt").read_text()
+    calls.clear()
+    assert backend.stop_orphan(ref) is None  # nothing runs any more: nothing is stopped
+    assert not [call for call in calls if call[0] == "scancel"]
