@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from trainguard.core.attempt import AttemptSummary, next_parameters
-from trainguard.core.backend import AttemptOutcome, Backend, Launch, container_env
+from trainguard.core.backend import AttemptOutcome, Backend, Launch, StopsOrphans, container_env
 from trainguard.core.local_backend import LocalBackend
+from trainguard.core.slurm_backend import SlurmBackend
 from trainguard.core.policy import RetryDecision
 
 
@@ -53,6 +54,11 @@ def test_an_outcome_survives_its_json_form_with_conditions_and_events() -> None:
 
 def test_the_local_backend_is_a_backend(tmp_path) -> None:
     assert isinstance(LocalBackend(tmp_path), Backend)
+
+
+def test_the_slurm_backend_is_a_backend_that_stops_orphans(tmp_path) -> None:
+    backend = SlurmBackend(tmp_path)
+    assert isinstance(backend, Backend) and isinstance(backend, StopsOrphans)
 
 
 def test_next_parameters_carry_the_nodes_to_avoid_and_move_the_lineage_on() -> None:

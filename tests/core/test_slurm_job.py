@@ -51,6 +51,7 @@ def test_the_batch_script_quotes_the_command_and_wraps_it_in_srun_with_the_entry
     assert "srun --kill-on-bad-exit=1" in script
     assert "'1e-3; rm -rf /'" in script and "/s/ep.pyz" in script
     assert "marker='/s/ws dir/slurm-signal.txt'" in script
+    assert 'scancel --signal=TERM "$SLURM_JOB_ID"' in script  # the warning goes on to the tasks, not to srun
 
 
 @pytest.mark.parametrize(("state", "code", "signalled", "stopped_for", "category"), [
@@ -95,10 +96,21 @@ def test_command_failures_are_translated_once_into_the_error_tree(stderr, error)
             client.show_job("1")
 
 
-def test_adoption_finds_only_the_job_whose_comment_matches():
-    out = "7|RUNNING|trainguard run=r attempt=1 shared=abc\n8|PENDING|someone else's job\n"
-    client = SlurmClient(runner=lambda argv, env, timeout: CommandResult(0, out, ""))
-    assert client.find("tg-r-a1", "trainguard run=r attempt=1 shared=abc") == [("7", "RUNNING")]
+def test_adoption_asks_squeue_for_the_name_and_keeps_only_the_job_whose_comment_matches():
+    ours, theirs = job_comment("r", 1, "/shared"), job_comment("r", 1, "/other-installation")
+    jobs = [("7", "tg-r-a1", "RUNNING", ours), ("8", "tg-r-a1", "PENDING", theirs), ("9", "tg-r-a2", "RUNNING", ours)]
+    asked = []
+
+    def squeue(argv, env, timeout):  # answers as squeue would: only the jobs the --name filter selects
+        asked.append(list(argv))
+        name = next(a.split("=", 1)[1] for a in argv if a.startswith("--name="))
+        assert argv[0] == "squeue" and "--me" in argv and "--format=%i|%T|%k" in argv
+        return CommandResult(0, "".join(f"{i}|{s}|{c}\n" for i, n, s, c in jobs if n == name), "")
+
+    client = SlurmClient(runner=squeue)
+    assert client.find(job_name("r", 1), ours) == [("7", "RUNNING")]
+    assert client.find(job_name("r", 2), ours) == [("9", "RUNNING")]
+    assert client.find(job_name("r", 3), ours) == [] and len(asked) == 3
 
 
 def test_slurmstepds_memory_kill_in_the_job_stderr_is_a_host_oom():

@@ -42,9 +42,10 @@ def test_an_nccl_timeout_on_slurm_is_retried_from_its_checkpoint_and_succeeds(sl
     assert not [item for item in manifest.missing if item.name.startswith("slurm/sacct")], manifest.missing
     steps = sacct_steps(evidence / "attempt-1" / "slurm" / "sacct.txt", job_id)
     assert set(steps) == {job_id, f"{job_id}.batch", f"{job_id}.0"}  # the allocation, the batch shell, srun's step
-    for step in steps.values():  # MaxRSS is there too; a step this short may end before its first sample
+    for step in steps.values():  # MaxRSS too, where sampled: a step this short may end before its first sample
         assert (step["State"], step["ExitCode"], step["NodeList"]) == ("FAILED", "1:0", slurm_cluster.node), step
         assert re.fullmatch(r"\d\d:\d\d:\d\d", step["Elapsed"]) and "MaxRSS" in step, step
+        assert step["MaxRSS"] == "" or _bytes(step["MaxRSS"]) > 0, step
     assert f'"job_id": {job_id}' in (evidence / "attempt-1" / "slurm" / "sacct.json").read_text()
     assert "JobState=FAILED" in (evidence / "attempt-1" / "slurm" / "scontrol-show-job.txt").read_text()
     assert "Requeue=0" in (evidence / "attempt-1" / "slurm" / "scontrol-show-job.txt").read_text()  # --no-requeue
@@ -89,7 +90,8 @@ def test_scancel_by_a_user_is_user_cancelled_and_not_retried(slurm_blocks, slurm
     assert steps[job_id]["State"].startswith("CANCELLED by ")  # sacct names who cancelled it
     for step in (f"{job_id}.batch", f"{job_id}.0"):  # each step's own end, as accounting kept it
         assert re.fullmatch(r"\d+:\d+", steps[step]["ExitCode"]), steps[step]
-    assert re.fullmatch(r"\d+(\.\d+)?[KMG]", steps[f"{job_id}.0"]["MaxRSS"]), steps  # the trainer's peak memory
+    for step in (f"{job_id}.batch", f"{job_id}.0"):  # the batch shell's and the trainer's peak memory
+        assert 0 < _bytes(steps[step]["MaxRSS"]) < 4 * 2**30, steps[step]
 
 
 def test_a_job_over_its_time_limit_is_a_timeout(prefect_server, slurm_node_up, tmp_path):
@@ -101,5 +103,15 @@ def test_a_job_over_its_time_limit_is_a_timeout(prefect_server, slurm_node_up, t
     assert state.is_failed()
     assert (history[0]["category"], history[0]["termination_reason"]) == ("timeout", "DeadlineExceeded")
     assert "TIMEOUT" in history[0]["signature"] or history[0]["rule_id"] == "reason.deadline"
-    assert "TimeLimit=00:01:00" in (blocks["evidence"] / "runs" / "slurm-timeout-1" / "attempt-1" / "slurm"
-                                    / "scontrol-show-job.txt").read_text()
+    kept = blocks["evidence"] / "runs" / "slurm-timeout-1" / "attempt-1" / "slurm"
+    assert "TimeLimit=00:01:00" in (kept / "scontrol-show-job.txt").read_text()
+    job_id = json.loads((kept / "slurm-job.json").read_text())["job_id"]
+    assert sacct_steps(kept / "sacct.txt", job_id)[job_id]["State"] == "TIMEOUT"  # Slurm's own word, as accounting kept it
+    store = LocalEvidenceStore(blocks["evidence"])
+    assert verify_manifest(store, read_manifest(store, "slurm-timeout-1", 1)) == []
+
+
+def _bytes(max_rss: str) -> float:
+    """sacct's MaxRSS (`34320K`, `1.50M`, `0`) in bytes."""
+    number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", max_rss).groups()
+    return float(number) * 1024 ** " KMGT".index(unit or " ")

@@ -15,6 +15,7 @@ import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 # Job states after which a job never runs again (squeue's and sacct's long names).
 TERMINAL_STATES = frozenset({
@@ -136,6 +137,16 @@ class JobInfo:
 
 def _slurm_time(value: str | None) -> str | None:
     return value if value and value not in ("Unknown", "None", "N/A") else None
+
+
+def iso_time(slurm_time: str | None) -> str | None:
+    """Slurm's local `YYYY-MM-DDTHH:MM:SS` as ISO-8601 with this machine's UTC offset."""
+    if not slurm_time:
+        return None
+    try:
+        return datetime.fromisoformat(slurm_time).astimezone(UTC).isoformat()
+    except ValueError:
+        return None
 
 
 def _duration_seconds(value: str | None) -> float:

@@ -5,7 +5,7 @@ flow's machine also mounts. `run` submits the attempt's job (or adopts the one a
 process already submitted, found by its recorded id or by name and comment), follows it with
 `squeue` on its own id with backoff, streams the entrypoint's log to `on_line`, and reads the end
 from `scontrol show job` and the entrypoint's crash report. Evidence is ``slurm_evidence``'s; the
-job's shape is ``slurm_job``'s; the commands are ``slurm``'s.
+job's shape is ``slurm_job``'s; the commands are ``slurm``'s; earlier attempts' jobs ``slurm_continuation``'s.
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ from typing import Any
 
 from trainguard_entrypoint.files import write_json_atomic
 
-from trainguard.core import evidence, slurm_evidence, slurm_job
+from trainguard.core import evidence, slurm, slurm_continuation, slurm_evidence, slurm_job
 from trainguard.core.backend import (
     CANCELLED, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, container_env,
 )
 from trainguard.core.slurm import JobInfo, JobNotFound, SlurmClient, SlurmError, SlurmUnavailable, TERMINAL_STATES
+from trainguard.core.slurm_continuation import JOB_RECORD, read_json
 from trainguard.core.slurm_tail import LogTail
 from trainguard.core.stores import EvidenceStore
 from trainguard.core.triage.signals import Signals
 from trainguard.core.workspace import AttemptWorkspace, run_checkpoint_dir
 
 KIND = "slurm"
-JOB_RECORD = "slurm-job.json"
 _PASSED_THROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SLURM_CONF")
 
 
@@ -55,6 +55,9 @@ class SlurmBackend:
         poll_min_seconds, poll_max_seconds: The `squeue` backoff range while a job is queued or running.
         controller_timeout_seconds: How long the controller may go unanswered while a job is followed
             before the attempt ends as `ControllerUnreachable` (the job itself may run on).
+        odd_answers_limit: How many unexpected squeue failures in a row (neither "unreachable" nor
+            "no such job") are asked again before the attempt ends as `ControllerUnreachable`.
+        orphan_grace_seconds: How long `stop_orphan` waits for a cancelled job to end.
     """
 
     shared_folder: Path
@@ -66,6 +69,8 @@ class SlurmBackend:
     poll_min_seconds: float = 0.25
     poll_max_seconds: float = 2.0
     controller_timeout_seconds: float = 300.0
+    odd_answers_limit: int = 5
+    orphan_grace_seconds: float = 60.0
     kind: str = KIND
 
     def workspace(self, ref: AttemptRef) -> AttemptWorkspace:
@@ -82,6 +87,8 @@ class SlurmBackend:
         started_at = datetime.now(UTC)
         try:
             job_id = self._submit_or_adopt(ws, launch)
+        except SlurmUnavailable as exc:  # a busy or stopped controller is the cluster's trouble, not the run's
+            return self._unreachable(ws, None, self._unanswered_submit(launch, exc), started_at)
         except (SlurmError, OSError) as exc:
             return self._never_started(ws, f"sbatch failed: {exc}")
         stopped_for: str | None = None
@@ -120,6 +127,29 @@ class SlurmBackend:
         folder = run_checkpoint_dir(self.shared_folder, run_id)
         return [str(path) for path in evidence.newest_checkpoints(folder)] if folder.is_dir() else []
 
+    def stop_orphan(self, ref: AttemptRef) -> str | None:
+        """Cancel the job a dead flow process left queued or running, once Slurm's account of it is kept.
+
+        The job is found by its record, or by name and comment when the flow died before writing
+        one. After `scancel` (SIGTERM to the steps, so the entrypoint writes its crash report) the
+        job's `scontrol show job` is kept as it ends, for the evidence collected next.
+        """
+        ws = self.workspace(ref)
+        job_id = self.recorded_job_id(ws)
+        if job_id is None:
+            comment = slurm_job.job_comment(ref.run_id, ref.attempt, str(self.shared_folder))
+            job_id = next((found for found, _ in self.client.find(ref.name, comment)), None)
+        state = self.client.state(job_id) if job_id is not None else None
+        if job_id is None or state is None or state in TERMINAL_STATES:
+            return None
+        self.client.cancel(job_id)
+        deadline = self.clock() + self.orphan_grace_seconds
+        while (now := self.client.state(job_id)) is not None and now not in TERMINAL_STATES and self.clock() < deadline:
+            self.sleep(self.poll_min_seconds)
+        info = self._final_info(ws, job_id)
+        return (f"cancelled Slurm job {job_id}, left {state} without its supervisor; it ended "
+                f"{info.state if info is not None else now or 'out of Slurm memory'}")
+
     def release(self, ref: AttemptRef) -> None:
         """Nothing to delete: Slurm ages the job's record out itself; the folder stays for resumes."""
 
@@ -135,7 +165,9 @@ class SlurmBackend:
         return job_id if isinstance(job_id, str) and job_id.isdigit() else None
 
     def _adoptable(self, ws: AttemptWorkspace, launch: Launch) -> str | None:
-        name = slurm_job.job_name(launch.run_id, launch.attempt)
+        record = read_json(ws.root / JOB_RECORD)
+        origin = slurm_continuation.job_attempt(record, launch.attempt)  # a continued job keeps its first name
+        name = slurm_job.job_name(launch.run_id, origin)
         recorded = self.recorded_job_id(ws)
         if recorded is not None:
             try:
@@ -144,7 +176,7 @@ class SlurmBackend:
             except JobNotFound:
                 pass  # aged out of Slurm's memory: look for a namesake still queued or running
         comment = slurm_job.job_comment(launch.run_id, launch.attempt, str(self.shared_folder))
-        found = self.client.find(name, comment)
+        found = self.client.find(slurm_job.job_name(launch.run_id, launch.attempt), comment)
         return found[0][0] if found else None
 
     def _submit_or_adopt(self, ws: AttemptWorkspace, launch: Launch) -> str:
@@ -152,7 +184,13 @@ class SlurmBackend:
         if adopted is not None:
             self._record(ws, adopted, adopted=True)
             return adopted
-        self._stop_earlier_attempts(launch)
+        lost = slurm_continuation.find_lost_job(self.client, self.shared_folder, launch.run_id, launch.attempt)
+        if lost is not None:  # the job an attempt lost with the controller trains on: follow it, don't restart
+            origin = AttemptWorkspace.create(self.shared_folder, launch.run_id, lost.job_attempt)
+            slurm_continuation.link_job_files(ws, origin, lost.job_id)
+            self._record(ws, lost.job_id, adopted=True, job_attempt=lost.job_attempt)
+            return lost.job_id
+        slurm_continuation.cancel_earlier_jobs(self.client, self.shared_folder, launch.run_id, launch.attempt)
         script = ws.root / "slurm-batch.sh"
         entry = slurm_evidence.entrypoint_archive(self.shared_folder)
         script.write_text(slurm_job.batch_script(
@@ -166,14 +204,6 @@ class SlurmBackend:
         job_id = self.client.submit(str(script), options, env)
         self._record(ws, job_id, adopted=False, options=options)
         return job_id
-
-    def _stop_earlier_attempts(self, launch: Launch) -> None:
-        """Cancel this run's earlier attempts still queued or running (one left behind when the
-        controller stopped answering), so no two jobs train on the run's checkpoint folder at once."""
-        for attempt in range(1, launch.attempt):
-            comment = slurm_job.job_comment(launch.run_id, attempt, str(self.shared_folder))
-            for job_id, _ in self.client.find(slurm_job.job_name(launch.run_id, attempt), comment):
-                self.client.cancel(job_id)
 
     def _base_env(self) -> dict[str, str]:
         client_env = self.client.env if self.client.env is not None else os.environ
@@ -190,15 +220,15 @@ class SlurmBackend:
         avoid = [node for node in launch.avoid_nodes if node in nodes]
         return avoid if nodes - set(avoid) else []  # else the job waits for the node to come back
 
-    def _record(self, ws: AttemptWorkspace, job_id: str, *, adopted: bool, options: list[str] | None = None) -> None:
+    def _record(self, ws: AttemptWorkspace, job_id: str, *, adopted: bool, options: list[str] | None = None,
+                job_attempt: int | None = None) -> None:
         path = ws.root / JOB_RECORD
-        previous: dict[str, Any] = {}
-        try:
-            loaded = json.loads(path.read_text(encoding="utf-8"))
-            previous = loaded if isinstance(loaded, dict) and loaded.get("job_id") == job_id else {}
-        except (OSError, ValueError):
-            pass
-        record = {**previous, "job_id": job_id, "job_name": slurm_job.job_name(ws.run_id, ws.attempt)}
+        loaded = read_json(path) or {}
+        previous: dict[str, Any] = loaded if loaded.get("job_id") == job_id else {}
+        origin = job_attempt or slurm_continuation.job_attempt(previous, ws.attempt)
+        record = {**previous, "job_id": job_id, "job_name": slurm_job.job_name(ws.run_id, origin)}
+        if origin != ws.attempt:
+            record["job_attempt"] = origin  # continued from the attempt that lost it; its files are linked here
         stamp = datetime.now(UTC).isoformat()
         if adopted:
             record["adopted_at"] = [*previous.get("adopted_at", []), stamp]
@@ -212,17 +242,14 @@ class SlurmBackend:
         """Follow the job until it is terminal; return why trainguard stopped it, if it did."""
         tail = LogTail(ws.log_path, on_line, self.clock)
         delay, running_since, stopped_for = self.poll_min_seconds, None, None
-        answered = self.clock()
+        watch = _Watch(self.clock())
         while True:
             tail.poll()
             try:
-                state = self.client.state(job_id)
-                answered = self.clock()
-            except SlurmUnavailable as exc:
-                state = "UNKNOWN"  # the controller is busy or restarting: ask again, later, within bounds
-                if self.clock() - answered >= self.controller_timeout_seconds:
-                    tail.poll(final=True)
-                    raise _ControllerLost(self._lost_message(job_id, exc, self.clock() - answered)) from exc
+                state = self._state(job_id, watch)
+            except _ControllerLost:
+                tail.poll(final=True)
+                raise
             if state is None or state in TERMINAL_STATES:
                 tail.poll(final=True)
                 return stopped_for
@@ -237,19 +264,40 @@ class SlurmBackend:
             self.sleep(delay)
             delay = min(delay * 1.5, self.poll_max_seconds) if state != "COMPLETING" else self.poll_min_seconds
 
-    def _lost_message(self, job_id: str, exc: SlurmError, silent_seconds: float) -> str:
-        conf = (self.client.env or os.environ).get("SLURM_CONF", "the system's slurm.conf")
-        return (f"Slurm's controller did not answer for {silent_seconds:.0f}s while trainguard followed job {job_id} "
-                f"({self.client.ping() or 'scontrol ping gave no answer'}; configured in {conf}; last error: {exc}); "
-                f"the job may still be running: bring slurmctld back (`scontrol ping`, its log), then run this attempt "
-                f"again to adopt job {job_id}, or `scancel {job_id}`")
+    def _state(self, job_id: str, watch: _Watch) -> str | None:
+        """squeue's word on the job; "UNKNOWN" while the controller is silent or odd, within bounds."""
+        try:
+            state = self.client.state(job_id)
+        except SlurmUnavailable as exc:  # busy or restarting: ask again, later, within bounds
+            if self.clock() - watch.answered >= self.controller_timeout_seconds:
+                raise _ControllerLost(self._lost_message(job_id, exc, self.clock() - watch.answered)) from exc
+            return "UNKNOWN"
+        except SlurmError as exc:  # an answer squeue should not give (a plugin or RPC hiccup): never a reason to cancel
+            watch.odd += 1
+            if watch.odd >= self.odd_answers_limit:
+                raise _ControllerLost(slurm_job.odd_answers_message(job_id, watch.odd, str(exc))) from exc
+            return "UNKNOWN"
+        watch.answered, watch.odd = self.clock(), 0
+        return state
 
-    def _unreachable(self, ws: AttemptWorkspace, job_id: str, message: str, started: datetime) -> AttemptOutcome:
+    def _lost_message(self, job_id: str, exc: SlurmError, silent_seconds: float) -> str:
+        return slurm_job.lost_message(job_id, silent_seconds, self._controller(), str(exc))
+
+    def _unanswered_submit(self, launch: Launch, exc: SlurmError) -> str:
+        return slurm_job.unanswered_submit_message(launch.attempt, slurm_job.job_name(launch.run_id, launch.attempt),
+                                                   self._controller(), str(exc))
+
+    def _controller(self) -> str:
+        """Which controller the configuration names and what `scontrol ping` says of it (one line)."""
+        conf = (self.client.env or os.environ).get("SLURM_CONF", "the system's slurm.conf")
+        return f"{self.client.ping() or 'scontrol ping gave no answer'}; configured in {conf}"
+
+    def _unreachable(self, ws: AttemptWorkspace, job_id: str | None, message: str, started: datetime) -> AttemptOutcome:
         self._write_runner(ws, job_id, None, slurm_job.UNREACHABLE, message)
         event = {"type": "Warning", "reason": slurm_job.UNREACHABLE, "message": message,
-                 "involvedObject": {"kind": "SlurmJob", "name": job_id}}
-        crash = _read_json(ws.crash_report_path)  # the job may have ended and reported before the controller went
-        exit_code, sig = _exit_status(crash, None)
+                 "involvedObject": {"kind": "SlurmJob", "name": job_id or slurm_job.job_name(ws.run_id, ws.attempt)}}
+        crash = read_json(ws.crash_report_path)  # the job may have ended and reported before the controller went
+        exit_code, sig = slurm_job.exit_status(crash, None)
         return AttemptOutcome(exit_code=exit_code, signal=sig, reason=slurm_job.UNREACHABLE, message=message,
                               started_at=started.isoformat(), finished_at=datetime.now(UTC).isoformat(),
                               events=(event,), log_path=str(ws.log_path))
@@ -264,22 +312,22 @@ class SlurmBackend:
 
     def _outcome(self, ws: AttemptWorkspace, job_id: str, stopped_for: str | None, started: datetime) -> AttemptOutcome:
         info = self._final_info(ws, job_id)
-        crash = _read_json(ws.crash_report_path)
-        exit_code, sig = _exit_status(crash, info)
+        crash = read_json(ws.crash_report_path)
+        exit_code, sig = slurm_job.exit_status(crash, info)
         state = info.state if info is not None else "UNKNOWN"
         signalled = (ws.root / slurm_job.SIGNAL_MARKER).exists()
         reason = slurm_job.termination(state, exit_code, signalled=signalled, stopped_for=stopped_for,
                                        memory_exceeded=slurm_job.memory_killed(_tail_bytes(ws.root / f"slurm-{job_id}.err")))
         nodes = self._hostnames(info.node_list) if info is not None and info.node_list else []
         node = self._failed_node(ws, nodes) if reason == "NodeLost" else (nodes[0] if nodes else None)
-        message = _message(job_id, info, exit_code, sig, stopped_for, signalled)
+        message = slurm_job.ended_message(job_id, info, exit_code, sig, stopped_for, signalled)
         self._write_runner(ws, job_id, exit_code, reason, message, sig)
         event = {"type": "Warning" if reason != "Completed" else "Normal", "reason": state, "message": message,
                  "involvedObject": {"kind": "SlurmJob", "name": job_id}}
         return AttemptOutcome(
             exit_code=exit_code, signal=sig, reason=reason, message=message,
-            started_at=_iso(info.start_time) if info else started.isoformat(),
-            finished_at=_iso(info.end_time) if info else datetime.now(UTC).isoformat(),
+            started_at=slurm.iso_time(info.start_time) if info else started.isoformat(),
+            finished_at=slurm.iso_time(info.end_time) if info else datetime.now(UTC).isoformat(),
             duration_seconds=info.run_seconds if info else 0.0, node=node, events=(event,),
             log_path=str(ws.log_path),
         )
@@ -332,15 +380,15 @@ class SlurmBackend:
 
 
 class _ControllerLost(Exception):
-    """The controller stayed silent past `controller_timeout_seconds`; the message says what to do."""
+    """The controller stayed silent (or odd) past its bound; the message says what to do."""
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return payload if isinstance(payload, dict) else None
+@dataclass
+class _Watch:
+    """When squeue last answered, and how many odd answers came in a row since."""
+
+    answered: float
+    odd: int = 0
 
 
 def _tail_bytes(path: Path, limit: int = 256 * 1024) -> bytes:
@@ -350,40 +398,3 @@ def _tail_bytes(path: Path, limit: int = 256 * 1024) -> bytes:
             return handle.read()
     except OSError:
         return b""
-
-
-def _exit_status(crash: dict[str, Any] | None, info: JobInfo | None) -> tuple[int | None, int | None]:
-    """The command's own status from the crash report; else the batch script's as Slurm saw it."""
-    if crash is not None and isinstance(crash.get("exit_code"), int):
-        sig = crash.get("signal")
-        return crash["exit_code"], sig if isinstance(sig, int) else None
-    if info is None:
-        return None, None
-    if info.signal:
-        return 128 + info.signal, info.signal
-    return info.exit_code, None
-
-
-def _message(job_id: str, info: JobInfo | None, code: int | None, sig: int | None, stopped_for: str | None,
-             signalled: bool) -> str:
-    if info is None:
-        return f"Slurm job {job_id} ended, but Slurm no longer has its record; exit code {code}"
-    why = f", reason {info.reason}" if info.reason and info.reason != "None" else ""
-    text = f"Slurm job {job_id} ended {info.state}{why} on {info.node_list or 'no node'}; exit code {code}"
-    if sig:
-        text += f" (signal {sig})"
-    if stopped_for == slurm_job.STALLED:
-        text += "; cancelled by trainguard: no new log output within the stall window"
-    elif signalled and info.state not in ("COMPLETED", "CANCELLED"):  # scancel's TERM reaches the trap too
-        text += "; Slurm warned of its time limit (--signal) and the command stopped"
-    return text
-
-
-def _iso(slurm_time: str | None) -> str | None:
-    """Slurm's local `YYYY-MM-DDTHH:MM:SS` as ISO-8601 with this machine's UTC offset."""
-    if not slurm_time:
-        return None
-    try:
-        return datetime.fromisoformat(slurm_time).astimezone(UTC).isoformat()
-    except ValueError:
-        return None

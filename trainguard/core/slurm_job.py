@@ -15,8 +15,10 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from trainguard.core.backend import CANCELLED, COMPLETED, ERROR, Launch
+from trainguard.core.slurm import JobInfo
 
 # Slurm's words for how a job ended, as the termination reasons the triage rules know.
 STATE_REASONS = {
@@ -149,10 +151,13 @@ def batch_script(*, python: str, entrypoint: str, command: Sequence[str], worksp
     return "\n".join([
         "#!/bin/bash",
         f"# trainguard: run {shlex.quote(run_id)}, attempt {attempt}. Generated; Slurm keeps a copy with the job.",
-        "# Slurm's warning before the time limit (--signal=B:TERM@...) reaches this shell: note it, pass it on.",
+        "# Slurm's warning before the time limit (--signal=B:TERM@...) reaches this shell: note it, pass it on",
+        "# to the tasks through Slurm (not the batch shell again), so each entrypoint gets SIGTERM and writes its",
+        "# report; srun itself would kill its tasks on SIGTERM. Only if scancel fails is srun signalled.",
         f"marker={shlex.quote(marker)}",
         "step=",
-        "trap 'date -u +%Y-%m-%dT%H:%M:%SZ >> \"$marker\"; [ -n \"$step\" ] && kill -TERM \"$step\" 2>/dev/null' TERM",
+        "trap 'date -u +%Y-%m-%dT%H:%M:%SZ >> \"$marker\"; [ -n \"$step\" ] && { scancel --signal=TERM \"$SLURM_JOB_ID\" "
+        "2>/dev/null || kill -TERM \"$step\" 2>/dev/null; }' TERM",
         " ".join(shlex.quote(a) for a in argv) + " &",
         "step=$!",
         "while :; do",
@@ -192,3 +197,52 @@ def termination(
     if signalled:
         return "DeadlineExceeded"  # it stopped on Slurm's warning before its time limit
     return ERROR
+
+
+def exit_status(crash: dict[str, Any] | None, info: JobInfo | None) -> tuple[int | None, int | None]:
+    """The command's own status from the crash report; else the batch script's as Slurm saw it."""
+    if crash is not None and isinstance(crash.get("exit_code"), int):
+        sig = crash.get("signal")
+        return crash["exit_code"], sig if isinstance(sig, int) else None
+    if info is None:
+        return None, None
+    if info.signal:
+        return 128 + info.signal, info.signal
+    return info.exit_code, None
+
+
+def ended_message(job_id: str, info: JobInfo | None, code: int | None, sig: int | None, stopped_for: str | None,
+                  signalled: bool) -> str:
+    """One line on how the job ended: its state and reason, node, exit status, and why if trainguard or Slurm stopped it."""
+    if info is None:
+        return f"Slurm job {job_id} ended, but Slurm no longer has its record; exit code {code}"
+    why = f", reason {info.reason}" if info.reason and info.reason != "None" else ""
+    text = f"Slurm job {job_id} ended {info.state}{why} on {info.node_list or 'no node'}; exit code {code}"
+    if sig:
+        text += f" (signal {sig})"
+    if stopped_for == STALLED:
+        text += "; cancelled by trainguard: no new log output within the stall window"
+    elif signalled and info.state not in ("COMPLETED", "CANCELLED"):  # scancel's TERM reaches the trap too
+        text += "; Slurm warned of its time limit (--signal) and the command stopped"
+    return text
+
+
+def lost_message(job_id: str, silent_seconds: float, controller: str, error: str) -> str:
+    """One line for a controller that went silent while its job was followed: what happened and the way out."""
+    return (f"Slurm's controller did not answer for {silent_seconds:.0f}s while trainguard followed job {job_id} "
+            f"({controller}; last error: {error}); the job may still be running: bring slurmctld back "
+            f"(`scontrol ping`, its log), then run this attempt again to adopt job {job_id}, or `scancel {job_id}`")
+
+
+def odd_answers_message(job_id: str, count: int, error: str) -> str:
+    """One line for squeue failing oddly (not "unreachable", not "no such job") `count` times in a row."""
+    return (f"squeue answered {count} times in a row with an error while trainguard followed job {job_id} "
+            f"(last: {error}); the job may still be running: check `squeue --jobs={job_id}` and slurmctld's log, "
+            f"then run this attempt again to adopt job {job_id}, or `scancel {job_id}`")
+
+
+def unanswered_submit_message(attempt: int, name: str, controller: str, error: str) -> str:
+    """One line for a controller that did not answer at submission: nothing is known to run for the attempt."""
+    return (f"Slurm's controller did not answer when trainguard went to submit attempt {attempt} as job {name} "
+            f"({controller}; error: {error}); bring slurmctld back (`scontrol ping`, its log): the next attempt "
+            f"adopts a job sbatch may have queued under that name, or submits one")
