@@ -1,4 +1,4 @@
-"""Retrying a call that is safe to repeat, when it fails in a way that may pass.
+"""Retrying a call that is safe to repeat, when it fails in a way that may pass; waiting on one at most so long.
 
 Only for calls whose repetition cannot do a thing twice (an idempotency key, a read, a
 create-or-get): the caller says which errors are transient; anything else is raised at once, so a
@@ -7,11 +7,16 @@ configuration problem (403, 404, a bad parameter) is never hidden behind retries
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+class CallTimedOut(TimeoutError):
+    """`call_within` stopped waiting; the call goes on in its own thread and its result is dropped."""
 
 
 def call_with_retries(
@@ -54,4 +59,34 @@ def call_with_retries(
     raise AssertionError("unreachable: the loop returns or raises")
 
 
-__all__ = ["call_with_retries"]
+def call_within(call: Callable[[], T], timeout_seconds: float) -> T:
+    """Return `call()`, or raise `CallTimedOut` once `timeout_seconds` passed without an answer.
+
+    The call runs in a daemon thread, so a request that hangs past the timeout neither holds
+    the caller nor keeps the process alive at exit. What the call raises is raised here. The
+    caller must give it nothing that the caller changes afterwards: it may still be running.
+    """
+    if timeout_seconds <= 0:
+        raise CallTimedOut("no time left")
+    answer: list[tuple[bool, object]] = []
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            answer.append((True, call()))
+        except BaseException as exc:  # handed to the caller, who decides
+            answer.append((False, exc))
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name="trainguard-call-within", daemon=True).start()
+    if not finished.wait(timeout_seconds):
+        raise CallTimedOut(f"no answer within {timeout_seconds:g} s")
+    ok, value = answer[0]
+    if not ok:
+        assert isinstance(value, BaseException)
+        raise value
+    return value  # type: ignore[return-value]
+
+
+__all__ = ["CallTimedOut", "call_with_retries", "call_within"]

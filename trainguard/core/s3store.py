@@ -7,13 +7,18 @@ a permanent one (403, no such bucket) stops at once. A write S3 did not take is 
 disk (``spool``) with its multipart upload's id, and so is every later write of this store, in
 order: an attempt's manifest, written last, reaches the bucket last, so a bundle with a manifest is
 complete. The write succeeds either way: `pending` says what waits, `last_error` why, and `flush`
-uploads it later, part by part. A time budget bounds how long one store object spends on S3.
+uploads it later, part by part.
+
+A time budget bounds how long one store object waits on S3, strictly: each upload runs in its own
+thread, and a request S3 has not answered when the budget is spent is left behind (its result
+dropped) while the write is spooled. Before a write goes up, the spooled writes of the same run
+(``runs/{run id}/``) go first, and only those: another run's backlog waits for `flush` or for
+that run's next write, so one attempt never spends its budget on another's evidence.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import os
 import time
@@ -22,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
-from trainguard.core import s3direct
-from trainguard.core.s3 import NoSuchUpload, S3Bucket, S3Error, S3Permanent, S3Transient
+from trainguard.core import retrying, s3direct
+from trainguard.core.s3 import S3Bucket, S3Permanent, S3Transient
+from trainguard.core.s3resume import SpoolUploader
 from trainguard.core.spool import TAG, Spool, SpoolEntry, b64_of_hex, part_bytes_for, s3_checksum, same_checksum
 from trainguard.core.stores import EvidenceNotFound, EvidenceStoreError, ObjectInfo, StoredItem, validate_key
 
@@ -38,7 +44,7 @@ class UploadPolicy:
         attempts: Tries per S3 request before a transient error stops the upload.
         base_delay_seconds: The first backoff; it doubles per retry up to ``max_delay_seconds``.
         max_delay_seconds: The longest backoff.
-        budget_seconds: Total time one store object may spend on S3 calls; None = no limit.
+        budget_seconds: Longest time one store object waits on S3, from its first upload; None = no limit.
         part_bytes: Multipart part size (at least 5 MiB; grown for objects over 10,000 parts).
         concurrency: Parts in flight at once; memory is about ``concurrency x part_bytes``.
     """
@@ -46,7 +52,7 @@ class UploadPolicy:
     attempts: int = 5
     base_delay_seconds: float = 0.5
     max_delay_seconds: float = 8.0
-    budget_seconds: float | None = 900.0
+    budget_seconds: float | None = 300.0
     part_bytes: int = 8 * 1024 * 1024
     concurrency: int = 10
 
@@ -58,6 +64,10 @@ class FlushResult:
     uploaded: tuple[str, ...]
     pending: tuple[str, ...]
     error: str = ""
+
+
+class BudgetSpent(S3Transient):
+    """The upload time budget ran out, possibly with a request S3 had not answered yet."""
 
 
 class S3Store:
@@ -81,6 +91,8 @@ class S3Store:
         self._clock, self._sleep = clock, sleep
         self._deadline: float | None = None  # the budget starts with the first upload, not at construction
         self._stopped = False
+        self._uploader = SpoolUploader(bucket, spool, policy.concurrency, self._retrying, self._check_budget,
+                                       lambda full: self.describe(self._short(full)))
 
     def _full(self, key: str) -> str:
         return self.prefix + validate_key(key)
@@ -95,14 +107,14 @@ class S3Store:
         full, data = self._full(key), bytes(data)
         if len(data) > self.policy.part_bytes:  # a multipart upload from memory: through the spool
             entry = self.spool.add_bytes(full, data)
-            self._drain()
+            self._drain(self._scope(full))
             return self._stored(key, entry)
-        return self._put_small(key, data) if self._uploading() else self._stored(key, self.spool.add_bytes(full, data))
+        return self._put_small(key, data) if self._uploading(full) else self._stored(key, self.spool.add_bytes(full, data))
 
     def _put_small(self, key: str, data: bytes) -> StoredItem:
         full, digest = self._full(key), hashlib.sha256(data).hexdigest()
         try:
-            self._put_object(full, data, digest, {})
+            self._bounded(lambda: self._uploader.put_object(full, data, digest, {}))
         except EvidenceStoreError as exc:
             return self._spooled_after(exc, key, self.spool.add_bytes(full, data))
         return StoredItem(key, digest, len(data), b64_of_hex(digest))
@@ -115,7 +127,7 @@ class S3Store:
         except OSError as exc:
             raise EvidenceStoreError(f"cannot read {path} for {key!r}: {exc.strerror or exc}") from exc
         with handle:
-            if not self._uploading():
+            if not self._uploading(full):
                 return self._stored(key, self.spool.add_open_file(full, handle))
             size, most = os.fstat(handle.fileno()).st_size, self.policy.part_bytes
             if size <= most and len(data := handle.read(most + 1)) <= most:  # it may have grown since
@@ -124,28 +136,35 @@ class S3Store:
 
     def _put_parts(self, key: str, path: Path, handle: BinaryIO, part_bytes: int) -> StoredItem:
         """A multipart upload sent while the file is read; on failure the file is spooled with the upload's id."""
-        full = self._full(key)
+        full, started = self._full(key), list[str]()  # the upload's id, once S3 gave one
         try:
-            upload_id = self._retrying(lambda: self.bucket.create_multipart_upload(full, {}))
+            sent, checksum = self._bounded(lambda: self._send_file(full, path, handle, part_bytes, started))
         except EvidenceStoreError as exc:
-            return self._spooled_after(exc, key, self.spool.add_open_file(full, handle))
-        handle.seek(0)
-        sent = s3direct.send_parts(self.bucket, full, upload_id, path, handle, part_bytes, self.policy.concurrency,
-                                   self._retrying)
-        checksum = s3_checksum(sent.part_sha256, True)
-        try:
-            if sent.error:
-                raise sent.error
-            parts = [(n, sent.etags[n], b64_of_hex(digest)) for n, digest in enumerate(sent.part_sha256, 1)]
-            stored = self._retrying(lambda: self.bucket.complete_multipart_upload(full, upload_id, parts))
-            if stored and not same_checksum(stored, checksum):
-                raise S3Permanent(f"{self.describe(key)}: S3 stored checksum {stored}, expected {checksum}")
-        except EvidenceStoreError as exc:
-            if isinstance(exc, (s3direct.SourceChanged, S3Permanent)):  # its parts are of no use to a resume
+            upload_id = started[0] if started else ""
+            if isinstance(exc, BudgetSpent):  # the upload may still be reading `handle`: spool from another
+                with _reopened(path, handle) as fresh:
+                    return self._spooled_after(exc, key, self.spool.add_open_file(full, fresh, upload_id=upload_id))
+            if upload_id and isinstance(exc, (s3direct.SourceChanged, S3Permanent)):  # no use to a resume
                 self._abort_quietly(full, upload_id)
                 upload_id = ""
             return self._spooled_after(exc, key, self.spool.add_open_file(full, handle, upload_id=upload_id))
         return StoredItem(key, sent.sha256, sent.size_bytes, checksum)
+
+    def _send_file(self, full: str, path: Path, handle: BinaryIO, part_bytes: int,
+                   started: list[str]) -> tuple[s3direct.SentParts, str]:
+        upload_id = self._retrying(lambda: self.bucket.create_multipart_upload(full, {}))
+        started.append(upload_id)
+        handle.seek(0)
+        sent = s3direct.send_parts(self.bucket, full, upload_id, path, handle, part_bytes, self.policy.concurrency,
+                                   self._retrying)
+        checksum = s3_checksum(sent.part_sha256, True)
+        if sent.error:
+            raise sent.error
+        parts = [(n, sent.etags[n], b64_of_hex(digest)) for n, digest in enumerate(sent.part_sha256, 1)]
+        stored = self._retrying(lambda: self.bucket.complete_multipart_upload(full, upload_id, parts))
+        if stored and not same_checksum(stored, checksum):
+            raise S3Permanent(f"{self.describe(self._short(full))}: S3 stored checksum {stored}, expected {checksum}")
+        return sent, checksum
 
     def _abort_quietly(self, full: str, upload_id: str) -> None:
         with contextlib.suppress(EvidenceStoreError):  # else the lifecycle rule aborts it after 7 days
@@ -155,9 +174,9 @@ class S3Store:
         self._stopped, self.last_error = True, str(exc)
         return self._stored(key, entry)
 
-    def _uploading(self) -> bool:
-        """Whether a write may go straight up (once what waits in the spool went first); else it is spooled."""
-        self._drain()
+    def _uploading(self, full: str) -> bool:
+        """Whether a write of ``full`` may go straight up (once its run's spooled writes went first)."""
+        self._drain(self._scope(full))
         try:
             self._check_budget()
         except S3Transient as exc:
@@ -239,41 +258,39 @@ class S3Store:
         spooled = [entry for entry in self.spool.pending() if entry.key.startswith(full) and entry.op != TAG]
         for entry in spooled:
             self.spool.update(entry, tags=dict(tags))  # type: ignore[arg-type]
-        if self._uploading():
+        if self._uploading(full):
             try:
-                return len(spooled) + self._tag_stored(full, tags, {entry.key for entry in spooled})
+                skip = {entry.key for entry in spooled}
+                return len(spooled) + self._bounded(lambda: self._uploader.tag_stored(full, tags, skip))
             except EvidenceStoreError as exc:
                 self._stopped, self.last_error = True, str(exc)
         self.spool.add_tags(full, tags)
         return len(spooled)
 
-    def _tag_stored(self, full_prefix: str, tags: Mapping[str, str], skip: set[str]) -> int:
-        stored = [key for key in self._retrying(lambda: self.bucket.list_keys(full_prefix)) if key not in skip]
-        for key in stored:
-            self._retrying(lambda: self.bucket.put_tags(key, tags))
-        return len(stored)
-
     def flush(self) -> FlushResult:
         """Upload everything spooled, oldest first, however long ago it was spooled."""
         self._stopped, self.last_error = False, ""
-        return self._drain()
+        return self._drain("")
 
     # -- uploading -------------------------------------------------------------------------------
 
-    def _drain(self) -> FlushResult:
+    def _drain(self, scope: str) -> FlushResult:
+        """Upload what waits in the spool under the full key prefix ``scope``, oldest first."""
         uploaded: list[str] = []
         if self._deadline is None and self.policy.budget_seconds is not None:
             self._deadline = self._clock() + self.policy.budget_seconds
         if not self._stopped:
             with self.spool.uploading() as ours:
                 if ours:
-                    uploaded = self._upload_pending()
-                else:
+                    uploaded = self._upload_pending(scope)
+                elif any(entry.key.startswith(scope) for entry in self.spool.pending()):
+                    # ours wait behind another uploader: later writes queue after them, in order
+                    self._stopped = True
                     self.last_error = "another process is uploading this spool; it will take these writes"
         return FlushResult(tuple(uploaded), tuple(self.pending()), self.last_error)
 
-    def _upload_pending(self) -> list[str]:
-        pending = self.spool.pending()
+    def _upload_pending(self, scope: str) -> list[str]:
+        pending = [entry for entry in self.spool.pending() if entry.key.startswith(scope)]
         newest = {entry.key: entry.seq for entry in pending}
         uploaded: list[str] = []
         for entry in pending:
@@ -281,7 +298,7 @@ class S3Store:
                 self.spool.done(entry)
                 continue
             try:
-                self._upload(entry)
+                self._bounded(lambda: self._uploader.upload(entry))  # noqa: B023  (called before the next turn)
             except EvidenceStoreError as exc:
                 self._stopped, self.last_error = True, str(exc)
                 break
@@ -289,81 +306,19 @@ class S3Store:
             uploaded.append(self._short(entry.key))
         return uploaded
 
-    def _upload(self, entry: SpoolEntry) -> None:
-        if entry.op == TAG:
-            self._tag_stored(entry.key, entry.tags, set())
-        elif not entry.multipart:
-            body = self.spool.read(entry)
-            _check_part(entry, 1, body)
-            self._put_object(entry.key, body, entry.sha256, entry.tags)
-        else:
-            stored = self._upload_parts(entry)
-            if stored and not same_checksum(stored, entry.checksum_sha256):
-                raise S3Permanent(f"{self.describe(self._short(entry.key))}: S3 stored checksum {stored}, "
-                                  f"expected {entry.checksum_sha256}; the upload was not accepted")
+    def _scope(self, full: str) -> str:
+        """The spooled writes that must reach S3 before ``full``: its run's (``runs/{run id}/``), else its own."""
+        parts = self._short(full).split("/", 2)
+        return f"{self.prefix}runs/{parts[1]}/" if len(parts) == 3 and parts[0] == "runs" else full
 
-    def _put_object(self, full: str, body: bytes, digest: str, tags: Mapping[str, str]) -> None:
-        expected = b64_of_hex(digest)
-        stored = self._retrying(lambda: self.bucket.put_object(full, body, expected, tags))
-        if stored and not same_checksum(stored, expected):
-            raise S3Permanent(f"{self.describe(self._short(full))}: S3 stored checksum {stored}, expected "
-                              f"{expected}; the upload was not accepted")
-
-    def _upload_parts(self, entry: SpoolEntry) -> str:
-        done: dict[int, tuple[str, str]] = {}
-        if entry.upload_id:
-            try:
-                listed = self._retrying(lambda: self.bucket.list_parts(entry.key, entry.upload_id))
-            except NoSuchUpload:
-                if self._already_stored(entry):
-                    return entry.checksum_sha256  # completed before the spool could forget it
-                entry = self.spool.update(entry, upload_id="")
-                listed = {}
-            done = {n: (etag, b64_of_hex(entry.part_sha256[n - 1])) for n, (etag, checksum) in listed.items()
-                    if n <= len(entry.part_sha256) and self._part_matches(entry, n, etag, checksum)}
-        if not entry.upload_id:
-            upload_id = self._retrying(lambda: self.bucket.create_multipart_upload(entry.key, entry.tags))
-            entry = self.spool.update(entry, upload_id=upload_id)
-        todo = [n for n in range(1, len(entry.part_sha256) + 1) if n not in done]
-        done.update(self._send_parts(entry, todo))
-        parts = [(n, etag, checksum) for n, (etag, checksum) in sorted(done.items())]
-        return self._retrying(lambda: self.bucket.complete_multipart_upload(entry.key, entry.upload_id, parts))
-
-    def _part_matches(self, entry: SpoolEntry, number: int, etag: str, checksum: str) -> bool:
-        """Whether an uploaded part is ours: by its SHA-256, or by its MD5 ETag where S3 lists no checksum."""
-        if checksum:
-            return checksum == b64_of_hex(entry.part_sha256[number - 1])
-        offset = (number - 1) * entry.part_bytes
-        body = self.spool.read(entry, offset, min(entry.part_bytes, entry.size_bytes - offset))
-        return etag.strip('"') == hashlib.md5(body, usedforsecurity=False).hexdigest()
-
-    def _already_stored(self, entry: SpoolEntry) -> bool:
+    def _bounded(self, call: Callable[[], T]) -> T:
+        """``call``, waited on until the budget is spent and then left behind (`BudgetSpent`)."""
+        if self._deadline is None:
+            return call()
         try:
-            found = self._retrying(lambda: self.bucket.head(entry.key))
-        except EvidenceNotFound:
-            return False
-        return found.size_bytes == entry.size_bytes and same_checksum(found.checksum_sha256, entry.checksum_sha256)
-
-    def _send_parts(self, entry: SpoolEntry, todo: list[int]) -> dict[int, tuple[str, str]]:
-        """Upload parts ``todo`` from the spool, ``concurrency`` at a time, each read just as it goes."""
-        return s3direct.in_parallel({n: functools.partial(self._send_part, entry, n) for n in todo},
-                                    self.policy.concurrency)
-
-    def _send_part(self, entry: SpoolEntry, number: int) -> tuple[str, str]:
-        """One part, streamed from the spool file (memory stays small whatever the part size)."""
-        offset = (number - 1) * entry.part_bytes
-        length = min(entry.part_bytes, entry.size_bytes - offset)
-        checksum = b64_of_hex(entry.part_sha256[number - 1])
-
-        def send() -> str:
-            with self.spool.open_range(entry, offset, length) as body:
-                etag = self.bucket.upload_part(entry.key, entry.upload_id, number, body, checksum)
-                sent = body.read_sha256 or self.spool.range_sha256(entry, offset, length)
-            if sent != entry.part_sha256[number - 1]:  # S3 refuses such a part; a lenient server might not
-                raise _damaged(entry, number)
-            return etag
-
-        return self._retrying(send), checksum
+            return retrying.call_within(call, self._deadline - self._clock())
+        except retrying.CallTimedOut:
+            raise self._spent() from None
 
     def _retrying(self, call: Callable[[], T]) -> T:
         """``call`` with exponential backoff on transient errors, within the time budget."""
@@ -382,19 +337,23 @@ class S3Store:
 
     def _check_budget(self) -> None:
         if self._deadline is not None and self._clock() >= self._deadline:
-            raise S3Transient(f"{self.describe()}: the upload time budget ({self.policy.budget_seconds:g} s) is "
-                              "spent; the rest stays spooled for `trainguard evidence flush`")
+            raise self._spent()
+
+    def _spent(self) -> BudgetSpent:
+        return BudgetSpent(f"{self.describe()}: the upload time budget ({self.policy.budget_seconds:g} s) is spent; "
+                           "the rest stays spooled for `trainguard evidence flush` or the run's next attempt")
 
 
 def _tag_label(tags: Mapping[str, str]) -> str:
     return "(tags " + ", ".join(f"{k}={v}" for k, v in tags.items()) + ")"
 
 
-def _check_part(entry: SpoolEntry, number: int, body: bytes) -> None:
-    if hashlib.sha256(body).hexdigest() != entry.part_sha256[number - 1]:
-        raise _damaged(entry, number)
-
-
-def _damaged(entry: SpoolEntry, number: int) -> S3Error:
-    return S3Error(f"spooled data for {entry.key!r} (part {number}) changed on disk since it was spooled; "
-                   f"the spool entry {entry.seq} is damaged")
+@contextlib.contextmanager
+def _reopened(path: Path, handle: BinaryIO) -> Iterator[BinaryIO]:
+    """Another open file description of what ``handle`` reads, with its own offset."""
+    try:
+        fresh = path.open("rb")
+    except OSError:  # renamed or removed meanwhile: the same inode through the process's descriptor
+        fresh = open(f"/proc/self/fd/{handle.fileno()}", "rb")  # noqa: SIM115  (closed below)
+    with fresh:
+        yield fresh
