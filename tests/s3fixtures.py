@@ -54,6 +54,9 @@ class FaultProxy:
     requests: list[tuple[str, str]] = field(default_factory=list)
     _faults: list[_Fault] = field(default_factory=list)
     _hold: Match | None = None
+    _hold_every: bool = False
+    holding: int = 0
+    held_total: int = 0
     held: threading.Event = field(default_factory=threading.Event)
     _release: threading.Event = field(default_factory=threading.Event)
     _down: bool = False
@@ -88,9 +91,13 @@ class FaultProxy:
         with self._lock:
             self._faults.append(_Fault(match, status, code, times))
 
-    def hold(self, match: Match) -> None:
-        """Keep the next matching request waiting until `release` or `down`; `held` is set meanwhile."""
-        self._hold, self.held, self._release = match, threading.Event(), threading.Event()
+    def hold(self, match: Match, every: bool = False) -> None:
+        """Keep the next matching request (``every``: each one) waiting until `release` or `down`.
+
+        `held` is set once one waits; `holding` counts those waiting now, `held_total` all that waited
+        since: a hanging S3, as clients see it.
+        """
+        self._hold, self._hold_every, self.held, self._release = match, every, threading.Event(), threading.Event()
 
     def down_on(self, match: Match) -> None:
         """Go down the moment a matching request arrives, dropping it unanswered: S3 dying mid-upload."""
@@ -104,6 +111,8 @@ class FaultProxy:
             self._faults.clear()
             self.requests.clear()
         self._hold = self._down_on = None
+        self._hold_every = False
+        self.held_total = 0
         self._release.set()
 
     def _fault_for(self, method: str, path: str) -> _Fault | None:
@@ -152,11 +161,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _after_hold(self, proxy: FaultProxy) -> bool:
         """Wait here if the test holds this request; False if the proxy went down meanwhile."""
-        hold = proxy._hold
+        hold, release = proxy._hold, proxy._release
         if hold is not None and hold(self.command, self.path):
-            proxy._hold = None
+            if not proxy._hold_every:
+                proxy._hold = None
+            with proxy._lock:
+                proxy.holding += 1
+                proxy.held_total += 1
             proxy.held.set()
-            proxy._release.wait(60)
+            release.wait(60)
+            with proxy._lock:
+                proxy.holding -= 1
         return not proxy._down
 
     def _error(self, fault: _Fault) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, LogFilter, LogFilterFlowRunId
 from prefect.exceptions import ObjectNotFound
 from runs import attempt_runs, tiny_spec  # noqa: F401  (re-exported for the tests here)
 
@@ -65,3 +67,19 @@ def prefect_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[
     done = subprocess.run([*PREFECT, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"prefect {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done
+
+
+def prefect_records(run_id: str) -> tuple[list[str], list[str], list[str]]:
+    """Artifact bodies, flow-run parameters and log messages the server holds for ``run_id``."""
+    key = run_id.lower()
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=key)))
+        runs = attempt_runs(run_id)
+        parents = [client.read_flow_run(r.parent_task_run_id and client.read_task_run(r.parent_task_run_id).flow_run_id)
+                   for r in runs if r.parent_task_run_id]
+        all_runs = [*runs, *parents]
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in all_runs])))
+    artifacts = [a.data if isinstance(a.data, str) else json.dumps(a.data) for a in found]
+    parameters = [json.dumps(r.parameters, default=str) for r in all_runs]
+    assert artifacts and parameters and logs
+    return artifacts, parameters, [entry.message for entry in logs]

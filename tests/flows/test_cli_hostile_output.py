@@ -8,7 +8,6 @@ attempt's own volume is the one place allowed to keep the bytes as printed.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -19,11 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
-from prefect import get_client
 from prefect.blocks.system import Secret
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, LogFilter, LogFilterFlowRunId
 
-from flow_helpers import attempt_runs
+from flow_helpers import prefect_records
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRETS = {
@@ -97,7 +94,7 @@ def test_no_secret_reaches_anything_trainguard_wrote_or_showed(hostile_run) -> N
     shown = [hostile_run["result"].stdout, hostile_run["result"].stderr,
              trainguard("evidence", "show", run_id, cwd=folder).stdout]
     written = [p.read_bytes().decode("utf-8", "replace") for p in folder.rglob("*") if p.is_file() and p != raw_log]
-    artifacts, parameters, logs = _prefect_records(run_id)
+    artifacts, parameters, logs = prefect_records(run_id)
     for channel, texts in {"console": shown, "files": written, "artifacts": artifacts, "parameters": parameters,
                            "prefect logs": logs}.items():
         for needle in NEEDLES:
@@ -107,7 +104,7 @@ def test_no_secret_reaches_anything_trainguard_wrote_or_showed(hostile_run) -> N
 
 
 def test_the_report_artifact_escapes_html_and_links_and_fences_the_log_line(hostile_run) -> None:
-    artifacts, _, _ = _prefect_records(hostile_run["run_id"])
+    artifacts, _, _ = prefect_records(hostile_run["run_id"])
     report = next(text for text in artifacts if text.startswith("# hostile"))
 
     outside_fences = re.sub(r"(`{3,})text\n.*?\n\1", "", report, flags=re.S)
@@ -143,18 +140,3 @@ def test_evidence_show_reports_a_deleted_manifest_and_unlisted_files_and_exits_n
     assert "attempt 2: manifest.json is missing" in deleted.stdout, deleted.stdout
     assert "unverified: runs/" in deleted.stdout
 
-
-def _prefect_records(run_id: str) -> tuple[list[str], list[str], list[str]]:
-    """Artifact bodies, flow-run parameters and log messages the server holds for ``run_id``."""
-    key = run_id.lower()
-    with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=key)))
-        runs = attempt_runs(run_id)
-        parents = [client.read_flow_run(r.parent_task_run_id and client.read_task_run(r.parent_task_run_id).flow_run_id)
-                   for r in runs if r.parent_task_run_id]
-        all_runs = [*runs, *parents]
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in all_runs])))
-    artifacts = [a.data if isinstance(a.data, str) else json.dumps(a.data) for a in found]
-    parameters = [json.dumps(r.parameters, default=str) for r in all_runs]
-    assert artifacts and parameters and logs
-    return artifacts, parameters, [entry.message for entry in logs]

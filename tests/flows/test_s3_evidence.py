@@ -6,6 +6,7 @@ is patched. When the proxy goes down mid-collection it is S3 dying mid-upload, a
 
 from __future__ import annotations
 
+import json
 import os
 
 import re
@@ -14,8 +15,9 @@ import uuid
 
 from prefect.artifacts import Artifact
 
-from flow_helpers import tiny_spec
+from flow_helpers import prefect_records, tiny_spec
 from s3fixtures import CREDENTIALS
+from waiting import wait_for
 
 from blocks.evidence import S3EvidenceStore
 from flows.run import training_run
@@ -25,29 +27,33 @@ from trainguard.core.retention import OUTCOME_TAG
 from trainguard.core.spec import parse_spec
 
 SECRET = "planted-secret-4242"
+SESSION_TOKEN = "planted-session-token-FwoGZXIvYXdzE"
 
 
-def _s3_block(s3, tmp_path) -> tuple[str, S3EvidenceStore]:
+def _s3_block(s3, tmp_path, **fields) -> tuple[str, S3EvidenceStore]:
+    fields = {"retry_attempts": 2, "retry_base_delay_seconds": 0.01, "upload_budget_seconds": 60, **fields}
     block = S3EvidenceStore(
         bucket=s3.new_bucket(), prefix="evidence", region="us-east-1", endpoint_url=s3.proxy.url,
-        spool_dir=str(tmp_path / "spool"), retry_attempts=2, retry_base_delay_seconds=0.01,
-        upload_budget_seconds=60,
+        spool_dir=str(tmp_path / "spool"), **fields,
     )
     name = f"s3-{uuid.uuid4().hex[:8]}"
     block.save(name)
     return f"trainguard-s3-evidence-store/{name}", block
 
 
-def _run_one_failing_attempt(blocks, evidence_block: str, run_id: str):
+def _run_one_failing_attempt(blocks, evidence_block: str, run_id: str, max_attempts: int = 1):
     os.environ["TG_TEST_WANDB_API_KEY"] = SECRET  # where a worker holds it; the spec only names it
     spec = tiny_spec(run_id, "--fail-at-step", "35", "--fail-on-attempt", "1",
-                     secret_env={"WANDB_API_KEY": "env:TG_TEST_WANDB_API_KEY"}, retry={"max_attempts": 1})
+                     secret_env={"WANDB_API_KEY": "env:TG_TEST_WANDB_API_KEY"}, retry={"max_attempts": max_attempts})
     state = training_run(parse_spec(spec), run_id=run_id, backend_block=blocks["backend_block"],
                          evidence_block=evidence_block, return_state=True)
     return state, state.result(raise_on_failure=False)
 
 
-def test_an_attempts_bundle_round_trips_through_s3_with_checksums_links_and_no_secrets(blocks, s3, tmp_path) -> None:
+def test_an_attempts_bundle_round_trips_through_s3_with_checksums_links_and_no_secrets(
+    blocks, s3, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("AWS_SESSION_TOKEN", SESSION_TOKEN)  # temporary credentials, as under STS or IRSA
     reference, block = _s3_block(s3, tmp_path)
 
     state, history = _run_one_failing_attempt(blocks, reference, "s3-round-trip")
@@ -64,6 +70,7 @@ def test_an_attempts_bundle_round_trips_through_s3_with_checksums_links_and_no_s
         "evidence/runs/s3-round-trip/attempt-1/manifest.json"}
     for key, data in stored.items():
         assert SECRET.encode() not in data and CREDENTIALS["AWS_SECRET_ACCESS_KEY"].encode() not in data, key
+        assert SESSION_TOKEN.encode() not in data, key
     tags = s3.client().get_object_tagging(Bucket=block.bucket, Key="evidence/runs/s3-round-trip/attempt-1/crash-tail.txt")
     assert {"Key": OUTCOME_TAG, "Value": "failed"} in tags["TagSet"]
     assert store.pending() == [] and not list((tmp_path / "spool").rglob("*.data"))
@@ -72,8 +79,16 @@ def test_an_attempts_bundle_round_trips_through_s3_with_checksums_links_and_no_s
     assert "links expire" in report
     link = re.search(r"\[crash-tail\.txt\]\(<([^>]+)>\)", report).group(1)
     assert "X-Amz-Expires=" in link and "X-Amz-Signature=" in link
+    assert f"X-Amz-Security-Token={SESSION_TOKEN}" in link
     with urllib.request.urlopen(link, timeout=10) as answer:  # no credentials: the signature is the access
         assert answer.read() == stored["evidence/runs/s3-round-trip/attempt-1/crash-tail.txt"]
+    # the links are shown in the report only: nothing stored holds them or the token in them
+    artifacts, parameters, logs = prefect_records("s3-round-trip")
+    shown_only = re.sub(r"\(<https?://[^>]+>\)", "(link)", report)
+    for text in [shown_only, *(a for a in artifacts if a != report), *parameters, *logs]:
+        assert SESSION_TOKEN not in text and "X-Amz-Signature" not in text, text[:300]
+    verdict = json.loads(stored["evidence/runs/s3-round-trip/attempt-1/verdict.json"])
+    assert "evidence_links" not in verdict and history[0].get("evidence_links") is None
 
 
 def test_s3_dying_mid_upload_leaves_the_attempt_classified_its_evidence_spooled_and_flush_completes_it(
@@ -109,3 +124,36 @@ def test_s3_dying_mid_upload_leaves_the_attempt_classified_its_evidence_spooled_
     for key in stored:  # uploaded before the outage or spooled during it: all carry the attempt's outcome
         assert s3.client().get_object_tagging(Bucket=block.bucket, Key=key)["TagSet"] == [
             {"Key": OUTCOME_TAG, "Value": "failed"}], key
+
+
+def test_a_hanging_s3_delays_neither_the_verdict_nor_the_next_attempt_and_flush_completes_both_bundles(
+    blocks, s3, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("AWS_SESSION_TOKEN", SESSION_TOKEN)
+    # the production retry settings (5 tries, 0.5 s first backoff, 60 s read timeout); a budget a test can wait out
+    reference, block = _s3_block(s3, tmp_path, retry_attempts=5, retry_base_delay_seconds=0.5, upload_budget_seconds=1)
+    s3.proxy.hold(lambda method, path: "/evidence/" in path, every=True)  # S3 answers nothing at all
+
+    state, history = _run_one_failing_attempt(blocks, reference, "s3-hanging", max_attempts=2)
+
+    assert s3.proxy.holding == s3.proxy.held_total >= 1  # S3 answered none of them: the run went on without it
+    assert state.is_completed() and [h["state"] for h in history] == ["Failed", "Completed"]
+    assert history[0]["category"] == "nccl_error" and history[0]["decision"]["retry"]
+    for attempt in history:
+        assert {"manifest.json", "verdict.json"} <= set(attempt["evidence_spooled"])
+        assert "upload time budget (1 s) is spent" in attempt["evidence_upload_error"]
+    report = Artifact.get("s3-hanging-attempt-1").data
+    assert f"{len(history[0]['evidence_spooled'])} items wait in the local spool" in report
+    assert s3.objects(block.bucket) == {}
+    for spooled in (tmp_path / "spool").rglob("*"):
+        assert not spooled.is_file() or SESSION_TOKEN.encode() not in spooled.read_bytes(), spooled
+
+    s3.proxy.reset()
+    wait_for(lambda: s3.proxy.holding == 0, what="the held requests to end")
+    assert block.store(no_time_limit=True).flush().pending == ()
+
+    store = block.store()
+    for attempt in (1, 2):
+        manifest = read_manifest(store, "s3-hanging", attempt)
+        assert "verdict.json" in {item.name for item in manifest.items}
+        assert bundles.verify(store, manifest, deep=True) == {}

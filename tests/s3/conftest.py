@@ -26,8 +26,8 @@ def make_store(s3: S3Server, tmp_path: Path) -> Callable[..., S3Store]:
         if bucket is None and "bucket" not in made:
             made["bucket"] = s3.new_bucket()
         name = bucket or made["bucket"]
-        settings = S3Settings(bucket=name, region="us-east-1", endpoint_url=s3.proxy.url,
-                              connect_timeout_seconds=2, read_timeout_seconds=10, **kw)
+        kw = {"connect_timeout_seconds": 2, "read_timeout_seconds": 10, **kw}
+        settings = S3Settings(bucket=name, region="us-east-1", endpoint_url=s3.proxy.url, **kw)
         timing = {"clock": clock} if clock else {}
         return S3Store(S3Bucket(settings), prefix, Spool(tmp_path / "spool", policy.part_bytes), policy, **timing)
 

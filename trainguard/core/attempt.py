@@ -47,7 +47,7 @@ class AttemptSummary:
     evidence_missing: int = 0
     evidence_spooled: Sequence[str] = ()  # items still waiting in the local spool for the object store
     evidence_upload_error: str = ""  # why they wait
-    evidence_links: Mapping[str, str] = field(default_factory=dict)  # item name -> (presigned) URL
+    evidence_links: Mapping[str, str] = field(default_factory=dict)  # item name -> (presigned) URL; never stored
     evidence_links_expire_at: str = ""
     storage_problems: Sequence[str] = ()  # what trainguard could not write (log, reports, evidence), and why
     node: str | None = None
@@ -94,7 +94,13 @@ class AttemptSummary:
         return _replace(self, storage_problems=(*self.storage_problems, *(p for p in problems if p)))
 
     def to_dict(self) -> dict[str, Any]:
+        """The summary as stored (verdict.json, flow results, events, the next attempt's history).
+
+        Without the evidence links: a presigned URL expires, and under temporary credentials (STS,
+        IRSA) it carries the session token; only the report that shows it now may hold it.
+        """
         data = asdict(self)
+        del data["evidence_links"], data["evidence_links_expire_at"]
         data["decision"] = dict(self.decision)
         data["progress"] = [list(point) for point in self.progress]
         data["storage_problems"] = list(self.storage_problems)

@@ -1,0 +1,76 @@
+"""The S3 store when S3 hangs or answers slowly: an attempt's writes wait on it no longer than the budget."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from s3fixtures import FAST
+from waiting import wait_for
+
+from trainguard.core.s3store import UploadPolicy
+from trainguard.core.spool import MIN_PART_BYTES
+
+# the production retry settings (5 tries, 0.5 s first backoff), with a budget a test can wait out
+DEFAULT_RETRIES_SHORT_BUDGET = UploadPolicy(budget_seconds=1.0, part_bytes=MIN_PART_BYTES, concurrency=3)
+
+
+def _writes(method: str, path: str) -> bool:
+    return method in ("PUT", "POST") and "/runs/" in path
+
+
+def test_a_hanging_s3_keeps_writes_no_longer_than_the_budget_and_flush_completes_them(make_store, s3, tmp_path) -> None:
+    data = bytes(range(256)) * (2 * MIN_PART_BYTES // 256)  # two parts
+    (tmp_path / "core").write_bytes(data)
+    s3.proxy.hold(_writes, every=True)
+    # a read timeout past the proxy's hold: only the budget can end the wait
+    store = make_store(policy=DEFAULT_RETRIES_SHORT_BUDGET, read_timeout_seconds=120)
+
+    store.put_file("runs/r1/attempt-1/core", tmp_path / "core")
+    store.put_bytes("runs/r1/attempt-1/crash-tail.txt", b"tail\n")
+    store.put_bytes("runs/r1/attempt-1/manifest.json", b'{"items": ["core", "crash-tail.txt"]}')
+
+    assert s3.proxy.holding == s3.proxy.held_total >= 1  # S3 answered none of them: the store moved on without it
+    assert store.pending() == ["runs/r1/attempt-1/core", "runs/r1/attempt-1/crash-tail.txt",
+                               "runs/r1/attempt-1/manifest.json"]
+    assert "upload time budget (1 s) is spent" in store.last_error and "next attempt" in store.last_error
+
+    s3.proxy.reset()  # S3 answers again; what was held goes through or is dropped
+    wait_for(lambda: s3.proxy.holding == 0, what="the held requests to end")
+    result = make_store().flush()
+
+    assert result.pending == () and result.error == ""
+    stored = s3.objects(store.bucket.bucket)
+    assert hashlib.sha256(stored["tg/runs/r1/attempt-1/core"]).digest() == hashlib.sha256(data).digest()
+    assert stored["tg/runs/r1/attempt-1/manifest.json"] == b'{"items": ["core", "crash-tail.txt"]}'
+    assert list((tmp_path / "spool").glob("*.data")) == []
+
+
+def test_a_write_uploads_only_its_own_runs_backlog_first(make_store, s3) -> None:
+    s3.proxy.fail(_writes, 503, "ServiceUnavailable", times=2 * FAST.attempts)
+    make_store().put_bytes("runs/other/attempt-1/crash-tail.txt", b"other run")  # spooled: S3 was away
+    make_store().put_bytes("runs/r1/attempt-1/crash-tail.txt", b"r1, earlier")
+    s3.proxy.reset()
+    store = make_store()
+
+    store.put_bytes("runs/r1/attempt-2/crash-tail.txt", b"r1, now")
+
+    assert store.pending() == ["runs/other/attempt-1/crash-tail.txt"]  # for flush, or that run's next write
+    sent = [p.split("/tg/", 1)[1] for m, p in s3.proxy.requests if _writes(m, p)]
+    assert sent == ["runs/r1/attempt-1/crash-tail.txt", "runs/r1/attempt-2/crash-tail.txt"]
+
+    make_store().put_bytes("runs/other/attempt-2/crash-tail.txt", b"other, now")
+
+    assert store.pending() == [] and len(s3.objects(store.bucket.bucket)) == 4
+
+
+def test_a_read_timeout_is_retried_and_the_upload_completes(make_store, s3) -> None:
+    s3.proxy.hold(lambda m, p: _writes(m, p) and p.endswith("/crash-tail.txt"))  # the first try only
+    store = make_store(read_timeout_seconds=0.5)
+
+    store.put_bytes("runs/r1/attempt-1/crash-tail.txt", b"tail\n")
+
+    assert store.pending() == [] and store.last_error == ""
+    assert s3.proxy.holding == 1  # the first try still waits at the proxy: the retry stored the object
+    assert sum(1 for m, p in s3.proxy.requests if _writes(m, p)) == 1
+    assert s3.objects(store.bucket.bucket) == {"tg/runs/r1/attempt-1/crash-tail.txt": b"tail\n"}
