@@ -1,7 +1,8 @@
 """Evidence store blocks: where the frozen crime scene of every attempt is kept.
 
 `EvidenceFolder` keeps evidence in a local (or mounted) folder; `S3EvidenceStore` in an S3 bucket
-(or an S3-compatible store), through a local spool. Both build their store with `store()`.
+(or an S3-compatible store), with a local spool for what S3 does not take. Both build their store
+with `store()`.
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ class S3EvidenceStore(Block):
     """Keeps each attempt's evidence under `{prefix}/runs/{run_id}/attempt-{n}/` in an S3 bucket.
 
     Credentials come from the standard AWS chain (environment, shared profile, instance or pod
-    role) unless an access key is set here. Every write is spooled under `spool_dir` first; what
-    S3 cannot take in time stays there for `trainguard evidence flush`.
+    role) unless an access key is set here. Writes go straight to S3 (nothing copied); a write S3
+    does not take, or not within `upload_budget_seconds`, is spooled under `spool_dir`, and so is
+    every later write of the attempt, in order. What is spooled goes up with the run's next write
+    (its next attempt) or with `trainguard evidence flush`.
     """
 
     _block_type_name = "trainguard S3 Evidence Store"
@@ -57,8 +60,11 @@ class S3EvidenceStore(Block):
     aws_secret_access_key: SecretStr | None = Field(default=None, description="With aws_access_key_id.")
     server_side_encryption: Literal["AES256", "aws:kms"] = Field(default="AES256")
     kms_key_id: str | None = Field(default=None, description="KMS key for aws:kms (None: the bucket's default).")
-    spool_dir: str = Field(default="trainguard-data/spool", description="Local folder where writes wait for S3.")
-    upload_budget_seconds: float = Field(default=900.0, gt=0, description="Longest time one collection uploads.")
+    spool_dir: str = Field(default="trainguard-data/spool", description="Local folder where writes wait for S3 "
+                           "(on Kubernetes, put it on a volume that outlives the flow pod: see the README).")
+    upload_budget_seconds: float = Field(
+        default=300.0, gt=0, description="Longest an attempt waits on S3 before its verdict; what is not uploaded "
+        "by then stays spooled for the run's next attempt or `trainguard evidence flush`.")
     retry_attempts: int = Field(default=5, ge=1, le=20, description="Tries per S3 request on transient errors.")
     retry_base_delay_seconds: float = Field(default=0.5, ge=0, description="First backoff; doubles per retry.")
     part_size_bytes: int = Field(default=8 * 1024 * 1024, ge=MIN_PART_BYTES, description="Multipart part size.")

@@ -27,8 +27,9 @@ LOG = b"step 1\n" * 300_000  # 2 MiB: more than one 1 MiB read
 
 def _bundle(store, run_id: str, attempt: int, state: str, created: datetime | None = None) -> None:
     items = []
-    for name, data in (("logs/train.log", LOG), ("verdict.json", json.dumps({"state": state, "category":
-                                                                             None if state == "Completed" else "cuda_oom"}).encode())):
+    verdict = {"run_id": run_id, "attempt": attempt, "max_attempts": 3, "state": state,
+               "category": None if state == "Completed" else "cuda_oom"}
+    for name, data in (("logs/train.log", LOG), ("verdict.json", json.dumps(verdict).encode())):
         stored = store.put_bytes(f"runs/{run_id}/attempt-{attempt}/{name}", data)
         items.append(ManifestItem(name, stored.key, stored.sha256, stored.size_bytes, "test",
                                   "2026-01-01T00:00:00+00:00", stored.checksum_sha256))
@@ -109,6 +110,19 @@ def test_list_shows_recent_runs_with_their_verdicts(s3_block) -> None:
     lines = listed.output.splitlines()
     new, old = (next(i for i, line in enumerate(lines) if name in line) for name in ("new-run", "old-run"))
     assert new < old and "failed" in lines[new] and "cuda_oom" in lines[new] and "succeeded" in lines[old]
+
+
+def test_runs_lists_an_s3_stores_runs_with_their_verdict_and_last_change(s3_block, tmp_path) -> None:
+    reference, block = s3_block
+    created = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    _bundle(block.store(), "s3-run", 1, "Failed", created)
+
+    listed = runner.invoke(app, ["runs", "--block", reference, "--work", str(tmp_path / "no-work")])
+
+    assert listed.exit_code == 0, listed.output
+    line = next(line for line in listed.output.splitlines() if "s3-run" in line)
+    assert "Failed" in line and "cuda_oom" in line
+    assert created.astimezone().strftime("%Y-%m-%d %H:%M:%S") in line  # read from the manifest: no folder to stat
 
 
 def test_retention_apply_puts_lifecycle_rules_that_read_back(s3_block, s3) -> None:

@@ -8,6 +8,7 @@ the command that continues it. Running anything belongs to ``trainguard run``.
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
@@ -15,8 +16,8 @@ from rich.table import Table
 
 from trainguard.cli.typer_app import app
 from trainguard.cli.output import console, fail, plain
-from trainguard.core import recovery
-from trainguard.core.stores import EvidenceStore, LocalEvidenceStore
+from trainguard.core import manifest, recovery
+from trainguard.core.stores import EvidenceNotFound, EvidenceStore, LocalEvidenceStore
 
 _RUN = re.compile(r"^runs/([^/]+)/attempt-(\d+)/")
 
@@ -64,21 +65,33 @@ def _runs(store: EvidenceStore | None, work: Path) -> dict[str, tuple[list[int],
     for folder in runs_dir.glob("*/attempt-*") if runs_dir.is_dir() else []:
         if folder.name.removeprefix("attempt-").isdigit():
             attempts.setdefault(folder.parent.name, set()).add(int(folder.name.removeprefix("attempt-")))
-    return {run_id: (sorted(numbers), _changed(run_id, store, work)) for run_id, numbers in attempts.items()}
+    return {run_id: (sorted(numbers), _changed(run_id, store, work, max(numbers))) for run_id, numbers in attempts.items()}
 
 
-def _changed(run_id: str, store: EvidenceStore | None, work: Path) -> float:
+def _changed(run_id: str, store: EvidenceStore | None, work: Path, newest_attempt: int) -> float:
+    """The run's last change: folder times where it lies in folders, else its newest manifest's date."""
+    folders = [work / "runs" / run_id]
+    if isinstance(store, LocalEvidenceStore):
+        folders.append(store.root / "runs" / run_id)
     times = []
-    for folder in (work / "runs" / run_id, Path(store.describe(f"runs/{run_id}")) if store else None):
-        if folder is not None and folder.exists():
+    for folder in folders:
+        if folder.exists():
             times.append(folder.stat().st_mtime)
             times.extend(p.stat().st_mtime for p in folder.glob("attempt-*"))
+    if store is not None and not isinstance(store, LocalEvidenceStore):  # an object store: no folders to stat
+        times.append(_created(store, run_id, newest_attempt))
     return max(times, default=0.0)
+
+
+def _created(store: EvidenceStore, run_id: str, attempt: int) -> float:
+    try:
+        stamp = datetime.fromisoformat(manifest.read_manifest(store, run_id, attempt).created_at)
+    except (EvidenceNotFound, ValueError):  # no manifest yet (a lost attempt), or an unreadable date
+        return 0.0
+    return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
 
 
 def _when(timestamp: float) -> str:
     if not timestamp:
         return "-"
-    from datetime import datetime
-
     return datetime.fromtimestamp(timestamp).astimezone().strftime("%Y-%m-%d %H:%M:%S")
