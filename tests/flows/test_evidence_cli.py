@@ -25,11 +25,12 @@ runner = CliRunner()
 LOG = b"step 1\n" * 300_000  # 2 MiB: more than one 1 MiB read
 
 
-def _bundle(store, run_id: str, attempt: int, state: str, created: datetime | None = None) -> None:
+def _bundle(store, run_id: str, attempt: int, state: str | None, created: datetime | None = None) -> None:
+    """An attempt's bundle: its log and, unless ``state`` is None (never judged), its verdict."""
     items = []
     verdict = {"run_id": run_id, "attempt": attempt, "max_attempts": 3, "state": state,
                "category": None if state == "Completed" else "cuda_oom"}
-    for name, data in (("logs/train.log", LOG), ("verdict.json", json.dumps(verdict).encode())):
+    for name, data in (("logs/train.log", LOG), ("verdict.json", json.dumps(verdict).encode()))[:2 if state else 1]:
         stored = store.put_bytes(f"runs/{run_id}/attempt-{attempt}/{name}", data)
         items.append(ManifestItem(name, stored.key, stored.sha256, stored.size_bytes, "test",
                                   "2026-01-01T00:00:00+00:00", stored.checksum_sha256))
@@ -162,21 +163,26 @@ def test_flush_uploads_what_s3_refused_and_a_403_is_one_clear_line_with_the_spoo
     assert len(s3.objects(block.bucket)) == 3
 
 
-def test_prune_deletes_expired_attempts_but_never_a_runs_newest_failure(tmp_path) -> None:
-    store = LocalEvidenceStore(tmp_path / "ev")
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_prune_deletes_expired_attempts_but_never_a_runs_newest_failure(kind, s3_block, tmp_path) -> None:
+    reference, block = s3_block
+    store, where = (block.store(), ["--block", reference]) if kind == "s3" else (
+        LocalEvidenceStore(tmp_path / "ev"), ["--root", str(tmp_path / "ev")])
     long_ago = datetime.now(UTC) - timedelta(days=60)
     _bundle(store, "r1", 1, "Failed", long_ago)
     _bundle(store, "r1", 2, "Failed", long_ago)
     _bundle(store, "r1", 3, "Completed", long_ago)
+    _bundle(store, "r1", 4, None, long_ago)  # never judged (a lost attempt): not the run's newest failure
     _bundle(store, "r2", 1, "Completed", datetime.now(UTC) - timedelta(days=3))
+    _bundle(store, "r3", 1, None, long_ago)  # a run never judged at all keeps its newest attempt
 
-    dry = runner.invoke(app, ["evidence", "prune", "--root", str(tmp_path / "ev"), "--dry-run"])
-    assert dry.exit_code == 0 and "2 of 4 attempt(s) would be deleted" in dry.output
-    assert len(store.list_keys("runs/")) == 12
+    dry = runner.invoke(app, ["evidence", "prune", *where, "--dry-run"])
+    assert dry.exit_code == 0 and "3 of 6 attempt(s) would be deleted" in dry.output, dry.output
+    assert len(store.list_keys("runs/")) == 16
 
-    pruned = runner.invoke(app, ["evidence", "prune", "--root", str(tmp_path / "ev")])
+    pruned = runner.invoke(app, ["evidence", "prune", *where])
 
     assert pruned.exit_code == 0, pruned.output
     assert "r1 attempt 2: kept (the run's newest failure" in pruned.output
     remaining = {"/".join(key.split("/")[:3]) for key in store.list_keys("runs/")}
-    assert remaining == {"runs/r1/attempt-2", "runs/r2/attempt-1"}
+    assert remaining == {"runs/r1/attempt-2", "runs/r2/attempt-1", "runs/r3/attempt-1"}

@@ -35,7 +35,13 @@ class AttemptRecord:
 
     @property
     def failed(self) -> bool:
+        """Not known to have succeeded: a failure, or an attempt never judged (kept as long as a failure)."""
         return self.state != "Completed"
+
+    @property
+    def judged(self) -> bool:
+        """Whether its verdict is recorded."""
+        return self.state is not None
 
 
 def attempts(store: EvidenceStore, run_id: str | None = None) -> list[tuple[str, int]]:

@@ -109,10 +109,7 @@ class PruneDecision:
 def plan_prune(attempts: Iterable[AttemptRecord], retention: Retention, now: datetime) -> list[PruneDecision]:
     """Which attempts are past their retention; a run's newest failure is always kept."""
     listed = list(attempts)
-    newest_failure: dict[str, int] = {}
-    for attempt in listed:
-        if attempt.failed and attempt.attempt > newest_failure.get(attempt.run_id, 0):
-            newest_failure[attempt.run_id] = attempt.attempt
+    newest_failure = _newest_failures(listed)
     decisions = []
     for attempt in listed:
         days = retention.days_for(attempt)
@@ -125,6 +122,20 @@ def plan_prune(attempts: Iterable[AttemptRecord], retention: Retention, now: dat
         else:
             decisions.append(PruneDecision(attempt, True, f"{kind}, {age.days} days old (kept {days})"))
     return decisions
+
+
+def _newest_failures(attempts: list[AttemptRecord]) -> dict[str, int]:
+    """run id -> its newest attempt judged failed; a run with none: its newest attempt never judged.
+
+    An attempt without a verdict (lost, or its verdict still spooled) must not stand in for the
+    run's real newest failure; it only does when the run has no judged failure at all.
+    """
+    ranked: dict[str, tuple[bool, int]] = {}
+    for attempt in attempts:
+        rank = (attempt.judged, attempt.attempt)
+        if attempt.failed and rank > ranked.get(attempt.run_id, (False, 0)):
+            ranked[attempt.run_id] = rank
+    return {run_id: number for run_id, (_, number) in ranked.items()}
 
 
 def prune(store: EvidenceStore, retention: Retention, now: datetime | None = None, dry_run: bool = False,
