@@ -59,13 +59,15 @@ def test_access_denied_stops_at_once_with_a_clear_line_and_keeps_the_spool(make_
                                                      "tg/runs/r1/attempt-1/manifest.json"}
 
 
-def test_a_missing_bucket_is_named_in_the_error(make_store) -> None:
+def test_a_missing_bucket_stops_at_once_and_is_named_in_the_error(make_store, s3) -> None:
     store = make_store(bucket="no-such-bucket-here")
 
     store.put_bytes("runs/r1/attempt-1/a", b"a")
+    store.put_bytes("runs/r1/attempt-1/manifest.json", b"{}")
 
     assert "bucket 'no-such-bucket-here' does not exist" in store.last_error
-    assert store.pending() == ["runs/r1/attempt-1/a"]
+    assert s3.proxy.requests == [("PUT", "/no-such-bucket-here/tg/runs/r1/attempt-1/a")]  # no retry, nothing after
+    assert store.pending() == ["runs/r1/attempt-1/a", "runs/r1/attempt-1/manifest.json"]
 
 
 def test_s3_going_down_mid_upload_keeps_everything_spooled_and_flush_resumes_it(make_store, s3, tmp_path) -> None:
