@@ -1,9 +1,13 @@
-"""Repeating a repeatable call after transient errors, and only after those."""
+"""Repeating a repeatable call after transient errors, and only after those; waiting on a call at most so long."""
 
 from __future__ import annotations
 
-import pytest
+import threading
 
+import pytest
+from waiting import wait_for
+
+from trainguard.core import retrying
 from trainguard.core.retrying import call_with_retries
 
 
@@ -51,3 +55,25 @@ def test_the_last_transient_error_is_raised_when_the_attempts_are_spent_and_each
 def test_fewer_than_one_attempt_is_refused():
     with pytest.raises(ValueError, match="attempts must be at least 1"):
         call_with_retries(Flaky(), transient, attempts=0)
+
+
+def test_call_within_returns_the_answer_or_raises_what_the_call_raised() -> None:
+    assert retrying.call_within(lambda: 42, timeout_seconds=5) == 42
+    with pytest.raises(KeyError, match="gone"):
+        retrying.call_within(lambda: {}["gone"], timeout_seconds=5)
+
+
+def test_call_within_stops_waiting_on_a_call_that_does_not_answer_and_leaves_it_running() -> None:
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def hangs() -> None:
+        started.set()
+        release.wait(30)
+        finished.set()
+
+    with pytest.raises(retrying.CallTimedOut):
+        retrying.call_within(hangs, timeout_seconds=0.05)
+
+    assert started.is_set() and not finished.is_set()  # given up on, not stopped
+    release.set()
+    wait_for(finished.is_set, what="the abandoned call to end once let go")
