@@ -61,6 +61,7 @@ class FaultProxy:
     _release: threading.Event = field(default_factory=threading.Event)
     _down: bool = False
     _down_on: Match | None = None
+    _then_hang: bool = False
     _server: ThreadingHTTPServer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -99,9 +100,12 @@ class FaultProxy:
         """
         self._hold, self._hold_every, self.held, self._release = match, every, threading.Event(), threading.Event()
 
-    def down_on(self, match: Match) -> None:
-        """Go down the moment a matching request arrives, dropping it unanswered: S3 dying mid-upload."""
-        self._down_on = match
+    def down_on(self, match: Match, then_hang: bool = False) -> None:
+        """Go down the moment a matching request arrives, dropping it unanswered: S3 dying mid-upload.
+
+        ``then_hang``: stay up instead, holding every later request (an endpoint whose S3 died).
+        """
+        self._down_on, self._then_hang = match, then_hang
 
     def release(self) -> None:
         self._release.set()
@@ -138,6 +142,10 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if proxy._down_on is not None and proxy._down_on(self.command, self.path):
             proxy._down_on = None
+            if proxy._then_hang:
+                proxy.hold(lambda method, path: True, every=True)
+                self.close_connection = True
+                return
             proxy.down()
         if proxy._down or not self._after_hold(proxy):
             self.close_connection = True  # dropped without an answer, as by a dead server

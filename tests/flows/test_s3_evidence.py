@@ -91,69 +91,51 @@ def test_an_attempts_bundle_round_trips_through_s3_with_checksums_links_and_no_s
     assert "evidence_links" not in verdict and history[0].get("evidence_links") is None
 
 
-def test_s3_dying_mid_upload_leaves_the_attempt_classified_its_evidence_spooled_and_flush_completes_it(
-    blocks, s3, tmp_path
-) -> None:
-    reference, block = _s3_block(s3, tmp_path)
-    s3.proxy.down_on(lambda method, path: method == "PUT" and "/snapshot/" in path)
-
-    state, history = _run_one_failing_attempt(blocks, reference, "s3-outage")
-
-    assert history[0]["category"] == "nccl_error" and "Watchdog" in history[0]["signature"]
-    spooled = history[0]["evidence_spooled"]  # as the verdict step left it: it never waits on S3, nor fails
-    assert {"manifest.json", "verdict.json", f"(tags {OUTCOME_TAG}=failed)"} <= set(spooled)
-    assert any(name.startswith("snapshot/") for name in spooled)
-    assert "gave up after 2 tries" in history[0]["evidence_upload_error"]
-    report = Artifact.get("s3-outage-attempt-1").data
-    assert f"{len(spooled)} items wait in the local spool" in report and "trainguard evidence flush" in report
-    assert "verdict.json (spooled, not uploaded yet)" in report
-    assert not any(key.endswith("manifest.json") for key in s3.objects(block.bucket))  # never claims completeness
-
-    s3.proxy.up()
-    result = block.store(no_time_limit=True).flush()
-
-    assert result.pending == () and result.error == ""
-    store = block.store()
-    manifest = read_manifest(store, "s3-outage", 1)
-    assert "verdict.json" in {item.name for item in manifest.items}  # recorded while S3 was down
-    assert bundles.verify(store, manifest, deep=True) == {}
-    stored = s3.objects(block.bucket)
-    assert sorted(stored) == sorted({f"evidence/{item.key}" for item in manifest.items}
-                                    | {"evidence/runs/s3-outage/attempt-1/manifest.json"})
-    assert s3.client().list_multipart_uploads(Bucket=block.bucket).get("Uploads", []) == []
-    for key in stored:  # uploaded before the outage or spooled during it: all carry the attempt's outcome
-        assert s3.client().get_object_tagging(Bucket=block.bucket, Key=key)["TagSet"] == [
-            {"Key": OUTCOME_TAG, "Value": "failed"}], key
-
-
-def test_a_hanging_s3_delays_neither_the_verdict_nor_the_next_attempt_and_flush_completes_both_bundles(
+def test_s3_dying_mid_upload_then_hanging_holds_up_neither_verdict_nor_next_attempt_and_flush_completes_both(
     blocks, s3, tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setenv("AWS_SESSION_TOKEN", SESSION_TOKEN)
     # the production retry settings (5 tries, 0.5 s first backoff, 60 s read timeout); a budget a test can wait out
     reference, block = _s3_block(s3, tmp_path, retry_attempts=5, retry_base_delay_seconds=0.5, upload_budget_seconds=1)
-    s3.proxy.hold(lambda method, path: "/evidence/" in path, every=True)  # S3 answers nothing at all
+    # S3 dies mid-upload (that request is dropped unanswered), then its endpoint answers nothing at all
+    s3.proxy.down_on(lambda method, path: method == "PUT" and "/snapshot/" in path, then_hang=True)
 
-    state, history = _run_one_failing_attempt(blocks, reference, "s3-hanging", max_attempts=2)
+    state, history = _run_one_failing_attempt(blocks, reference, "s3-outage", max_attempts=2)
 
     assert s3.proxy.holding == s3.proxy.held_total >= 1  # S3 answered none of them: the run went on without it
     assert state.is_completed() and [h["state"] for h in history] == ["Failed", "Completed"]
-    assert history[0]["category"] == "nccl_error" and history[0]["decision"]["retry"]
+    assert history[0]["category"] == "nccl_error" and "Watchdog" in history[0]["signature"]
+    assert history[0]["decision"]["retry"]
+    spooled = history[0]["evidence_spooled"]  # as the verdict step left it: it never waits long on S3, nor fails
+    assert {"manifest.json", "verdict.json", f"(tags {OUTCOME_TAG}=failed)"} <= set(spooled)
+    assert any(name.startswith("snapshot/") for name in spooled)
     for attempt in history:
         assert {"manifest.json", "verdict.json"} <= set(attempt["evidence_spooled"])
         assert "upload time budget (1 s) is spent" in attempt["evidence_upload_error"]
-    report = Artifact.get("s3-hanging-attempt-1").data
-    assert f"{len(history[0]['evidence_spooled'])} items wait in the local spool" in report
-    assert s3.objects(block.bucket) == {}
-    for spooled in (tmp_path / "spool").rglob("*"):
-        assert not spooled.is_file() or SESSION_TOKEN.encode() not in spooled.read_bytes(), spooled
+    report = Artifact.get("s3-outage-attempt-1").data
+    assert f"{len(spooled)} items wait in the local spool" in report and "trainguard evidence flush" in report
+    assert "verdict.json (spooled, not uploaded yet)" in report
+    assert not any(key.endswith("manifest.json") for key in s3.objects(block.bucket))  # never claims completeness
+    for spool_file in (tmp_path / "spool").rglob("*"):
+        assert not spool_file.is_file() or SESSION_TOKEN.encode() not in spool_file.read_bytes(), spool_file
 
     s3.proxy.reset()
     wait_for(lambda: s3.proxy.holding == 0, what="the held requests to end")
-    assert block.store(no_time_limit=True).flush().pending == ()
+    result = block.store(no_time_limit=True).flush()
 
-    store = block.store()
+    assert result.pending == () and result.error == ""
+    store, expected = block.store(), set()
     for attempt in (1, 2):
-        manifest = read_manifest(store, "s3-hanging", attempt)
-        assert "verdict.json" in {item.name for item in manifest.items}
+        manifest = read_manifest(store, "s3-outage", attempt)
+        assert "verdict.json" in {item.name for item in manifest.items}  # recorded while S3 was away
         assert bundles.verify(store, manifest, deep=True) == {}
+        expected |= {f"evidence/{item.key}" for item in manifest.items}
+        expected.add(f"evidence/runs/s3-outage/attempt-{attempt}/manifest.json")
+    stored = s3.objects(block.bucket)
+    assert sorted(stored) == sorted(expected)  # nothing duplicated or lost
+    wait_for(lambda: s3.client().list_multipart_uploads(Bucket=block.bucket).get("Uploads", []) == [],
+             what="no multipart upload left behind")
+    for key in stored:  # uploaded before the outage or spooled during it: all carry their attempt's outcome
+        outcome = "failed" if "/attempt-1/" in key else "succeeded"
+        assert s3.client().get_object_tagging(Bucket=block.bucket, Key=key)["TagSet"] == [
+            {"Key": OUTCOME_TAG, "Value": outcome}], key

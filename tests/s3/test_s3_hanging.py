@@ -44,6 +44,9 @@ def test_a_hanging_s3_keeps_writes_no_longer_than_the_budget_and_flush_completes
     assert hashlib.sha256(stored["tg/runs/r1/attempt-1/core"]).digest() == hashlib.sha256(data).digest()
     assert stored["tg/runs/r1/attempt-1/manifest.json"] == b'{"items": ["core", "crash-tail.txt"]}'
     assert list((tmp_path / "spool").glob("*.data")) == []
+    # the upload S3 started once it answered again is aborted by the call left behind: nothing lingers
+    wait_for(lambda: s3.client().list_multipart_uploads(Bucket=store.bucket.bucket).get("Uploads", []) == [],
+             what="the abandoned multipart upload to be aborted")
 
 
 def test_a_write_uploads_only_its_own_runs_backlog_first(make_store, s3) -> None:

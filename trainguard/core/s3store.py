@@ -21,9 +21,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
@@ -68,6 +69,28 @@ class FlushResult:
 
 class BudgetSpent(S3Transient):
     """The upload time budget ran out, possibly with a request S3 had not answered yet."""
+
+
+@dataclass
+class _Started:
+    """A multipart upload's id, handed from the thread that uploads to the one that may give up waiting on it."""
+
+    upload_id: str = ""
+    given_up: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, upload_id: str) -> bool:
+        """Keep the id; False when the waiting side already gave up (and spooled the file without it)."""
+        with self.lock:
+            if not self.given_up:
+                self.upload_id = upload_id
+            return not self.given_up
+
+    def give_up(self) -> str:
+        """Stop waiting; the id the spool entry should resume, if S3 gave one by now."""
+        with self.lock:
+            self.given_up = True
+            return self.upload_id
 
 
 class S3Store:
@@ -136,11 +159,11 @@ class S3Store:
 
     def _put_parts(self, key: str, path: Path, handle: BinaryIO, part_bytes: int) -> StoredItem:
         """A multipart upload sent while the file is read; on failure the file is spooled with the upload's id."""
-        full, started = self._full(key), list[str]()  # the upload's id, once S3 gave one
+        full, started = self._full(key), _Started()
         try:
             sent, checksum = self._bounded(lambda: self._send_file(full, path, handle, part_bytes, started))
         except EvidenceStoreError as exc:
-            upload_id = started[0] if started else ""
+            upload_id = started.give_up() if isinstance(exc, BudgetSpent) else started.upload_id
             if isinstance(exc, BudgetSpent):  # the upload may still be reading `handle`: spool from another
                 with _reopened(path, handle) as fresh:
                     return self._spooled_after(exc, key, self.spool.add_open_file(full, fresh, upload_id=upload_id))
@@ -151,9 +174,11 @@ class S3Store:
         return StoredItem(key, sent.sha256, sent.size_bytes, checksum)
 
     def _send_file(self, full: str, path: Path, handle: BinaryIO, part_bytes: int,
-                   started: list[str]) -> tuple[s3direct.SentParts, str]:
+                   started: _Started) -> tuple[s3direct.SentParts, str]:
         upload_id = self._retrying(lambda: self.bucket.create_multipart_upload(full, {}))
-        started.append(upload_id)
+        if not started.record(upload_id):  # given up on meanwhile, and spooled without this id: nobody's upload
+            self._abort_quietly(full, upload_id)
+            raise self._spent()
         handle.seek(0)
         sent = s3direct.send_parts(self.bucket, full, upload_id, path, handle, part_bytes, self.policy.concurrency,
                                    self._retrying)
