@@ -13,7 +13,10 @@ import re
 import urllib.request
 import uuid
 
+import yaml
+
 from prefect.artifacts import Artifact
+from typer.testing import CliRunner
 
 from flow_helpers import prefect_records, tiny_spec
 from s3fixtures import CREDENTIALS
@@ -21,6 +24,7 @@ from waiting import wait_for
 
 from blocks.evidence import S3EvidenceStore
 from flows.run import training_run
+from trainguard.cli import app
 from trainguard.core import bundles
 from trainguard.core.manifest import read_manifest
 from trainguard.core.retention import OUTCOME_TAG
@@ -54,41 +58,49 @@ def test_an_attempts_bundle_round_trips_through_s3_with_checksums_links_and_no_s
     blocks, s3, tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setenv("AWS_SESSION_TOKEN", SESSION_TOKEN)  # temporary credentials, as under STS or IRSA
+    monkeypatch.setenv("TG_TEST_WANDB_API_KEY", SECRET)  # where a worker holds it; the spec only names it
     reference, block = _s3_block(s3, tmp_path)
+    spec = tiny_spec("s3-round-trip", "--fail-at-step", "35", secret_env={"WANDB_API_KEY": "env:TG_TEST_WANDB_API_KEY"},
+                     retry={"max_attempts": 1})
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
 
-    state, history = _run_one_failing_attempt(blocks, reference, "s3-round-trip")
+    ran = CliRunner().invoke(app, ["run", str(tmp_path / "run.yaml"), "--backend", blocks["backend_block"],
+                                   "--evidence", reference])
 
-    assert not state.is_completed() and history[0]["category"] == "nccl_error"
+    assert ran.exit_code == 1, ran.output  # the attempt failed, as the spec says
+    shown = re.search(rf"evidence: s3://{block.bucket}/evidence/runs/(s3-round-trip-[0-9a-f]{{8}}) ", ran.output)
+    assert shown, ran.output  # the run's evidence as an s3:// URI, not folded into s3:/ by Path()
+    run_id = shown.group(1)
     store = block.store()
-    manifest = read_manifest(store, "s3-round-trip", 1)
+    manifest = read_manifest(store, run_id, 1)
     names = {item.name for item in manifest.items}
     assert {"crash-report.json", "crash-tail.txt", "snapshot/env.json", "verdict.json"} <= names
     assert all(item.checksum_sha256 for item in manifest.items)
     assert bundles.verify(store, manifest) == {} and bundles.verify(store, manifest, deep=True) == {}
     stored = s3.objects(block.bucket)
     assert set(stored) == {f"evidence/{item.key}" for item in manifest.items} | {
-        "evidence/runs/s3-round-trip/attempt-1/manifest.json"}
+        f"evidence/runs/{run_id}/attempt-1/manifest.json"}
     for key, data in stored.items():
         assert SECRET.encode() not in data and CREDENTIALS["AWS_SECRET_ACCESS_KEY"].encode() not in data, key
         assert SESSION_TOKEN.encode() not in data, key
-    tags = s3.client().get_object_tagging(Bucket=block.bucket, Key="evidence/runs/s3-round-trip/attempt-1/crash-tail.txt")
+    tags = s3.client().get_object_tagging(Bucket=block.bucket, Key=f"evidence/runs/{run_id}/attempt-1/crash-tail.txt")
     assert {"Key": OUTCOME_TAG, "Value": "failed"} in tags["TagSet"]
     assert store.pending() == [] and not list((tmp_path / "spool").rglob("*.data"))
 
-    report = Artifact.get("s3-round-trip-attempt-1").data
+    report = Artifact.get(f"{run_id}-attempt-1").data
     assert "links expire" in report
     link = re.search(r"\[crash-tail\.txt\]\(<([^>]+)>\)", report).group(1)
     assert "X-Amz-Expires=" in link and "X-Amz-Signature=" in link
     assert f"X-Amz-Security-Token={SESSION_TOKEN}" in link
     with urllib.request.urlopen(link, timeout=10) as answer:  # no credentials: the signature is the access
-        assert answer.read() == stored["evidence/runs/s3-round-trip/attempt-1/crash-tail.txt"]
+        assert answer.read() == stored[f"evidence/runs/{run_id}/attempt-1/crash-tail.txt"]
     # the links are shown in the report only: nothing stored holds them or the token in them
-    artifacts, parameters, logs = prefect_records("s3-round-trip")
+    artifacts, parameters, logs = prefect_records(run_id)
     shown_only = re.sub(r"\(<https?://[^>]+>\)", "(link)", report)
     for text in [shown_only, *(a for a in artifacts if a != report), *parameters, *logs]:
         assert SESSION_TOKEN not in text and "X-Amz-Signature" not in text, text[:300]
-    verdict = json.loads(stored["evidence/runs/s3-round-trip/attempt-1/verdict.json"])
-    assert "evidence_links" not in verdict and history[0].get("evidence_links") is None
+    verdict = json.loads(stored[f"evidence/runs/{run_id}/attempt-1/verdict.json"])
+    assert verdict["category"] == "nccl_error" and "evidence_links" not in verdict
 
 
 def test_s3_dying_mid_upload_then_hanging_holds_up_neither_verdict_nor_next_attempt_and_flush_completes_both(
