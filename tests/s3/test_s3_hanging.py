@@ -12,7 +12,7 @@ from trainguard.core.s3store import UploadPolicy
 from trainguard.core.spool import MIN_PART_BYTES
 
 # the production retry settings (5 tries, 0.5 s first backoff), with a budget a test can wait out
-DEFAULT_RETRIES_SHORT_BUDGET = UploadPolicy(budget_seconds=1.0, part_bytes=MIN_PART_BYTES, concurrency=3)
+DEFAULT_RETRIES_SHORT_BUDGET = UploadPolicy(budget_seconds=0.5, part_bytes=MIN_PART_BYTES, concurrency=3)
 
 
 def _writes(method: str, path: str) -> bool:
@@ -33,7 +33,7 @@ def test_a_hanging_s3_keeps_writes_no_longer_than_the_budget_and_flush_completes
     assert s3.proxy.holding == s3.proxy.held_total >= 1  # S3 answered none of them: the store moved on without it
     assert store.pending() == ["runs/r1/attempt-1/core", "runs/r1/attempt-1/crash-tail.txt",
                                "runs/r1/attempt-1/manifest.json"]
-    assert "upload time budget (1 s) is spent" in store.last_error and "next attempt" in store.last_error
+    assert "upload time budget (0.5 s) is spent" in store.last_error and "next attempt" in store.last_error
 
     s3.proxy.reset()  # S3 answers again; what was held goes through or is dropped
     wait_for(lambda: s3.proxy.holding == 0, what="the held requests to end")
