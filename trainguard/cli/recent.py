@@ -65,7 +65,8 @@ def _runs(store: EvidenceStore | None, work: Path) -> dict[str, tuple[list[int],
     for folder in runs_dir.glob("*/attempt-*") if runs_dir.is_dir() else []:
         if folder.name.removeprefix("attempt-").isdigit():
             attempts.setdefault(folder.parent.name, set()).add(int(folder.name.removeprefix("attempt-")))
-    return {run_id: (sorted(numbers), _changed(run_id, store, work, max(numbers))) for run_id, numbers in attempts.items()}
+    return {run_id: (sorted(numbers), _changed(run_id, store, work, max(numbers)))
+            for run_id, numbers in attempts.items()}
 
 
 def _changed(run_id: str, store: EvidenceStore | None, work: Path, newest_attempt: int) -> float:
