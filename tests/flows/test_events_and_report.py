@@ -80,6 +80,7 @@ def test_the_run_report_has_a_timeline_and_chart_and_hostile_log_text_cannot_bre
     timeline = [line for line in report.splitlines() if line.startswith("| 1/") or line.startswith("| 2/")]
     assert "**Failed**" in timeline[0] and "nccl\\_error" in timeline[0] and "**Completed**" in timeline[1]
     assert "step-000020.json" in timeline[1]  # the checkpoint attempt 2 resumed from
+    assert "from the newest checkpoint step-000020.json" in timeline[0] and "/checkpoints/" not in timeline[0]
     chart = report.split("```text", 1)[1].split("```", 1)[0]
     assert re.search(r"a1\s+█+·+ ✗ steps \d+→25", chart) and re.search(r"a2\s+·+█+ ✓ steps 2\d→40", chart)
     assert "loss" in chart
