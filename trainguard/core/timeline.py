@@ -66,7 +66,8 @@ def _then(summary: AttemptSummary) -> str:
         return "-"
     reason = str(summary.decision.get("reason", "-"))
     if checkpoint := summary.decision.get("resume_from"):
-        reason = reason.replace(str(checkpoint), PurePath(str(checkpoint)).name)
+        name = PurePath(str(checkpoint)).name
+        reason = reason.replace(f"the newest checkpoint {checkpoint}", name).replace(str(checkpoint), name)
     return md_text(reason, 160)
 
 
