@@ -59,6 +59,8 @@ def continue_run(dead: FlowRun) -> tuple[FlowRun | None, str]:
         return None, f"{dead.name} died before its first attempt; nothing to continue"
     params = bound_parameters(train_attempt, dict(attempt_run.parameters))
     state = attempt_run.state
+    if state is not None and state.is_completed():
+        return None, f"attempt {params.get('attempt')} of {dead.name} succeeded before the run died: nothing to do"
     if state is None or not state.is_final():  # it died with the process that ran it
         state = Crashed(message=f"its training-run flow run {dead.name} died while it ran: {dead.state_name}")
         with get_client(sync_client=True) as client:
