@@ -92,8 +92,9 @@ def run_setup(controller: str = CONTROLLER, heartbeat_seconds: int = HEARTBEAT_S
         raise SetupError(f"--heartbeat-seconds {heartbeat_seconds}: Prefect sends flow-run heartbeats at most every "
                          f"{MIN_HEARTBEAT_SECONDS} s; pass the workers' PREFECT_FLOWS_HEARTBEAT_FREQUENCY "
                          f"(Prefect's default is {HEARTBEAT_SECONDS})")
-    result = SetupResult(block_types=register_block_types())
-    result.controller, result.controller_id = ensure_controller(controller)
+    result = SetupResult()
+    result.controller, result.controller_id = ensure_controller(controller)  # a wrong name changes nothing
+    result.block_types = register_block_types()
     with get_client(sync_client=True) as client:
         result.automations = automations.ensure_automations(
             client, automations.automations(result.controller_id, heartbeat_seconds))
