@@ -58,7 +58,8 @@ class S3EvidenceStore(Block):
     endpoint_url: str | None = Field(default=None, description="For S3-compatible stores (MinIO, Ceph, ...).")
     aws_access_key_id: str | None = Field(default=None, description="Leave empty to use the standard AWS chain.")
     aws_secret_access_key: SecretStr | None = Field(default=None, description="With aws_access_key_id.")
-    server_side_encryption: Literal["AES256", "aws:kms"] = Field(default="AES256")
+    server_side_encryption: Literal["AES256", "aws:kms"] = Field(
+        default="AES256", description="How S3 encrypts every object: AES256 (S3-managed keys) or aws:kms (set kms_key_id).")
     kms_key_id: str | None = Field(default=None, description="KMS key for aws:kms (None: the bucket's default).")
     spool_dir: str = Field(default="trainguard-data/spool", description="Local folder where writes wait for S3 "
                            "(on Kubernetes, put it on a volume that outlives the flow pod: see the README).")

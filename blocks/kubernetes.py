@@ -32,42 +32,60 @@ class KubernetesJobBackend(Block):
         description="A KubernetesCredentials block; empty = in-cluster config, else the default kubeconfig.")
     kubeconfig_path: str | None = Field(
         default=None, title="Kubeconfig file", description="Used when no credentials block is set (e.g. from the CLI).")
-    context: str | None = Field(default=None, title="Kubeconfig context")
+    context: str | None = Field(default=None, title="Kubeconfig context",
+        description="A context of the kubeconfig; empty = its current context.")
     namespace: str = Field(default="default", title="Namespace", description="Where Jobs, pods and ConfigMaps go.")
     image: str = Field(title="Image", description="The training image; it needs a Python 3 for trainguard's entrypoint.")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(default=None, title="Image pull policy")
-    image_pull_secrets: list[str] = Field(default_factory=list, title="Image pull secrets")
-    cpu_request: str | None = Field(default=None, title="CPU request", examples=["30"])
-    cpu_limit: str | None = Field(default=None, title="CPU limit")
-    memory_request: str | None = Field(default=None, title="Memory request", examples=["200Gi"])
-    memory_limit: str | None = Field(default=None, title="Memory limit", examples=["240Gi"])
-    node_selector: dict[str, str] = Field(default_factory=dict, title="Node selector")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(default=None, title="Image pull policy",
+        description="Always, IfNotPresent or Never; empty = the cluster's default for the tag.")
+    image_pull_secrets: list[str] = Field(default_factory=list, title="Image pull secrets",
+        description="Names of docker-registry Secrets in the namespace, for a private registry.")
+    cpu_request: str | None = Field(default=None, title="CPU request", examples=["30"],
+        description="The training container's CPU request (Kubernetes quantity); empty = none.")
+    cpu_limit: str | None = Field(default=None, title="CPU limit",
+        description="The training container's CPU limit; empty = none.")
+    memory_request: str | None = Field(default=None, title="Memory request", examples=["200Gi"],
+        description="Memory request (quantity); raised after a retried host OOM if the retry policy says so.")
+    memory_limit: str | None = Field(default=None, title="Memory limit", examples=["240Gi"],
+        description="Memory limit (quantity); the container is OOM-killed above it; raised like the request.")
+    node_selector: dict[str, str] = Field(default_factory=dict, title="Node selector",
+        description="Node labels the training pod must match, e.g. {nvidia.com/gpu.product: A100}.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, title="Tolerations",
                                               description="As in a pod spec, e.g. {key: nvidia.com/gpu, operator: Exists}.")
-    priority_class: str | None = Field(default=None, title="Priority class")
-    service_account: str | None = Field(default=None, title="Service account (of the training pod)")
+    priority_class: str | None = Field(default=None, title="Priority class",
+        description="A PriorityClass name; a higher priority may preempt other pods to run.")
+    service_account: str | None = Field(default=None, title="Service account (of the training pod)",
+        description="The training pod's service account; empty = the namespace's default.")
     volumes: list[dict[str, Any]] = Field(default_factory=list, title="Extra volumes", description="Pod volumes.")
-    volume_mounts: list[dict[str, Any]] = Field(default_factory=list, title="Extra volume mounts")
+    volume_mounts: list[dict[str, Any]] = Field(default_factory=list, title="Extra volume mounts",
+        description="Mounts of the extra volumes into the training container, as in a pod spec.")
     shm_size: str | None = Field(default="1Gi", title="/dev/shm size",
                                  description="A memory-backed /dev/shm for data loaders and NCCL; empty = none.")
-    labels: dict[str, str] = Field(default_factory=dict, title="Labels")
-    annotations: dict[str, str] = Field(default_factory=dict, title="Annotations")
+    labels: dict[str, str] = Field(default_factory=dict, title="Labels",
+        description="Added to the Job and its pods, next to app.kubernetes.io/* and trainguard.io/*.")
+    annotations: dict[str, str] = Field(default_factory=dict, title="Annotations",
+        description="Added to the Job and its pods.")
     job_template: dict[str, Any] | None = Field(
         default=None, title="Job template override",
         description="Raw Job fields merged over what trainguard writes (mappings merged, the rest replaced).")
     attempt_volume: Literal["pvc", "hostPath", "emptyDir"] = Field(
         default="pvc", title="Attempt volume", description="Where logs, core dumps and crash reports go. "
         "emptyDir dies with the pod: only the API's evidence survives then.")
-    attempt_claim: str = Field(default="trainguard-attempts", title="Attempt volume claim (PVC)")
-    attempt_host_path: str = Field(default="/var/lib/trainguard/attempts", title="Attempt volume host path")
+    attempt_claim: str = Field(default="trainguard-attempts", title="Attempt volume claim (PVC)",
+        description="The claim holding each attempt's folder when the attempt volume is pvc.")
+    attempt_host_path: str = Field(default="/var/lib/trainguard/attempts", title="Attempt volume host path",
+        description="The node folder holding each attempt's folder when the attempt volume is hostPath.")
     checkpoint_claim: str = Field(default="trainguard-checkpoints", title="Checkpoint claim (PVC)",
                                   description="Shared by every attempt of a run; each run has its own folder.")
-    fail_job_exit_codes: list[int] = Field(default_factory=lambda: [2, 126, 127], title="Exit codes that fail the Job at once")
+    fail_job_exit_codes: list[int] = Field(default_factory=lambda: [2, 126, 127], title="Exit codes that fail the Job at once",
+        description="Exit codes no retry can cure (usage error, not executable, not found): the Job fails without waiting.")
     failed_job_ttl_seconds: int = Field(
         default=86400, ge=0, title="Keep failed Jobs (s)",
         description="How long a failed Job stays after its evidence is stored (0 = delete at once).")
-    unschedulable_seconds: float = Field(default=600.0, ge=0, title="Wait while unschedulable (s)")
-    start_error_seconds: float = Field(default=60.0, ge=0, title="Wait on image pull / start errors (s)")
+    unschedulable_seconds: float = Field(default=600.0, ge=0, title="Wait while unschedulable (s)",
+        description="How long a pod may stay unschedulable before the attempt ends as unschedulable.")
+    start_error_seconds: float = Field(default=60.0, ge=0, title="Wait on image pull / start errors (s)",
+        description="How long a pod may fail to pull its image or start before the attempt ends.")
     local_root: str | None = Field(default=None, title="Local folder for triage facts",
                                    description="On the flow's machine; a temporary folder when empty.")
 

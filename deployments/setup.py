@@ -15,13 +15,15 @@ from uuid import UUID
 from prefect import get_client
 from prefect.blocks.core import Block
 from prefect.exceptions import ObjectNotFound
-from prefect.settings import get_current_settings
 
 import blocks
 from deployments import automations
 from flows.controller import retry_controller
 
 CONTROLLER = "retry-controller/local"
+# Prefect's own default of PREFECT_FLOWS_HEARTBEAT_FREQUENCY (3.6.22 and later), and its minimum.
+HEARTBEAT_SECONDS = 180
+MIN_HEARTBEAT_SECONDS = 30
 
 
 class SetupError(ValueError):
@@ -78,12 +80,22 @@ def ensure_controller(name: str = CONTROLLER) -> tuple[str, UUID]:
                              "`prefect deploy --all` (prefect.yaml has retry-controller/safety-net) or leave the default") from None
 
 
-def run_setup(controller: str = CONTROLLER) -> SetupResult:
-    """Register block types, find or create the controller deployment and (re)create the automations."""
-    result = SetupResult(block_types=register_block_types())
-    result.controller, result.controller_id = ensure_controller(controller)
-    heartbeat = get_current_settings().flows.heartbeat_frequency or 180
+def run_setup(controller: str = CONTROLLER, heartbeat_seconds: int = HEARTBEAT_SECONDS) -> SetupResult:
+    """Register block types, find or create the controller deployment and (re)create the automations.
+
+    Args:
+        controller: The retry-controller deployment the automations run (see `ensure_controller`).
+        heartbeat_seconds: PREFECT_FLOWS_HEARTBEAT_FREQUENCY *of the workers* that run attempts (not
+            of this machine): a run is a zombie after three periods without a heartbeat.
+    """
+    if heartbeat_seconds < MIN_HEARTBEAT_SECONDS:
+        raise SetupError(f"--heartbeat-seconds {heartbeat_seconds}: Prefect sends flow-run heartbeats at most every "
+                         f"{MIN_HEARTBEAT_SECONDS} s; pass the workers' PREFECT_FLOWS_HEARTBEAT_FREQUENCY "
+                         f"(Prefect's default is {HEARTBEAT_SECONDS})")
+    result = SetupResult()
+    result.controller, result.controller_id = ensure_controller(controller)  # a wrong name changes nothing
+    result.block_types = register_block_types()
     with get_client(sync_client=True) as client:
         result.automations = automations.ensure_automations(
-            client, automations.automations(result.controller_id, heartbeat))
+            client, automations.automations(result.controller_id, heartbeat_seconds))
     return result

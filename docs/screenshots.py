@@ -51,6 +51,21 @@ def wait_until_up(url: str, server: subprocess.Popen[bytes] | None, timeout: flo
     raise SystemExit(f"the Prefect server at {url} did not answer within {timeout:g}s")
 
 
+def check_ui(base: str) -> None:
+    """Stop with one line when the server shows no UI, or a UI that would call another API address."""
+    import json
+
+    try:
+        with urllib.request.urlopen(f"{base}/ui-settings", timeout=10) as answer:
+            api_url = json.loads(answer.read()).get("api_url", "")
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--server {base}: it serves no Prefect UI ({exc}); "
+                         "start it with PREFECT_UI_ENABLED=true") from None
+    if api_url.rstrip("/") != f"{base}/api":
+        raise SystemExit(f"--server {base}: its UI calls the API at {api_url!r}, so pages would say \"Can't connect\"; "
+                         f"start the server with PREFECT_UI_API_URL={base}/api")
+
+
 def start_server(tmp: Path, port: int) -> subprocess.Popen[bytes]:
     api = f"http://127.0.0.1:{port}/api"
     os.environ.update(PREFECT_API_URL=api, PREFECT_UI_API_URL=api, PREFECT_HOME=str(tmp / "home"),
@@ -62,8 +77,8 @@ def start_server(tmp: Path, port: int) -> subprocess.Popen[bytes]:
     return server
 
 
-def run_demo(workdir: Path) -> tuple[str, str]:
-    """Run the demo against the server; (training-run flow run id, report artifact id)."""
+def run_demo(workdir: Path) -> tuple[str, str, str]:
+    """Run the demo against the server; (training-run flow run id, report artifact id, run id)."""
     os.chdir(workdir)  # the demo's work and evidence folders land in the temporary folder
     from prefect.artifacts import Artifact
 
@@ -83,16 +98,27 @@ def run_demo(workdir: Path) -> tuple[str, str]:
         attempt = client.read_flow_run(parent)
         training = client.read_task_run(parent_id).flow_run_id if parent_id else attempt.id
     artifact = Artifact.get(f"{run.run_id}-report", _sync=True)  # type: ignore[call-arg]
-    return str(training), str(artifact.id)
+    return str(training), str(artifact.id), run.run_id
 
 
-def shoot(chromium: str, url: str, out: Path, size: str, tmp: Path) -> None:
+def shoot(chromium: str, url: str, out: Path, size: str, tmp: Path, shows: tuple[str, ...] = ()) -> None:
+    """Photograph `url`; stop with one line unless the rendered page holds every text of `shows`.
+
+    The check renders the page a second time (--dump-dom), so it is made where words matter: the
+    run page's attempts are drawn on a canvas, which holds no text to check.
+    """
     profile = Path(tempfile.mkdtemp(dir=tmp, prefix="chromium-"))
-    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size}",
-                    f"--screenshot={out}", url], check=True, timeout=180,
+    flags = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size}"]
+    subprocess.run([*flags, f"--screenshot={out}", url], check=True, timeout=180,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if not out.exists() or out.stat().st_size < 10_000:
         raise SystemExit(f"chromium wrote no usable picture of {url}")
+    if not shows:
+        return
+    page = subprocess.run([*flags, "--dump-dom", url], check=True, timeout=180, capture_output=True,
+                          text=True, errors="replace").stdout
+    if missing := [text for text in shows if text not in page]:
+        raise SystemExit(f"the page {url} does not show {missing}: the picture would not either")
 
 
 def stop(server: subprocess.Popen[bytes]) -> None:
@@ -120,13 +146,16 @@ def main() -> None:
             base, server = args.server.rstrip("/"), None
             os.environ.update(PREFECT_API_URL=f"{base}/api", PREFECT_SERVER_ANALYTICS_ENABLED="false")
             wait_until_up(f"{base}/api", None)
+            check_ui(base)
         else:
             port = free_port()
             base, server = f"http://127.0.0.1:{port}", start_server(tmp, port)
         try:
-            flow_run_id, artifact_id = run_demo(tmp)
+            flow_run_id, artifact_id, run_id = run_demo(tmp)
             shoot(chromium, f"{base}/runs/flow-run/{flow_run_id}", out / "ui-retried-run.png", "1400,900", tmp)
-            shoot(chromium, f"{base}/artifacts/artifact/{artifact_id}", out / "ui-run-report.png", "1400,1300", tmp)
+            # wide enough for the timeline's last column ("then": what came next)
+            shoot(chromium, f"{base}/artifacts/artifact/{artifact_id}", out / "ui-run-report.png", "2000,1000", tmp,
+                  shows=(f"Run {run_id}: succeeded on attempt 2", "Timeline", "then", "Progress per attempt"))
         finally:
             if server is not None:
                 stop(server)

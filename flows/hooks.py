@@ -65,12 +65,15 @@ def plan_after(
         known: the attempt's own verdict, when it reached one (the Failed state's data, or the
             verdict kept with its evidence); otherwise a Crashed attempt is judged here.
     """
-    if known is None and state.is_crashed():  # it may have judged itself before the process died
-        known = recovery.kept_verdict(params, _run_id(params, flow_run))
+    if known is None and state.is_crashed():
+        run_id = _run_id(params, flow_run)
+        with recovery.attempt_lock(run_id, int(params.get("attempt", 1))):  # a hook and the controller at once
+            # it may have judged itself before the process died, or another recovery just did
+            known = recovery.kept_verdict(params, run_id)
+            if known is None:
+                return _plan_after_crash(params, flow_run, state)
     if known is not None:
         return known, policy.RetryDecision.from_dict(known.decision)
-    if state.is_crashed():
-        return _plan_after_crash(params, flow_run, state)
     return None  # failed before an attempt existed (bad parameters, blocks): nothing to retry
 
 

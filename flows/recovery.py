@@ -1,7 +1,8 @@
 """What is left of an attempt whose flow process died: its verdict, its leftover process, its evidence.
 
 Used by the crash hook and the retry controller alike, so whichever gets there first does the work
-and the other finds it done: the verdict the flow kept beside its evidence is read back, a training
+and the other finds it done (`attempt_lock` makes them take turns when they fire at the same moment
+on one machine): the verdict the flow kept beside its evidence is read back, a training
 process still running without its supervisor is stopped (through the backend, when it can), and
 evidence the flow never collected is collected through the backend's own collector. Each step is
 best effort and says what it did; none of them raises.
@@ -9,12 +10,19 @@ best effort and says what it did; none of them raises.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from prefect.logging import get_logger
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_logger, get_run_logger
 
 from blocks import load_backend, load_evidence
 from tasks.report import publish_run_report
@@ -24,6 +32,35 @@ from trainguard.core.backend import ERROR, AttemptOutcome, AttemptRef, StopsOrph
 from trainguard.core.stores import EvidenceNotFound, EvidenceStore
 
 logger = get_logger("trainguard.recovery")
+
+
+def _log() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    """The run's logger inside a flow or task run (the retry controller: its logs show in the UI), else ours."""
+    try:
+        return get_run_logger()
+    except MissingContextError:  # a state hook runs outside any run context
+        return logger
+
+
+@contextmanager
+def attempt_lock(run_id: str, attempt: int) -> Iterator[None]:
+    """Let one recovery of an attempt at a time go on, on this machine.
+
+    The crash hook and the retry controller may fire at the same moment; the second waits here and
+    then finds the first one's verdict, so the attempt is judged, collected and reported once. The
+    lock is a file lock in the temporary folder: it covers the hook and the controller of one host
+    (the served deployments, one worker). Across hosts the scheduling itself still happens once (the
+    idempotency key); only the recovery could then run twice.
+    """
+    folder = Path(tempfile.gettempdir()) / "trainguard-recovery"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:200]
+    with (folder / f"{name}-attempt-{attempt}.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def kept_verdict(params: dict[str, Any], run_id: str) -> AttemptSummary | None:
@@ -52,7 +89,7 @@ def recover_attempt(params: dict[str, Any], run_id: str, why: str) -> dict[str, 
     found = _existing_evidence(store, run_id, attempt)
     if found is None:
         collected = backend.collect_evidence(ref, store, outcome)
-        logger.info("collected %d evidence items of %s attempt %s into %s", len(collected.manifest.items), run_id,
+        _log().info("collected %d evidence items of %s attempt %s into %s", len(collected.manifest.items), run_id,
                     attempt, collected.location)
         found = collected.summary
     return {**found, "stopped": stopped, "progress": _progress(backend, ref, outcome)}
@@ -90,7 +127,7 @@ def _stop_orphan(backend: Any, ref: AttemptRef) -> str | None:
         logger.warning("could not stop what %s attempt %s left running: %s", ref.run_id, ref.attempt, exc)
         return None
     if stopped:
-        logger.warning("%s attempt %s: %s", ref.run_id, ref.attempt, stopped)
+        _log().warning("%s attempt %s: %s", ref.run_id, ref.attempt, stopped)
     return stopped
 
 

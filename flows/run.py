@@ -33,7 +33,8 @@ def training_run(
     """Run attempts of `spec` until one succeeds or the retry policy says stop.
 
     `resume` continues an earlier run: {"attempt": next number, "resume_from": checkpoint,
-    "history": summaries of the attempts so far}.
+    "history": summaries of the attempts so far}, and optionally the lineage the policy moved on
+    ("avoid_nodes", "memory_factor", "parent_flow_run_id"), as the retry controller passes them.
     """
     run_id = run_id or new_run_id(spec.name)
     params: dict[str, Any] = {
@@ -43,6 +44,8 @@ def training_run(
     history: list[dict[str, Any]] = list((resume or {}).get("history") or [])
     if resume:
         params.update(attempt=int(resume["attempt"]), resume_from=resume.get("resume_from"), history=list(history))
+        carried = ("avoid_nodes", "memory_factor", "parent_flow_run_id")
+        params.update({key: resume[key] for key in carried if resume.get(key)})
     while True:
         with tags(*lineage_tags(run_id, params["attempt"], params.get("parent_flow_run_id"))):
             state = train_attempt(**params, return_state=True)

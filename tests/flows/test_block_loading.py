@@ -67,3 +67,26 @@ def test_a_flow_process_imports_prefect_kubernetes_only_for_a_kubernetes_block(p
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(prefect_server),
                          capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["False", "KubernetesBackend", "True"], out.stderr[-2000:]
+
+
+def _fields_without_words(schema: dict, where: str) -> list[str]:
+    bare = [f"{where}.{name}" for name, prop in schema.get("properties", {}).items()
+            if not prop.get("title") or not prop.get("description")]
+    for name, definition in schema.get("definitions", {}).items():
+        if str(definition.get("block_type_slug", "trainguard-")).startswith("trainguard-"):  # not another library's
+            bare += _fields_without_words(definition, f"{where}#{name}")
+    return bare
+
+
+def test_every_field_of_every_block_form_has_a_title_and_a_description() -> None:
+    """The Prefect UI builds block forms from these schemas: a bare field name explains nothing."""
+    import importlib
+
+    from blocks.loading import OWN_TYPES
+
+    bare = []
+    for slug, (module, name) in OWN_TYPES.items():
+        cls = getattr(importlib.import_module(module), name)
+        assert cls.get_description(), f"{slug} has no description"
+        bare += _fields_without_words(cls.model_json_schema(), slug)
+    assert bare == []

@@ -6,18 +6,24 @@ the events are read back from the server's own event store, the report from its 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from flow_helpers import tiny_spec
+from flow_helpers import ROOT, tiny_spec
 from prefect import get_client
 from prefect.artifacts import Artifact
+from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 from prefect.events.worker import EventsWorker
 from waiting import wait_for
 
+from flows import events
 from flows.run import training_run
+from trainguard.core.attempt import AttemptSummary
 from trainguard.core.spec import parse_spec
 
 HOSTILE = (
@@ -80,6 +86,7 @@ def test_the_run_report_has_a_timeline_and_chart_and_hostile_log_text_cannot_bre
     timeline = [line for line in report.splitlines() if line.startswith("| 1/") or line.startswith("| 2/")]
     assert "**Failed**" in timeline[0] and "nccl\\_error" in timeline[0] and "**Completed**" in timeline[1]
     assert "step-000020.json" in timeline[1]  # the checkpoint attempt 2 resumed from
+    assert "resuming from step-000020.json" in timeline[0] and "/checkpoints/" not in timeline[0]
     chart = report.split("```text", 1)[1].split("```", 1)[0]
     assert re.search(r"a1\s+█+·+ ✗ steps \d+→25", chart) and re.search(r"a2\s+·+█+ ✓ steps 2\d→40", chart)
     assert "loss" in chart
@@ -96,3 +103,43 @@ def test_the_run_report_has_a_timeline_and_chart_and_hostile_log_text_cannot_bre
 
 def _cells(row: str) -> int:
     return len(re.split(r"(?<!\\)\|", row.strip())) - 2
+
+
+class _Webhook(BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (the http.server spelling)
+        self.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_the_readme_automation_notifies_about_a_run_that_gave_up_on_a_non_retryable_failure(prefect_server):
+    """The README's example, executed as written, against a webhook on loopback (not Slack)."""
+    readme = (ROOT / "README.md").read_text()
+    example = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S)
+                   if "notify on non-retryable failures" in block)
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), _Webhook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    block_id = CustomWebhookNotificationBlock(
+        name="readme", url=f"http://127.0.0.1:{hook.server_port}/hook",
+        json_data={"subject": "{{subject}}", "body": "{{body}}"}).save("readme-example", overwrite=True)
+    exec(compile(example, "README.md", "exec"), {"SLACK_WEBHOOK_BLOCK_ID": block_id})  # noqa: S102
+    try:
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: client.read_automations_by_name("notify on non-retryable failures"), 30, "the automation")
+        gave_up = AttemptSummary(run_id="readme-1", attempt=1, max_attempts=3, state="Failed", category="code_error",
+                                 retryable=False, rule_id="python.traceback", gpus=2, duration_seconds=30,
+                                 decision={"retry": False, "reason": "code_error is not retryable"})
+        events.run_finished(gave_up)
+        got = wait_for(lambda: _Webhook.received, 60, "the notification on the loopback webhook")[0]
+        assert got["subject"] == "readme-1 gave up"
+        assert got["body"].startswith("code_error (python.traceback) after 60.0 GPU-seconds: code_error is not retryable")
+    finally:
+        hook.shutdown()
+        with get_client(sync_client=True) as client:
+            for automation in client.read_automations_by_name("notify on non-retryable failures"):
+                client.delete_automation(automation.id)

@@ -30,8 +30,8 @@ def postgres():
 
 @pytest.fixture(scope="session")
 def pg_server(postgres):
-    """A Prefect server on the PostgreSQL cluster."""
-    with prefect_server(postgres.url()) as server:
+    """A Prefect server on the PostgreSQL cluster, with its UI (the screenshot test photographs it)."""
+    with prefect_server(postgres.url(), ui=True) as server:
         yield server
 
 

@@ -56,8 +56,8 @@ def _healthy(api_url: str) -> bool:
 
 
 @contextlib.contextmanager
-def prefect_server(database_url: str, startup_timeout: float = 300.0) -> Iterator[PrefectServer]:
-    """Run a Prefect server on `database_url` until the block exits.
+def prefect_server(database_url: str, startup_timeout: float = 300.0, *, ui: bool = False) -> Iterator[PrefectServer]:
+    """Run a Prefect server on `database_url` until the block exits; with `ui`, it serves the Prefect UI too.
 
     The first start migrates an empty database: about 20 s on an idle 2-core machine, minutes on a
     loaded one, hence the generous `startup_timeout`.
@@ -70,7 +70,8 @@ def prefect_server(database_url: str, startup_timeout: float = 300.0) -> Iterato
         PREFECT_HOME=str(folder / "home"),
         PREFECT_API_DATABASE_CONNECTION_URL=database_url,
         PREFECT_SERVER_UI_STATIC_DIRECTORY=str(folder / "ui"),
-        PREFECT_UI_ENABLED="false",
+        PREFECT_UI_ENABLED="true" if ui else "false",
+        PREFECT_UI_API_URL=api_url,  # what the UI's pages call (its default is port 4200)
         # Many flow runs at once: the default pool (5 + 10 overflow) queues requests behind each other.
         PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE="20",
         PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW="20",

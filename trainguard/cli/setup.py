@@ -18,6 +18,10 @@ def setup(
         "retry-controller/local", "--controller-deployment",
         help="The retry-controller deployment the automations run: the default is created here and run by "
         "`python -m deployments.serve`; another (e.g. retry-controller/safety-net from prefect.yaml) must exist."),
+    heartbeat_seconds: int = typer.Option(
+        180, "--heartbeat-seconds",
+        help="PREFECT_FLOWS_HEARTBEAT_FREQUENCY on the workers that run attempts (Prefect's default, 180, unless "
+        "they set it): an attempt without a heartbeat for three periods is marked Crashed and recovered."),
 ) -> None:
     """Register trainguard's block types, the retry-controller deployment and its automations (safe to repeat)."""
     from prefect.exceptions import PrefectException
@@ -25,7 +29,7 @@ def setup(
     from deployments.setup import SetupError, run_setup
 
     try:
-        result = run_setup(controller_deployment)
+        result = run_setup(controller_deployment, heartbeat_seconds)
     except SetupError as exc:
         fail(str(exc))
     except (PrefectException, RuntimeError, OSError, ValueError) as exc:

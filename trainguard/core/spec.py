@@ -38,9 +38,15 @@ class CategoryOverrideSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    retryable: bool | None = None
-    max_attempts: int | None = Field(default=None, ge=1, strict=True)
-    delay_seconds: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    retryable: bool | None = Field(
+        default=None, title="Retryable",
+        description="Whether this category is retried at all; empty = the taxonomy's answer.")
+    max_attempts: int | None = Field(
+        default=None, ge=1, strict=True, title="Max attempts",
+        description="Attempts in all when the latest failure is of this category; empty = the policy's.")
+    delay_seconds: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, title="Delay (s)",
+        description="Wait before the next attempt after this category; empty = the policy's backoff.")
 
 
 class RetrySpec(BaseModel):
@@ -48,15 +54,29 @@ class RetrySpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_attempts: int = Field(default=3, ge=1, le=100, strict=True)
-    backoff: policy.Backoff = policy.Backoff.FIXED
-    delay_seconds: float = Field(default=10.0, ge=0, allow_inf_nan=False)
-    max_delay_seconds: float = Field(default=300.0, ge=0, allow_inf_nan=False)
-    same_signature_limit: int = Field(default=2, ge=0, strict=True)
-    require_checkpoint_progress: bool = True
-    overrides: dict[Category, CategoryOverrideSpec] = Field(default_factory=dict)
+    max_attempts: int = Field(
+        default=3, ge=1, le=100, strict=True, title="Max attempts",
+        description="Attempts of a run in all, the first included.")
+    backoff: policy.Backoff = Field(
+        default=policy.Backoff.FIXED, title="Backoff strategy",
+        description="fixed: the same delay every time; exponential: the delay doubles, up to the max delay.")
+    delay_seconds: float = Field(
+        default=10.0, ge=0, allow_inf_nan=False, title="Delay (s)",
+        description="Wait before the next attempt (the first wait, for exponential backoff).")
+    max_delay_seconds: float = Field(
+        default=300.0, ge=0, allow_inf_nan=False, title="Max delay (s)",
+        description="The longest wait exponential backoff reaches.")
+    same_signature_limit: int = Field(
+        default=2, ge=0, strict=True, title="Same-failure limit",
+        description="Circuit breaker: the run stops after this many attempts in a row fail the same way (0 = off).")
+    require_checkpoint_progress: bool = Field(
+        default=True, title="Require checkpoint progress",
+        description="Stop the run when an attempt that resumed saved no newer checkpoint.")
+    overrides: dict[Category, CategoryOverrideSpec] = Field(
+        default_factory=dict, title="Per-category overrides",
+        description="By failure category (e.g. nccl_error, cuda_oom): retryable, max attempts, delay.")
     host_oom_memory_factor: float = Field(
-        default=1.0, ge=1.0, le=policy.MAX_MEMORY_FACTOR,
+        default=1.0, ge=1.0, le=policy.MAX_MEMORY_FACTOR, title="Memory factor after a host OOM",
         description="Opt-in: after a host_oom that overrides make retryable, the next attempt's memory request "
         f"and limit are multiplied by this (compounding, at most {policy.MAX_MEMORY_FACTOR:g}x in all); 1 = off.",
     )

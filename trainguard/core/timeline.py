@@ -51,13 +51,24 @@ def _timeline(summaries: Sequence[AttemptSummary]) -> list[str]:
             "|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         resumed = md_text(PurePath(s.resumed_from).name, 80) if s.resumed_from else "(start)"
-        then = md_text(s.decision.get("reason", "-") if s.decision else "-", 160)
+        then = _then(s)
         rows.append(
             f"| {s.attempt}/{s.max_attempts} | {md_text(s.flow_run_name or s.flow_run_id or '-', 80)} | "
             f"**{md_text(s.state, 20)}** | {md_text(s.category or '-', 40)} | {s.duration_seconds:.1f} s | "
             f"{s.gpu_seconds:.0f} ({wasted_gpu_seconds(s):.0f}) | {resumed} | {then} |"
         )
     return rows
+
+
+def _then(summary: AttemptSummary) -> str:
+    """The retry decision in words, the checkpoint named by its file (its folder is the run's, and long)."""
+    if not summary.decision:
+        return "-"
+    reason = str(summary.decision.get("reason", "-"))
+    if checkpoint := summary.decision.get("resume_from"):
+        name = PurePath(str(checkpoint)).name
+        reason = reason.replace(f"the newest checkpoint {checkpoint}", name).replace(str(checkpoint), name)
+    return md_text(reason, 160)
 
 
 def _sparkline(values: Sequence[float]) -> str:
