@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.triage.lineshapes import MASK, ChunkLines, LineShapes
 from trainguard.core.triage.literals import loosened, required_literals
 
 _hs: Any
@@ -63,7 +64,6 @@ def candidate_source(pattern: str) -> bytes:
 
 
 Chunk = tuple[int, int]  # a line-aligned byte range of the block being scanned
-MASK = bytes.maketrans(b"123456789", b"000000000")  # every digit reads as 0
 
 
 class LineFinder:
@@ -267,24 +267,23 @@ class HyperscanEngine:
         return _cached_database(self._patterns, ids, single=True, lines=expression,
                                 cached_only=cached_only)
 
-    def present_lines(self, buf: bytes, chunks: Sequence[Chunk], db: Any,
-                      pids: frozenset[int]) -> tuple[list[list[int]], list[list[int]]]:
-        """For each chunk, the patterns that may occur in it and the ends (from the chunk's
-        start) of its lines matching the line expression of ``db``, a database from
-        ``with_lines`` without ``pids``: those may occur wherever such a line is found."""
+    def present_lines(self, buf: bytes, chunks: Sequence[Chunk], db: Any, pids: frozenset[int],
+                      limit: int) -> tuple[list[list[int]], list[ChunkLines]]:
+        """For each chunk, the patterns that may occur in it and its lines matching the line
+        expression of ``db`` (a database from ``with_lines`` without ``pids``: those may occur
+        wherever such a line is found), filed by shape, up to ``limit`` lines a chunk."""
         present: list[list[int]] = []
-        ends: list[list[int]] = []
+        lines: list[ChunkLines] = []
         view = memoryview(buf)
         scratch = self._scratch(db)
         line_id = len(self._patterns)
         for a, b in chunks:
             found: list[int] = []
-            at: list[int] = []
-            db.scan(view[a:b], scratch=scratch, match_event_handler=lambda pid, _f, to, _fl, _c: (
-                at.append(to) if pid == line_id else found.append(pid)))
-            present.append(found + sorted(pids) if at else found)
-            ends.append(at)
-        return present, ends
+            shapes = LineShapes(buf, a, limit, line_id, found, stop=False)
+            db.scan(view[a:b], scratch=scratch, match_event_handler=shapes.handler)
+            present.append(found + sorted(pids) if shapes.lines else found)
+            lines.append(shapes.result())
+        return present, lines
 
     def _scratch(self, db: Any = None) -> Any:
         db = self._db if db is None else db

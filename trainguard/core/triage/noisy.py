@@ -20,13 +20,11 @@ takes it at once.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import KeysView
-from itertools import compress, repeat
-from operator import add
 from typing import Any
 
-from trainguard.core.triage.engines import LINE_FLAGS, MASK, Finders, HyperscanEngine
-from trainguard.core.triage.pipeline import LineDatabase
+from trainguard.core.triage.engines import LINE_FLAGS, Finders, HyperscanEngine
+from trainguard.core.triage.lineshapes import MASK, ChunkLines, LineShapes
+from trainguard.core.triage.pipeline import MAX_LINES, LineDatabase
 
 _hs: Any
 try:  # an accelerator only: without it every chunk is masked whole
@@ -34,39 +32,13 @@ try:  # an accelerator only: without it every chunk is masked whole
 except ImportError:  # pragma: no cover - exercised where hyperscan is not installed
     _hs = None
 
-# Past about this many candidate lines in a chunk, masking all of it costs less than a
-# callback and a look-up per line; the next chunks are then masked whole, and then tried again.
-MAX_LINES = 384
+# Past MAX_LINES candidate lines in a chunk, masking all of it costs less than a callback and a
+# look-up per line; the next chunks are then masked whole, and then tried again.
 MASK_WHOLE_AFTER_OVERFLOW = 16
+Shapes = dict[bytes, list[int]]  # a chunk's distinct digit-masked lines: where their lines start
 NOISY_CHUNKS = 2  # a pattern present in this many chunks is looked for by its literals
 MAX_BUILDS = 8
 COMBINE_AFTER = 1024  # noisy chunks (256 MiB) before the one-pass database is compiled
-
-
-class Shapes:
-    """A chunk's lines holding a noisy literal: their distinct digit-masked texts, and where the
-    lines of each text start. Built with C-level loops (``map``, ``join``, one ``translate``,
-    ``split``): a Python statement per line costs more than Hyperscan's pass over the chunk."""
-
-    __slots__ = ("_masked", "_starts")
-
-    def __init__(self, buf: bytes, a: int, ends: list[int]) -> None:
-        ends = list(map(add, ends, repeat(a)))
-        # A line starts after the newline before its end. A chunk starts a line: at 0 or after
-        # a newline, so looking from the byte before it, the first line's start is found too.
-        assert a == 0 or buf[a - 1] == 10, "a chunk starts at the start of a line"
-        self._starts = list(map(add, map(buf.rfind, repeat(b"\n"), repeat(max(a - 1, 0)), ends),
-                                repeat(1)))
-        lines = map(buf.__getitem__, map(slice, self._starts, ends))
-        self._masked = b"\n".join(lines).translate(MASK).split(b"\n") if ends else []
-
-    def keys(self) -> KeysView[bytes]:
-        """The distinct digit-masked lines, in the order they first occur."""
-        return dict.fromkeys(self._masked).keys()
-
-    def __getitem__(self, shape: bytes) -> list[int]:
-        """Where the lines reading ``shape`` once masked start, in order."""
-        return list(compress(self._starts, map(shape.__eq__, self._masked)))
 
 
 class LiteralLines:
@@ -81,6 +53,9 @@ class LiteralLines:
         self._expression = b""
         self.seen: Counter[int] = Counter()
         self.pids: frozenset[int] = frozenset()
+        # Masked lines known to fail, or to lack the literals of, every pattern of self.pids
+        # whose rule may still match (the collector's judgement): no such line can be a hit.
+        self.judged: set[bytes] = set()
         self.builds = 0
         self.whole = 0  # chunks still to mask whole after one held too many lines
         self._db: Any = None
@@ -92,37 +67,34 @@ class LiteralLines:
         return None if self.whole else self.combined
 
     def shapes(self, buf: bytes, a: int, b: int, pids: list[int],
-               found: tuple[list[int], frozenset[int]] | None = None) -> Shapes | None:
+               found: tuple[ChunkLines, frozenset[int]] | None = None) -> Shapes | None:
         """The shapes of the lines of ``buf[a:b]`` that may match one of ``pids``, with where
         those lines start; None when the caller should mask the whole chunk instead. ``found``
-        is the ends of the lines the engine's pass found, and for which patterns, if it did."""
+        is the lines the engine's pass found, and for which patterns, if it did."""
         self.seen.update(pids)
         if self.whole:
             self.whole -= 1
             return None
         if found is not None and found[1].issuperset(pids):
-            if len(found[0]) > MAX_LINES:
+            (by_shape, lines), _ = found
+            if lines > MAX_LINES:
                 self.whole = MASK_WHOLE_AFTER_OVERFLOW
                 return None
-            return Shapes(buf, a, found[0])
+            return by_shape
         if _hs is None or (not self.pids.issuperset(pids) and not self._build(pids)):
             return None
         self._combine()
-        ends: list[int] = []
-
-        def at_end_of(_id: int, _from: int, to: int, _flags: int, _context: Any) -> bool:
-            ends.append(to)
-            return len(ends) > MAX_LINES  # True stops the scan
-
+        shapes = LineShapes(buf, a, MAX_LINES)  # one report per line: one expression, at its end
         try:
             self._db.scan(memoryview(buf)[a:b], scratch=self._scratch,
-                          match_event_handler=at_end_of)
+                          match_event_handler=shapes.handler)
         except _hs.error:  # stopped (too many lines), or failed: the whole chunk is masked
-            ends.append(-1)
-        if len(ends) > MAX_LINES or (ends and ends[-1] < 0):
             self.whole = MASK_WHOLE_AFTER_OVERFLOW
             return None
-        return Shapes(buf, a, ends)  # one report per line: one expression, matched at its end
+        if shapes.lines > MAX_LINES:
+            self.whole = MASK_WHOLE_AFTER_OVERFLOW
+            return None
+        return shapes.by_shape
 
     def _build(self, pids: list[int]) -> bool:
         """Compile the literals of the noisy patterns; False if they cannot be used for ``pids``."""
@@ -144,6 +116,7 @@ class LiteralLines:
             return False
         self._db, self._scratch = db, _hs.Scratch(db)
         self.pids = wanted
+        self.judged.clear()  # judged for fewer patterns than are now looked for
         self.builds += 1
         self._expression = _rest_of_line(_shortest(literals))
         self.combined, self.looked, self.used = None, False, 0

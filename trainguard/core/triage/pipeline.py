@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from trainguard.core.triage.engines import Chunk, HyperscanEngine, ReEngine
+from trainguard.core.triage.lineshapes import ChunkLines
 
 __all__ = ["Answer", "Block", "CHUNK_BYTES", "LineDatabase", "ahead", "chunks"]
 
@@ -22,9 +23,10 @@ CHUNK_BYTES = 256 << 10
 Block = tuple[bytes, int, int]  # buffer, start, stop: the lines in buffer[start:stop]
 # A database that also reports the ends of lines holding the literals of the patterns given.
 LineDatabase = tuple[Any, frozenset[int]]
-# For each chunk, the patterns present; with a LineDatabase, also its line ends, and which
-# patterns' literals those lines were found for.
-Answer = tuple[list[list[int]], list[list[int]] | None, frozenset[int]]
+# For each chunk, the patterns present; with a LineDatabase, also its lines holding those
+# literals (by shape, up to MAX_LINES), and which patterns' literals those lines were found for.
+Answer = tuple[list[list[int]], list[ChunkLines] | None, frozenset[int]]
+MAX_LINES = 384  # past this many such lines in a chunk, the chunk is read whole instead
 
 
 def chunks(buf: bytes, start: int, stop: int) -> list[Chunk]:
@@ -81,5 +83,5 @@ def _present(engine: HyperscanEngine, block: Block, lines: LineDatabase | None) 
     parts = chunks(buf, start, stop)
     if lines is None:
         return engine.present(buf, parts), None, frozenset()
-    present, ends = engine.present_lines(buf, parts, *lines)
-    return present, ends, lines[1]
+    present, found = engine.present_lines(buf, parts, *lines, MAX_LINES)
+    return present, found, lines[1]

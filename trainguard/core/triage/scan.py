@@ -32,7 +32,6 @@ from typing import Any, BinaryIO
 
 from trainguard.core.triage.engines import (
     HyperscanEngine,
-    MASK,
     Finders,
     Pattern,
     ReEngine,
@@ -41,6 +40,7 @@ from trainguard.core.triage.engines import (
     candidate_source,
 )
 from trainguard.core.triage.lines import Line, read_line
+from trainguard.core.triage.lineshapes import MASK, ChunkLines
 from trainguard.core.triage.noisy import LiteralLines, Shapes, lines_of, shape_at
 from trainguard.core.triage.pipeline import Answer, Block, ahead, chunks
 from trainguard.core.triage.shapes import RuleChecks, widened
@@ -146,11 +146,12 @@ class _Collector:
         self.done: set[int] = set()  # saturated rules
         self.rejected: set[tuple[int, bytes]] = set()  # (pattern, masked line) known to fail
         self.lacking: set[tuple[int, bytes]] = set()  # (pattern, masked line) without its literals
+        self.fresh: list[bytes] = []  # the chunk's noisy shapes not yet judged
         self.waiting: list[_Waiting] = []
         self.tail: deque[bytes] = deque(maxlen=max(info.window, 1))
         self.base = 0
         self.newlines: int | None = None  # of the chunk in hand, once it is split into lines
-        self.lines: tuple[list[int], frozenset[int]] | None = None  # found by the engine's pass
+        self.lines: tuple[ChunkLines, frozenset[int]] | None = None  # found by the engine's pass
 
     def block(self, engine: ReEngine | HyperscanEngine, buf: bytes, start: int, stop: int,
               answer: Answer | None = None) -> None:
@@ -200,7 +201,23 @@ class _Collector:
                 if line is not None:
                     out.append((line_start, rule, line))
                     self.confirmed[rule] += 1
+        if self.fresh:
+            self._judge()
         return out
+
+    def _judge(self) -> None:
+        """Remember the chunk's noisy shapes now known to fail or to lack the literals of every
+        noisy pattern whose rule may still match: no line of such a shape can become a hit."""
+        assert self.noisy is not None
+        fresh, self.fresh = self.fresh, []
+        live = [pid for pid in self.noisy.pids
+                if self.patterns[pid].rule in self.active and self.patterns[pid].rule not in self.done]
+        rejected, lacking, judged = self.rejected, self.lacking, self.noisy.judged
+        for shape in fresh:
+            if all((pid, shape) in rejected or (pid, shape) in lacking for pid in live):
+                if len(judged) >= MAX_REMEMBERED:
+                    judged.clear()
+                judged.add(shape)
 
     def _candidates(self, engine: ReEngine | HyperscanEngine, buf: bytes, a: int, b: int,
                     pids: list[int]) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
@@ -236,7 +253,9 @@ class _Collector:
                 buf, a, b, [pid for pid in pids if self.finders[pid].masked is not None],
                 self.lines)
             if by_shape is not None:
-                return b"", by_shape.keys(), by_shape
+                judged = self.noisy.judged  # a repeated save or warning costs one look-up
+                self.fresh = [shape for shape in by_shape.keys() if shape not in judged]
+                return b"", self.fresh, by_shape
         masked = buf[a:b].translate(MASK)
         lines = masked.split(b"\n")
         self.newlines = len(lines) - 1
