@@ -8,6 +8,7 @@ import pytest
 
 from trainguard.core import triage
 from trainguard.core.taxonomy import Category
+from trainguard.core.triage.rules import parse_rule_file, shipped_rules_text
 
 ECC = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
 
@@ -23,6 +24,16 @@ def test_every_shipped_rule_names_a_category_and_has_a_matcher() -> None:
     assert len({r.id for r in rules.rules}) == len(rules.rules) > 40
     for rule in rules.rules:
         assert rule.log or rule.has_platform_matchers, rule.id
+
+
+def test_every_shipped_pattern_is_checked_though_start_up_compiles_none() -> None:
+    # load_rules leaves compiling the shipped patterns to their first use; checked like a user's
+    # file, a broken shipped pattern would be refused here, naming its rule and field.
+    checked, _ = parse_rule_file(shipped_rules_text(), "rules.yaml")
+    unchecked, _ = parse_rule_file(shipped_rules_text(), "rules.yaml", check_patterns=False)
+    assert not any("log_res" in vars(rule) for rule in unchecked)  # nothing compiled yet
+    assert [r.log for r in checked] == [r.log for r in unchecked]
+    assert all(r.pattern == p for rule in unchecked for r, p in zip(rule.log_res, rule.log))
 
 
 def test_a_user_rule_reclassifies_a_pattern(tmp_path: Path) -> None:

@@ -72,7 +72,7 @@ def gather(signals: Signals, rules: RuleSet,
         evidence = platform_evidence(rule, signals)
         if evidence is None:
             continue
-        if rule.log_res:
+        if rule.log:
             active.add(index)
         else:
             candidates.append(Candidate(index, rule.strength, evidence, None, None, None))

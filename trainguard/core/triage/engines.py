@@ -39,10 +39,15 @@ class Pattern:
     """One rule pattern as the engines see it."""
 
     rule: int
-    regex: re.Pattern[str]
+    source: str  # the rule's regex
     is_context: bool
     prefilter: bytes
     caseless: bool
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        """The rule's regex, compiled on first use (then from ``re``'s own cache)."""
+        return re.compile(self.source, re.IGNORECASE if self.caseless else 0)
 
 
 def prefilter_source(pattern: str) -> bytes:
@@ -74,7 +79,7 @@ class LineFinder:
     """
 
     def __init__(self, p: Pattern) -> None:
-        self.caseless = p.caseless or "(?i" in p.regex.pattern
+        self.caseless = p.caseless or "(?i" in p.source
         flags = re.MULTILINE | (re.IGNORECASE if p.caseless else 0)
         self.regex = re.compile(p.prefilter, flags)
         literals = required_literals(p.prefilter.decode("utf-8"))

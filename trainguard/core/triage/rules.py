@@ -13,7 +13,8 @@ import os
 import re
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -72,9 +73,23 @@ class Rule:
     reasons: frozenset[str] = frozenset()
     conditions: tuple[ConditionMatcher, ...] = ()
     events: tuple[EventMatcher, ...] = ()
-    log_res: tuple[re.Pattern[str], ...] = field(default=(), compare=False, repr=False)
-    log_not_res: tuple[re.Pattern[str], ...] = field(default=(), compare=False, repr=False)
-    context_res: tuple[re.Pattern[str], ...] = field(default=(), compare=False, repr=False)
+
+    # Compiled on first use: a scan confirms lines for only the few rules it finds candidates
+    # for, and compiling all of the shipped patterns costs most of a tenth of a second.
+    @cached_property
+    def log_res(self) -> tuple[re.Pattern[str], ...]:
+        return self._compiled(self.log)
+
+    @cached_property
+    def log_not_res(self) -> tuple[re.Pattern[str], ...]:
+        return self._compiled(self.log_not)
+
+    @cached_property
+    def context_res(self) -> tuple[re.Pattern[str], ...]:
+        return self._compiled(self.context)
+
+    def _compiled(self, patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+        return tuple(re.compile(p, re.IGNORECASE if self.ignore_case else 0) for p in patterns)
 
     @property
     def has_platform_matchers(self) -> bool:
@@ -117,8 +132,13 @@ def shipped_rules_text() -> str:
     return resources.files("trainguard.core.triage").joinpath("rules.yaml").read_text("utf-8")
 
 
-def parse_rule_file(text: str, source: str) -> tuple[list[Rule], str | None]:
-    """Validate one rule file; return its rules and its ``warning_line`` override, if any."""
+def parse_rule_file(text: str, source: str, check_patterns: bool = True,
+                    ) -> tuple[list[Rule], str | None]:
+    """Validate one rule file; return its rules and its ``warning_line`` override, if any.
+
+    ``check_patterns=False`` leaves compiling the log patterns to their first use: for the
+    shipped file, whose patterns the tests compile, so that start-up does not pay for it.
+    """
     try:
         doc = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -142,7 +162,7 @@ def parse_rule_file(text: str, source: str) -> tuple[list[Rule], str | None]:
         where = f"rules[{index}]"
         if not isinstance(raw, _Located):
             raise RuleFileError(f"{source}:{doc.lines['rules']}: {where}: expected a mapping")
-        rule = _parse_rule(raw, source, where)
+        rule = _parse_rule(raw, source, where, check_patterns)
         if rule.id in seen:
             raise RuleFileError(f"{source}:{raw.lines['id']}: {where} ({rule.id}).id: {rule.id!r} "
                                 f"is already defined on line {seen[rule.id]}")
@@ -159,7 +179,7 @@ def _disabled(rule: Rule) -> Rule:
     return Rule(id=rule.id, category=rule.category, strength=-1)
 
 
-def _parse_rule(raw: _Located, source: str, where: str) -> Rule:
+def _parse_rule(raw: _Located, source: str, where: str, check_patterns: bool = True) -> Rule:
     rule_id = raw.get("id")
     if isinstance(rule_id, str) and _ID.match(rule_id):
         where = f"{where} ({rule_id})"
@@ -176,10 +196,9 @@ def _parse_rule(raw: _Located, source: str, where: str) -> Rule:
     category, strength, context_lines = _scalars(raw, fail)
     ignore_case = bool(raw.get("ignore_case", False))
     patterns = {k: _strings(raw, k, fail) for k in ("log", "log_not", "context")}
-    compiled = {
-        k: tuple(_regex(p, source, raw.lines[k], f"{where}.{k}", ignore_case) for p in v)
-        for k, v in patterns.items()
-    }
+    for key, values in patterns.items():
+        for pattern in values if check_patterns else ():
+            _regex(pattern, source, raw.lines[key], f"{where}.{key}", ignore_case)
     if patterns["context"] and not patterns["log"]:
         raise fail("context", "needs a 'log' pattern to be the context of")
     rule = Rule(
@@ -191,8 +210,6 @@ def _parse_rule(raw: _Located, source: str, where: str) -> Rule:
         exit_codes=_exit_codes(raw, fail),
         reasons=frozenset(s.lower() for s in _strings(raw, "reasons", fail)),
         conditions=_conditions(raw, fail), events=_events(raw, fail, source, where),
-        log_res=compiled["log"], log_not_res=compiled["log_not"],
-        context_res=compiled["context"],
     )
     if not (rule.log or rule.has_platform_matchers) and not raw.get("disabled", False):
         raise fail("log", "a rule needs at least one matcher: log, exit_codes, signals, "

@@ -80,9 +80,8 @@ def patterns_of(rules: Sequence[Rule]) -> list[Pattern]:
     """Every log pattern of the rules, in one flat table (context patterns are not scanned for)."""
     out: list[Pattern] = []
     for index, rule in enumerate(rules):
-        for regex in rule.log_res:
-            out.append(Pattern(index, regex, False, candidate_source(regex.pattern),
-                               rule.ignore_case))
+        for source in rule.log:
+            out.append(Pattern(index, source, False, candidate_source(source), rule.ignore_case))
     return out
 
 
@@ -176,7 +175,7 @@ class _Collector:
             line_no += buf.count(b"\n", pos, offset)
             pos = offset
             hit = Hit(rule, line_no + 1, line)
-            if not self.info.rules[rule].context_res:
+            if not self.info.rules[rule].context:
                 self._add(hit)
             elif (rule, line.rank) not in self.hits:
                 self._with_context(hit, buf, start, stop, offset)
@@ -390,7 +389,7 @@ class Scanner:
     def scan(self, source: LogSource, active: set[int] | None = None) -> ScanResult:
         """Scan one log; ``active`` limits which rules may match (all with log patterns)."""
         if active is None:
-            active = {i for i, r in enumerate(self.rules.rules) if r.log_res}
+            active = {i for i, r in enumerate(self.rules.rules) if r.log}
         noisy = (LiteralLines(self.finders, self.engine)
                  if isinstance(self.engine, HyperscanEngine) else None)
         return _Collector(self.info, self.patterns, self.finders, active, noisy).scan(
