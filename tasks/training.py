@@ -10,8 +10,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
 from blocks.secrets import SecretEnvError, resolve_secret_env
-from trainguard.core.masking import SECRET_NAMES_VARIABLE
 from trainguard.core.backend import START_ERROR, AttemptOutcome, AttemptRef, Backend, Launch
+from trainguard.core.livelog import LiveLog
+from trainguard.core.masking import SECRET_NAMES_VARIABLE
 
 
 class TrainingFailed(Exception):
@@ -44,7 +45,8 @@ def run_training(
     """Launch the attempt and wait until it is terminal; a Failed state when training failed.
 
     ``secret_env`` holds references (block names, ``env:NAME``); their values are resolved only
-    here, inside the attempt, so they never travel as parameters.
+    here, inside the attempt, so they never travel as parameters. The command's output streams to
+    this task's run logger while it runs, masked and rate-limited (`LiveLog`).
     """
     try:
         secrets = resolve_secret_env(secret_env or {})
@@ -54,7 +56,12 @@ def run_training(
         return Failed(message=message, data=TrainingFailed(message, outcome.to_dict()))
     if secrets:  # the entrypoint masks these by value too, whatever they are called
         launch = replace(launch, env={**launch.env, **secrets, SECRET_NAMES_VARIABLE: ",".join(sorted(secrets))})
-    outcome = backend.run(ref, launch)
+    logger = get_run_logger()
+    live = LiveLog(lambda line: logger.info("%s", line))
+    try:
+        outcome = backend.run(ref, launch, on_line=live)
+    finally:
+        live.close()
     if not outcome.succeeded:
         # an expected outcome, not a crash: a Failed state with one line, no traceback in the log
         message = f"training ended with {outcome.reason}: {outcome.message}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from typing import Any
+from uuid import UUID
 
 import pytest
 
@@ -38,6 +39,16 @@ def run(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[Any, lis
     return state, state.result(raise_on_failure=False)
 
 
+def run_logs(flow_run_id: str) -> list[str]:
+    """The messages the Prefect API holds for one flow run."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(flow_run_id)])))
+    return [entry.message for entry in logs]
+
+
 def in_background(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[threading.Thread, list[Any]]:
     box: list[Any] = []
     thread = threading.Thread(target=lambda: box.append(run(spec, kb, run_id)), daemon=True)
@@ -55,6 +66,10 @@ def test_nccl_timeout_is_retried_and_the_next_job_resumes_from_the_checkpoint(kb
     assert "attempt 2: resumed from step 20" in log
     first_log = kept(kb["evidence"], "k-nccl-1", 1, _pod_log_name(kb, "k-nccl-1", 1))
     assert "Watchdog caught collective operation timeout" in first_log and "Watchdog" in history[0]["signature"]
+    # the training output streamed live into the attempt's flow run logs, as the API returns them
+    wait_for(lambda: any("Watchdog caught collective operation timeout" in m
+                         for m in run_logs(history[0]["flow_run_id"])), timeout=20, what="the live log in Prefect")
+    assert any(m.startswith("step 20/") for m in run_logs(history[0]["flow_run_id"]))
 
 
 def test_oom_killed_is_host_oom_and_not_retried(prefect_server: str, sim: Any, tmp_path: Any) -> None:
