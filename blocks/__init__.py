@@ -13,7 +13,7 @@ from typing import Any
 
 from blocks.backends import LocalProcessBackend
 from blocks.evidence import EvidenceFolder
-from blocks.loading import ON_DEMAND, BlockReferenceError, load_backend, load_evidence
+from blocks.loading import ON_DEMAND, BlockReferenceError, backend_reference, load_backend, load_evidence
 from blocks.retry import RetryPolicy, resolve_policy
 
 
@@ -31,6 +31,7 @@ __all__ = [
     "LocalProcessBackend",
     "RetryPolicy",
     "SlurmBackend",
+    "backend_reference",
     "load_backend",
     "load_evidence",
     "resolve_policy",

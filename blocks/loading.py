@@ -8,6 +8,8 @@ have the factory the flow calls (`backend()` or `store()`); anything else is ref
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from typing import Any
 
 from prefect.blocks.core import Block
 
@@ -54,6 +56,18 @@ def _load(reference: str, default_slug: str, field: str) -> Block:
         ) from None
 
 
+def backend_reference(backend_block: str | None, spec: Any) -> str | None:
+    """The backend block an attempt runs on: its `backend_block` parameter, else the one its spec names.
+
+    The attempt flow, the crash hook and the retry controller all ask this, so an attempt is
+    recovered on the backend it ran on. `spec` may be a parsed spec or its parameter form (a dict).
+    """
+    if backend_block:
+        return backend_block
+    named = spec.get("backend") if isinstance(spec, Mapping) else getattr(spec, "backend", None)
+    return str(named) if named else None
+
+
 def load_backend(reference: str | None) -> Backend:
     """The backend adapter of the block `reference` names; the local-process default when None."""
     if not reference:
@@ -86,4 +100,4 @@ def load_evidence(reference: str | None) -> EvidenceStore:
     return store
 
 
-__all__ = ["BlockReferenceError", "load_backend", "load_evidence"]
+__all__ = ["BlockReferenceError", "backend_reference", "load_backend", "load_evidence"]

@@ -13,7 +13,7 @@ from prefect import flow
 from prefect.runtime import flow_run as current_run
 from prefect.states import Failed, State
 
-from blocks import load_backend, load_evidence, resolve_policy
+from blocks import backend_reference, load_backend, load_evidence, resolve_policy
 from flows import events
 from flows.hooks import schedule_next_attempt, settle_lost_attempt
 from tasks.evidence import collect_evidence, record_verdict
@@ -76,7 +76,7 @@ def train_attempt(
     run_id = run_id or new_run_id(spec.name, current_run.id)
     if current_run.run_count > 1:  # the same flow run again, after its process was stopped (an evicted pod)
         return _lost_attempt_ends(*settle_lost_attempt(train_attempt, current_run.id))
-    backend, store = load_backend(backend_block or spec.backend), load_evidence(evidence_block)
+    backend, store = load_backend(backend_reference(backend_block, spec)), load_evidence(evidence_block)
     retry_policy, earlier = resolve_policy(spec, retry_policy_block), history or []
     launch = launch_for(
         spec.command, run_id=run_id, attempt=attempt, env=spec.env, gpus=spec.gpus, workdir=spec.workdir,

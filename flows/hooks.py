@@ -20,7 +20,7 @@ from prefect import get_client
 from prefect.logging import get_logger
 from prefect.states import Crashed
 
-from blocks import load_backend, resolve_policy
+from blocks import backend_reference, load_backend, resolve_policy
 from flows import events, recovery
 from flows.scheduling import schedule_run
 from trainguard.core import policy
@@ -87,7 +87,7 @@ def _plan_after_crash(params: dict[str, Any], flow_run: Any, state: Any) -> tupl
     why = (state.message or "flow run crashed")[:300]
     found = recovery.recover_attempt(params, run_id, why)
     retry_policy = resolve_policy(spec, params.get("retry_policy_block"))
-    checkpoints = load_backend(params.get("backend_block")).checkpoints(run_id)
+    checkpoints = load_backend(backend_reference(params.get("backend_block"), spec)).checkpoints(run_id)
     category = Category.PREEMPTED  # the process was terminated from outside (SIGTERM, kill)
     summary = AttemptSummary(
         run_id=run_id, attempt=int(params.get("attempt", 1)), max_attempts=retry_policy.max_attempts,

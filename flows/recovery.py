@@ -24,7 +24,7 @@ from typing import Any
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_logger, get_run_logger
 
-from blocks import load_backend, load_evidence
+from blocks import backend_reference, load_backend, load_evidence
 from tasks.report import publish_run_report
 from trainguard.core import manifest, progress
 from trainguard.core.attempt import AttemptSummary
@@ -80,9 +80,12 @@ def recover_attempt(params: dict[str, Any], run_id: str, why: str) -> dict[str, 
     Returns the evidence figures (`location`, `items`, `missing`) and `stopped`, what was stopped.
     """
     attempt = int(params.get("attempt", 1))
-    backend = load_backend(params.get("backend_block"))
+    backend = load_backend(backend_reference(params.get("backend_block"), params.get("spec")))
     ref = backend.provision(run_id, attempt)  # finds the attempt's place again; creates nothing new
-    stopped = _stop_orphan(backend, ref)
+    # Stop first where the stop leaves evidence behind (a local crash report); collect first where
+    # the stop removes it (a deleted Job takes its pods and their logs).
+    evidence_first = getattr(backend, "evidence_first", False)
+    stopped = None if evidence_first else _stop_orphan(backend, ref)
     outcome = AttemptOutcome(exit_code=None, signal=None, reason=ERROR,
                              message=f"the attempt's flow run died before it could report: {why}")
     store = load_evidence(params.get("evidence_block"))
@@ -92,7 +95,10 @@ def recover_attempt(params: dict[str, Any], run_id: str, why: str) -> dict[str, 
         _log().info("collected %d evidence items of %s attempt %s into %s", len(collected.manifest.items), run_id,
                     attempt, collected.location)
         found = collected.summary
-    return {**found, "stopped": stopped, "progress": _progress(backend, ref, outcome)}
+    progress_marks = _progress(backend, ref, outcome)  # from the log the evidence kept, before any stop
+    if evidence_first:
+        stopped = _stop_orphan(backend, ref)
+    return {**found, "stopped": stopped, "progress": progress_marks}
 
 
 def keep_verdict(params: dict[str, Any], summary: AttemptSummary) -> None:

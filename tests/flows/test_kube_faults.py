@@ -136,3 +136,57 @@ def test_a_job_deleted_mid_attempt_still_yields_evidence_and_a_verdict(kb: dict[
     outcome = kept(kb["evidence"], "k-deleted-1", 1, "kubernetes/outcome.json")
     assert "step 10/" in outcome["log_tail"]
     assert "failed:" in state.message and "(" in state.message  # classified: category (rule)
+
+
+def test_a_dead_attempts_running_job_is_deleted_after_its_evidence_is_kept_and_retried_once(
+    kb: dict[str, Any], sim: Any,
+) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+    from prefect.states import Crashed, Running
+
+    from blocks import load_backend
+    from flows.controller import retry_controller
+    from runs import attempt_runs
+    from trainguard.core.backend import launch_for
+    from trainguard.core.kube import manifests
+
+    ns, job_name = kb["namespace"], "tg-k-orphan-1-a1"
+    # The spec names its backend and no parameter does: recovery must find the Job through the spec.
+    spec = {**tiny("k-orphan", "--steps", "2000", "--step-seconds", "0.05"), "backend": kb["backend_block"]}
+    train_attempt.to_deployment(name="kube-orphans").apply()
+    # Scheduled an hour ahead so nothing runs it: its flow process is as dead as a SIGKILLed one.
+    run = run_deployment("train-attempt/kube-orphans", timeout=0, tags=["trainguard-run:k-orphan-1"],
+                         scheduled_time=datetime.now(timezone.utc) + timedelta(hours=1), parameters={
+                             "spec": spec, "run_id": "k-orphan-1", "evidence_block": kb["evidence_block"]})
+    # ... and the Job that flow process created before it died, still training.
+    backend: Any = load_backend(kb["backend_block"])
+    ref = backend.provision("k-orphan-1", 1)
+    launch = launch_for(spec["command"], run_id="k-orphan-1", attempt=1, env={}, gpus=1, deadline_seconds=None,
+                        stall_seconds=None, workdir=None, resume_from=None)
+    kb["api"].create_job(ns, manifests.job_manifest(backend.settings.job, launch, ref.details["config_map"]))
+    pod = wait_for(lambda: pod_of(kb["api"], ns, "k-orphan-1", 1), timeout=60, what="the orphan's pod running")
+    wait_for(lambda: b"step 10/" in kb["api"].read_pod_log(ns, pod, "train"), timeout=30, what="training under way")
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Running(), force=True)
+        client.set_flow_run_state(run.id, Crashed(message="the flow pod's node was lost"), force=True)
+    sim.clear_requests()
+
+    first = retry_controller(str(run.id))
+    assert retry_controller(str(run.id))["next_flow_run_id"] == first["next_flow_run_id"]  # late again: still one
+    successors = [r for r in attempt_runs("k-orphan-1") if r.parameters.get("attempt") == 2]
+    assert [str(r.id) for r in successors] == [first["next_flow_run_id"]]
+    assert successors[0].parameters.get("backend_block") is None and successors[0].parameters["spec"]["backend"]
+    log = kept(kb["evidence"], "k-orphan-1", 1, f"kubernetes/pods/{pod}/logs/train.log")
+    assert "step 10/" in log
+    requests = sim.requests(namespace=ns)
+    deletes = [i for i, r in enumerate(requests) if r["verb"] == "delete" and r["resource"] == "jobs"]
+    reads = [i for i, r in enumerate(requests) if r.get("subresource") == "log" and r.get("name") == pod]
+    assert len(deletes) == 1 and requests[deletes[0]]["name"] == job_name and requests[deletes[0]]["code"] == 200
+    assert reads and max(reads) < deletes[0], "the evidence is read before the Job is deleted"
+    wait_for(lambda: not kb["api"].list_jobs(ns, manifests.selector("k-orphan-1", 1))["items"], timeout=30,
+             what="the orphaned Job gone")
+    verdict = kept(kb["evidence"], "k-orphan-1", 1, "verdict.json")
+    assert verdict["state"] == "Crashed" and verdict["decision"]["retry"] is True

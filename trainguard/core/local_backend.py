@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from trainguard.core import evidence, orphans
 from trainguard.core.backend import AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, container_env
@@ -32,6 +33,7 @@ class LocalBackend:
     grace_seconds: float = 10.0
     python: str = sys.executable
     kind: str = KIND
+    evidence_first: ClassVar[bool] = False  # a stopped process writes its crash report: collect after the stop
 
     def workspace(self, ref: AttemptRef) -> AttemptWorkspace:
         """The attempt's folders, recreated if need be."""

@@ -67,6 +67,7 @@ class KubernetesBackend:
     """Runs attempts as Kubernetes Jobs. The client is built lazily from `connect`, never pickled."""
 
     kind = KIND
+    evidence_first = True  # deleting the Job deletes its pods and their logs: collect first
 
     def __init__(self, connect: Callable[[], KubeApi], settings: KubeSettings) -> None:
         self.connect, self.settings = connect, settings
@@ -180,6 +181,26 @@ class KubernetesBackend:
                 self.api.patch_job_ttl(self.namespace, ref.name, self.settings.failed_job_ttl_seconds)
         except NotFound:
             pass  # already gone (deleted by someone, or its TTL ran out)
+
+    def stop_orphan(self, ref: AttemptRef) -> str | None:
+        """Stop the Job of an attempt whose flow process died, once its evidence is kept.
+
+        A Job still running is deleted (its pods with it): the next attempt gets a Job of its own
+        name, and two Jobs must never train on one checkpoint folder. A finished one is released as
+        the flow would have (a failed Job keeps its TTL), so it is not left behind for good.
+        """
+        try:
+            job = self.api.read_job(self.namespace, ref.name)
+        except NotFound:
+            return None
+        if job_condition(job, "Complete", "Failed"):
+            self.release(ref)
+            return None
+        try:
+            self.api.delete_job(self.namespace, ref.name)
+        except NotFound:
+            return None
+        return f"deleted the Job {self.namespace}/{ref.name}, still running without its flow run"
 
     # -- the checkpoint lister pod --------------------------------------------------------
 
