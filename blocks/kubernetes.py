@@ -36,6 +36,10 @@ class KubernetesJobBackend(Block):
         description="A context of the kubeconfig; empty = its current context.")
     namespace: str = Field(default="default", title="Namespace", description="Where Jobs, pods and ConfigMaps go.")
     image: str = Field(title="Image", description="The training image; it needs a Python 3 for trainguard's entrypoint.")
+    python: str = Field(
+        default="python3", title="Python in the image",
+        description="The Python 3 that runs trainguard's entrypoint, evidence collector and checkpoint lister: "
+        "a name on the image's PATH or an absolute path, e.g. /opt/conda/bin/python.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(default=None, title="Image pull policy",
         description="Always, IfNotPresent or Never; empty = the cluster's default for the tag.")
     image_pull_secrets: list[str] = Field(default_factory=list, title="Image pull secrets",
@@ -113,6 +117,7 @@ class KubernetesJobBackend(Block):
             job_template=self.job_template,
             attempt_volume=AttemptVolume(self.attempt_volume, self.attempt_claim, self.attempt_host_path),
             checkpoint_claim=self.checkpoint_claim, fail_job_exit_codes=tuple(self.fail_job_exit_codes),
+            python=self.python,
         )
         return KubeSettings(job=job, unschedulable_seconds=self.unschedulable_seconds,
                             start_error_seconds=self.start_error_seconds,

@@ -30,7 +30,7 @@ FULL = JobSettings(
     volumes=({"name": "data", "persistentVolumeClaim": {"claimName": "imagenet", "readOnly": True}},),
     volume_mounts=({"name": "data", "mountPath": "/data", "readOnly": True},),
     shm_size="64Gi", labels={"team": "vision"}, annotations={"owner": "ml-platform@example.com"},
-    attempt_volume=AttemptVolume("hostPath", host_path="/mnt/trainguard"),
+    attempt_volume=AttemptVolume("hostPath", host_path="/mnt/trainguard"), python="/opt/conda/bin/python",
 )
 
 CASES: dict[str, tuple[JobSettings, Launch]] = {
@@ -56,6 +56,16 @@ def test_generated_job_matches_its_golden_file(case: str) -> None:
     assert produced == golden.read_text(), f"{golden.name} differs; review, then TRAINGUARD_REGEN_GOLDEN=1"
 
 
+def test_the_python_of_the_job_runs_the_entrypoint_and_the_evidence_collector_too() -> None:
+    from trainguard.core.kube import collector
+
+    for settings, python in ((CASES["minimal"][0], "python3"), (FULL, "/opt/conda/bin/python")):
+        job = manifests.job_manifest(settings, LAUNCH, CONFIG_MAP)
+        assert job["spec"]["template"]["spec"]["containers"][0]["command"][0] == python
+        pod = collector.pod_manifest(job, collector.plan(job["spec"]["template"]["spec"]), node=None, budget_bytes=1)
+        assert pod["spec"]["containers"][0]["command"][:2] == [python, "-c"]
+
+
 def test_the_job_never_retries_by_itself_and_fails_fast_on_hopeless_exit_codes() -> None:
     job = manifests.job_manifest(*CASES["full"], CONFIG_MAP)
     spec = job["spec"]
@@ -65,7 +75,7 @@ def test_the_job_never_retries_by_itself_and_fails_fast_on_hopeless_exit_codes()
     assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
     assert fail["action"] == "FailJob" and fail["onExitCodes"]["values"] == [2, 126, 127]
     container = spec["template"]["spec"]["containers"][0]
-    assert container["command"][:3] == ["python", "/trainguard/entrypoint/trainguard-entrypoint.pyz", "--"]
+    assert container["command"][:3] == ["/opt/conda/bin/python", "/trainguard/entrypoint/trainguard-entrypoint.pyz", "--"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 

@@ -30,12 +30,14 @@ from trainguard.core.kube.api import KubeApi
 from trainguard.core.kube.collector_program import MAGIC, script
 from trainguard.core.kube.describe import safe
 from trainguard.core.kube.errors import KubeError
+from trainguard.core.kube.zipapp import ENTRYPOINT_FILE
 
 CONTAINER = "collect"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "evidence-collector"
 COLLECTS_LABEL = "trainguard.io/collects"
 DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
+DEFAULT_PYTHON = "python3"
 _MAX_LINE_BYTES = 64 * 1024
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Plan:
     volumes: tuple[Mapping[str, Any], ...]
     needs_node: bool
     absent: str | None = None
+    python: str = DEFAULT_PYTHON
 
 
 @dataclass
@@ -77,6 +80,14 @@ def training_container(template_spec: Mapping[str, Any]) -> Mapping[str, Any] | 
     return containers[0] if containers else None
 
 
+def python_of(container: Mapping[str, Any]) -> str:
+    """The interpreter the Job runs trainguard's entrypoint with (the collector uses the same one)."""
+    command = [str(part) for part in container.get("command") or ()]
+    if len(command) > 1 and command[1].endswith(ENTRYPOINT_FILE):
+        return command[0]
+    return DEFAULT_PYTHON  # a template override replaced the command: the usual name
+
+
 def _within(path: str, mount_path: str) -> bool:
     path, mount_path = posixpath.normpath(path), posixpath.normpath(mount_path)
     return path == mount_path or path.startswith(mount_path.rstrip("/") + "/")
@@ -87,10 +98,11 @@ def plan(template_spec: Mapping[str, Any], workspace: str | None = None, checkpo
     container = training_container(template_spec) or {}
     workspace = workspace or _env(container, "TRAINGUARD_WORKSPACE")
     checkpoint_dir = checkpoint_dir or _env(container, "TRAINGUARD_CHECKPOINT_DIR")
-    image = container.get("image")
+    image, python = container.get("image"), python_of(container)
     if not workspace:
         return Plan(None, checkpoint_dir, image, (), (), False,
-                    "the Job's training container names no TRAINGUARD_WORKSPACE, so there is no folder to read")
+                    "the Job's training container names no TRAINGUARD_WORKSPACE, so there is no folder to read",
+                    python)
     volumes = {v.get("name"): v for v in template_spec.get("volumes") or () if isinstance(v, Mapping)}
     wanted = [p for p in (workspace, checkpoint_dir) if p]
     mounts = [m for m in container.get("volumeMounts") or ()
@@ -98,18 +110,19 @@ def plan(template_spec: Mapping[str, Any], workspace: str | None = None, checkpo
     if not any(_within(workspace, str(m.get("mountPath"))) for m in mounts):
         return Plan(workspace, checkpoint_dir, image, (), (), False,
                     f"the workspace {workspace} is on no volume of the Job's pod template: "
-                    "it was in the container's own filesystem and went with it")
+                    "it was in the container's own filesystem and went with it", python)
     chosen = [volumes[m.get("name")] for m in mounts if m.get("name") in volumes]
     for volume in chosen:
         if "emptyDir" in volume and any(_within(workspace, str(m.get("mountPath"))) for m in mounts
                                         if m.get("name") == volume.get("name")):
             return Plan(workspace, checkpoint_dir, image, (), (), False,
                         f"the workspace is on emptyDir volume {volume.get('name')!r}, which is deleted with "
-                        "its pod; use a PVC or hostPath to keep the files of a failed pod")
+                        "its pod; use a PVC or hostPath to keep the files of a failed pod", python)
     keep = [v for v in chosen if "emptyDir" not in v]
     names = {v.get("name") for v in keep}
     read_only = tuple({**m, "readOnly": True} for m in mounts if m.get("name") in names)
-    return Plan(workspace, checkpoint_dir, image, read_only, tuple(keep), any("hostPath" in v for v in keep))
+    return Plan(workspace, checkpoint_dir, image, read_only, tuple(keep), any("hostPath" in v for v in keep),
+                python=python)
 
 
 def pod_manifest(job: Mapping[str, Any], p: Plan, *, node: str | None, budget_bytes: int) -> dict[str, Any]:
@@ -128,7 +141,7 @@ def pod_manifest(job: Mapping[str, Any], p: Plan, *, node: str | None, budget_by
             "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "activeDeadlineSeconds": 900,
             "automountServiceAccountToken": False,
             "containers": [{
-                "name": CONTAINER, "image": p.image, "command": ["python3", "-c", script(), p.workspace or "",
+                "name": CONTAINER, "image": p.image, "command": [p.python, "-c", script(), p.workspace or "",
                                                                  p.checkpoint_dir or "", str(budget_bytes)],
                 "volumeMounts": [dict(m) for m in p.mounts],
                 "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},

@@ -5,8 +5,9 @@ cluster. The Job never retries by itself (`backoffLimit: 0`, `restartPolicy: Nev
 owns retries. A `podFailurePolicy` fails it at once on exit codes no retry can cure and ignores
 disruptions (`DisruptionTarget`), which the flow classifies as `preempted`.
 
-The container runs `python /trainguard/entrypoint/trainguard-entrypoint.pyz -- <command>`: the
-stdlib-only entrypoint travels as a zipapp in a ConfigMap, so a user's image needs only a Python 3.
+The container runs `python3 /trainguard/entrypoint/trainguard-entrypoint.pyz -- <command>`: the
+stdlib-only entrypoint travels as a zipapp in a ConfigMap, so a user's image needs only a Python 3
+(`JobSettings.python` names it, for images where it is not `python3` on the PATH).
 The attempt's log, cores and crash report go to the attempt volume (a PVC by default, hostPath or
 emptyDir allowed) under `ATTEMPTS_MOUNT/<run id>/attempt-<n>`; checkpoints go to a PVC every
 attempt of the run shares, under `CHECKPOINTS_MOUNT/<run id>`, so checkpoint paths read the same
@@ -88,7 +89,7 @@ class JobSettings:
     attempt_volume: AttemptVolume = AttemptVolume()
     checkpoint_claim: str = "trainguard-checkpoints"
     fail_job_exit_codes: tuple[int, ...] = (2, 126, 127)
-    python: str = "python"
+    python: str = "python3"  # the interpreter the entrypoint, the collector and the lister run with
 
 
 def job_name(run_id: str, attempt: int) -> str:
