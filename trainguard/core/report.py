@@ -94,6 +94,7 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
         f"| rule | {_cell(summary.rule_id or '-')} |",
         f"| remediation | {_cell(summary.remediation or '-')} |",
         f"| exit code | {exit_code} ({_cell(summary.termination_reason or '-')}) |",
+        f"| node | {_node(summary)} |",
         f"| evidence | {_cell(summary.evidence or '-')} ({summary.evidence_items} items, "
         f"{summary.evidence_missing} missing) |",
         f"| checkpoint used | {_cell(summary.resumed_from or '(start)')} |",
@@ -117,6 +118,14 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
     lines += _links(summary)
     lines += ["", "## All attempts of this run", "", render_table([*earlier, summary])]
     return "\n".join(lines)
+
+
+def _node(summary: AttemptSummary) -> str:
+    """Where the attempt ran, and whether the next attempt keeps off it (node names are untrusted too)."""
+    if not summary.node:
+        return "-"
+    avoided = summary.node in ((summary.decision or {}).get("avoid_nodes") or ())
+    return _cell(summary.node) + (" (the next attempt avoids it)" if avoided else "")
 
 
 def _links(summary: AttemptSummary) -> list[str]:
