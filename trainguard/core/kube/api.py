@@ -17,6 +17,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import kubernetes.client as k8s
@@ -33,6 +34,7 @@ Wire = dict[str, Any]
 # Connect and read timeouts of one ordinary request (seconds); streams set their own.
 REQUEST_TIMEOUT = (5.0, 30.0)
 STREAM_CHUNK_BYTES = 64 * 1024
+LOG_READ_TIMEOUT = (5.0, 120.0)  # connect, then per read: a whole log of a busy node may come slowly
 
 _CONNECTION_ERRORS = (
     urllib3.exceptions.HTTPError,  # MaxRetryError, ProtocolError, ReadTimeoutError, NewConnectionError
@@ -205,6 +207,27 @@ class KubeApi:
                              _preload_content=False, _request_timeout=(5.0, read_timeout_seconds), **options)
         return _chunks(response, what)
 
+    def save_pod_log(self, namespace: str, name: str, container: str, *, previous: bool, out: Path) -> int:
+        """Write one container instance's whole log to ``out`` chunk by chunk; return its size in bytes.
+
+        Unlike `read_pod_log` the body is never held in memory (a log may be gigabytes). The request is
+        retried like any call; a connection cut mid-body is an `OSError` saying how far it got.
+        """
+        what = f"read {'previous ' if previous else ''}log of {namespace}/{name}/{container}"
+        response = self.call(what, self.core.read_namespaced_pod_log, name, namespace, container=container,
+                             previous=previous, _preload_content=False, _request_timeout=LOG_READ_TIMEOUT)
+        size = 0
+        try:
+            with out.open("wb") as handle:
+                for chunk in response.stream(STREAM_CHUNK_BYTES, decode_content=False):
+                    handle.write(chunk)
+                    size += len(chunk)
+        except Exception as exc:  # urllib3's, http.client's or the socket's own words for a cut body
+            raise OSError(f"{what}: the connection broke after {size} bytes: {type(exc).__name__}") from exc
+        finally:
+            response.release_conn()
+        return size
+
     # -- Events, nodes, ConfigMaps --------------------------------------------------------
 
     def list_events(self, namespace: str, field_selector: str | None = None) -> Wire:
@@ -214,17 +237,10 @@ class KubeApi:
     def read_node(self, name: str) -> Wire:
         return self._json(f"read node {name}", self.core.read_node, name)
 
-    def read_config_map(self, namespace: str, name: str) -> Wire:
-        return self._json(f"read configmap {namespace}/{name}", self.core.read_namespaced_config_map, name, namespace)
-
     def create_config_map(self, namespace: str, body: Mapping[str, Any]) -> Wire:
         name = body.get("metadata", {}).get("name", "?")
         return self._json(f"create configmap {namespace}/{name}", self.core.create_namespaced_config_map,
                           namespace, dict(body))
-
-    def replace_config_map(self, namespace: str, name: str, body: Mapping[str, Any]) -> Wire:
-        return self._json(f"replace configmap {namespace}/{name}", self.core.replace_namespaced_config_map,
-                          name, namespace, dict(body))
 
     # -- Watches --------------------------------------------------------------------------
 
