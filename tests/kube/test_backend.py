@@ -133,3 +133,31 @@ def test_the_pods_oom_kill_wins_over_the_jobs_verdict_when_the_job_is_seen_faili
     outcome = b.run(b.provision("r-oom", 1), launch("r-oom", "x = b'x' * (400 << 20)"))
     assert [r["code"] for r in sim.requests(verb="watch", resource="pods", namespace=ns)] == [None]  # still held
     assert outcome.reason == "OOMKilled" and outcome.exit_code == 137
+
+
+def _pod(name: str, node: str, state: dict[str, Any], conditions: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"nodeName": node, "containers": [{"name": "train"}]},
+            "status": {"conditions": conditions, "containerStatuses": [{"name": "train", "state": state}]}}
+
+
+def test_evidence_is_read_from_the_pod_the_attempt_ended_on_not_from_its_replacement(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from trainguard.core.kube.backend import outcome_of
+    from trainguard.core.kube.scene import Scene, facts_of
+    from trainguard.core.kube.supervise import Ending
+
+    # A disruption the Job ignored: the supervisor ended on the disrupted pod, the Job made another.
+    ended = _pod("tg-r-a1-aaaaa", "gpu-node-1", {"terminated": {"exitCode": 143, "message": "disrupted"}},
+                 [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}])
+    newer = _pod("tg-r-a1-bbbbb", "gpu-node-2", {"running": {}}, [])
+    outcome = outcome_of(Ending(job=None, pod=ended, why="disrupted"))
+    assert outcome.instance == "tg-r-a1-aaaaa"
+    scene = Scene(namespace="ns", job_name="tg-r-a1", run_id="r", attempt=1, spool=tmp_path, pods=[ended, newer],
+                  supervised_pod=outcome.instance)
+    facts = facts_of(scene)
+    assert (facts.pod_name, facts.node, facts.exit_code, facts.termination_message) == (
+        "tg-r-a1-aaaaa", "gpu-node-1", 143, "disrupted")
+    assert any(c.get("type") == "DisruptionTarget" for c in facts.conditions)
+    assert facts_of(replace(scene, supervised_pod=None)).pod_name == "tg-r-a1-bbbbb"  # the newest, unpinned
+    assert facts_of(replace(scene, supervised_pod="tg-r-a1-gone")).pod_name == "tg-r-a1-bbbbb"

@@ -108,6 +108,8 @@ class AttemptOutcome:
         log_path: A local file with the attempt's log, where the backend has one.
         log_tail: The last lines of output the backend saw, for when the log file is incomplete.
         storage_problems: Files of the attempt that could not be written (a full disk), one line each.
+        instance: The backend's own name for what ran the command and decided the outcome (a pod),
+            where it has one; evidence about "the" attempt is read from that one, not a replacement.
     """
 
     exit_code: int | None
@@ -123,6 +125,7 @@ class AttemptOutcome:
     log_path: str | None = None
     log_tail: str = ""
     storage_problems: tuple[str, ...] = ()
+    instance: str | None = None
 
     @property
     def succeeded(self) -> bool:

@@ -132,7 +132,7 @@ class KubernetesBackend:
             extra.setdefault("kubernetes/outcome.json", json.dumps(outcome.to_dict(), indent=2).encode())
         manifest = evidence.collect_kubernetes_evidence(
             self.api, self.namespace, ref.name, ref.run_id, ref.attempt, store, extra=extra,
-            log_dir=self.local_dir(ref.run_id, ref.attempt))
+            log_dir=self.local_dir(ref.run_id, ref.attempt), pod=outcome.instance if outcome else None)
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
@@ -267,6 +267,7 @@ def outcome_of(ending: Ending) -> AttemptOutcome:
         started_at=terminated.get("startedAt") or pod.get("status", {}).get("startTime"),
         finished_at=terminated.get("finishedAt"), duration_seconds=_duration(terminated),
         node=pod.get("spec", {}).get("nodeName"), conditions=conditions, log_tail="\n".join(ending.log_tail),
+        instance=pod.get("metadata", {}).get("name"),
     )
 
 

@@ -38,7 +38,6 @@ from trainguard.core.kube.scene import (
     event_key,
     facts_of,
     scrub,
-    stream_log,
 )
 from trainguard.core.kube.volume import store_volume_files
 from trainguard.core.manifest import Manifest, attempt_prefix, store_manifest
@@ -146,7 +145,7 @@ def _collect_logs(c: Collector, s: Scene, pod: str, container: str, status: Mapp
             continue
         spool = s.spool / f"{pod}.{container}.{'previous' if previous else 'current'}.log"
         try:
-            stream_log(c.api, s.namespace, pod, container, previous=previous, out=spool)
+            c.api.save_pod_log(s.namespace, pod, container, previous=previous, out=spool)
         except KubeError as exc:
             c.absent(name, KUBERNETES, f"not readable: {exc}")
             continue
@@ -229,7 +228,7 @@ def collect_kubernetes_evidence(
     api: KubeApi, namespace: str, job_name: str, run_id: str, attempt: int, store: EvidenceStore, *,
     extra: Mapping[str, bytes] | None = None, log_dir: Path | None = None,
     copy_budget_bytes: int = collector.DEFAULT_BUDGET_BYTES, collector_timeout_seconds: float = 120.0,
-    now: Callable[[], datetime] = _utc_now,
+    now: Callable[[], datetime] = _utc_now, pod: str | None = None,
 ) -> Manifest:
     """Freeze everything the cluster knows about one attempt's Job into ``store``; write the manifest.
 
@@ -250,10 +249,14 @@ def collect_kubernetes_evidence(
             are listed as missing with where they stay.
         collector_timeout_seconds: How long the collector pod may take to start.
         now: The clock for ``collected_at`` stamps and describe ages.
+        pod: The pod the attempt ended on, as its supervisor saw it: it supplies the triage facts,
+            the termination message and the node, even when a newer pod replaced it (after a
+            disruption the Job ignored). The newest pod when None or gone.
     """
     c = Collector(api, store, attempt_prefix(run_id, attempt), now)
     with tempfile.TemporaryDirectory(prefix="trainguard-kube-evidence-") as tmp:
-        s = Scene(namespace=namespace, job_name=job_name, run_id=run_id, attempt=attempt, spool=Path(tmp))
+        s = Scene(namespace=namespace, job_name=job_name, run_id=run_id, attempt=attempt, spool=Path(tmp),
+                  supervised_pod=pod)
         steps: list[tuple[str, Callable[[], None]]] = [
             ("kubernetes/job.json", lambda: _collect_job(c, s)),
             ("kubernetes/pods", lambda: _collect_pods(c, s)),

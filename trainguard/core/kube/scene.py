@@ -3,9 +3,8 @@
 `Scene` holds what the API answered (the Job, its pods, events, nodes, the spooled logs);
 `Collector` puts items into the store and keeps the manifest's two lists; `ClusterFacts` is the
 small value triage needs (reason, exit code, conditions, events, the log as a local file), built
-by `facts_of`. Also here: `scrub` (no secret leaves in a stored object) and `stream_log` (a
-container's log to a file in bounded memory). Which items are collected, and in what order, is
-``evidence``'s business.
+by `facts_of`. Also here: `scrub` (no secret leaves in a stored object). Which items are
+collected, and in what order, is ``evidence``'s business; reading the API is ``api``'s.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Any, TypeVar
 from trainguard_entrypoint.redact import REDACTED, is_secret_name, redact_argv, redact_text
 
 from trainguard.core import evidence
-from trainguard.core.kube.api import STREAM_CHUNK_BYTES, KubeApi
+from trainguard.core.kube.api import KubeApi
 from trainguard.core.kube.collector import training_container
 from trainguard.core.kube.describe import event_time
 from trainguard.core.kube.errors import Transient
@@ -29,7 +28,6 @@ from trainguard.core.triage.signals import Signals
 
 T = TypeVar("T")
 KUBERNETES = "kubernetes"
-_LOG_READ_TIMEOUT = (5.0, 120.0)
 _LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
@@ -82,15 +80,18 @@ class Scene:
     logs: dict[tuple[str, str, bool], Path] = field(default_factory=dict)
     volume_log: tuple[str, Path] | None = None  # (item name, spool) of the entrypoint's log
     crash_report: Path | None = None  # the spooled crash-report.json from the volume
+    supervised_pod: str | None = None  # the pod the supervisor ended on, when it saw one
 
     def sorted_events(self) -> list[dict[str, Any]]:
         return sorted(self.events.values(), key=lambda e: (event_time(e), str((e.get("metadata") or {}).get("name"))))
 
     def main_pod(self) -> dict[str, Any] | None:
-        return self.pods[-1] if self.pods else None
+        """The pod the attempt ended on: the supervised one while it exists, else the newest."""
+        pinned = [p for p in self.pods if (p.get("metadata") or {}).get("name") == self.supervised_pod]
+        return pinned[0] if pinned and self.supervised_pod else (self.pods[-1] if self.pods else None)
 
     def node(self) -> str | None:
-        """The newest pod's node; for a pod already gone, the node its last Scheduled event names."""
+        """The main pod's node; for a pod already gone, the node its last Scheduled event names."""
         pod = self.main_pod()
         if pod is not None:
             return (pod.get("spec") or {}).get("nodeName")
@@ -137,27 +138,6 @@ def scrub(obj: Mapping[str, Any]) -> dict[str, Any]:
     return clean
 
 
-def stream_log(api: KubeApi, namespace: str, pod: str, container: str, *, previous: bool, out: Path) -> int:
-    """Write one container instance's log to ``out`` chunk by chunk; return its size in bytes.
-
-    `KubeApi.read_pod_log` returns the whole body and `stream_pod_log` only follows, so this reads
-    through the adapter's own `call` edge (errors translated, transient ones retried) with the
-    body left unread until it is streamed to the file.
-    """
-    what = f"read {'previous ' if previous else ''}log of {namespace}/{pod}/{container}"
-    response = api.call(what, api.core.read_namespaced_pod_log, pod, namespace, container=container,
-                        previous=previous, _preload_content=False, _request_timeout=_LOG_READ_TIMEOUT)
-    size = 0
-    try:
-        with out.open("wb") as handle:
-            for chunk in response.stream(STREAM_CHUNK_BYTES, decode_content=False):
-                handle.write(chunk)
-                size += len(chunk)
-    except Exception as exc:  # a cut connection mid-body: the client's own error types stay in api.py
-        raise OSError(f"{what}: the connection broke after {size} bytes: {type(exc).__name__}") from exc
-    finally:
-        response.release_conn()
-    return size
 
 
 @dataclass(frozen=True)
@@ -255,7 +235,7 @@ def _log_choice(s: Scene, pod: str | None, container: str | None) -> tuple[str |
 
 
 def facts_of(s: Scene) -> ClusterFacts:
-    """The triage facts from what was collected (the newest pod's training container decides)."""
+    """The triage facts from what was collected (the main pod's training container decides)."""
     pod = s.main_pod()
     conditions = list(((s.job or {}).get("status") or {}).get("conditions") or ())
     events = tuple(s.sorted_events())
