@@ -2,10 +2,12 @@
 
 Used by the crash hook and the retry controller alike, so whichever gets there first does the work
 and the other finds it done (`attempt_lock` makes them take turns when they fire at the same moment
-on one machine): the verdict the flow kept beside its evidence is read back, a training
-process still running without its supervisor is stopped (through the backend, when it can), and
-evidence the flow never collected is collected through the backend's own collector. Each step is
-best effort and says what it did; none of them raises.
+on one machine): the verdict the flow kept beside its evidence is read back, a training process (or
+Job) still running without its supervisor is stopped (through the backend, when it can), and
+evidence the flow never collected is collected through the backend's own collector, before the stop
+where the stop would remove it (`StopsOrphans.evidence_first`). The backend is the one the attempt
+ran on (`blocks.backend_reference`). Each step is best effort and says what it did; none of them
+raises.
 """
 
 from __future__ import annotations
