@@ -7,6 +7,7 @@ exit codes, OOM kills and evictions are real.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +38,15 @@ def run(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[Any, lis
     state = training_run(parse_spec(spec), run_id=run_id, backend_block=kb["backend_block"],
                          evidence_block=kb["evidence_block"], return_state=True)
     return state, state.result(raise_on_failure=False)
+
+
+def one_attempt(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[Any, list[dict[str, Any]]]:
+    """The attempt flow alone, without a run around it (~5 s less): its verdict says what would follow."""
+    from flows.attempt import train_attempt
+
+    state = train_attempt(parse_spec(spec), attempt=1, run_id=run_id, backend_block=kb["backend_block"],
+                          evidence_block=kb["evidence_block"], return_state=True)
+    return state, [kept(kb["evidence"], run_id, 1, "verdict.json")]
 
 
 def run_logs(flow_run_id: str) -> list[str]:
@@ -75,8 +85,8 @@ def test_nccl_timeout_is_retried_and_the_next_job_resumes_from_the_checkpoint(kb
 def test_oom_killed_is_host_oom_and_not_retried(prefect_server: str, sim: Any, tmp_path: Any) -> None:
     blocks = kube_blocks(sim, tmp_path / "oom", memory_limit="96Mi")
     code = "import time; print('allocating', flush=True); x = b'x' * (400 << 20); time.sleep(30)"
-    state, history = run(inline("k-oom", code), blocks, "k-oom-1")
-    assert state.is_failed() and len(history) == 1
+    state, history = one_attempt(inline("k-oom", code), blocks, "k-oom-1")
+    assert state.is_failed()
     assert history[0]["category"] == "host_oom" and history[0]["decision"]["retry"] is False
     assert history[0]["termination_reason"] == "OOMKilled"
     pods = [n for n in evidence_names(blocks["evidence"], "k-oom-1", 1)
@@ -141,48 +151,56 @@ def _pod_log_name(kb: dict[str, Any], run_id: str, attempt: int) -> str:
 def test_err_image_pull_is_config_error_not_retried_with_the_events_kept(sim: Any, tmp_path: Any,
                                                                           prefect_server: str) -> None:
     blocks = kube_blocks(sim, tmp_path, image="registry.example.com/missing/train:9", start_error_seconds=1)
-    state, history = run(inline("k-pull", "print('never runs')"), blocks, "k-pull-1")
-    assert state.is_failed() and len(history) == 1
+    state, history = one_attempt(inline("k-pull", "print('never runs')"), blocks, "k-pull-1")
+    assert state.is_failed()
     assert history[0]["category"] == "config_error" and history[0]["decision"]["retry"] is False
     events = kept(blocks["evidence"], "k-pull-1", 1, "kubernetes/events.json")
     assert any(e["reason"] == "Failed" and "registry.example.com/missing/train:9" in e["message"] for e in events)
 
 
 def test_insufficient_gpus_is_unschedulable_after_the_schedulers_event_with_a_longer_wait(kb: dict[str, Any]) -> None:
-    state, history = run(inline("k-gpus", "print('never runs')", gpus=8, retry={"max_attempts": 1}), kb, "k-gpus-1")
-    assert state.is_failed() and history[0]["category"] == "unschedulable"
-    assert history[0]["termination_reason"] == "Unschedulable"
+    # the attempt flow alone: its decision says when the next attempt would start, none is run here
+    state, (verdict,) = one_attempt(inline("k-gpus", "print('never runs')", gpus=8), kb, "k-gpus-1")
+    assert state.is_failed() and verdict["category"] == "unschedulable"
+    assert verdict["termination_reason"] == "Unschedulable"
+    # the spec asks for no delay; waiting for capacity takes the taxonomy's longer one
+    assert verdict["decision"]["retry"] is True and verdict["decision"]["delay_seconds"] == 60.0
     events = kept(kb["evidence"], "k-gpus-1", 1, "kubernetes/events.json")
     assert any(e["reason"] == "FailedScheduling" and "Insufficient nvidia.com/gpu" in e["message"] for e in events)
-    from trainguard.core.policy import RetryPolicy, backoff_seconds
-    from trainguard.core.taxonomy import Category
-
-    assert backoff_seconds(RetryPolicy(delay_seconds=0), 1, Category.UNSCHEDULABLE) == 60.0  # the longer wait
 
 
 def test_active_deadline_exceeded_is_timeout(kb: dict[str, Any]) -> None:
     spec = tiny("k-deadline", "--steps", "1000", "--step-seconds", "0.05", deadline_seconds=2,
                 retry={"max_attempts": 1})
-    state, history = run(spec, kb, "k-deadline-1")
-    assert state.is_failed() and history[0]["category"] == "timeout"
+    state, history = one_attempt(spec, kb, "k-deadline-1")
+    assert state.is_failed() and history[0]["category"] == "timeout" and history[0]["retryable"] is True
+    assert history[0]["decision"]["retry"] is False and "budget spent: 1 of 1" in history[0]["decision"]["reason"]
     job = kept(kb["evidence"], "k-deadline-1", 1, "kubernetes/job.json")
     assert job["spec"]["activeDeadlineSeconds"] == 2
     assert any(c["reason"] == "DeadlineExceeded" for c in job["status"]["conditions"])
 
 
 def test_a_fail_job_exit_code_fails_the_job_at_once(kb: dict[str, Any]) -> None:
-    state, history = run(inline("k-failjob", "raise SystemExit(127)"), kb, "k-failjob-1")
-    assert state.is_failed() and history[0]["exit_code"] == 127 and len(history) == 1
+    state, history = one_attempt(inline("k-failjob", "raise SystemExit(127)"), kb, "k-failjob-1")
+    assert state.is_failed() and history[0]["exit_code"] == 127
+    assert (history[0]["category"], history[0]["rule_id"]) == ("config_error", "exit.command_not_found")
+    assert history[0]["decision"]["retry"] is False and "not retryable" in history[0]["decision"]["reason"]
     job = kept(kb["evidence"], "k-failjob-1", 1, "kubernetes/job.json")
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "PodFailurePolicy" and "matching FailJob rule" in failed["message"]
 
 
-def test_sigsegv_leaves_its_core_file_on_the_attempt_volume(kb: dict[str, Any], sim: Any) -> None:
-    state, history = run(tiny("k-segv", "--fail-at-step", "5", "--failure", "segfault", retry={"max_attempts": 1}),
+def test_sigsegv_keeps_its_core_file_in_the_evidence_through_the_collector(kb: dict[str, Any], sim: Any) -> None:
+    state, history = one_attempt(tiny("k-segv", "--fail-at-step", "5", "--failure", "segfault", retry={"max_attempts": 1}),
                          kb, "k-segv-1")
     assert state.is_failed() and history[0]["exit_code"] == 139 and history[0]["category"] == "native_crash"
-    volume = sim.root / "pvc" / kb["namespace"] / "trainguard-attempts" / "k-segv-1" / "attempt-1"
-    report = __import__("json").loads((volume / "crash-report.json").read_text())
+    # the crash report and the core file came back into the evidence through the collector pod
+    report = kept(kb["evidence"], "k-segv-1", 1, "crash-report.json")
     assert report["signal_name"] == "SIGSEGV" and report["core_files"]
-    assert (volume / "coredumps" / report["core_files"][0]).stat().st_size > 0
+    items = {i["name"]: i for i in kept(kb["evidence"], "k-segv-1", 1, "manifest.json")["items"]}
+    core = items[f"coredumps/{report['core_files'][0]}"]
+    stored = (kb["evidence"] / "runs" / "k-segv-1" / "attempt-1" / core["name"]).read_bytes()
+    assert core["size_bytes"] > 0 and hashlib.sha256(stored).hexdigest() == core["sha256"]
+    # the one way the volume's files reach the flow: the collector pod's log, read through the API
+    assert any("-evidence-" in str(r.get("name")) for r in sim.requests(
+        resource="pods", subresource="log", namespace=kb["namespace"]))

@@ -47,6 +47,7 @@ _LISTER = (
 )
 
 
+JOB_DELETED = "JobDeleted"  # someone deleted the Job while it ran: triage reads a cancellation
 # Job-level reasons that say the Job failed but not why; the pod evidence names the cause.
 _JOB_VERDICTS = frozenset({"BackoffLimitExceeded", "PodFailurePolicy", "Error", "Failed"})
 
@@ -291,8 +292,11 @@ def _reason(ending: Ending, pod: Mapping[str, Any], job: Mapping[str, Any],
         return str(chosen["reason"]), str(chosen.get("message") or "")[:500]
     if terminated.get("exitCode") == 0 and not failed:
         return COMPLETED, "training completed"
+    if ending.job_deleted and terminated.get("exitCode") in (None, 137, 143):
+        # killed by the deletion (SIGTERM, then SIGKILL), or never seen ending: someone stopped it
+        return JOB_DELETED, "the Job was deleted while the attempt ran"
     if ending.job_deleted:
-        return str(terminated.get("reason") or ERROR), "the Job was deleted while the attempt ran"
+        return str(terminated.get("reason") or ERROR), "the Job was deleted after the command ended"
     text = failed.get("message") or f"exit code {terminated.get('exitCode')}"
     return (ERROR if terminated else str(failed.get("reason") or ERROR)), str(text)
 
