@@ -48,7 +48,9 @@ def _as_from_a_terminal() -> None:
 
 def slow_spec(tmp_path: Path, name: str) -> None:
     spec = tiny_spec(name, "--fail-at-step", "0")
-    spec["command"] = [*spec["command"][:3], "400", "--step-seconds", "0.05"]  # 20 s of steps
+    # 200 s of steps: it must outlast what the tests check while it runs, on a loaded machine too;
+    # every test stops it long before
+    spec["command"] = [*spec["command"][:3], "4000", "--step-seconds", "0.05"]
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
 
 
