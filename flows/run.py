@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prefect import flow, tags
+from prefect import flow, get_run_logger, tags
 from prefect.states import Completed, Failed, State
 
 from flows.attempt import spec_name, train_attempt
@@ -56,6 +56,8 @@ def training_run(
         decision = RetryDecision.from_dict(summary.decision)
         if summary.succeeded or not decision.retry:
             break
+        get_run_logger().info("attempt %s ended with %s; retrying as attempt %s in %gs", summary.attempt,
+                              summary.category or "an unknown failure", decision.next_attempt, decision.delay_seconds)
         time.sleep(decision.delay_seconds)
         params = next_parameters(params, summary, decision, str(summary.flow_run_id))
     storage = _storage_note(history)

@@ -15,8 +15,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 REDACTED = "***"
 
-# Substrings of variable names whose values are treated as secrets, matched case-insensitively.
+# Words of variable names whose values are treated as secrets, matched case-insensitively against
+# the name's words (split at "_", "-", "." and camelCase humps): HF_TOKEN and apiKey are secrets,
+# TOKENIZER_NAME, KEYBOARD_LAYOUT and max_tokens are not.
 SECRET_NAME_PARTS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "WEBHOOK")
+# Words that are secrets too: plurals, and run-together names (HFTOKEN, DBPASSWORD) ending in a
+# part; KEY is left out of the endings, which would take in MONKEY and HOCKEY.
+_SECRET_WORDS = frozenset({*SECRET_NAME_PARTS, "SECRETS", "CREDENTIALS", "APIKEY", "ACCESSKEY", "SECRETKEY",
+                           "PRIVATEKEY", "PASSPHRASE"})
+_SECRET_ENDINGS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIALS", "WEBHOOK")
+_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+")
+_CAMEL_HUMP = re.compile(r"(?<=[a-z0-9])(?=[A-Z][a-z])")
 
 SECRET_NAMES_VARIABLE = "TRAINGUARD_SECRET_NAMES"
 """Comma-separated names of variables that hold secrets whatever they are called (a spec's
@@ -42,17 +51,19 @@ _SHAPE_RULES: tuple[tuple[re.Pattern[str], bool], ...] = tuple(
         (r"(?P<secret>wandb_v1_[A-Za-z0-9_]{20,})", True),  # Weights & Biases
     )
 )
-# NAME=value or NAME: value where NAME looks like a secret's (upper case, as variables are spelled):
-# matched from the secret-looking part of the name; what comes before it is checked by
-# `_name_starts_word`. The separator stays on its line, so masking a block of lines or each line
-# of it gives the same text. Possessive runs: giving back a name character can never make a
-# separator appear, so a candidate that fails costs one forward scan, not a backtrack.
+# NAME=value, NAME: value, "name": "value", spelled in any of the cases names are: matched from a
+# secret-looking word of the name; `_secret_assignment` then reads the whole name and keeps the
+# match only if `is_secret_name` agrees (so TOKENIZER_NAME=bert-base is left alone). The separator
+# stays on its line, so masking a block of lines or each line of it gives the same text.
+# Possessive runs: giving back a name character can never make a separator appear, so a candidate
+# that fails costs one forward scan, not a backtrack.
 _NAME_MAX = 64
 _ASSIGNMENT = re.compile(
-    r"(?:" + "|".join(SECRET_NAME_PARTS) + r")[A-Z0-9_]{0," + str(_NAME_MAX) + r"}+"
-    r"[ \t]*[=:][ \t]*[\"']?(?P<secret>[^\s\"',;]{" + str(MIN_MASKED_LENGTH) + r",})"
+    r"(?P<name>(?:" + "|".join(f"{p}|{p.lower()}|{p.capitalize()}" for p in SECRET_NAME_PARTS) + r")"
+    r"[A-Za-z0-9_]{0," + str(_NAME_MAX) + r"}+)"
+    r"[\"']?[ \t]*[=:][ \t]*[\"']?(?P<secret>[^\s\"',;]{" + str(MIN_MASKED_LENGTH) + r",})"
 )
-_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 # CSI (colours, cursor moves), OSC (titles, hyperlinks; ended by BEL or ST), other two-byte ESC
 # sequences, then any C0/C1 control character left except tab.
 _CONTROL = re.compile(
@@ -74,9 +85,17 @@ _SCHEME_END = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]{0,31}\Z")
 
 
 def is_secret_name(name: str) -> bool:
-    """Whether a variable called ``name`` holds a secret by its name alone."""
-    upper = name.upper()
-    return any(part in upper for part in SECRET_NAME_PARTS)
+    """Whether a variable called ``name`` holds a secret by its name alone.
+
+    A word of the name must be a secret's (``HF_TOKEN``, ``aws_secret_access_key``, ``apiKey``,
+    ``DBPASSWORD``): a word that only starts with one (``TOKENIZER_NAME``, ``KEYBOARD_LAYOUT``) is
+    not. camelCase humps split words only in names that start lower-case, as fields are spelled;
+    ``KeyError`` is a class name.
+    """
+    if name[:1].islower():
+        name = _CAMEL_HUMP.sub("_", name)
+    words = _WORD_SPLIT.split(name.upper())
+    return any(word in _SECRET_WORDS or word.endswith(_SECRET_ENDINGS) for word in words if word)
 
 
 def declared_secret_names(environ: Mapping[str, str]) -> frozenset[str]:
@@ -172,7 +191,7 @@ class Masker:
         # boundary the next rule may start after
         for pattern, bounded in _SHAPE_RULES:
             text = _mask_matches(text, pattern, _starts_word if bounded else _anywhere)
-        text = _mask_matches(text, _ASSIGNMENT, _name_starts_word)
+        text = _mask_matches(text, _ASSIGNMENT, _secret_assignment)
         return _mask_matches(text, _URL_PASSWORD, _scheme_before)
 
     def for_people(self, text: str) -> str:
@@ -180,7 +199,7 @@ class Masker:
         return self.mask(strip_control(text))
 
 
-def _mask_matches(text: str, pattern: re.Pattern[str], accept: Callable[[str, int], bool]) -> str:
+def _mask_matches(text: str, pattern: re.Pattern[str], accept: Callable[[str, re.Match[str]], bool]) -> str:
     """``text`` with the ``secret`` group of every accepted match of ``pattern`` masked.
 
     A rejected match is retried from its next character, so a token inside it is still found.
@@ -188,7 +207,7 @@ def _mask_matches(text: str, pattern: re.Pattern[str], accept: Callable[[str, in
     spans: list[tuple[int, int]] = []
     position = 0
     while found := pattern.search(text, position):
-        if accept(text, found.start()):
+        if accept(text, found):
             spans.append(found.span("secret"))
             position = max(found.end(), found.start() + 1)
         else:
@@ -196,8 +215,9 @@ def _mask_matches(text: str, pattern: re.Pattern[str], accept: Callable[[str, in
     return _masked(text, spans) if spans else text
 
 
-def _scheme_before(text: str, index: int) -> bool:
-    """Whether a URL scheme (``https``, ``postgres+asyncpg``) ends at ``index``."""
+def _scheme_before(text: str, found: re.Match[str]) -> bool:
+    """Whether a URL scheme (``https``, ``postgres+asyncpg``) ends where ``found`` starts."""
+    index = found.start()
     return _SCHEME_END.search(text, max(0, index - 33), index) is not None
 
 
@@ -209,20 +229,22 @@ def _word_before(text: str, index: int) -> bool:
     return index > 0 and _is_word(text[index - 1])
 
 
-def _starts_word(text: str, index: int) -> bool:
-    return not _word_before(text, index)
+def _starts_word(text: str, found: re.Match[str]) -> bool:
+    return not _word_before(text, found.start())
 
 
-def _anywhere(text: str, index: int) -> bool:
+def _anywhere(text: str, found: re.Match[str]) -> bool:
     return True
 
 
-def _name_starts_word(text: str, index: int) -> bool:
-    """Whether the upper-case name that reaches ``index`` starts a word and is short enough."""
+def _secret_assignment(text: str, found: re.Match[str]) -> bool:
+    """Whether the name that reaches into ``found`` starts a word, is short enough and is a secret's."""
+    index = found.start()
     start, lowest = index, max(0, index - _NAME_MAX - 1)
     while start > lowest and text[start - 1] in _NAME_CHARS:
         start -= 1
-    return index - start <= _NAME_MAX and not _word_before(text, start)
+    name = text[start:found.end("name")]
+    return len(name) <= _NAME_MAX and not _word_before(text, start) and is_secret_name(name)
 
 
 def _masked(text: str, spans: list[tuple[int, int]]) -> str:

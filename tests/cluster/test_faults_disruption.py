@@ -3,7 +3,6 @@ OOM kill, node-pressure eviction, API eviction, preemption, node partition."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -11,6 +10,7 @@ from conftest import seeded_pod
 from kubernetes import client, watch
 
 import kubesim.fixture
+from waiting import wait_for
 
 _SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
 
@@ -86,10 +86,8 @@ def test_eviction_api_sends_sigterm_and_marks_the_disruption(core: client.CoreV1
     target = _condition(pod, "DisruptionTarget")
     assert (target.reason, target.message) == ("EvictionByEvictionAPI", "Eviction API: evicting")
     assert pod.status.container_statuses[0].state.terminated.exit_code == 143
-    deadline = time.monotonic() + 10
-    while core.list_namespaced_pod(ns, field_selector="metadata.name=p").items:
-        assert time.monotonic() < deadline, "evicted pod was never removed"
-        time.sleep(0.05)
+    wait_for(lambda: not core.list_namespaced_pod(ns, field_selector="metadata.name=p").items, 10,
+             "the evicted pod to be removed")
 
 
 def test_eviction_of_a_missing_pod_is_404(core: client.CoreV1Api, ns: str) -> None:
@@ -107,10 +105,8 @@ def test_preemption_marks_the_victim_and_records_preempted(sim: kubesim.fixture.
     pod = _until(core, ns, "p", lambda p: _condition(p, "DisruptionTarget") is not None,
                  trigger=lambda: sim.preempt(ns, "p"))
     assert _condition(pod, "DisruptionTarget").reason == "PreemptionByScheduler"
-    deadline = time.monotonic() + 10
-    while not core.list_namespaced_event(ns, field_selector="reason=Preempted").items:
-        assert time.monotonic() < deadline, "no Preempted event"
-        time.sleep(0.05)
+    wait_for(lambda: core.list_namespaced_event(ns, field_selector="reason=Preempted").items, 10,
+             "a Preempted event")
 
 
 @pytest.mark.parametrize(("grace_seconds", "expected"), [(7, 7), (None, 30)])
@@ -142,20 +138,14 @@ def test_partitioned_node_goes_unknown_and_heals(sim: kubesim.fixture.Sim,
 
     sim.node("node-2").partition()
     try:
-        deadline = time.monotonic() + 15
-        while ready(core.read_node("node-2")).status != "Unknown":
-            assert time.monotonic() < deadline, "node-2 never went Unknown"
-            time.sleep(0.05)
+        wait_for(lambda: ready(core.read_node("node-2")).status == "Unknown", 15, "node-2 to go Unknown")
         node = core.read_node("node-2")
         assert ready(node).reason == "NodeStatusUnknown"
         assert ready(node).message == "Kubelet stopped posting node status."
         assert "node.kubernetes.io/unreachable" in {t.key for t in node.spec.taints or []}
     finally:
         sim.node("node-2").heal()
-    deadline = time.monotonic() + 15
-    while ready(core.read_node("node-2")).status != "True":
-        assert time.monotonic() < deadline, "node-2 never came back"
-        time.sleep(0.05)
+    wait_for(lambda: ready(core.read_node("node-2")).status == "True", 15, "node-2 to come back")
 
 
 def test_disruption_of_an_unknown_pod_is_refused_in_one_line(sim: kubesim.fixture.Sim,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from kubernetes import client, config
 
 import kubesim
 from kubesim.config import NodeSpec, SimConfig
+from waiting import wait_for
 
 _PIDFILE_SCRIPT = ("import os, sys, time\n"
                    "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
@@ -46,16 +46,10 @@ def test_stopping_the_cluster_ends_its_container_processes(tmp_path: Path) -> No
             "restartPolicy": "Never", "containers": [{
                 "name": "main", "image": "python:3.11",
                 "command": [sys.executable, "-c", _PIDFILE_SCRIPT, str(pidfile)]}]}})
-        deadline = time.monotonic() + 15
-        while not (pidfile.exists() and pidfile.read_text()):
-            assert time.monotonic() < deadline, "the container never started"
-            time.sleep(0.05)
+        wait_for(lambda: pidfile.exists() and pidfile.read_text(), 15, "the container to start")
         pid = int(pidfile.read_text())
         assert _alive(pid)
-    deadline = time.monotonic() + 5
-    while _alive(pid):
-        assert time.monotonic() < deadline, f"container process {pid} outlived the cluster"
-        time.sleep(0.05)
+    wait_for(lambda: not _alive(pid), 5, f"container process {pid} to end with the cluster")
 
 
 def test_a_temporary_root_is_removed_at_the_end() -> None:

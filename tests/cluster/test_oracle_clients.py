@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from kubernetes import client, watch
 from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig
 from kubernetes_asyncio import watch as awatch
+from waiting import wait_for
 
 _FLAKY = ("import os, sys, time\n"
           "marker = sys.argv[1]\n"
@@ -69,14 +69,12 @@ def test_official_client_follows_a_restarting_job(api_client: client.ApiClient,
 
 
 def _assert_all_gone(batch: client.BatchV1Api, core: client.CoreV1Api, ns: str) -> None:
-    deadline = time.monotonic() + 10
-    while batch.list_namespaced_job(ns).items or core.list_namespaced_pod(ns).items:
-        if time.monotonic() > deadline:
-            left = [(p.metadata.name, p.status.phase, p.metadata.finalizers)
-                    for p in core.list_namespaced_pod(ns).items]
-            raise AssertionError(f"job not gone 10 s after a Foreground delete; pods left "
-                                 f"(name, phase, finalizers): {left}")
-        time.sleep(0.1)
+    try:
+        wait_for(lambda: not (batch.list_namespaced_job(ns).items or core.list_namespaced_pod(ns).items), 10,
+                 "the job and its pods to go after a Foreground delete")
+    except AssertionError as exc:
+        left = [(p.metadata.name, p.status.phase, p.metadata.finalizers) for p in core.list_namespaced_pod(ns).items]
+        raise AssertionError(f"{exc}; pods left (name, phase, finalizers): {left}") from None
 
 
 async def _async_flow(kubeconfig: str, ns: str, marker: Path) -> dict[str, Any]:
@@ -97,20 +95,20 @@ async def _async_flow(kubeconfig: str, ns: str, marker: Path) -> dict[str, Any]:
         previous = await core.read_namespaced_pod_log(name, ns, previous=True)
         events = await core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
         await batch.delete_namespaced_job("train", ns, propagation_policy="Foreground")
-        for _ in range(100):
-            if not (await batch.list_namespaced_job(ns)).items:
-                break
-            await asyncio.sleep(0.1)
-        remaining = (await batch.list_namespaced_job(ns)).items
-        return {"previous": previous, "reasons": {e.reason for e in events.items},
-                "remaining": remaining}
+        return {"previous": previous, "reasons": {e.reason for e in events.items}}
+
+
+async def _jobs_left(kubeconfig: str, ns: str) -> list[Any]:
+    api = await aconfig.new_client_from_config(config_file=kubeconfig)
+    async with api:
+        return list((await aclient.BatchV1Api(api).list_namespaced_job(ns)).items)
 
 
 def test_kubernetes_asyncio_follows_a_restarting_job(sim: Any, ns: str, tmp_path: Path) -> None:
     result = asyncio.run(_async_flow(str(sim.kubeconfig), ns, tmp_path / "marker"))
     assert result["previous"] == "crash on first attempt\n"
     assert {"Scheduled", "Started", "BackOff"} <= result["reasons"]
-    assert result["remaining"] == []
+    wait_for(lambda: not asyncio.run(_jobs_left(str(sim.kubeconfig), ns)), 10, "the deleted job to go")
 
 
 def test_every_kind_deserializes_with_the_official_models(api_client: client.ApiClient,
@@ -118,10 +116,7 @@ def test_every_kind_deserializes_with_the_official_models(api_client: client.Api
                                                           core: client.CoreV1Api, ns: str,
                                                           tmp_path: Path) -> None:
     batch.create_namespaced_job(ns, _job(tmp_path / "marker"))
-    deadline = time.monotonic() + 20
-    while not any(_restarted(p) for p in core.list_namespaced_pod(ns).items):
-        assert time.monotonic() < deadline, "the job's pod never restarted"
-        time.sleep(0.05)
+    wait_for(lambda: any(_restarted(p) for p in core.list_namespaced_pod(ns).items), 20, "the job's pod to restart")
     for path, klass in [(f"/api/v1/namespaces/{ns}/pods", "V1PodList"),
                         (f"/apis/batch/v1/namespaces/{ns}/jobs", "V1JobList"),
                         (f"/api/v1/namespaces/{ns}/events", "CoreV1EventList"),

@@ -1,14 +1,17 @@
-"""The backend seam's values and the one function that builds the training container's environment."""
+"""The backend seam's values, the one function that builds the training container's environment, and what
+the local backend hands triage."""
 
 from __future__ import annotations
 
 import pytest
 
+from trainguard.core import triage
 from trainguard.core.attempt import AttemptSummary, next_parameters
 from trainguard.core.backend import AttemptOutcome, Backend, Launch, StopsOrphans, container_env
 from trainguard.core.local_backend import LocalBackend
 from trainguard.core.slurm_backend import SlurmBackend
 from trainguard.core.policy import RetryDecision
+from trainguard.core.triage.signals import Signals
 
 
 def _launch(**changes: object) -> Launch:
@@ -78,3 +81,25 @@ def test_next_parameters_carry_the_memory_factor_the_decision_raised() -> None:
     params = next_parameters({"spec": {"name": "x"}, "attempt": 1, "memory_factor": 1.5}, summary, decision, "f1")
     assert params["memory_factor"] == 3.0 and params["history"][0]["memory_factor"] == 1.5
     assert summary.record().memory_factor == 1.5
+
+
+def test_a_log_cut_short_by_a_full_disk_is_triaged_with_the_runners_tail_read_after_it(tmp_path) -> None:
+    backend = LocalBackend(tmp_path)
+    ref = backend.provision("disk-1", 1)
+    log = backend.workspace(ref).log_path
+    early = ["step 1", "Traceback (most recent call last):", '  File "train.py", line 9, in <module>',
+             "TypeError: unsupported operand type(s) for +: 'int' and 'str'"]
+    # the disk filled in the middle of "noise 10"; the runner's tail holds the last 200 lines printed
+    log.write_text("\n".join([*early, *(f"noise {i}" for i in range(10))]) + "\nnoise 1")
+    tail = [f"noise {i}" for i in range(5, 205)]
+    outcome = AttemptOutcome(exit_code=1, signal=None, reason="Error", message="exited with code 1",
+                             log_path=None, log_tail="\n".join(tail))
+
+    signals = backend.signals(ref, outcome)
+    read = signals.log.read().decode()
+    signals.log.close()
+
+    assert read == log.read_text() + "\n" + "".join(f"noise {i}\n" for i in range(10, 205))  # 5-9 read once
+    diagnosis = triage.classify(backend.signals(ref, outcome))
+    assert (diagnosis.category.value, diagnosis.line_number) == ("code_error", 4), diagnosis
+    assert triage.classify(Signals(exit_code=1, reason="Error", log=outcome.log_tail)).category.value == "unknown"

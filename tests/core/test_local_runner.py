@@ -36,13 +36,8 @@ def _alive(pid: int) -> bool:
 
 
 def _gone(pid: int, timeout: float = 5.0) -> bool:
-    """Whether ``pid`` is dead within ``timeout``: SIGKILL is delivered asynchronously."""
-    deadline = time.monotonic() + timeout
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    """Wait until ``pid`` is dead (SIGKILL is delivered asynchronously); fail after ``timeout``."""
+    return wait_for(lambda: not _alive(pid), timeout, f"process {pid} to end")
 
 
 def _wait_for_file(path: Path, timeout: float = 30) -> str:

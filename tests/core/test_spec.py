@@ -45,6 +45,30 @@ def test_a_bad_spec_names_the_field_and_the_fix_in_one_line(data, field, hint):
     assert hint in message
 
 
+@pytest.mark.parametrize(
+    ("command", "index"),
+    [(["python", "train.py", "--password", "hunter2hunter2"], 3),
+     (["python", "train.py", "--token", "hf_" + "a" * 34], 3),
+     (["python", "train.py", "--api-key=abcdef123456"], 2),
+     (["python", "train.py", "--db", "postgres://me:pa55word@db/x"], 3),
+     (["env", "WANDB_API_KEY=abcdef123456", "python", "train.py"], 1)],
+)
+def test_a_secret_on_the_command_line_is_refused_saying_to_use_secret_env(command, index):
+    with pytest.raises(SpecError) as caught:
+        parse_spec({**GOOD, "command": command}, "run.yaml")
+    message = str(caught.value)
+    assert message.startswith(f"run.yaml: command: argument {index} looks like a secret") and "\n" not in message
+    assert "secret_env" in message
+    assert not any(secret in message for secret in ("hunter2", "hf_a", "abcdef", "pa55word"))  # never echoed
+
+
+def test_ordinary_arguments_and_variables_named_like_secrets_by_prefix_are_accepted():
+    command = ["python", "train.py", "--tokenizer", "bert-base-uncased", "--max-tokens", "4096", "--sort-key", "loss"]
+    env = {"TOKENIZER_NAME": "bert-base-uncased", "KEYBOARD_LAYOUT": "us-intl"}
+    spec = parse_spec({**GOOD, "command": command, "env": env})
+    assert spec.command == command and spec.env == env
+
+
 def test_a_yaml_syntax_error_names_the_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("name: x\ncommand: [python\n")

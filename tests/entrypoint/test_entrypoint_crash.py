@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from entrypoint_harness import entrypoint_argv, entrypoint_env, py
+from waiting import wait_for
 
 SEGFAULT = py("import os, signal; print('about to crash', flush=True); os.kill(os.getpid(), signal.SIGSEGV)")
 
@@ -135,9 +136,7 @@ def test_sigterm_during_the_snapshots_means_the_command_is_never_started(tmp_pat
     env = entrypoint_env({"TRAINGUARD_GPU_TIMEOUT_SECONDS": "1"}, path=f"{bin_dir}:/usr/bin:/bin")
     proc = subprocess.Popen(entrypoint_argv(tmp_path / "ws", py(f"open({str(ran)!r}, 'w')")), cwd=tmp_path,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(marker.exists, 30, "the stand-in nvidia-smi to start")
     proc.send_signal(signal.SIGTERM)
 
     assert proc.wait(timeout=60) == 143

@@ -11,7 +11,7 @@ import json
 import pytest
 from entrypoint_harness import py
 
-from trainguard_entrypoint.redact import Masker, strip_control
+from trainguard_entrypoint.redact import Masker, is_secret_name, strip_control
 
 SECRET = "supersecret123"
 WEBHOOK = "https://hooks.slack.com/services/T0123/B0456/abcdefXYZ123"
@@ -56,10 +56,26 @@ def test_terminal_control_sequences_are_stripped_from_the_crash_reports_tail(run
         ("retry-sk-" + "a" * 24, "retry-***"),
         ("monKEY=bananas12 DB_PASSWORD=hunter22", "monKEY=bananas12 DB_PASSWORD=***"),
         ("postgres+asyncpg://me:pa55word@db/x", "postgres+asyncpg://me:***@db/x"),
+        ("aws_secret_access_key = wJalrXUtnFEMI", "aws_secret_access_key = ***"),  # ~/.aws/credentials
+        ('{"api_key": "abcdef123456", "model": "bert"}', '{"api_key": "***", "model": "bert"}'),
+        ("apiKey: abcdef123456", "apiKey: ***"),
+        ("TOKENIZER_NAME: bert-base-uncased", "TOKENIZER_NAME: bert-base-uncased"),  # a word that starts like one
+        ("KEYBOARD_LAYOUT=us-intl-alt", "KEYBOARD_LAYOUT=us-intl-alt"),
+        ("KeyError: 'missing_column'", "KeyError: 'missing_column'"),  # a class name, not a variable
     ],
 )
 def test_token_shapes_and_secret_assignments_are_masked_and_ordinary_text_is_not(text: str, expected: str) -> None:
     assert Masker().mask(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [("HF_TOKEN", True), ("aws_secret_access_key", True), ("apiKey", True), ("DBPASSWORD", True),
+     ("GOOGLE_APPLICATION_CREDENTIALS", True), ("api-key", True), ("TOKENIZER_NAME", False),
+     ("KEYBOARD_LAYOUT", False), ("max_tokens", False), ("MONKEY_PATCH", False), ("KeyError", False)],
+)
+def test_a_name_is_a_secrets_when_one_of_its_words_is(name: str, secret: bool) -> None:
+    assert is_secret_name(name) is secret
 
 
 def test_a_secret_containing_another_is_masked_whole() -> None:

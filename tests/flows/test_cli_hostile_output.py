@@ -19,8 +19,11 @@ from typing import Any
 import pytest
 import yaml
 from prefect.blocks.system import Secret
+from prefect import get_client
+from prefect.events.filters import EventFilter, EventResourceFilter
 
-from flow_helpers import prefect_records
+from flow_helpers import attempt_runs, prefect_records
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRETS = {
@@ -31,7 +34,10 @@ SECRETS = {
 # referenced by the spec's secret_env, resolved only inside the attempt: a Prefect Secret block and a
 # worker variable whose name does not look secret (only the reference marks it as one)
 BLOCK_SECRET, WORKER_SECRET = "blockvalue-8d41c2", "workervalue-19fa7e"
-NEEDLES = ("supersecret123", "T0SECRET", "webhooksecret99", "hf_" + "q" * 34, BLOCK_SECRET, WORKER_SECRET)
+# a token and a password put on the command line itself: refused before anything is stored
+ARGV_TOKEN, ARGV_PASSWORD = "hf_" + "z" * 34, "hunter2hunter2"
+NEEDLES = ("supersecret123", "T0SECRET", "webhooksecret99", "hf_" + "q" * 34, BLOCK_SECRET, WORKER_SECRET,
+           ARGV_TOKEN, ARGV_PASSWORD)
 CRASH = "bad [/] [/red] [x](javascript:alert(1)) <script>alert(1)</script> <img src=x onerror=alert(2)>"
 SCRIPT = f"""
 import os
@@ -89,17 +95,25 @@ def test_evidence_show_prints_a_hostile_verdict_literally(hostile_run) -> None:
     assert "Traceback" not in shown.stderr
 
 
-def test_no_secret_reaches_anything_trainguard_wrote_or_showed(hostile_run) -> None:
+def test_no_secret_reaches_anything_trainguard_wrote_or_showed(hostile_run, prefect_server) -> None:
     folder, run_id = hostile_run["folder"], hostile_run["run_id"]
     raw_log = next((folder / "trainguard-data/work/runs" / run_id / "attempt-1/logs").glob("*.log"))
     assert b"supersecret123" in raw_log.read_bytes()  # the attempt's own volume keeps the raw log
+    spec = yaml.safe_load((folder / "run.yaml").read_text())
+    spec["command"] += ["--token", ARGV_TOKEN, "--password", ARGV_PASSWORD]
+    (folder / "argv.yaml").write_text(yaml.safe_dump({**spec, "name": "hostile-argv"}))
+    refused = trainguard("run", "argv.yaml", cwd=folder, api_url=prefect_server)
+    (folder / "argv.yaml").unlink()  # the spec file itself is the user's, not something trainguard wrote
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stdout + refused.stderr
+    assert "command: argument 3 looks like a secret" in refused.stderr and "secret_env" in refused.stderr
 
-    shown = [hostile_run["result"].stdout, hostile_run["result"].stderr,
+    shown = [hostile_run["result"].stdout, hostile_run["result"].stderr, refused.stdout, refused.stderr,
              trainguard("evidence", "show", run_id, cwd=folder).stdout]
     written = [p.read_bytes().decode("utf-8", "replace") for p in folder.rglob("*") if p.is_file() and p != raw_log]
     artifacts, parameters, logs = prefect_records(run_id)
+    events = wait_for(lambda: _events(run_id), 30, "the run's events")
     for channel, texts in {"console": shown, "files": written, "artifacts": artifacts, "parameters": parameters,
-                           "prefect logs": logs}.items():
+                           "prefect logs": logs, "events": events}.items():
         for needle in NEEDLES:
             assert not any(needle in text for text in texts), f"{needle} leaked into {channel}"
     assert any("AWS_SECRET_ACCESS_KEY=***" in text for text in written)
@@ -144,4 +158,13 @@ def test_evidence_show_reports_a_deleted_manifest_and_unlisted_files_and_exits_n
     assert deleted.returncode == 1
     assert "attempt 2: manifest.json is missing" in deleted.stdout, deleted.stdout
     assert "unverified: runs/" in deleted.stdout
+
+
+def _events(run_id: str) -> list[str]:
+    """Every event the server holds about the run or one of its flow runs, as JSON."""
+    with get_client(sync_client=True) as client:
+        ids = [f"trainguard.run.{run_id}", *(f"prefect.flow-run.{r.id}" for r in attempt_runs(run_id))]
+        page = client.read_events(EventFilter(resource=EventResourceFilter(id=ids)), limit=50)
+    found = [event.model_dump_json() for event in page.events]
+    return found if any('"trainguard.' in text for text in found) else []
 

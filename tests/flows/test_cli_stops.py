@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 from flow_helpers import tiny_spec
 from waiting import wait_for
+
+from trainguard.core.attempt import AttemptSummary
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,12 +35,22 @@ def start(tmp_path: Path, *args: str, api_url: str | None) -> subprocess.Popen[s
     else:  # a temporary server of its own, in a home of its own
         env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     return subprocess.Popen([sys.executable, "-m", "trainguard.cli", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_as_from_a_terminal)
+
+
+def _as_from_a_terminal() -> None:
+    # A command typed at a terminal starts with Ctrl-C at its default; one started in the background
+    # by a non-interactive shell (as a test runner may be) inherits SIGINT ignored, and Python keeps
+    # an ignored SIGINT ignored, so the stop under test would never arrive.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def slow_spec(tmp_path: Path, name: str) -> None:
     spec = tiny_spec(name, "--fail-at-step", "0")
-    spec["command"] = [*spec["command"][:3], "400", "--step-seconds", "0.05"]  # 20 s of steps
+    # 200 s of steps: it must outlast what the tests check while it runs, on a loaded machine too;
+    # every test stops it long before
+    spec["command"] = [*spec["command"][:3], "4000", "--step-seconds", "0.05"]
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
 
 
@@ -55,10 +69,22 @@ def test_a_stopped_run_records_the_attempt_prints_the_table_and_says_how_to_resu
     wait_for(lambda: checkpoint_written(tmp_path), 240, "the first checkpoint")
     servers = [p for p in _children(cli.pid) if "uvicorn" in _cmdline(p) or "prefect" in _cmdline(p)]
     assert bool(servers) == own_server, [_cmdline(p) for p in _children(cli.pid)]
-    cli.send_signal(signum)
+    entrypoint = next(p for p in _children(cli.pid) if "trainguard_entrypoint" in _cmdline(p))
+    training = wait_for(lambda: _children(entrypoint), 30, "the training command under the entrypoint")
+    if not own_server:  # while it runs, it is listed as running and cannot be resumed beside itself
+        run_id = next((tmp_path / "trainguard-data/work/runs").iterdir()).name
+        listed = cli_once(tmp_path, "runs")
+        assert re.search(rf"{run_id}\s+│\s+1\s+│\s+running\s", listed.stdout), listed.stdout
+        twin = cli_once(tmp_path, "run", "run.yaml", "--resume", run_id)
+        assert twin.returncode == 2 and f"--resume: run {run_id} is still running" in twin.stderr, twin.stderr
+        assert f"pid {cli.pid}" in twin.stderr and len(twin.stderr.strip().splitlines()) == 1
+    if signum == signal.SIGINT:
+        os.killpg(cli.pid, signum)  # Ctrl-C: the terminal signals the whole foreground process group
+    else:
+        cli.send_signal(signum)
     out, err = cli.communicate(timeout=120)
-    for server in servers:
-        wait_for(lambda: not _alive(server), 30, "the temporary server to stop with the CLI")
+    for pid in [*servers, entrypoint, *training]:
+        wait_for(lambda: not _alive(pid), 30, f"{_cmdline(pid) or pid} to end with the CLI")
 
     assert cli.returncode == code, out[-3000:] + err[-3000:]
     table = out[out.index("trainguard run stopped-"):]
@@ -67,6 +93,52 @@ def test_a_stopped_run_records_the_attempt_prints_the_table_and_says_how_to_resu
     verdict = json.loads((tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/verdict.json").read_text())
     assert verdict["category"] == category and verdict["decision"]["retry"] is False
     assert not list((tmp_path / "trainguard-data/evidence/runs" / run_id).glob("attempt-2"))  # not retried here
+
+
+def test_a_stop_during_the_backoff_keeps_the_finished_attempts_verdict_and_says_how_to_resume(
+    prefect_server, tmp_path
+):
+    spec = tiny_spec("backoff", "--fail-at-step", "2", retry={"delay_seconds": 600})  # nccl_error: retried
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
+    cli = start(tmp_path, "run", "run.yaml", api_url=prefect_server)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(cli.stderr), daemon=True)
+    reader.start()
+    wait_for(lambda: any("retrying as attempt 2 in 600s" in line for line in lines), 240, "the backoff's log line")
+    cli.send_signal(signal.SIGTERM)
+    out = cli.stdout.read()
+    cli.wait(timeout=60)
+    reader.join(timeout=30)
+
+    assert cli.returncode == 143, out[-3000:] + "".join(lines)[-3000:]
+    run_id = out[out.index("trainguard run backoff-"):].split()[2]
+    verdict = json.loads((tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/verdict.json").read_text())
+    assert verdict["category"] == "nccl_error" and verdict["state"] == "Failed"  # its own ending, not the stop's
+    assert verdict["decision"]["retry"] is False and "in 600s" in verdict["decision"]["planned"]
+    assert verdict["decision"]["reason"].startswith("attempt 2 was not started: trainguard run received SIGTERM")
+    assert "attempt 1 keeps its verdict (nccl_error); attempt 2 was not started" in out
+    assert f"resume with: trainguard run run.yaml --resume {run_id}" in out
+    assert not (tmp_path / "trainguard-data/work/runs" / run_id / "attempt-2").exists()
+
+
+def test_resume_refuses_a_run_whose_attempts_are_spent_and_says_how_to_allow_more(tmp_path):
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(tiny_spec("spent", retry={"max_attempts": 2})))
+    for attempt in (1, 2):
+        folder = tmp_path / "trainguard-data/evidence/runs/spent-0000aaaa" / f"attempt-{attempt}"
+        folder.mkdir(parents=True)
+        verdict = AttemptSummary(run_id="spent-0000aaaa", attempt=attempt, max_attempts=2, state="Failed",
+                                 category="nccl_error", retryable=True, decision={"retry": attempt < 2, "reason": "-"})
+        (folder / "verdict.json").write_text(json.dumps(verdict.to_dict()))
+
+    refused = cli_once(tmp_path, "run", "run.yaml", "--resume", "spent-0000aaaa")  # refused before any server starts
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "run spent-0000aaaa has used 2 of its 2 attempts; allow more with --max-attempts 3" in refused.stderr
+    assert "or start a new run" in refused.stderr
+
+
+def cli_once(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainguard.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
 
 
 def _children(pid: int) -> list[int]:
@@ -112,6 +184,7 @@ def test_kill_9_of_the_cli_leaves_nothing_running_and_resume_continues_the_run(t
     run_dir = next((tmp_path / "trainguard-data/work/runs").iterdir())
     report = json.loads((run_dir / "attempt-1/crash-report.json").read_text())
     assert report["supervisor_lost"] is True
+    left = max((run_dir / "checkpoints").glob("step-*.json"))  # the newest checkpoint attempt 1 left
 
     listed = subprocess.run([sys.executable, "-m", "trainguard.cli", "runs"], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
@@ -126,14 +199,20 @@ def test_kill_9_of_the_cli_leaves_nothing_running_and_resume_continues_the_run(t
     out, err = resumed.communicate(timeout=240)
 
     assert resumed.returncode == 0, out[-3000:] + err[-3000:]
-    assert f"resuming run {run_dir.name} at attempt 2, from" in out
+    lost = json.loads((tmp_path / "trainguard-data/evidence/runs" / run_dir.name / "attempt-1/verdict.json").read_text())
+    assert (lost["attempt"], lost["state"], lost["termination_reason"]) == (1, "Crashed", "Lost"), lost
+    assert lost["decision"]["retry"] is False and lost["decision"]["reason"].startswith("continued by `trainguard run")
+    second = json.loads((tmp_path / "trainguard-data/evidence/runs" / run_dir.name / "attempt-2/verdict.json").read_text())
+    assert (second["attempt"], second["state"]) == (2, "Completed")
+    assert Path(tmp_path, second["resumed_from"]).resolve() == left.resolve()
+    assert f"resuming run {run_dir.name} at attempt 2, from {second['resumed_from']}" in out
     assert "marked 2 flow run(s) the lost process left running as Crashed" in out  # the attempt and its parent
     with sqlite3.connect(tmp_path / "prefect-home" / "prefect.db") as db:  # the temporary server's own database
         states = db.execute("SELECT name, state_type FROM flow_run").fetchall()
     assert not [name for name, state in states if state in ("RUNNING", "PENDING")], states
     table = out[out.index(f"trainguard run {run_dir.name}"):]
     assert "Crashed" in table and "Completed" in table and "2/" in table
-    assert (tmp_path / "trainguard-data/evidence/runs" / run_dir.name / "attempt-1/verdict.json").is_file()
-    listed = subprocess.run([sys.executable, "-m", "trainguard.cli", "runs"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    listed = cli_once(tmp_path, "runs")
     assert run_dir.name in listed.stdout and "Completed" in listed.stdout and "lost" not in listed.stdout
+    again = cli_once(tmp_path, "run", "run.yaml", "--resume", run_dir.name)
+    assert again.returncode == 2 and f"run {run_dir.name} already completed on attempt 2" in again.stderr

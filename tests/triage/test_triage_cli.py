@@ -95,3 +95,19 @@ def test_help_and_refused_options_are_answered_by_the_full_command_parser() -> N
     helped, refused = cli("--help"), cli("-", "--no-such-option", stdin=b"x")
     assert helped.returncode == 0 and b"--exit-code" in helped.stdout and b"--explain" in helped.stdout
     assert refused.returncode == 2 and b"No such option" in refused.stderr
+
+
+def test_tokens_are_masked_and_terminal_sequences_leave_no_text_behind(tmp_path: Path) -> None:
+    token = "hf_" + "a" * 34
+    log = tmp_path / "train.log"
+    log.write_text(f"step 1\n\x1b]0;owned title\x07\x1b[31mRuntimeError: bad batch, token {token}\x1b[0m\n")
+    human = cli(str(log), "--exit-code", "1", "--explain")
+    as_json = cli(str(log), "--exit-code", "1", "--json", "--explain")
+    batch = cli("--jsonl", "-", stdin=json.dumps({"log": log.read_text(), "exit_code": 1}).encode() + b"\n")
+
+    for done in (human, as_json, batch):
+        out = done.stdout.decode()
+        assert done.returncode == 0, done.stderr
+        assert token not in out and "owned title" not in out and "\x1b" not in out and "\\u001b" not in out, out
+    assert "RuntimeError: bad batch, token ***" in human.stdout.decode()
+    assert json.loads(as_json.stdout)["signature"] == "RuntimeError: bad batch, token ***"

@@ -18,7 +18,7 @@ import click
 import typer
 
 from trainguard.cli.typer_app import app
-from trainguard.core import triage
+from trainguard.core import masking, triage
 
 _EMPTY = {k: None for k in ("category", "retryable", "rule_id", "signature", "line_number",
                             "rank", "remediation", "fingerprint", "strength", "weak")}
@@ -70,7 +70,7 @@ def classify_command(
         result = diagnosis.to_dict() if diagnosis else dict(_EMPTY)
         if explain:
             result.update(_explanation_fields(explanation))
-        print(json.dumps(result))
+        print(json.dumps(_for_people(result)))
         return
     _show(diagnosis)
     if explain:
@@ -190,7 +190,7 @@ def _batch(source: str, ruleset: triage.RuleSet, engine: str, explain: bool) -> 
             result.update(_explanation_fields(explanation))
         if "id" in record:
             result["id"] = record["id"]
-        out.write(json.dumps(result) + "\n")
+        out.write(json.dumps(_for_people(result)) + "\n")
         out.flush()
 
 
@@ -245,7 +245,7 @@ def _show(diagnosis: triage.Diagnosis | None) -> None:
     table = Table(show_header=False, box=None, pad_edge=False)
     # Log text can hold "[...]" that rich would read as markup: pass it as plain Text.
     table.add_row("category", Text.assemble((diagnosis.category.value, "bold"), " (", verdict, ")"))
-    table.add_row("evidence", Text(f"{where}: {diagnosis.signature}"))
+    table.add_row("evidence", Text(masking.for_people(f"{where}: {diagnosis.signature}")))
     table.add_row("rule", Text(diagnosis.rule_id))
     if diagnosis.weak:
         table.add_row("confidence", Text(
@@ -270,5 +270,20 @@ def _show_explanation(explanation: triage.Explanation) -> None:
         # Log text can hold "[...]" that rich would read as markup: pass it as plain Text.
         console.print(Text.assemble(
             "  ", (f"{e.strength:<11}", "bold"), f" {e.rule_id} -> {e.category}, {where}: ",
-            e.text))
-    console.print(Text.assemble(("why: ", "bold"), explanation.reason))
+            masking.for_people(e.text)))
+    console.print(Text.assemble(("why: ", "bold"), masking.for_people(explanation.reason)))
+
+
+def _for_people(value: Any) -> Any:
+    """A JSON-ready result with every string masked and stripped of terminal control sequences.
+
+    Other tools print what they read from here, so no secret and no escape sequence of the log
+    may pass through it.
+    """
+    if isinstance(value, str):
+        return masking.for_people(value)
+    if isinstance(value, dict):
+        return {key: _for_people(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_for_people(item) for item in value]
+    return value

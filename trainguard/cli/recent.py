@@ -1,8 +1,10 @@
 """`trainguard runs`: the recent runs in an evidence store and the work folder, with their last state.
 
 A run shows up once any of its attempts left evidence or a work folder; its last state is the
-newest attempt's verdict, or "lost" when that attempt was never judged (a killed process), with
-the command that continues it. Running anything belongs to ``trainguard run``.
+newest attempt's verdict, "running" while the process that supervises it is alive (its pid and
+start time in ``process.json``), or "lost" when that attempt was never judged and nothing runs it
+(a killed process), with the command that continues it. Running anything belongs to
+``trainguard run``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from rich.table import Table
 
 from trainguard.cli.typer_app import app
 from trainguard.cli.output import console, fail, plain
-from trainguard.core import manifest, recovery
+from trainguard.core import manifest, orphans, recovery
 from trainguard.core.stores import EvidenceNotFound, EvidenceStore, LocalEvidenceStore
 
 _RUN = re.compile(r"^runs/([^/]+)/attempt-(\d+)/")
@@ -39,9 +41,11 @@ def runs(
         table.add_column(column, overflow="fold")
     for run_id, (attempts, changed) in sorted(found.items(), key=lambda item: item[1][1], reverse=True)[:limit]:
         last = recovery.verdict(store, run_id, attempts[-1]) if store else None
-        state = last.state if last else "lost"
+        pid = orphans.live_supervisor(work / "runs" / run_id / f"attempt-{attempts[-1]}" / "process.json")
+        state = "running" if pid else last.state if last else "lost"
         category = (last.category or "-") if last else "-"
-        nxt = str(last.decision.get("reason", "-")) if last else f"trainguard run SPEC --resume {run_id}"
+        nxt = (f"attempt {attempts[-1]} runs under pid {pid}" if pid else str(last.decision.get("reason", "-"))
+               if last else f"trainguard run SPEC --resume {run_id}")
         table.add_row(plain(run_id), str(len(attempts)), plain(state), plain(category),
                       _when(changed), plain(nxt))
     console.print(table)

@@ -12,7 +12,7 @@ import typer
 from trainguard.cli.typer_app import app
 from trainguard.cli.output import attempts_table, console, fail, plain, say
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.spec import SpecError, TrainingSpec, load_spec, parse_spec
+from trainguard.core.spec import RetrySpec, SpecError, TrainingSpec, load_spec, parse_spec
 
 
 _STORAGE_LINES = 4
@@ -27,6 +27,8 @@ def run(
     rules: Path | None = typer.Option(None, help="Your own triage rule file, layered over the shipped rules."),
     deployment: str | None = typer.Option(None, help="Submit to this train-attempt deployment instead of running here."),
     resume: str | None = typer.Option(None, help="Continue this run id: judge what its lost attempt left, then go on."),
+    max_attempts: int | None = typer.Option(None, min=1, max=100, help="Attempts the run may use in all (the spec's "
+                                            "retry.max_attempts); raise it to --resume a run that used its budget."),
     kubeconfig: Path | None = typer.Option(None, help="Run on this cluster as Kubernetes Jobs, without a saved block."),
     context: str | None = typer.Option(None, help="With --kubeconfig: the kubeconfig context."),
     namespace: str | None = typer.Option(None, help="With --kubeconfig: the namespace (default: default)."),
@@ -37,6 +39,9 @@ def run(
         spec = load_spec(spec_file)
     except SpecError as exc:
         fail(str(exc))
+    if max_attempts is not None:
+        retry = (spec.retry or RetrySpec()).model_copy(update={"max_attempts": max_attempts})
+        spec = spec.model_copy(update={"retry": retry})
     if rules is not None and not rules.is_file():
         fail(f"--rules: no such file {rules}; pass the path of a YAML rule file")
     backend = backend or spec.backend
@@ -75,6 +80,8 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
     from trainguard.core.attempt import new_run_id
 
     resume, spec_file = blocks.pop("resume", None), blocks.pop("spec_file", None)
+    if resume:  # refused before a server is started for nothing
+        settle.check_resume(spec, resume, blocks)
     try:
         start_temporary_server()
     except (RuntimeError, OSError) as exc:

@@ -8,6 +8,7 @@ server as soon as the CLI is gone, however it went. Nothing else about running f
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -49,7 +50,15 @@ def start_temporary_server() -> int | None:
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()  # the same instance Prefect's client would start on first use
-    server.start()
+    # A terminal's Ctrl-C signals the whole foreground process group, the server too: it would shut
+    # down while the CLI still records the stopped attempt through it. The server starts with SIGINT
+    # blocked (a child inherits the signal mask, and uvicorn never unblocks it); it still ends on
+    # SIGTERM, from Prefect at exit or from the watchdog.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        server.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     if server.server_process is None:
         return None
     pid = server.server_process.pid

@@ -49,35 +49,67 @@ def stopped(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], signum: int
     backend, store, max_attempts, rules = _context(spec, blocks)
     attempts = recovery.attempts_of(backend, store, run_id)
     summaries = [s for a in attempts[:-1] if (s := recovery.verdict(store, run_id, a))]
+    outcome = f"attempt {attempts[-1] if attempts else 1} recorded as {category}"
     if attempts:
         last = recovery.verdict(store, run_id, attempts[-1])
-        if last is None or last.decision.get("retry"):
+        if last is None:  # the attempt that was running: the stop is how it ended
             last = recovery.settle(
                 backend, store, run_id, attempts[-1], max_attempts=max_attempts, gpus=spec.gpus,
                 next_step=f"stopped, not retried here; resume with `{how}`", rules=rules,
                 stopped={"category": category, "rule_id": rule_id, "signature": signature,
                          "remediation": f"resume with `{how}`"},
             )
+        elif last.decision.get("retry"):  # stopped during the backoff: attempt N had ended on its own
+            last = recovery.retry_not_made(
+                store, last, f"attempt {attempts[-1] + 1} was not started: {signature} during the backoff; "
+                f"resume with `{how}`")
+            outcome = (f"attempt {last.attempt} keeps its verdict ({last.category or 'unknown'}); "
+                       f"attempt {last.attempt + 1} was not started")
         summaries.append(last)
     console.print()
     console.print(attempts_table(summaries, title=f"trainguard run {run_id}"))
-    say(f"Stopped: {signature}; attempt {attempts[-1] if attempts else 1} recorded as {category}.")
+    say(f"Stopped: {signature}; {outcome}.")
     say(f"resume with: {how}")
     raise typer.Exit(128 + signum)
 
 
-def plan_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], spec_file: Path | None) -> dict[str, Any]:
-    """Settle what the lost run left, and say where it continues: {"attempt", "resume_from", "history"}."""
-    backend, store, max_attempts, rules = _context(spec, blocks)
+def check_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any]) -> list[int]:
+    """Refuse, in one line, a resume that must not happen; return the run's attempt numbers.
+
+    Not a run that is still alive (its supervisor's pid and start time in ``process.json``), not a
+    completed run, not a run whose attempt budget is spent.
+    """
+    backend, store, max_attempts, _ = _context(spec, blocks)
     try:
         attempts = recovery.attempts_of(backend, store, run_id)
     except ValueError as exc:
         fail(f"--resume: {exc}")
     if not attempts:
         fail(f"--resume: no attempt of run {run_id!r} in the work or evidence folders; check the run id")
+    if pid := recovery.live_supervisor(backend, run_id, attempts[-1]):
+        fail(f"--resume: run {run_id} is still running (attempt {attempts[-1]}, supervised by pid {pid}); "
+             f"stop it first (kill -TERM {pid}) or let it finish")
+    last = recovery.verdict(store, run_id, attempts[-1])
+    if last is not None and last.succeeded:
+        fail(f"--resume: run {run_id} already completed on attempt {last.attempt}; start a new run without --resume")
+    if attempts[-1] >= max_attempts:
+        fail(f"--resume: run {run_id} has used {attempts[-1]} of its {max_attempts} attempts; allow more with "
+             f"--max-attempts {attempts[-1] + 1} (or retry.max_attempts in the spec), or start a new run")
+    return attempts
+
+
+def plan_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], spec_file: Path | None) -> dict[str, Any]:
+    """Settle what the lost run left, and say where it continues: {"attempt", "resume_from", "history"}."""
+    from trainguard.core.backend import StopsOrphans
+
+    attempts = check_resume(spec, run_id, blocks)
+    backend, store, max_attempts, rules = _context(spec, blocks)
     history: list[AttemptSummary] = []
     for attempt in attempts:
         found = recovery.verdict(store, run_id, attempt)
+        if found is None and isinstance(backend, StopsOrphans):  # nothing of it may run beside the next attempt
+            if stopped_note := backend.stop_orphan(backend.provision(run_id, attempt)):
+                say(f"attempt {attempt}: {stopped_note}")
         if found is None:  # the attempt the lost process never judged: collect and classify it now
             found = recovery.settle(backend, store, run_id, attempt, max_attempts=max_attempts, gpus=spec.gpus,
                                     next_step=f"continued by `{resume_command(spec_file, run_id)}`", rules=rules)

@@ -328,6 +328,7 @@ def _kill_group(pgid: int) -> None:
 def _write_process_record(workspace: AttemptWorkspace, pid: int, started_at: datetime) -> None:
     payload = {"format": 1, "entrypoint_pid": pid, "process_group": pid, "host": os.uname().nodename,
                "start_ticks": process_start_ticks(pid), "supervisor_pid": os.getpid(),
+               "supervisor_start_ticks": process_start_ticks(os.getpid()),
                "started_at": started_at.isoformat()}
     try:
         write_json_atomic(workspace.process_path, payload)

@@ -7,6 +7,7 @@ attempt's folder is on this machine, so the flow reads its files directly.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from collections.abc import Mapping
@@ -16,10 +17,10 @@ from typing import ClassVar
 
 from trainguard.core import evidence, orphans
 from trainguard.core.backend import AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, container_env
-from trainguard.core.local import LocalProcessRunner, ProcessOutcome
+from trainguard.core.local import TAIL_LINES, LocalProcessRunner, ProcessOutcome
 from trainguard.core.manifest import attempt_prefix
 from trainguard.core.stores import EvidenceStore
-from trainguard.core.triage.signals import Signals
+from trainguard.core.triage.signals import LogSource, Signals
 from trainguard.core.workspace import AttemptWorkspace, run_checkpoint_dir
 
 KIND = "local"
@@ -65,12 +66,11 @@ class LocalBackend:
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
         log = Path(outcome.log_path) if outcome.log_path else self.workspace(ref).log_path
-        # no log path with a tail: the log file is incomplete (a full disk), the runner's tail is not
-        use_tail = outcome.log_tail and (outcome.log_path is None or not log.exists())
-        return Signals(
-            exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
-            events=outcome.events, log=outcome.log_tail if use_tail else (log if log.exists() else None),
-        )
+        source: LogSource = log if log.exists() else None
+        if outcome.log_tail:  # the log file is incomplete (a full disk): what it holds, then the runner's tail
+            source = io.BufferedReader(PartialLogThenTail(log, outcome.log_tail)) if log.exists() else outcome.log_tail
+        return Signals(exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
+                       events=outcome.events, log=source)
 
     def checkpoints(self, run_id: str) -> list[str]:
         folder = run_checkpoint_dir(self.work_root, run_id)
@@ -96,3 +96,54 @@ def outcome_of(result: ProcessOutcome) -> AttemptOutcome:
         log_tail="\n".join(result.output_tail) if result.log_incomplete or not result.log_path.exists() else "",
         storage_problems=result.storage_problems,
     )
+
+
+class PartialLogThenTail(io.RawIOBase):
+    """An incomplete log file read to its end, then the lines of the runner's tail it does not hold.
+
+    A full disk cuts the log file short while the runner's in-memory tail keeps the last lines
+    printed: the evidence that decides the verdict may sit in either (an early traceback in the
+    file, the last error in the tail), so triage reads both, in order, in bounded memory. Where
+    the file's last complete lines open the tail, they are not read twice.
+    """
+
+    _OVERLAP_WINDOW = 1 << 20  # the file's last MiB: more than the tail's lines ever span
+
+    def __init__(self, path: Path, tail: str) -> None:
+        super().__init__()
+        self._file: io.BufferedReader | None = path.open("rb")
+        self._rest = _tail_after(self._file, tail.splitlines()).encode("utf-8", "replace")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        if self._file is not None:
+            count = self._file.readinto(buffer)
+            if count:
+                return count
+            self._file.close()
+            self._file = None
+        chunk, self._rest = self._rest[:len(buffer)], self._rest[len(buffer):]
+        buffer[:len(chunk)] = chunk
+        return len(chunk)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        super().close()
+
+
+def _tail_after(file: io.BufferedReader, tail: list[str]) -> str:
+    """The tail's lines after those the file already ends with, as text to read after the file."""
+    size = file.seek(0, io.SEEK_END)
+    file.seek(max(0, size - PartialLogThenTail._OVERLAP_WINDOW))
+    window = file.read()
+    file.seek(0)
+    complete = window.endswith(b"\n")
+    lines = window.decode("utf-8", "replace").splitlines()[1 if size > len(window) else 0:]
+    held = (lines if complete else lines[:-1])[-TAIL_LINES:]
+    overlap = next((k for k in range(min(len(held), len(tail)), 0, -1) if held[-k:] == tail[:k]), 0)
+    rest = tail[overlap:]
+    return ("" if complete or not window else "\n") + "".join(f"{line}\n" for line in rest)

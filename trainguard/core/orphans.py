@@ -53,6 +53,21 @@ def _record(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("entrypoint_pid"), int) else None
 
 
+def live_supervisor(process_record: Path) -> int | None:
+    """The pid of the process that supervises the attempt, if it still runs on this host; else None.
+
+    The supervisor (the flow process that started the entrypoint) is trusted alive only by its pid
+    together with its start time, so a reused pid never makes a dead run look alive.
+    """
+    record = _record(process_record)
+    if record is None or record.get("host") not in (None, os.uname().nodename):
+        return None
+    pid, ticks = record.get("supervisor_pid"), record.get("supervisor_start_ticks")
+    if not isinstance(pid, int) or not isinstance(ticks, int):
+        return None
+    return pid if process_start_ticks(pid) == ticks else None
+
+
 def stop_leftover(
     process_record: Path, grace_seconds: float, *, sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,

@@ -10,13 +10,14 @@ and deciding retries belong to the flows; no Prefect here.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainguard.core import masking, triage
+from trainguard.core import masking, orphans, triage
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backend import ERROR, AttemptOutcome, AttemptRef, Backend
 from trainguard.core.manifest import attempts_in_store, read_manifest, record_verdict, release_space, storage_failures
@@ -37,6 +38,14 @@ def attempts_of(backend: Backend, store: EvidenceStore, run_id: str) -> list[int
         if run_dir.is_dir():
             found |= {int(m.group(1)) for p in run_dir.iterdir() if (m := _ATTEMPT_DIR.match(p.name))}
     return sorted(found)
+
+
+def live_supervisor(backend: Backend, run_id: str, attempt: int) -> int | None:
+    """The pid of the `trainguard run` (or worker) still supervising the attempt on this host, if any."""
+    work_root = getattr(backend, "work_root", None)
+    if not isinstance(work_root, Path):
+        return None  # a platform that runs attempts elsewhere: its own records say whether they live
+    return orphans.live_supervisor(work_root / "runs" / validate_run_id(run_id) / f"attempt-{attempt}" / "process.json")
 
 
 def verdict(store: EvidenceStore, run_id: str, attempt: int) -> AttemptSummary | None:
@@ -136,3 +145,23 @@ def settle(
     problem = record_verdict(store, run_id, attempt, data, "cli", datetime.now(UTC).isoformat())
     release_space(store, run_id, attempt)  # set aside by the process that was lost
     return summary.with_storage_problems(*storage_failures(manifest), problem)
+
+
+def retry_not_made(store: EvidenceStore, summary: AttemptSummary, why: str) -> AttemptSummary:
+    """Record on a judged attempt that the retry its decision planned was never made.
+
+    The attempt keeps its own verdict (category, signature, budget): a stop that lands during the
+    backoff ended no training, so it must not be taken for how this attempt ended. Only the decision
+    changes: no retry, ``why`` as its reason, and the planned one kept as ``planned``.
+
+    Args:
+        store: Where the attempt's verdict is kept.
+        summary: The attempt's recorded verdict, whose decision was to retry.
+        why: What stopped the retry and how to continue the run.
+    """
+    planned = summary.decision.get("reason")
+    decision = {**summary.decision, "retry": False, "reason": why, "planned": planned}
+    changed = replace(summary, decision=decision)
+    data = json.dumps(changed.to_dict(), indent=2).encode("utf-8")
+    problem = record_verdict(store, summary.run_id, summary.attempt, data, "cli", datetime.now(UTC).isoformat())
+    return changed.with_storage_problems(problem)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trainguard.core import masking, policy
 from trainguard.core.taxonomy import Category
+from trainguard_entrypoint.redact import MIN_MASKED_LENGTH, redact_argv
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -151,6 +152,12 @@ class TrainingSpec(BaseModel):
                 raise ValueError(f"argument {index} is empty; remove it, or quote the value it was meant to hold")
             if "\0" in argument:
                 raise ValueError(f"argument {index} contains a NUL byte, which no command line can hold")
+        if (secret := _secret_argument(value)) is not None:
+            raise ValueError(
+                f"argument {secret} looks like a secret, and the command is stored in clear as a flow-run parameter; "
+                "pass it as secret_env: {NAME: <Prefect Secret block name>} or {NAME: 'env:VARIABLE'} and have "
+                "the command read the variable NAME"
+            )
         return value
 
     @field_validator("env")
@@ -182,6 +189,27 @@ class TrainingSpec(BaseModel):
                     "dashes) nor 'env:NAME' for a variable of the worker's environment"
                 )
         return value
+
+
+def _secret_argument(argv: list[str]) -> int | None:
+    """The index of the first argument that would be masked in what trainguard shows, if any.
+
+    The same line as for env values: a value ``redact_argv`` hides after a secret-named flag counts
+    from `MIN_MASKED_LENGTH` characters on (``--sort-key loss`` is no secret), and anything the
+    masker changes by shape (tokens, URL passwords, ``PASSWORD=…``) counts whatever its length.
+    """
+    masker = masking.Masker()
+    for index, (argument, shown) in enumerate(zip(argv, redact_argv(argv), strict=True)):
+        if masker.mask(argument) != argument:
+            return index
+        if shown == argument:
+            continue
+        hidden = argument if shown == masking.REDACTED else argument.partition("=")[2]
+        if shown not in (masking.REDACTED, f"{argument.partition('=')[0]}={masking.REDACTED}"):
+            return index  # a URL password
+        if len(hidden) >= MIN_MASKED_LENGTH:
+            return index
+    return None
 
 
 def _check_variable_name(name: str) -> None:

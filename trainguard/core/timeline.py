@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import PurePath
 
-from trainguard.core import masking
+from trainguard.core import masking, report
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.progress import checkpoint_step
 
@@ -53,7 +53,7 @@ def _timeline(summaries: Sequence[AttemptSummary]) -> list[str]:
         resumed = md_text(PurePath(s.resumed_from).name, 80) if s.resumed_from else "(start)"
         then = _then(s)
         rows.append(
-            f"| {s.attempt}/{s.max_attempts} | {md_text(s.flow_run_name or s.flow_run_id or '-', 80)} | "
+            f"| {s.attempt}/{report.budget(s)} | {md_text(s.flow_run_name or s.flow_run_id or '-', 80)} | "
             f"**{md_text(s.state, 20)}** | {md_text(s.category or '-', 40)} | {s.duration_seconds:.1f} s | "
             f"{s.gpu_seconds:.0f} ({wasted_gpu_seconds(s):.0f}) | {resumed} | {then} |"
         )

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 MAX_SIGNATURE_CHARS = 300
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+# CSI (colours), OSC (window titles, hyperlinks: their text is no log text) and two-byte escapes.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 # CRI log format: RFC3339Nano timestamp, stream, partial/full tag.
 _CRI = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) (?:stdout|stderr) [FP] ")
 # One prefix layer at a time; they stack in any order ("[80746] [rank0]:[E321 ...]").
