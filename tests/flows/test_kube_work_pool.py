@@ -123,17 +123,17 @@ def test_an_evicted_flow_pod_ends_its_attempt_as_preempted_with_exactly_one_next
     pod: an eviction reschedules the same flow run. Whether its engine ended the attempt first or the
     run starts again and settles it, the next attempt is scheduled once, under one idempotency key."""
     api = _namespace(sim)
-    spec = tiny("k-evict", "--fail-after-steps", "12", "--failure", "hang", "--fail-on-attempt", "1")
+    spec = tiny("k-pool-evict", "--fail-after-steps", "12", "--failure", "hang", "--fail-on-attempt", "1")
     env = {"PYTHONUNBUFFERED": "1", "TRAINGUARD_PROJECT_DIR": str(ROOT)}
-    run = run_deployment("train-attempt/kubernetes", timeout=0, tags=["trainguard-run:k-evict-1"],
-                         job_variables={"env": env}, parameters={"spec": spec, "run_id": "k-evict-1", **_blocks(tmp_path)})
-    training = wait_for(lambda: pod_of(api, NAMESPACE, "k-evict-1", 1), 240, "attempt 1's training pod")
+    run = run_deployment("train-attempt/kubernetes", timeout=0, tags=["trainguard-run:k-pool-evict-1"],
+                         job_variables={"env": env}, parameters={"spec": spec, "run_id": "k-pool-evict-1", **_blocks(tmp_path)})
+    training = wait_for(lambda: pod_of(api, NAMESPACE, "k-pool-evict-1", 1), 240, "attempt 1's training pod")
     wait_for(lambda: b"injecting failure 'hang'" in api.read_pod_log(NAMESPACE, training), 120, "training to hang")
     flow_pod = wait_for(lambda: _flow_pod(api, run.id), 30, "the flow pod")
     flow_job = api.read_pod(NAMESPACE, flow_pod)["metadata"]["ownerReferences"][0]["name"]
     api.core.create_namespaced_pod_eviction(flow_pod, NAMESPACE, {"metadata": {"name": flow_pod, "namespace": NAMESPACE}})
 
-    runs = wait_for(lambda: (rs := attempt_runs("k-evict-1")) and len(rs) >= 2 and all(r.state.is_final() for r in rs) and rs,
+    runs = wait_for(lambda: (rs := attempt_runs("k-pool-evict-1")) and len(rs) >= 2 and all(r.state.is_final() for r in rs) and rs,
                     300, "the evicted attempt and its successor to end")
     lineage = [(r.name, r.parameters.get("attempt"), r.state.name, r.run_count) for r in runs]
     assert len(runs) == 2, lineage  # the successor has ended: any second one was scheduled before it
@@ -142,7 +142,7 @@ def test_an_evicted_flow_pod_ends_its_attempt_as_preempted_with_exactly_one_next
     assert "preempted" in (lost.state.message or ""), lost.state.message
     assert done.parameters["attempt"] == 2 and done.parameters["parent_flow_run_id"] == str(run.id), lineage
     assert done.state.is_completed(), lineage
-    assert done.parameters["resume_from"] == "/trainguard/checkpoints/k-evict-1/step-000010.json"
+    assert done.parameters["resume_from"] == "/trainguard/checkpoints/k-pool-evict-1/step-000010.json"
     assert [h["category"] for h in done.parameters["history"]] == ["preempted"]
     # podReplacementPolicy: Failed, so the evicted pod's Job made no second pod running the same flow
     # run beside the worker's new one while the first still stopped (Kubernetes' default would)
@@ -150,9 +150,9 @@ def test_an_evicted_flow_pod_ends_its_attempt_as_preempted_with_exactly_one_next
     assert [e["reason"] for e in created["items"]].count("SuccessfulCreate") == 1
 
     evidence = tmp_path / "evidence"
-    assert '"category": "preempted"' in (attempt_dir(evidence, "k-evict-1", 1) / "verdict.json").read_text()
-    logs = [p.read_bytes() for p in attempt_dir(evidence, "k-evict-1", 1).rglob("*.log")]
+    assert '"category": "preempted"' in (attempt_dir(evidence, "k-pool-evict-1", 1) / "verdict.json").read_text()
+    logs = [p.read_bytes() for p in attempt_dir(evidence, "k-pool-evict-1", 1).rglob("*.log")]
     assert any(b"injecting failure 'hang'" in text for text in logs), "the evicted attempt's evidence was kept"
-    logs = [p.read_text(errors="replace") for p in attempt_dir(evidence, "k-evict-1", 2).rglob("*.log")]
+    logs = [p.read_text(errors="replace") for p in attempt_dir(evidence, "k-pool-evict-1", 2).rglob("*.log")]
     assert any("attempt 2: resumed from step 10" in text for text in logs)
-    assert pod_of(api, NAMESPACE, "k-evict-1", 1) is None, "attempt 1's hanging training was stopped"
+    assert pod_of(api, NAMESPACE, "k-pool-evict-1", 1) is None, "attempt 1's hanging training was stopped"
