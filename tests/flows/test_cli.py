@@ -36,7 +36,7 @@ def trainguard(*args: str, cwd: Path, api_url: str | None = None) -> subprocess.
         ({"name": "bad", "command": ["python"], "deadline_seconds": float("inf")}, "deadline_seconds: must be a finite"),
         ({"name": "bad", "command": ["python"], "env": {"BIG": "x" * 300_000}}, "env: the spec is 300,"),
         ({"name": "bad", "command": ["python"], "env": {"HF_TOKEN": "hf_" + "a" * 34}}, "env: HF_TOKEN: looks like a secret"),
-        ({"name": "bad", "command": ["python"], "secret_env": {"HF_TOKEN": "Not A Block"}}, "secret_env: HF_TOKEN:"),
+        ({"name": "bad", "command": ["python"], "secret_env": {"HF_TOKEN": "Not A Block"}}, "secret_env: entry HF_TOKEN:"),
     ],
 )
 def test_a_malformed_spec_gives_one_line_naming_the_field_exits_non_zero_and_writes_nothing(tmp_path, spec, field):

@@ -25,7 +25,7 @@ from waiting import wait_for
 from blocks.evidence import S3EvidenceStore
 from flows.run import training_run
 from trainguard.cli import app
-from trainguard.core import bundles
+from trainguard.core import bundles, s3 as s3_client
 from trainguard.core.manifest import read_manifest
 from trainguard.core.retention import OUTCOME_TAG
 from trainguard.core.spec import parse_spec
@@ -58,6 +58,9 @@ def test_an_attempts_bundle_round_trips_through_s3_with_checksums_links_and_no_s
     blocks, s3, tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setenv("AWS_SESSION_TOKEN", SESSION_TOKEN)  # temporary credentials, as under STS or IRSA
+    # The store's boto3 session resolves the credential chain once per process, as a worker's does; an
+    # earlier test in this process resolved it without a session token, so this one starts a fresh session.
+    monkeypatch.setattr(s3_client, "_SESSION", None)
     monkeypatch.setenv("TG_TEST_WANDB_API_KEY", SECRET)  # where a worker holds it; the spec only names it
     reference, block = _s3_block(s3, tmp_path)
     spec = tiny_spec("s3-round-trip", "--fail-at-step", "35", secret_env={"WANDB_API_KEY": "env:TG_TEST_WANDB_API_KEY"},

@@ -182,10 +182,11 @@ class TrainingSpec(BaseModel):
             _check_variable_name(name)
             variable = reference.removeprefix("env:")
             if reference.startswith("env:") and not _VARIABLE.match(variable):
-                raise ValueError(f"{name}: {reference!r} does not name a variable; write 'env:NAME', e.g. 'env:HF_TOKEN'")
+                raise ValueError(f"entry {name}: {reference!r} does not name a variable; write 'env:NAME', e.g. 'env:HF_TOKEN'")
             if not reference.startswith("env:") and not _SECRET_BLOCK.match(reference):
                 raise ValueError(
-                    f"{name}: {reference!r} is neither a Prefect Secret block name (lowercase letters, digits, "
+                    # "entry": what trainguard shows is masked, and `secret_env: NAME` reads as an assignment
+                    f"entry {name}: {reference!r} is neither a Prefect Secret block name (lowercase letters, digits, "
                     "dashes) nor 'env:NAME' for a variable of the worker's environment"
                 )
         return value
