@@ -1,4 +1,4 @@
-"""Small file helpers the entrypoint shares: atomic JSON writes, UTC timestamps, reading a log tail.
+"""Small file helpers the entrypoint shares: atomic JSON writes and reads, UTC timestamps, a log tail.
 
 Nothing here knows about snapshots or reports; it only makes writing them safe.
 """
@@ -43,6 +43,15 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     """Write ``payload`` as indented UTF-8 JSON to ``path`` atomically."""
     text = json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n"
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when it is absent, unreadable or not an object."""
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return payload if isinstance(payload, dict) else None
 
 
 def read_tail_lines(path: Path, max_lines: int, max_bytes: int = 256 * 1024) -> list[str]:

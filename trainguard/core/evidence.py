@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard_entrypoint.checkpoints import list_checkpoints
-from trainguard_entrypoint.files import read_tail_lines
+from trainguard_entrypoint.files import read_json_object, read_tail_lines
 
 from trainguard.core import masking
 from trainguard.core.manifest import Manifest, ManifestItem, MissingItem, attempt_prefix, store_manifest
@@ -131,14 +131,6 @@ class Collector:
             self.absent(name, source, f"could not collect: {type(exc).__name__}: {exc}")
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return payload if isinstance(payload, dict) else None
-
-
 def _files(folder: Path) -> Iterator[tuple[str, Path]]:
     """(relative "/"-name, path) of every file under ``folder``, in a stable order."""
     for current, dirnames, filenames in os.walk(folder):
@@ -202,7 +194,7 @@ def _collect_snapshots(c: Collector, ws: AttemptWorkspace, why_absent: str) -> N
         if expected not in found:
             c.absent(expected, ENTRYPOINT, f"not written: {why_absent}")
     for phase in ("gpu-before", "gpu-after"):
-        index = _read_json(ws.snapshot_dir / phase / "index.json") or {}
+        index = read_json_object(ws.snapshot_dir / phase / "index.json") or {}
         for absent in index.get("absent", []):
             if isinstance(absent, dict):
                 c.absent(f"snapshot/{phase}/{absent.get('name')}", ENTRYPOINT, str(absent.get("reason")))
@@ -314,8 +306,8 @@ def collect_local_evidence(
     """
     masker = masker or masking.current()
     c = Collector(store, attempt_prefix(workspace.run_id, workspace.attempt), now)
-    crash = _read_json(workspace.crash_report_path)
-    runner = _read_json(workspace.runner_report_path)
+    crash = read_json_object(workspace.crash_report_path)
+    runner = read_json_object(workspace.runner_report_path)
     why_absent = (
         _no_crash_report_reason(runner, write_failures) if crash is None
         else "the entrypoint could not write it (see the crash report's problems)"

@@ -10,7 +10,6 @@ collection is ``evidence``'s.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -28,7 +27,7 @@ from typing import IO, Any
 import trainguard_entrypoint
 from trainguard_entrypoint import ORIGINAL_PYTHONPATH
 from trainguard_entrypoint.coredumps import signal_name
-from trainguard_entrypoint.files import write_json_atomic
+from trainguard_entrypoint.files import read_json_object, write_json_atomic
 from trainguard_entrypoint.redact import redact_argv
 
 from trainguard.core import masking
@@ -338,11 +337,8 @@ def _write_process_record(workspace: AttemptWorkspace, pid: int, started_at: dat
 
 def _crash_report(workspace: AttemptWorkspace, entrypoint_pid: int) -> dict[str, Any] | None:
     """The entrypoint's crash report, if this very entrypoint process wrote it."""
-    try:
-        payload = json.loads(workspace.crash_report_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(payload, dict) or payload.get("entrypoint_pid") != entrypoint_pid:
+    payload = read_json_object(workspace.crash_report_path)
+    if payload is None or payload.get("entrypoint_pid") != entrypoint_pid:
         return None  # absent, or left over from an earlier launch into the same folder
     return payload
 

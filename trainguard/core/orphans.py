@@ -11,7 +11,6 @@ a reused pid is never signalled. Starting processes does not belong here (`local
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -19,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trainguard_entrypoint.files import read_json_object
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,8 @@ def process_start_ticks(pid: int) -> int | None:
 
 
 def _record(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("entrypoint_pid"), int) else None
+    data = read_json_object(path)
+    return data if data is not None and isinstance(data.get("entrypoint_pid"), int) else None
 
 
 def live_supervisor(process_record: Path) -> int | None:

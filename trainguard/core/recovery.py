@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from trainguard_entrypoint.files import read_json_object
+
 from trainguard.core import masking, orphans, triage
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backend import ERROR, AttemptOutcome, AttemptRef, Backend
@@ -57,19 +59,11 @@ def verdict(store: EvidenceStore, run_id: str, attempt: int) -> AttemptSummary |
     return AttemptSummary.from_dict(data) if isinstance(data, dict) else None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def lost_outcome(ref: AttemptRef) -> AttemptOutcome:
     """How the attempt ended, from what it left in its folder (runner.json, else the crash report)."""
     root = Path(ref.workspace) if ref.workspace else None
-    runner = _read_json(root / "runner.json") if root else {}
-    crash = _read_json(root / "crash-report.json") if root else {}
+    runner = (read_json_object(root / "runner.json") or {}) if root else {}
+    crash = (read_json_object(root / "crash-report.json") or {}) if root else {}
     source = runner or crash
     if not source:
         return AttemptOutcome(None, None, LOST, "the attempt left no account of how it ended; its supervisor was lost")
@@ -85,7 +79,7 @@ def lost_outcome(ref: AttemptRef) -> AttemptOutcome:
 
 
 def _resumed_from(ref: AttemptRef) -> str | None:
-    env = _read_json(Path(ref.workspace) / "snapshot" / "env.json") if ref.workspace else {}
+    env = (read_json_object(Path(ref.workspace) / "snapshot" / "env.json") or {}) if ref.workspace else {}
     variables = env.get("variables") if isinstance(env.get("variables"), dict) else env
     value = variables.get("TRAINGUARD_RESUME_FROM") if isinstance(variables, dict) else None
     return str(value) if value else None

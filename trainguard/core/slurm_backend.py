@@ -10,7 +10,6 @@ job's shape is ``slurm_job``'s; the commands are ``slurm``'s; earlier attempts' 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -20,14 +19,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainguard_entrypoint.files import write_json_atomic
+from trainguard_entrypoint.files import read_json_object, write_json_atomic
 
 from trainguard.core import evidence, slurm, slurm_continuation, slurm_evidence, slurm_job
 from trainguard.core.backend import (
     CANCELLED, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, container_env,
 )
 from trainguard.core.slurm import JobInfo, JobNotFound, SlurmClient, SlurmError, SlurmUnavailable, TERMINAL_STATES
-from trainguard.core.slurm_continuation import JOB_RECORD, read_json
+from trainguard.core.slurm_continuation import JOB_RECORD
 from trainguard.core.slurm_tail import LogTail
 from trainguard.core.stores import EvidenceStore
 from trainguard.core.triage.signals import Signals
@@ -157,15 +156,11 @@ class SlurmBackend:
 
     def recorded_job_id(self, ws: AttemptWorkspace) -> str | None:
         """The job id this attempt's folder records, if a job was submitted for it."""
-        try:
-            record = json.loads((ws.root / JOB_RECORD).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        job_id = record.get("job_id") if isinstance(record, dict) else None
+        job_id = (read_json_object(ws.root / JOB_RECORD) or {}).get("job_id")
         return job_id if isinstance(job_id, str) and job_id.isdigit() else None
 
     def _adoptable(self, ws: AttemptWorkspace, launch: Launch) -> str | None:
-        record = read_json(ws.root / JOB_RECORD)
+        record = read_json_object(ws.root / JOB_RECORD)
         origin = slurm_continuation.job_attempt(record, launch.attempt)  # a continued job keeps its first name
         name = slurm_job.job_name(launch.run_id, origin)
         recorded = self.recorded_job_id(ws)
@@ -223,7 +218,7 @@ class SlurmBackend:
     def _record(self, ws: AttemptWorkspace, job_id: str, *, adopted: bool, options: list[str] | None = None,
                 job_attempt: int | None = None) -> None:
         path = ws.root / JOB_RECORD
-        loaded = read_json(path) or {}
+        loaded = read_json_object(path) or {}
         previous: dict[str, Any] = loaded if loaded.get("job_id") == job_id else {}
         origin = job_attempt or slurm_continuation.job_attempt(previous, ws.attempt)
         record = {**previous, "job_id": job_id, "job_name": slurm_job.job_name(ws.run_id, origin)}
@@ -296,7 +291,7 @@ class SlurmBackend:
         self._write_runner(ws, job_id, None, slurm_job.UNREACHABLE, message)
         event = {"type": "Warning", "reason": slurm_job.UNREACHABLE, "message": message,
                  "involvedObject": {"kind": "SlurmJob", "name": job_id or slurm_job.job_name(ws.run_id, ws.attempt)}}
-        crash = read_json(ws.crash_report_path)  # the job may have ended and reported before the controller went
+        crash = read_json_object(ws.crash_report_path)  # the job may have ended and reported before the controller went
         exit_code, sig = slurm_job.exit_status(crash, None)
         return AttemptOutcome(exit_code=exit_code, signal=sig, reason=slurm_job.UNREACHABLE, message=message,
                               started_at=started.isoformat(), finished_at=datetime.now(UTC).isoformat(),
@@ -312,7 +307,7 @@ class SlurmBackend:
 
     def _outcome(self, ws: AttemptWorkspace, job_id: str, stopped_for: str | None, started: datetime) -> AttemptOutcome:
         info = self._final_info(ws, job_id)
-        crash = read_json(ws.crash_report_path)
+        crash = read_json_object(ws.crash_report_path)
         exit_code, sig = slurm_job.exit_status(crash, info)
         state = info.state if info is not None else "UNKNOWN"
         signalled = (ws.root / slurm_job.SIGNAL_MARKER).exists()

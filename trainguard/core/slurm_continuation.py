@@ -12,11 +12,12 @@ them through the links as if the job were the attempt's own. Submitting and supe
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core import slurm_job
 from trainguard.core.slurm import SlurmClient
@@ -40,15 +41,6 @@ class LostJob:
     lost_by: int
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from `path`, or None when it is absent or not an object."""
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return payload if isinstance(payload, dict) else None
-
-
 def job_attempt(record: dict[str, Any] | None, attempt: int) -> int:
     """The attempt whose job a folder's `slurm-job.json` names (its own, unless it continued another's)."""
     value = (record or {}).get("job_attempt")
@@ -63,10 +55,10 @@ def find_lost_job(client: SlurmClient, shared_folder: Path, run_id: str, attempt
     """
     for earlier in range(attempt - 1, 0, -1):
         root = Path(shared_folder) / "runs" / run_id / f"attempt-{earlier}"
-        runner = read_json(root / "runner.json")
+        runner = read_json_object(root / "runner.json")
         if runner is None or runner.get("reason") != slurm_job.UNREACHABLE:
             continue
-        origin = job_attempt(read_json(root / JOB_RECORD), earlier)
+        origin = job_attempt(read_json_object(root / JOB_RECORD), earlier)
         comment = slurm_job.job_comment(run_id, origin, str(shared_folder))
         found = [job_id for job_id, _ in client.find(slurm_job.job_name(run_id, origin), comment)]
         if found:

@@ -17,7 +17,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from trainguard_entrypoint.files import read_tail_lines
+from trainguard_entrypoint.files import read_json_object, read_tail_lines
 
 from trainguard.core.evidence import CRASH_TAIL_LINES, ENTRYPOINT, EXPECTED_SNAPSHOTS
 from trainguard.core.kube import collector
@@ -72,14 +72,6 @@ def _unpack(c: Collector, s: Scene, tar_path: Path) -> set[str]:
     return found
 
 
-def _read_json(path: Path | None) -> dict[str, Any] | None:
-    try:
-        payload = json.loads(path.read_text("utf-8")) if path else None
-    except (OSError, ValueError):
-        return None
-    return payload if isinstance(payload, dict) else None
-
-
 def _no_crash_report(s: Scene) -> str:
     facts = facts_of(s)
     ended = f"{facts.reason or 'unknown reason'}, exit code {facts.exit_code}"
@@ -101,7 +93,7 @@ def _expected(c: Collector, s: Scene, found: set[str], meta: dict[str, Any], tar
         if expected not in found:
             c.absent(expected, ENTRYPOINT, f"{why}: the entrypoint did not write it")
     if not any(n.startswith("coredumps/") for n in found):
-        crash = _read_json(s.crash_report)
+        crash = read_json_object(s.crash_report) if s.crash_report else None
         reason = (crash or {}).get("core_absent_reason") or "no core file was kept"
         c.absent("coredumps", ENTRYPOINT, f"{why}: {reason}")
 
