@@ -42,10 +42,10 @@ class S3EvidenceStore(Block):
     """Keeps each attempt's evidence under `{prefix}/runs/{run_id}/attempt-{n}/` in an S3 bucket.
 
     Credentials come from the standard AWS chain (environment, shared profile, instance or pod
-    role) unless an access key is set here. Writes go straight to S3 (nothing copied); a write S3
-    does not take, or not within `upload_budget_seconds`, is spooled under `spool_dir`, and so is
-    every later write of the attempt, in order. What is spooled goes up with the run's next write
-    (its next attempt) or with `trainguard evidence flush`.
+    role) unless an access key is set here. An attempt spools its evidence under `spool_dir` and
+    sends it up after its verdict, so judging and retrying never wait on S3; what S3 does not take
+    within `upload_budget_seconds` stays spooled and goes up with the run's next upload or with
+    `trainguard evidence flush`.
     """
 
     _block_type_name = "trainguard S3 Evidence Store"
@@ -64,8 +64,8 @@ class S3EvidenceStore(Block):
     spool_dir: str = Field(default="trainguard-data/spool", description="Local folder where writes wait for S3 "
                            "(on Kubernetes, put it on a volume that outlives the flow pod: see the README).")
     upload_budget_seconds: float = Field(
-        default=300.0, gt=0, description="Longest an attempt waits on S3 before its verdict; what is not uploaded "
-        "by then stays spooled for the run's next attempt or `trainguard evidence flush`.")
+        default=300.0, gt=0, description="Longest an attempt's upload, sent after its verdict, waits on S3; what is "
+        "not uploaded by then stays spooled for the run's next upload or `trainguard evidence flush`.")
     retry_attempts: int = Field(default=5, ge=1, le=20, description="Tries per S3 request on transient errors.")
     retry_base_delay_seconds: float = Field(default=0.5, ge=0, description="First backoff; doubles per retry.")
     part_size_bytes: int = Field(default=8 * 1024 * 1024, ge=MIN_PART_BYTES, description="Multipart part size.")

@@ -16,12 +16,13 @@ from prefect.states import Failed, State
 from blocks import backend_reference, load_backend, load_evidence, resolve_policy
 from flows import events
 from flows.hooks import schedule_next_attempt, settle_lost_attempt
+from flows.uploads import finish_evidence_upload
 from tasks.evidence import collect_evidence, record_verdict
 from tasks.report import publish_report, read_progress
 from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
 from tasks.triage import classify_failure, decide_retry
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, history_records, new_run_id
-from trainguard.core import manifest, masking
+from trainguard.core import afterupload, manifest, masking
 from trainguard.core.backend import AttemptOutcome, launch_for
 from trainguard.core.policy import RetryDecision
 from trainguard.core.spec import TrainingSpec
@@ -41,8 +42,9 @@ def attempt_run_name() -> str:
 @flow(
     name="train-attempt",
     flow_run_name=attempt_run_name,
-    on_failure=[schedule_next_attempt],
-    on_crashed=[schedule_next_attempt],
+    on_completion=[finish_evidence_upload],
+    on_failure=[schedule_next_attempt, finish_evidence_upload],  # the next attempt first: it never waits on S3
+    on_crashed=[schedule_next_attempt, finish_evidence_upload],
 )
 def train_attempt(
     spec: TrainingSpec,
@@ -78,6 +80,7 @@ def train_attempt(
         return _lost_attempt_ends(*settle_lost_attempt(train_attempt, current_run.id))
     backend, store = load_backend(backend_reference(backend_block, spec)), load_evidence(evidence_block)
     retry_policy, earlier = resolve_policy(spec, retry_policy_block), history or []
+    held = afterupload.hold(store)  # S3 gets the evidence after the verdict: judging never waits on it
     launch = launch_for(
         spec.command, run_id=run_id, attempt=attempt, env=spec.env, gpus=spec.gpus, workdir=spec.workdir,
         deadline_seconds=spec.deadline_seconds, stall_seconds=spec.stall_seconds, resume_from=resume_from,
@@ -91,7 +94,7 @@ def train_attempt(
         train_state = run_training(backend, ref, launch, dict(spec.secret_env), return_state=True)
     finally:  # also on SIGTERM and deadlines: freeze the crime scene before anything else
         if ref is not None:
-            evidence_state = collect_evidence(backend, ref, store, _outcome(train_state), return_state=True)
+            evidence_state = collect_evidence(backend, ref, store, _outcome(train_state), held, return_state=True)
             release_attempt(backend, ref, return_state=True)  # only now may the platform clean up
     outcome = _outcome(train_state)
     diagnosis = classify_failure(backend, ref, outcome, rules_file)
@@ -109,13 +112,16 @@ def train_attempt(
     )
     decision = decide_retry(retry_policy, [*history_records(earlier), summary.record()], checkpoints)
     summary = summary.with_decision(decision)
-    if evidence is not None:  # never raises or waits long because of storage: what S3 cannot take is spooled
-        manifest_json = evidence.get("manifest") if isinstance(evidence, dict) else None
-        kept = record_verdict(store, summary, manifest_json, return_state=True).result(raise_on_failure=False)
+    manifest_json = evidence.get("manifest") if isinstance(evidence, dict) else None
+    if evidence is not None:  # never raises or waits because of storage: what the store cannot take is spooled
+        kept = record_verdict(store, summary, manifest_json, held, return_state=True).result(raise_on_failure=False)
         if isinstance(kept, dict):
             summary = summary.with_evidence_status(kept).with_storage_problems(kept.get("storage_problem"))
+            manifest_json = kept.get("manifest") or manifest_json
         else:
             summary = summary.with_storage_problems(f"verdict.json could not be stored: {kept}")
+    if held:  # the next attempt is scheduled or started meanwhile; the process waits for it at its end
+        afterupload.start(store, run_id, attempt, manifest_json if evidence is not None else None)
     manifest.release_space(store, run_id, attempt)
     publish_report(summary, [AttemptSummary.from_dict(item) for item in earlier])
     events.report_attempt(summary)

@@ -14,6 +14,7 @@ from typing import Any
 from prefect import flow, get_run_logger, tags
 from prefect.states import Completed, Failed, State
 
+from flows import uploads
 from flows.attempt import spec_name, train_attempt
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, lineage_tags, new_run_id, next_parameters
 from trainguard.core.policy import RetryDecision
@@ -60,6 +61,8 @@ def training_run(
                               summary.category or "an unknown failure", decision.next_attempt, decision.delay_seconds)
         time.sleep(decision.delay_seconds)
         params = next_parameters(params, summary, decision, str(summary.flow_run_id))
+    # the attempts' evidence went up to S3 in the background after each verdict: now wait for it
+    history = [s.to_dict() for s in uploads.finish(run_id, [AttemptSummary.from_dict(h) for h in history])]
     storage = _storage_note(history)
     if summary.succeeded:
         return Completed(message=f"{run_id} succeeded on attempt {summary.attempt}{storage}", data=history)
@@ -67,10 +70,15 @@ def training_run(
 
 
 def _storage_note(history: list[dict[str, Any]]) -> str:
-    """"; storage failed in attempt N: ..." for the first attempt that could not write everything."""
+    """"; storage failed in attempt N: ..." for the first attempt that could not write everything, or what waits."""
     for item in history:
         if problems := item.get("storage_problems"):
             return f"; storage failed in attempt {item.get('attempt')}: {problems[0]}"
+    waiting = [item for item in history if item.get("evidence_spooled")]
+    if waiting:
+        numbers = ", ".join(str(item.get("attempt")) for item in waiting)
+        return (f"; the evidence of attempt {numbers} still waits in the local spool "
+                f"({waiting[0].get('evidence_upload_error') or 'upload pending'}): `trainguard evidence flush`")
     return ""
 
 

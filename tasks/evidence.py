@@ -17,9 +17,12 @@ from trainguard.core.stores import EvidenceStore
 
 @task(name="collect_evidence", cache_policy=NO_CACHE)
 def collect_evidence(
-    backend: Backend, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None
+    backend: Backend, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None, held: bool = False
 ) -> dict[str, Any]:
-    """Have the backend copy everything the attempt left into the store; never raise for a missing piece."""
+    """Have the backend copy everything the attempt left into the store; never raise for a missing piece.
+
+    ``held``: the store spools every write until the verdict is kept (`afterupload`), so nothing waits on S3 yet.
+    """
     collected = backend.collect_evidence(ref, store, outcome)
     failures = manifest.storage_failures(collected.manifest)
     if failures:  # said as a warning: a full evidence disk is the user's to fix, not a detail
@@ -27,15 +30,16 @@ def collect_evidence(
     absent = "; ".join(f"{item.name}: {item.reason}" for item in collected.manifest.missing)
     get_run_logger().info("kept %d evidence items in %s%s", len(collected.manifest.items), collected.location,
                           f" (absent: {absent})" if absent else "")
-    status = bundles.upload_status(store, collected.manifest)
-    if status["spooled"]:
+    status = {**bundles.upload_status(store, collected.manifest), "uploading": held}
+    if status["spooled"] and not held:
         get_run_logger().warning("%d evidence items wait in the local spool (%s); `trainguard evidence flush` "
                                  "uploads them", len(status["spooled"]), status["upload_error"])
     return {**collected.summary, **status, "manifest": collected.manifest.to_json(), "storage_problems": failures}
 
 
 @task(name="record_verdict", cache_policy=NO_CACHE)
-def record_verdict(store: EvidenceStore, summary: AttemptSummary, manifest_json: str | None) -> dict[str, Any]:
+def record_verdict(store: EvidenceStore, summary: AttemptSummary, manifest_json: str | None,
+                   held: bool = False) -> dict[str, Any]:
     """Keep the attempt's classification and retry decision with its evidence (`verdict.json`), tagged.
 
     Never raises because of storage: an S3 store that is away spools the verdict, and a store that
@@ -54,10 +58,10 @@ def record_verdict(store: EvidenceStore, summary: AttemptSummary, manifest_json:
         problem = manifest.record_verdict(store, summary.run_id, summary.attempt, data, "flow", now)
         if problem:
             get_run_logger().warning("%s", problem)
-        status = bundles.upload_status(store, current) if current else {}
-        return {**status, "storage_problem": problem}
-    status = bundles.upload_status(store, updated)
-    if status["spooled"]:
+        status = {**bundles.upload_status(store, current), "uploading": held} if current else {}
+        return {**status, "storage_problem": problem, "manifest": current.to_json() if current else None}
+    status = {**bundles.upload_status(store, updated), "uploading": held}
+    if status["spooled"] and not held:
         get_run_logger().warning("the verdict waits in the local spool with %d evidence items (%s)",
                                  len(status["spooled"]), status["upload_error"])
-    return {**status, "storage_problem": None}
+    return {**status, "storage_problem": None, "manifest": updated.to_json()}

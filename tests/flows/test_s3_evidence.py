@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-
 import re
+import threading
 import urllib.request
 import uuid
 
@@ -110,7 +110,44 @@ def _assert_links_work_and_are_shown_in_the_report_only(run_id: str, stored: dic
     assert verdict["category"] == "nccl_error" and "evidence_links" not in verdict
 
 
-def test_s3_dying_mid_upload_then_hanging_holds_up_neither_verdict_nor_next_attempt_and_flush_completes_both(
+def test_a_hanging_s3_holds_up_neither_the_verdicts_nor_the_next_attempt_and_the_uploads_finish_once_it_answers(
+    blocks, s3, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("AWS_SESSION_TOKEN", SESSION_TOKEN)
+    # the default budget: an attempt that waited on S3 would wait out ten minutes here
+    reference, block = _s3_block(s3, tmp_path, upload_budget_seconds=600)
+    s3.proxy.hold(lambda method, path: True, every=True)  # S3 answers nothing, from the start
+    ended: list = []
+    runner = threading.Thread(target=lambda: ended.append(_run_one_failing_attempt(blocks, reference, "s3-hang", 2)))
+    runner.start()
+    try:
+        # both attempts are judged and reported, the second one started after the first's verdict, while
+        # S3 has answered no request at all
+        wait_for(lambda: _artifact("s3-hang-attempt-2"), timeout=120, what="attempt 2 judged and reported")
+        assert s3.proxy.holding >= 1 and s3.objects(block.bucket) == {} and not ended
+        first = _artifact("s3-hang-attempt-1")
+        assert "nccl\\_error" in first and "go up to the object store after the verdict" in first
+        assert "(uploading)" in first and "(spooled, not uploaded yet)" not in first
+    finally:
+        s3.proxy.reset()  # S3 answers again: the held requests go through
+        runner.join(timeout=120)
+    state, history = ended[0]
+    assert state.is_completed() and [h["state"] for h in history] == ["Failed", "Completed"]
+    assert [list(h["evidence_spooled"]) for h in history] == [[], []]  # the run waited for its uploads at its end
+    assert block.store().pending() == []
+    for attempt in (1, 2):
+        manifest = read_manifest(block.store(), "s3-hang", attempt)
+        assert bundles.verify(block.store(), manifest, deep=True) == {}
+        report = _artifact(f"s3-hang-attempt-{attempt}")  # published again once its evidence was up
+        assert "uploading" not in report and "[manifest.json]" not in report and "[verdict.json](<" in report
+
+
+def _artifact(key: str) -> str | None:
+    found = Artifact.get(key)
+    return str(found.data) if found is not None else None
+
+
+def test_s3_dying_mid_upload_then_hanging_leaves_both_attempts_spooled_and_flush_completes_them(
     blocks, s3, tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setenv("AWS_SESSION_TOKEN", SESSION_TOKEN)

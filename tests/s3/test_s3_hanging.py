@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import sys
+import threading
 from pathlib import Path
 
 from s3fixtures import FAST
@@ -77,3 +79,44 @@ def test_a_read_timeout_is_retried_and_the_upload_completes(make_store, s3) -> N
     assert s3.proxy.holding == 1  # the first try still waits at the proxy: the retry stored the object
     assert sum(1 for m, p in s3.proxy.requests if _writes(m, p)) == 1
     assert s3.objects(store.bucket.bucket) == {"tg/runs/r1/attempt-1/crash-tail.txt": b"tail\n"}
+
+
+def test_a_held_store_sends_nothing_until_upload_held_and_a_later_upload_waits_for_an_earlier_one(
+    make_store, s3, tmp_path
+) -> None:
+    (tmp_path / "core").write_bytes(b"\x7fELF core" * 1000)
+    first, second = make_store(), make_store()
+    first.hold(), second.hold()
+    asked = len(s3.proxy.requests)
+    first.put_file("runs/r1/attempt-1/core", tmp_path / "core")
+    first.put_bytes("runs/r1/attempt-1/manifest.json", b'{"attempt": 1}')
+    second.put_bytes("runs/r1/attempt-2/manifest.json", b'{"attempt": 2}')
+    assert len(s3.proxy.requests) == asked  # held: spooled, and S3 not asked anything
+    assert first.pending() == ["runs/r1/attempt-1/core", "runs/r1/attempt-1/manifest.json",
+                               "runs/r1/attempt-2/manifest.json"]
+
+    s3.proxy.hold(_writes)  # the first upload's first request waits, keeping the spool's upload lock
+    ended: list = []
+    earlier = threading.Thread(target=lambda: ended.append(first.upload_held("runs/r1/")))
+    earlier.start()
+    wait_for(s3.proxy.held.is_set, what="the earlier upload under way")
+    later = threading.Thread(target=lambda: ended.append(second.upload_held("runs/r1/", wait_seconds=60)))
+    later.start()
+    wait_for(lambda: _in_function(later, "_lock_within"), what="the later upload waiting for the spool's lock")
+    assert s3.proxy.held_total == 1 and not ended  # it waits there rather than giving up
+    s3.proxy.release()
+    earlier.join(30), later.join(30)
+
+    assert [result.pending for result in ended] == [(), ()] and second.last_error == ""
+    keys = [path for method, path in s3.proxy.requests[asked:] if method == "PUT" and "manifest.json" in path]
+    assert [key.split("/")[-2] for key in keys] == ["attempt-1", "attempt-2"]  # manifests last, in order
+
+
+def _in_function(thread: threading.Thread, name: str) -> bool:
+    """Whether ``thread`` is running ``name`` now (somewhere on its stack)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == name:
+            return True
+        frame = frame.f_back
+    return False

@@ -47,6 +47,7 @@ class AttemptSummary:
     evidence_missing: int = 0
     evidence_spooled: Sequence[str] = ()  # items still waiting in the local spool for the object store
     evidence_upload_error: str = ""  # why they wait
+    evidence_uploading: bool = False  # they go up to the object store after the verdict, in the background
     evidence_links: Mapping[str, str] = field(default_factory=dict)  # item name -> (presigned) URL; never stored
     evidence_links_expire_at: str = ""
     storage_problems: Sequence[str] = ()  # what trainguard could not write (log, reports, evidence), and why
@@ -86,6 +87,7 @@ class AttemptSummary:
             return self
         return _replace(self, evidence_spooled=tuple(status.get("spooled", ())),
                         evidence_upload_error=str(status.get("upload_error", "")),
+                        evidence_uploading=bool(status.get("uploading", False)),
                         evidence_links=dict(status.get("links", {})),
                         evidence_links_expire_at=str(status.get("links_expire_at", "")))
 

@@ -107,7 +107,10 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
                      "(raised after a host OOM) |")
     for problem in summary.storage_problems:
         lines.append(f"| **storage failed** | {_cell(problem)} |")
-    if summary.evidence_spooled:
+    if summary.evidence_spooled and summary.evidence_uploading:
+        lines.append(f"| uploading | {len(summary.evidence_spooled)} items go up to the object store after the "
+                     "verdict, from the local spool; this report is updated once they are up |")
+    elif summary.evidence_spooled:
         lines.append(f"| not yet uploaded | {len(summary.evidence_spooled)} items wait in the local spool "
                      f"({_cell(summary.evidence_upload_error or 'upload pending')}); "
                      "`trainguard evidence flush` uploads them |")
@@ -138,7 +141,8 @@ def _links(summary: AttemptSummary) -> list[str]:
         if name not in summary.evidence_spooled:
             label = _cell(name)  # escaped: brackets included
             lines.append(f"- [{label}](<{url.replace('>', '%3E')}>)")
-    lines += [f"- {_cell(name)} (spooled, not uploaded yet)" for name in summary.evidence_spooled]
+    waiting = "uploading" if summary.evidence_uploading else "spooled, not uploaded yet"
+    lines += [f"- {_cell(name)} ({waiting})" for name in summary.evidence_spooled]
     return lines
 
 

@@ -15,12 +15,13 @@ upload's id, so `flush` sends only what S3 lacks. Retrying and time budgets are 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -155,3 +156,36 @@ def in_parallel(calls: dict[int, Callable[[], T]], concurrency: int,
 
 class _NotStarted(Exception):
     """A call skipped because an earlier one failed."""
+
+
+@dataclass
+class Started:
+    """A multipart upload's id, handed from the thread that uploads to the one that may give up waiting on it."""
+
+    upload_id: str = ""
+    given_up: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, upload_id: str) -> bool:
+        """Keep the id; False when the waiting side already gave up (and spooled the file without it)."""
+        with self.lock:
+            if not self.given_up:
+                self.upload_id = upload_id
+            return not self.given_up
+
+    def give_up(self) -> str:
+        """Stop waiting; the id the spool entry should resume, if S3 gave one by now."""
+        with self.lock:
+            self.given_up = True
+            return self.upload_id
+
+
+@contextlib.contextmanager
+def reopened(path: Path, handle: BinaryIO) -> Iterator[BinaryIO]:
+    """Another open file description of what ``handle`` reads, with its own offset."""
+    try:
+        fresh = path.open("rb")
+    except OSError:  # renamed or removed meanwhile: the same inode through the process's descriptor
+        fresh = open(f"/proc/self/fd/{handle.fileno()}", "rb")  # noqa: SIM115  (closed below)
+    with fresh:
+        yield fresh

@@ -9,6 +9,11 @@ order: an attempt's manifest, written last, reaches the bucket last, so a bundle
 complete. The write succeeds either way: `pending` says what waits, `last_error` why, and `flush`
 uploads it later, part by part.
 
+An attempt holds its store's uploads while it collects (`hold`): every write is spooled, which
+also freezes what the platform is about to delete, and the attempt judges itself from that local
+copy. Only after its verdict does `upload_held` send the run's spooled writes up, so neither the
+classification nor the retry decision ever waits on S3.
+
 A time budget bounds how long one store object waits on S3, strictly: each upload runs in its own
 thread, and a request S3 has not answered when the budget is spent is left behind (its result
 dropped) while the write is spooled. Before a write goes up, the spooled writes of the same run
@@ -21,10 +26,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
@@ -71,28 +75,6 @@ class BudgetSpent(S3Transient):
     """The upload time budget ran out, possibly with a request S3 had not answered yet."""
 
 
-@dataclass
-class _Started:
-    """A multipart upload's id, handed from the thread that uploads to the one that may give up waiting on it."""
-
-    upload_id: str = ""
-    given_up: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def record(self, upload_id: str) -> bool:
-        """Keep the id; False when the waiting side already gave up (and spooled the file without it)."""
-        with self.lock:
-            if not self.given_up:
-                self.upload_id = upload_id
-            return not self.given_up
-
-    def give_up(self) -> str:
-        """Stop waiting; the id the spool entry should resume, if S3 gave one by now."""
-        with self.lock:
-            self.given_up = True
-            return self.upload_id
-
-
 class S3Store:
     """Evidence in ``s3://bucket/prefix``, spooled locally until S3 has it."""
 
@@ -114,6 +96,7 @@ class S3Store:
         self._clock, self._sleep = clock, sleep
         self._deadline: float | None = None  # the budget starts with the first upload, not at construction
         self._stopped = False
+        self._held = False  # spool every write without sending it (`hold`)
         self._uploader = SpoolUploader(bucket, spool, policy.concurrency, self._retrying, self._check_budget,
                                        lambda full: self.describe(self._short(full)))
 
@@ -130,7 +113,8 @@ class S3Store:
         full, data = self._full(key), bytes(data)
         if len(data) > self.policy.part_bytes:  # a multipart upload from memory: through the spool
             entry = self.spool.add_bytes(full, data)
-            self._drain(self._scope(full))
+            if not self._held:
+                self._drain(self._scope(full))
             return self._stored(key, entry)
         return self._put_small(key, data) if self._uploading(full) else self._stored(key, self.spool.add_bytes(full, data))
 
@@ -159,13 +143,13 @@ class S3Store:
 
     def _put_parts(self, key: str, path: Path, handle: BinaryIO, part_bytes: int) -> StoredItem:
         """A multipart upload sent while the file is read; on failure the file is spooled with the upload's id."""
-        full, started = self._full(key), _Started()
+        full, started = self._full(key), s3direct.Started()
         try:
             sent, checksum = self._bounded(lambda: self._send_file(full, path, handle, part_bytes, started))
         except EvidenceStoreError as exc:
             upload_id = started.give_up() if isinstance(exc, BudgetSpent) else started.upload_id
             if isinstance(exc, BudgetSpent):  # the upload may still be reading `handle`: spool from another
-                with _reopened(path, handle) as fresh:
+                with s3direct.reopened(path, handle) as fresh:
                     return self._spooled_after(exc, key, self.spool.add_open_file(full, fresh, upload_id=upload_id))
             if upload_id and isinstance(exc, (s3direct.SourceChanged, S3Permanent)):  # no use to a resume
                 self._abort_quietly(full, upload_id)
@@ -174,7 +158,7 @@ class S3Store:
         return StoredItem(key, sent.sha256, sent.size_bytes, checksum)
 
     def _send_file(self, full: str, path: Path, handle: BinaryIO, part_bytes: int,
-                   started: _Started) -> tuple[s3direct.SentParts, str]:
+                   started: s3direct.Started) -> tuple[s3direct.SentParts, str]:
         upload_id = self._retrying(lambda: self.bucket.create_multipart_upload(full, {}))
         if not started.record(upload_id):  # given up on meanwhile, and spooled without this id: nobody's upload
             self._abort_quietly(full, upload_id)
@@ -201,6 +185,8 @@ class S3Store:
 
     def _uploading(self, full: str) -> bool:
         """Whether a write of ``full`` may go straight up (once its run's spooled writes went first)."""
+        if self._held:
+            return False
         self._drain(self._scope(full))
         try:
             self._check_budget()
@@ -292,6 +278,22 @@ class S3Store:
         self.spool.add_tags(full, tags)
         return len(spooled)
 
+    def hold(self) -> None:
+        """Spool every write from now on without sending it, until `upload_held`."""
+        self._held = True
+
+    def upload_held(self, prefix: str, wait_seconds: float = 0.0) -> FlushResult:
+        """Stop holding and send what waits under ``prefix`` (a run's ``runs/{run id}/``), within the budget.
+
+        ``wait_seconds`` is how long to wait for another upload of the same spool (an earlier
+        attempt's, still going) to finish first, instead of leaving these writes to `flush`.
+        """
+        self._held = False
+        if self._deadline is None and self.policy.budget_seconds is not None:
+            self._deadline = self._clock() + self.policy.budget_seconds
+        wait = wait_seconds if self._deadline is None else min(wait_seconds, self._deadline - self._clock())
+        return self._drain(self.prefix + prefix, max(0.0, wait))
+
     def flush(self) -> FlushResult:
         """Upload everything spooled, oldest first, however long ago it was spooled."""
         self._stopped, self.last_error = False, ""
@@ -299,19 +301,20 @@ class S3Store:
 
     # -- uploading -------------------------------------------------------------------------------
 
-    def _drain(self, scope: str) -> FlushResult:
+    def _drain(self, scope: str, wait_seconds: float = 0.0) -> FlushResult:
         """Upload what waits in the spool under the full key prefix ``scope``, oldest first."""
         uploaded: list[str] = []
         if self._deadline is None and self.policy.budget_seconds is not None:
             self._deadline = self._clock() + self.policy.budget_seconds
         if not self._stopped:
-            with self.spool.uploading() as ours:
+            with self.spool.uploading(wait_seconds) as ours:
                 if ours:
                     uploaded = self._upload_pending(scope)
                 elif any(entry.key.startswith(scope) for entry in self.spool.pending()):
                     # ours wait behind another uploader: later writes queue after them, in order
                     self._stopped = True
-                    self.last_error = "another process is uploading this spool; it will take these writes"
+                    self.last_error = ("another upload of this spool is under way; these writes go up with "
+                                       "the run's next write or `trainguard evidence flush`")
         return FlushResult(tuple(uploaded), tuple(self.pending()), self.last_error)
 
     def _upload_pending(self, scope: str) -> list[str]:
@@ -371,14 +374,3 @@ class S3Store:
 
 def _tag_label(tags: Mapping[str, str]) -> str:
     return "(tags " + ", ".join(f"{k}={v}" for k, v in tags.items()) + ")"
-
-
-@contextlib.contextmanager
-def _reopened(path: Path, handle: BinaryIO) -> Iterator[BinaryIO]:
-    """Another open file description of what ``handle`` reads, with its own offset."""
-    try:
-        fresh = path.open("rb")
-    except OSError:  # renamed or removed meanwhile: the same inode through the process's descriptor
-        fresh = open(f"/proc/self/fd/{handle.fileno()}", "rb")  # noqa: SIM115  (closed below)
-    with fresh:
-        yield fresh

@@ -18,12 +18,13 @@ import io
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import IO, Any, BinaryIO, Protocol
 
 from trainguard.core.stores import EvidenceStoreError
 
@@ -243,18 +244,33 @@ class Spool:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     @contextmanager
-    def uploading(self) -> Iterator[bool]:
-        """Hold the right to upload (one uploader per spool at a time); yields False when another holds it."""
+    def uploading(self, wait_seconds: float = 0.0) -> Iterator[bool]:
+        """Hold the right to upload (one uploader per spool at a time, in this process or another).
+
+        Yields False when another uploader still holds it after ``wait_seconds``.
+        """
         with (self._folder() / "upload.lock").open("a") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not _lock_within(handle, wait_seconds):
                 yield False
                 return
             try:
                 yield True
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _lock_within(handle: IO[str], wait_seconds: float) -> bool:
+    """Take an exclusive flock on ``handle``, trying for up to ``wait_seconds``; whether it was taken."""
+    deadline, delay = time.monotonic() + wait_seconds, 0.01
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() + delay > deadline:
+                return False
+            time.sleep(delay)  # flock has no timed wait; back off up to a quarter second
+            delay = min(0.25, delay * 2)
 
 
 class RangeReader(io.RawIOBase):
