@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import sys
 import threading
-from pathlib import Path
 
 from s3fixtures import FAST
 from waiting import wait_for
 
-from trainguard.core.s3store import UploadPolicy
-from trainguard.core.spool import MIN_PART_BYTES
+from trainguard.core.s3 import S3Bucket, S3Settings
+from trainguard.core.s3store import S3Store, UploadPolicy
+from trainguard.core.spool import MIN_PART_BYTES, Spool
 
 # the production retry settings (5 tries, 0.5 s first backoff), with a budget a test can wait out
 DEFAULT_RETRIES_SHORT_BUDGET = UploadPolicy(budget_seconds=0.5, part_bytes=MIN_PART_BYTES, concurrency=3)
@@ -120,3 +120,20 @@ def _in_function(thread: threading.Thread, name: str) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def test_a_held_item_the_spool_has_no_room_for_goes_straight_to_s3(s3, small_disk, tmp_path) -> None:
+    data = bytes(range(256)) * (3 * 1024 * 1024 // 256)  # 3 MiB: more than the 2 MB disk the spool is on
+    (tmp_path / "core").write_bytes(data)
+    settings = S3Settings(bucket=s3.new_bucket(), region="us-east-1", endpoint_url=s3.proxy.url)
+    store = S3Store(S3Bucket(settings), "tg", Spool(small_disk / "spool"), FAST)
+    store.hold()
+
+    item = store.put_file("runs/r1/attempt-1/core", tmp_path / "core")
+    store.put_bytes("runs/r1/attempt-1/manifest.json", b'{"items": ["core"]}')  # small: it fits
+
+    assert item.sha256 == hashlib.sha256(data).hexdigest()
+    assert s3.objects(settings.bucket) == {"tg/runs/r1/attempt-1/core": data}  # the manifest waits, held
+    assert store.pending() == ["runs/r1/attempt-1/manifest.json"] and len(list((small_disk / "spool").glob("*.data"))) == 1
+    assert store.upload_held("runs/r1/").pending == ()
+    assert set(s3.objects(settings.bucket)) == {"tg/runs/r1/attempt-1/core", "tg/runs/r1/attempt-1/manifest.json"}

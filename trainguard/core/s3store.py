@@ -135,7 +135,15 @@ class S3Store:
             raise EvidenceStoreError(f"cannot read {path} for {key!r}: {exc.strerror or exc}") from exc
         with handle:
             if not self._uploading(full):
-                return self._stored(key, self.spool.add_open_file(full, handle))
+                try:
+                    return self._stored(key, self.spool.add_open_file(full, handle))
+                except EvidenceStoreError:
+                    if not self._held or self._stopped:
+                        raise
+                    # held, and no room in the spool for it (a core dump larger than the local disk):
+                    # straight to S3 then, within the budget, rather than not at all
+                    self._start_budget()
+                    handle.seek(0)
             size, most = os.fstat(handle.fileno()).st_size, self.policy.part_bytes
             if size <= most and len(data := handle.read(most + 1)) <= most:  # it may have grown since
                 return self._put_small(key, data)
@@ -289,8 +297,7 @@ class S3Store:
         attempt's, still going) to finish first, instead of leaving these writes to `flush`.
         """
         self._held = False
-        if self._deadline is None and self.policy.budget_seconds is not None:
-            self._deadline = self._clock() + self.policy.budget_seconds
+        self._start_budget()
         wait = wait_seconds if self._deadline is None else min(wait_seconds, self._deadline - self._clock())
         return self._drain(self.prefix + prefix, max(0.0, wait))
 
@@ -304,8 +311,7 @@ class S3Store:
     def _drain(self, scope: str, wait_seconds: float = 0.0) -> FlushResult:
         """Upload what waits in the spool under the full key prefix ``scope``, oldest first."""
         uploaded: list[str] = []
-        if self._deadline is None and self.policy.budget_seconds is not None:
-            self._deadline = self._clock() + self.policy.budget_seconds
+        self._start_budget()
         if not self._stopped:
             with self.spool.uploading(wait_seconds) as ours:
                 if ours:
@@ -362,6 +368,11 @@ class S3Store:
                     raise S3Transient(f"{exc} (no time left to retry within the upload budget)") from exc
                 self._sleep(delay)
         raise AssertionError("unreachable: the loop returns or raises")
+
+    def _start_budget(self) -> None:
+        """The budget runs from this store's first upload."""
+        if self._deadline is None and self.policy.budget_seconds is not None:
+            self._deadline = self._clock() + self.policy.budget_seconds
 
     def _check_budget(self) -> None:
         if self._deadline is not None and self._clock() >= self._deadline:
