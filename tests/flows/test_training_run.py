@@ -1,18 +1,46 @@
-"""The training-run driver end to end on one machine: real flows, processes, evidence and triage."""
+"""The training-run driver end to end: real flows, processes, evidence and triage.
+
+The retry policy's outcomes do not depend on where training runs, so those tests run on both the
+local-process backend and the Kubernetes backend (against kubesim); the rest on one machine.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from prefect.artifacts import Artifact
 
 from flow_helpers import attempt_dir, attempt_runs, tiny_spec
+from kube_helpers import cluster, kube_blocks
 
 from flows.run import training_run
 from trainguard.core.manifest import read_manifest, verify_manifest
 from trainguard.core.spec import parse_spec
 from trainguard.core.stores import LocalEvidenceStore
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    with cluster(tmp_path_factory.mktemp("kubesim")) as running:
+        yield running
+
+
+@pytest.fixture(params=["local", "kubernetes"])
+def either(request: pytest.FixtureRequest, blocks: dict, tmp_path: Any) -> dict:
+    """The blocks of one backend, and the Python its training command runs with."""
+    if request.param == "local":
+        return {**blocks, "name": "local", "python": sys.executable}
+    sim = request.getfixturevalue("sim")
+    return {**kube_blocks(sim, tmp_path), "name": "kube", "python": "python"}  # the image's Python
+
+
+def on(backend: dict, spec: dict) -> dict:
+    """``spec`` with its command run by the backend's Python."""
+    return {**spec, "command": [backend["python"], *spec["command"][1:]]}
 
 
 def run(spec: dict, blocks: dict, run_id: str):
@@ -61,31 +89,33 @@ def test_a_retryable_failure_is_retried_from_its_checkpoint_and_succeeds(blocks,
         assert manifest.items and verify_manifest(store, manifest) == []
 
 
-def test_a_code_error_fails_fast_with_exactly_one_attempt(blocks):
-    state, history = run(tiny_spec("type-error", "--fail-after-steps", "3", "--failure", "type-error"), blocks, "type-error-1")
+def test_a_code_error_fails_fast_with_exactly_one_attempt(either):
+    run_id = f"type-error-{either['name']}"
+    spec = on(either, tiny_spec("type-error", "--fail-after-steps", "3", "--failure", "type-error"))
+    state, history = run(spec, either, run_id)
 
     assert state.is_failed()
     assert len(history) == 1 and history[0]["category"] == "code_error"
     assert "not retryable" in history[0]["decision"]["reason"]
-    runs = attempt_runs("type-error-1")
+    runs = attempt_runs(run_id)
     assert len(runs) == 1 and runs[0].state.is_failed()
     assert "code_error" in runs[0].state.message
 
 
-def test_an_always_retryable_failure_uses_exactly_the_attempt_budget(blocks):
-    spec = tiny_spec("budget", "--fail-after-steps", "15", "--checkpoint-every", "10",
-                     retry={"max_attempts": 3, "same_signature_limit": 0})
-    state, history = run(spec, blocks, "budget-1")
+def test_an_always_retryable_failure_uses_exactly_the_attempt_budget(either):
+    spec = on(either, tiny_spec("budget", "--fail-after-steps", "15", "--checkpoint-every", "10",
+                                retry={"max_attempts": 3, "same_signature_limit": 0}))
+    state, history = run(spec, either, run_id := f"budget-{either['name']}")
 
     assert state.is_failed()
     assert [h["category"] for h in history] == ["nccl_error"] * 3
     assert "budget spent: 3 of 3" in history[-1]["decision"]["reason"]
-    assert len(attempt_runs("budget-1")) == 3
+    assert len(attempt_runs(run_id)) == 3
 
 
-def test_the_same_signature_twice_trips_the_circuit_breaker_early(blocks):
-    spec = tiny_spec("breaker", "--fail-after-steps", "15", retry={"max_attempts": 5})
-    state, history = run(spec, blocks, "breaker-1")
+def test_the_same_signature_twice_trips_the_circuit_breaker_early(either):
+    spec = on(either, tiny_spec("breaker", "--fail-after-steps", "15", retry={"max_attempts": 5}))
+    state, history = run(spec, either, f"breaker-{either['name']}")
 
     assert state.is_failed() and len(history) == 2
     assert "circuit breaker: the same failure signature repeated 2 times" in history[-1]["decision"]["reason"]
@@ -110,14 +140,17 @@ def test_a_native_crash_records_signal_139_and_keeps_the_core_dump_when_the_mach
     assert cores[0].size_bytes > 0
 
 
-def test_a_hung_attempt_is_ended_by_the_stall_window_classified_timeout_and_its_evidence_kept(blocks):
-    spec = tiny_spec("stall", "--fail-after-steps", "12", "--failure", "hang", stall_seconds=2,
-                     retry={"max_attempts": 1})
-    state, history = run(spec, blocks, "stall-1")
+def test_a_hung_attempt_is_ended_by_the_stall_window_classified_timeout_and_its_evidence_kept(either):
+    spec = on(either, tiny_spec("stall", "--fail-after-steps", "12", "--failure", "hang", stall_seconds=2,
+                                retry={"max_attempts": 1}))
+    state, history = run(spec, either, run_id := f"stall-{either['name']}")
 
     assert state.is_failed()
     assert history[0]["category"] == "timeout" and history[0]["termination_reason"] == "Stalled"
-    assert history[0]["duration_seconds"] < 30
-    evidence = attempt_dir(blocks["evidence"], "stall-1", 1)
+    assert 2 <= history[0]["duration_seconds"] < 30  # the stalled seconds held the GPU: they count
+    evidence = attempt_dir(either["evidence"], run_id, 1)
     assert "injecting failure 'hang'" in (evidence / "crash-tail.txt").read_text()
-    assert "stall window" in (evidence / "runner.json").read_text()
+    if either["name"] == "local":  # the entrypoint's own supervisor ended it
+        assert "stall window" in (evidence / "runner.json").read_text()
+    else:  # the backend's supervisor, watching the pod's log, ended the Job
+        assert "no new log output within stall_seconds" in (evidence / "kubernetes" / "outcome.json").read_text()

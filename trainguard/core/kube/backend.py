@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -266,7 +266,7 @@ def outcome_of(ending: Ending) -> AttemptOutcome:
     return AttemptOutcome(
         exit_code=exit_code, signal=signal, reason=reason, message=message,
         started_at=terminated.get("startedAt") or pod.get("status", {}).get("startTime"),
-        finished_at=terminated.get("finishedAt"), duration_seconds=_duration(terminated),
+        finished_at=terminated.get("finishedAt"), duration_seconds=_duration(pod, terminated),
         node=pod.get("spec", {}).get("nodeName"), conditions=conditions, log_tail="\n".join(ending.log_tail),
         instance=pod.get("metadata", {}).get("name"),
     )
@@ -301,10 +301,15 @@ def _reason(ending: Ending, pod: Mapping[str, Any], job: Mapping[str, Any],
     return (ERROR if terminated else str(failed.get("reason") or ERROR)), str(text)
 
 
-def _duration(terminated: Mapping[str, Any]) -> float:
+def _duration(pod: Mapping[str, Any], terminated: Mapping[str, Any]) -> float:
+    """How long the training container ran: until it ended, or until now when the supervisor stopped it
+    while it still ran (stalled, past its deadline): those seconds held the GPUs all the same."""
+    running = container_state(pod).get("running") or {}
+    started = terminated.get("startedAt") or running.get("startedAt") or pod.get("status", {}).get("startTime")
     try:
-        start = datetime.fromisoformat(str(terminated["startedAt"]).replace("Z", "+00:00"))
-        end = datetime.fromisoformat(str(terminated["finishedAt"]).replace("Z", "+00:00"))
-    except (KeyError, ValueError):
+        start = datetime.fromisoformat(str(started).replace("Z", "+00:00"))
+        end = (datetime.fromisoformat(str(terminated["finishedAt"]).replace("Z", "+00:00"))
+               if terminated.get("finishedAt") else datetime.now(UTC))
+    except ValueError:
         return 0.0
     return max(0.0, (end - start).total_seconds())
