@@ -3,7 +3,8 @@
 What belongs here: phase, the kubelet-owned conditions (with lastTransitionTime kept while a
 condition's status does not change), containerStatuses, IPs, the pressure-eviction message
 (pkg/kubelet/eviction/helpers.go), and the container states and events of image pulls,
-start failures and terminations (reason, exit code, signal, termination message).
+start failures and terminations (reason, exit code, signal, termination message), and the
+states a restarted kubelet recovers from the stored status.
 Conditions other components own (PodScheduled, DisruptionTarget) are kept as stored.
 
 What does not: when the states change (podworker.py).
@@ -11,11 +12,12 @@ What does not: when the states change (podworker.py).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 from typing import TYPE_CHECKING, Any
 
-from kubesim import runtime
+from kubesim import runtime, sidecars
 from kubesim.store import timestamp
 
 if TYPE_CHECKING:
@@ -30,6 +32,8 @@ class ContainerState:
     def __init__(self, spec: dict[str, Any], *, init: bool = False) -> None:
         self.spec = spec
         self.init = init
+        self.sidecar = init and sidecars.is_sidecar(spec)
+        self.started = asyncio.Event()  # set when an instance first runs
         self.name: str = spec["name"]
         self.state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
         self.last_state: dict[str, Any] = {}
@@ -44,8 +48,9 @@ class ContainerState:
     def status(self) -> dict[str, Any]:
         image = self.spec.get("image", "")
         running = "running" in self.state
-        # A completed init container counts as ready (kubelet_pods.go).
-        ready = running or (self.init and self.exit_code == 0)
+        # A completed init container counts as ready (kubelet_pods.go); a sidecar only while
+        # it runs (no readinessProbe here: running is ready).
+        ready = running or (self.init and not self.sidecar and self.exit_code == 0)
         out: dict[str, Any] = {
             "name": self.name, "image": image, "ready": ready, "started": running,
             "restartCount": self.restart_count, "state": self.state,
@@ -58,6 +63,33 @@ class ContainerState:
         return out
 
 
+def recover(worker: PodWorker, pod: dict[str, Any]) -> None:
+    """A pod this node ran before its kubelet restarted (node crash and heal): containers
+    reported running are gone, as the kubelet reports them after a reboot."""
+    status = pod.get("status") or {}
+    prior = {cs["name"]: cs for cs in [*(status.get("initContainerStatuses") or []),
+                                        *(status.get("containerStatuses") or [])]}
+    worker.ip = status.get("podIP", "")
+    worker.started_at = status.get("startTime") or timestamp()
+    for c in worker.all_containers:
+        cs = prior.get(c.name)
+        if cs is None:
+            continue
+        c.restart_count = int(cs.get("restartCount", 0))
+        c.last_state = cs.get("lastState") or {}
+        c.container_id = cs.get("containerID")
+        if "terminated" in (cs.get("state") or {}):
+            c.state = cs["state"]  # an instance that ended before: policy decides again
+            c.recovered = c.exit_code = cs["state"]["terminated"].get("exitCode")
+        if "running" in (cs.get("state") or {}):
+            c.state = {"terminated": {
+                "exitCode": 137, "reason": "ContainerStatusUnknown",
+                "message": "The container could not be located when the pod was terminated",
+                "startedAt": cs["state"]["running"].get("startedAt"),
+                "finishedAt": timestamp(), "containerID": c.container_id}}
+            c.recovered = c.exit_code = 137
+
+
 def phase(worker: PodWorker) -> str:
     """The pod phase, as pkg/kubelet's getPhase decides it for these states."""
     if worker.failure is not None:
@@ -65,22 +97,32 @@ def phase(worker: PodWorker) -> str:
     if worker.finished:
         codes = [c.exit_code for c in worker.containers]
         return "Succeeded" if codes and all(code == 0 for code in codes) else "Failed"
-    started = any("running" in c.state or "terminated" in c.state or c.restart_count
-                  for c in worker.containers)
-    return "Running" if started else "Pending"
+    return "Running" if mains_started(worker) else "Pending"
+
+
+def mains_started(worker: PodWorker) -> bool:
+    """Whether a regular container has run (or is running) in this pod."""
+    return any("running" in c.state or "terminated" in c.state or c.restart_count
+               for c in worker.containers)
 
 
 def build(worker: PodWorker) -> dict[str, Any]:
     """The status fields the kubelet owns."""
     current = phase(worker)
-    unready = [c.name for c in worker.containers if "running" not in c.state]
+    # Sidecars count for ContainersReady too, listed first (GenerateContainersReadyCondition).
+    unready = [c.name for c in [*(c for c in worker.init_containers if c.sidecar),
+                                *worker.containers] if "running" not in c.state]
     terminal = current in ("Succeeded", "Failed")
     ready_reason = "PodCompleted" if terminal else "ContainersNotReady"
     ready = ("True", None, None) if not unready and not terminal else (
         "False", ready_reason,
         None if terminal else f"containers with unready status: [{' '.join(unready)}]")
     sandbox = "False" if terminal else "True"
-    pending_init = [c.name for c in worker.init_containers if c.exit_code != 0]
+    # Initialized once the regular init containers completed and every sidecar has started;
+    # a sidecar restarting later does not undo it (HasAnyRegularContainerStarted).
+    pending_init = [] if mains_started(worker) else [
+        c.name for c in worker.init_containers
+        if (not c.started.is_set() if c.sidecar else c.exit_code != 0)]
     initialized = ("True", None, None) if not pending_init else (
         "False", "ContainersNotInitialized",
         f"containers with incomplete status: [{' '.join(pending_init)}]")

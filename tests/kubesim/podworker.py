@@ -8,7 +8,8 @@ kubelet's events about the pod. Messages follow pkg/kubelet (kuberuntime_contain
 pod_workers.go) of Kubernetes 1.32.
 
 What does not: the node-wide sync loop (kubelet.py), the status it reports (podstatus.py),
-deriving env/argv/volumes (workload.py), processes (runtime.py).
+what sets native sidecars apart (sidecars.py), deriving env/argv/volumes (workload.py),
+processes (runtime.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kubesim import mounts, podstatus, runtime, serviceaccount, workload
+from kubesim import mounts, podstatus, runtime, serviceaccount, sidecars, workload
 from kubesim.podstatus import ContainerState
 from kubesim.store import timestamp
 
@@ -82,36 +83,12 @@ class PodWorker:
         # (reason, message) once the kubelet fails the pod itself: Evicted, DeadlineExceeded.
         self.failure: tuple[str, str] | None = None
         self.stop_grace: float | None = None  # set once the containers are being stopped
+        self.mains_done = False  # every regular container has ended: sidecars stop too
+        self.sidecar_tasks: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
         self._sleepers: set[asyncio.Future[None]] = set()
         self._stoppers: set[asyncio.Future[runtime.Exit]] = set()
-        self._recover(pod)
-
-    def _recover(self, pod: dict[str, Any]) -> None:
-        """A pod this node ran before its kubelet restarted (node crash and heal): containers
-        reported running are gone, as the kubelet reports them after a reboot."""
-        status = pod.get("status") or {}
-        prior = {cs["name"]: cs for cs in [*(status.get("initContainerStatuses") or []),
-                                            *(status.get("containerStatuses") or [])]}
-        self.ip = status.get("podIP", "")
-        self.started_at = status.get("startTime") or timestamp()
-        for c in self.all_containers:
-            cs = prior.get(c.name)
-            if cs is None:
-                continue
-            c.restart_count = int(cs.get("restartCount", 0))
-            c.last_state = cs.get("lastState") or {}
-            c.container_id = cs.get("containerID")
-            if "terminated" in (cs.get("state") or {}):
-                c.state = cs["state"]  # an instance that ended before: policy decides again
-                c.recovered = c.exit_code = cs["state"]["terminated"].get("exitCode")
-            if "running" in (cs.get("state") or {}):
-                c.state = {"terminated": {
-                    "exitCode": 137, "reason": "ContainerStatusUnknown",
-                    "message": "The container could not be located when the pod was terminated",
-                    "startedAt": cs["state"]["running"].get("startedAt"),
-                    "finishedAt": timestamp(), "containerID": c.container_id}}
-                c.recovered = c.exit_code = 137
+        podstatus.recover(self, pod)
 
     @property
     def dir(self) -> Path:
@@ -124,11 +101,11 @@ class PodWorker:
         self.pod = pod
         if pod["metadata"].get("deletionTimestamp") and not self.deleting.is_set():
             self.deleting.set()
-            self._wake()
+            self.wake()
             if self.finished:
                 finalize_deletion(self.kubelet, pod)
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         for sleeper in list(self._sleepers):
             sleeper.cancel()
 
@@ -142,7 +119,7 @@ class PodWorker:
         if self.failure is not None or self.finished:
             return
         self.failure = (reason, message)
-        self._wake()
+        self.wake()
         self.kubelet.event(self.pod, reason, message, warning=warning)
         await self.stop_containers(grace_seconds)
         self.publish()
@@ -161,8 +138,9 @@ class PodWorker:
 
     def abandon(self) -> None:
         """Kill the containers without reporting (node crash, pod object gone)."""
-        if self._task is not None:
-            self._task.cancel()
+        for task in [self._task, *self.sidecar_tasks]:
+            if task is not None:
+                task.cancel()
         for c in self.all_containers:
             if c.instance is not None:
                 c.instance.signal(9)
@@ -175,7 +153,8 @@ class PodWorker:
             watchers = [asyncio.ensure_future(self.watch_deletion()),
                         asyncio.ensure_future(self._enforce_deadline())]
             if await self._initialize():
-                await asyncio.gather(*(self._container_loop(c) for c in self.containers))
+                await asyncio.gather(*(self.container_loop(c) for c in self.containers))
+            await sidecars.finish(self)
             for watcher in watchers:
                 watcher.cancel()
             await self._terminate()
@@ -195,8 +174,13 @@ class PodWorker:
     async def _initialize(self) -> bool:
         """Run the init containers one after the other; False when one failed for good."""
         for c in self.init_containers:
+            if c.sidecar:
+                await sidecars.start(self, c)
+                if not c.started.is_set():
+                    return False  # the pod is going away before its sidecar could run
+                continue
             if c.exit_code != 0:
-                await self._container_loop(c)
+                await self.container_loop(c)
             if c.exit_code != 0:
                 return False
         for c in self.containers:
@@ -208,12 +192,17 @@ class PodWorker:
     def all_containers(self) -> list[ContainerState]:
         return [*self.init_containers, *self.containers]
 
-    async def _container_loop(self, c: ContainerState) -> None:
+    def ending(self) -> bool:
+        """Deleted, failed by the kubelet, or (for sidecars) the regular containers are done."""
+        return self.deleting.is_set() or self.failure is not None or self.mains_done
+
+    async def container_loop(self, c: ContainerState) -> None:
         policy = self.pod["spec"].get("restartPolicy", "Always")
         if c.init and policy == "Always":
             policy = "OnFailure"  # init containers are only restarted when they fail
+        policy = "Always" if c.sidecar else policy
         backoff = BACKOFF_START_SECONDS
-        while not self.deleting.is_set() and self.failure is None:
+        while not self.ending():
             code, c.recovered = (c.recovered, None) if c.recovered is not None else (
                 await self._run_once(c), None)
             if c.ran_seconds >= self.kubelet.scaled(2 * BACKOFF_MAX_SECONDS):
@@ -223,7 +212,7 @@ class PodWorker:
                     break
                 backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
                 continue
-            if self.deleting.is_set() or self.failure is not None:
+            if self.ending():
                 break
             if policy == "Never" or (policy == "OnFailure" and code == 0):
                 break
@@ -252,7 +241,7 @@ class PodWorker:
                 raise
         finally:
             self._sleepers.discard(sleeper)
-        return not self.deleting.is_set() and self.failure is None
+        return not self.ending()
 
     async def _run_once(self, c: ContainerState) -> int | None:
         """One container instance; its exit code, or None when it could not start."""
@@ -274,6 +263,7 @@ class PodWorker:
         self.kubelet.event(self.pod, "Created", f"Created container: {c.name}", container=c.name)
         self.kubelet.event(self.pod, "Started", f"Started container {c.name}", container=c.name)
         c.state = {"running": {"startedAt": timestamp(c.instance.started_at.timestamp())}}
+        c.started.set()
         self.publish()
         result = await c.instance.wait()
         c.instance = None
@@ -364,14 +354,16 @@ class PodWorker:
     # -- termination ---------------------------------------------------------------------------
 
     async def stop_containers(self, grace_seconds: float) -> None:
-        self.stop_grace = self.kubelet.scaled(grace_seconds)
-        stops = []
+        """SIGTERM, then SIGKILL after the grace period: regular containers, then sidecars."""
+        self.stop_grace = grace = self.kubelet.scaled(grace_seconds)
+        started, stops = time.monotonic(), []
         for c in self.all_containers:
-            if c.instance is not None:
+            if c.instance is not None and not c.sidecar:
                 self.kubelet.event(self.pod, "Killing", f"Stopping container {c.name}",
                                    container=c.name)
-                stops.append(c.instance.stop(self.stop_grace))
+                stops.append(c.instance.stop(grace))
         await asyncio.gather(*stops)
+        await sidecars.stop(self, max(grace - (time.monotonic() - started), 0.0))
 
     async def _terminate(self) -> None:
         """All container loops ended: report the terminal phase, then let the object go."""
