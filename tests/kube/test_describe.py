@@ -46,10 +46,11 @@ def _assert_same_as_kubectl(sim: kubesim.fixture.Sim, kube: KubeApi, ns: str, po
     return ours
 
 
-def _job(name: str, restart: str, main: str, init: str) -> dict[str, Any]:
+def _job(name: str, restart: str, main: str, init: str, *sidecars: dict[str, Any]) -> dict[str, Any]:
     spec = {
         "restartPolicy": restart, "terminationGracePeriodSeconds": 1, "nodeSelector": {"gpu": "yes"},
-        "initContainers": [{"name": "prep", "image": "python:3.11", "command": ["python", "-c", init]}],
+        "initContainers": [{"name": "prep", "image": "python:3.11", "command": ["python", "-c", init]},
+                           *sidecars],
         "containers": [{
             "name": "train", "image": "ghcr.io/acme/train:1", "command": ["python", "-c", main],
             "args": ["--epochs", "3"], "ports": [{"containerPort": 29500}],
@@ -92,7 +93,10 @@ def test_describe_of_a_restarted_pod_matches_kubectl_with_its_last_state(
     marker = str(tmp_path / "crashed-once")
     flaky = (f"import os, sys, time\nfirst = not os.path.exists({marker!r})\nopen({marker!r}, 'a').close()\n"
              "sys.exit(3) if first else time.sleep(60)\n")
-    kube.create_job(ns, _job("flaky", "OnFailure", flaky, "print('ready')"))
+    # a native sidecar (restartable init container) beside it, as a log shipper would run
+    shipper = {"name": "shipper", "image": "python:3.11", "restartPolicy": "Always",
+               "command": ["python", "-c", "import time; print('shipping', flush=True); time.sleep(60)"]}
+    kube.create_job(ns, _job("flaky", "OnFailure", flaky, "print('ready')", shipper))
 
     def running_again() -> str | None:
         for p in pods_of(kube, ns, "flaky"):
@@ -105,6 +109,7 @@ def test_describe_of_a_restarted_pod_matches_kubectl_with_its_last_state(
     text = _assert_same_as_kubectl(sim, kube, ns, pod)
     assert re.search(r"Last State:\s+Terminated\n\s+Reason:\s+Error\n\s+Exit Code:\s+3", text)
     assert re.search(r"Restart Count:\s+1", text)
+    assert re.search(r"  shipper:\n(    .*\n)*?    State:\s+Running\n", text)  # listed with the init containers
     kube.delete_job(ns, "flaky")
 
 
