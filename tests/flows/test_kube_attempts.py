@@ -180,14 +180,49 @@ def test_active_deadline_exceeded_is_timeout(kb: dict[str, Any]) -> None:
     assert any(c["reason"] == "DeadlineExceeded" for c in job["status"]["conditions"])
 
 
-def test_a_fail_job_exit_code_fails_the_job_at_once(kb: dict[str, Any]) -> None:
-    state, history = one_attempt(inline("k-failjob", "raise SystemExit(127)"), kb, "k-failjob-1")
+# A log shipper run as a native sidecar: its first instance crashes, the kubelet restarts it.
+SHIPPER = """
+import pathlib, sys, time
+folder = pathlib.Path(sys.argv[1])
+folder.mkdir(parents=True, exist_ok=True)
+if not (folder / 'shipper-crashed').exists():
+    (folder / 'shipper-crashed').touch()
+    print('shipper: collector refused the connection', flush=True)
+    sys.exit(1)
+print('shipper: shipping', flush=True)
+(folder / 'shipper-up').touch()
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_fail_job_exit_code_fails_the_job_at_once_and_a_crashed_sidecar_keeps_its_previous_log(
+        sim: Any, tmp_path: Any, prefect_server: str) -> None:
+    folder = "/trainguard/attempts/k-failjob-1"  # the run's folder on the attempt volume
+    shipper = {"name": "shipper", "image": "python:3.11", "restartPolicy": "Always",
+               "command": ["python", "-c", SHIPPER, folder],
+               "volumeMounts": [{"name": "trainguard-attempts", "mountPath": "/trainguard/attempts"}]}
+    blocks = kube_blocks(sim, tmp_path, job_template={"spec": {"template": {"spec": {"initContainers": [shipper]}}}})
+    # the command ends once the restarted shipper is up, so the sidecar's crash precedes it
+    code = (f"import pathlib, time\nup = pathlib.Path({folder!r}) / 'shipper-up'\nend = time.monotonic() + 60\n"
+            "while not up.exists() and time.monotonic() < end:\n    time.sleep(0.05)\nraise SystemExit(127)")
+    state, history = one_attempt(inline("k-failjob", code), blocks, "k-failjob-1")
     assert state.is_failed() and history[0]["exit_code"] == 127
     assert (history[0]["category"], history[0]["rule_id"]) == ("config_error", "exit.command_not_found")
     assert history[0]["decision"]["retry"] is False and "not retryable" in history[0]["decision"]["reason"]
-    job = kept(kb["evidence"], "k-failjob-1", 1, "kubernetes/job.json")
+    job = kept(blocks["evidence"], "k-failjob-1", 1, "kubernetes/job.json")
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
-    assert failed["reason"] == "PodFailurePolicy" and "matching FailJob rule" in failed["message"]
+    assert failed["reason"] == "PodFailurePolicy" and "Container train for pod" in failed["message"]
+    # the sidecar's crashed instance and its current one are both in the evidence, as logged
+    logs = _pod_log_name(blocks, "k-failjob-1", 1).rsplit("/", 1)[0]
+    assert kept(blocks["evidence"], "k-failjob-1", 1, f"{logs}/shipper.previous.log") == (
+        "shipper: collector refused the connection\n")
+    assert kept(blocks["evidence"], "k-failjob-1", 1, f"{logs}/shipper.log") == "shipper: shipping\n"
+    items = {i["name"] for i in kept(blocks["evidence"], "k-failjob-1", 1, "manifest.json")["items"]}
+    assert {f"{logs}/shipper.previous.log", f"{logs}/shipper.log", f"{logs}/train.log"} <= items
+    # triage read the training container, not the sidecar (SIGTERMed at the end: 143)
+    triage = kept(blocks["evidence"], "k-failjob-1", 1, "kubernetes/triage.json")
+    assert (triage["container"], triage["exit_code"]) == ("train", 127) and "shipper" not in triage["log_item"]
 
 
 def test_sigsegv_keeps_its_core_file_in_the_evidence_through_the_collector(kb: dict[str, Any], sim: Any) -> None:
