@@ -33,6 +33,10 @@ FULL = JobSettings(
     attempt_volume=AttemptVolume("hostPath", host_path="/mnt/trainguard"), python="/opt/conda/bin/python",
 )
 
+# A native sidecar as users add it: trainguard writes no init containers, so the list goes in as written.
+SIDECAR = {"name": "shipper", "image": "fluent/fluent-bit:3.2", "restartPolicy": "Always",
+           "volumeMounts": [{"name": "trainguard-attempts", "mountPath": "/trainguard/attempts", "readOnly": True}]}
+
 CASES: dict[str, tuple[JobSettings, Launch]] = {
     "minimal": (JobSettings(image="python:3.11"), Launch(run_id="r-1", attempt=1, command=("python", "t.py"))),
     "full": (FULL, LAUNCH),
@@ -40,7 +44,7 @@ CASES: dict[str, tuple[JobSettings, Launch]] = {
                                                            "avoid_nodes": ("gpu-node-7", "gpu-node-2")})),
     "template-override": (JobSettings(image="python:3.11", shm_size=None, attempt_volume=AttemptVolume("emptyDir"),
                                       job_template={"spec": {"ttlSecondsAfterFinished": 3600, "template": {
-                                          "spec": {"runtimeClassName": "nvidia"}}}}),
+                                          "spec": {"runtimeClassName": "nvidia", "initContainers": [SIDECAR]}}}}),
                           Launch(run_id="r-1", attempt=1, command=("python", "t.py"))),
 }
 
