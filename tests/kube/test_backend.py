@@ -95,6 +95,21 @@ def test_an_unschedulable_attempt_waits_its_bound_then_reports_and_is_deleted_on
     wait_for(lambda: not kube.list_jobs(ns)["items"], what="the pending Job deleted")
 
 
+def test_a_sidecar_that_cannot_pull_its_image_ends_the_attempt_as_a_start_error(
+    kube: KubeApi, ns: str, tmp_path: Path,
+) -> None:
+    sidecar = {"name": "shipper", "image": "registry.example.com/missing/shipper:1", "restartPolicy": "Always"}
+    settings = JobSettings(image="python:3.11", namespace=ns,
+                           job_template={"spec": {"template": {"spec": {"initContainers": [sidecar]}}}})
+    b = KubernetesBackend(lambda: kube, KubeSettings(settings, local_root=str(tmp_path), start_error_seconds=1))
+    ref = b.provision("r-sidecar-pull", 1)
+    # the training container waits (PodInitializing) behind the sidecar that cannot start
+    outcome = b.run(ref, launch("r-sidecar-pull", "print('never runs')"))
+    assert outcome.reason in ("ErrImagePull", "ImagePullBackOff") and "missing/shipper:1" in outcome.message
+    assert triage.classify(b.signals(ref, outcome)).category.value == "config_error"
+    b.release(ref)
+
+
 def test_a_silent_attempt_is_stopped_as_stalled(kube: KubeApi, ns: str, tmp_path: Path) -> None:
     b = backend(kube, ns, tmp_path)
     ref = b.provision("r-stall", 1)

@@ -29,7 +29,7 @@ from trainguard.core.kube import evidence, manifests, zipapp
 from trainguard.core.kube.api import KubeApi
 from trainguard.core.kube.errors import Conflict, KubeError, NotFound
 from trainguard.core.kube.supervise import (
-    START_ERRORS, Ending, Limits, Supervisor, container_state, job_condition,
+    START_ERRORS, Ending, Limits, Supervisor, blocking_wait, container_state, job_condition,
 )
 from trainguard.core.kube.watch import RELISTED, ResumingWatch
 from trainguard.core.manifest import attempt_prefix
@@ -275,7 +275,7 @@ def outcome_of(ending: Ending) -> AttemptOutcome:
 def _reason(ending: Ending, pod: Mapping[str, Any], job: Mapping[str, Any],
             terminated: Mapping[str, Any]) -> tuple[str, str]:
     """The most telling reason and its message, in the order triage trusts them."""
-    waiting = container_state(pod).get("waiting") or {}
+    waiting = blocking_wait(pod)
     fixed = {"unschedulable": "Unschedulable", "start_error": waiting.get("reason") or START_ERROR,
              "stalled": "Stalled", "deadline": "DeadlineExceeded", "api": ERROR}
     if ending.why in fixed:

@@ -23,6 +23,7 @@ from trainguard.core.kube.api import KubeApi
 from trainguard.core.kube.collector import training_container
 from trainguard.core.kube.describe import event_time
 from trainguard.core.kube.errors import Transient
+from trainguard.core.kube.supervise import blocking_wait
 from trainguard.core.stores import EvidenceStore
 from trainguard.core.triage.signals import Signals
 
@@ -207,7 +208,7 @@ def _terminated(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def _reason(pod: Mapping[str, Any], job: Mapping[str, Any] | None, status: Mapping[str, Any]) -> tuple[str | None, str]:
     job_failed = next((c for c in ((job or {}).get("status") or {}).get("conditions") or ()
                        if c.get("type") == "Failed" and c.get("status") == "True"), None)
-    done, waiting = _terminated(status) or {}, ((status.get("state") or {}).get("waiting") or {})
+    done, waiting = _terminated(status) or {}, blocking_wait(pod, (status.get("state") or {}).get("waiting") or {})
     pod_status = pod.get("status") or {}
     candidates: list[tuple[object, object]] = [(pod_status.get("reason"), pod_status.get("message"))]
     if job_failed and job_failed.get("reason") == "DeadlineExceeded":

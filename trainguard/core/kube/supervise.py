@@ -10,7 +10,8 @@ a watch is too old (410), watches resumed where they stopped. It ends the attemp
 - the Job is Complete or Failed, or it is failing (`FailureTarget`) and its pod has ended;
 - the pod failed with `DisruptionTarget` (the podFailurePolicy ignores it, the flow retries it);
 - the pod stays unschedulable longer than `unschedulable_seconds` (the scheduler's events are kept);
-- the container cannot start (image pull, config) for `start_error_seconds`;
+- the container cannot start (image pull, config) for `start_error_seconds`, or an init container
+  or sidecar it waits for cannot;
 - nothing new was logged for `stall_seconds`, or the attempt outlived its deadline plus a margin;
 - the Job was deleted by someone else.
 
@@ -248,7 +249,7 @@ class Supervisor:
         stuck = pod is not None and unschedulable_since(pod) is not None
         if self._lasted("unschedulable", stuck, now) >= limits.unschedulable_seconds:
             return "unschedulable"
-        waiting = container_state(pod).get("waiting", {}).get("reason") if pod else None
+        waiting = blocking_wait(pod).get("reason") if pod else None
         if self._lasted("start-error", waiting in START_ERRORS, now) >= limits.start_error_seconds:
             return "start_error"
         if limits.stall_seconds and self.followed and now - self.last_output >= limits.stall_seconds:
@@ -274,6 +275,20 @@ def container_state(pod: Mapping[str, Any] | None, name: str = manifests.CONTAIN
         if status.get("name") == name:
             return dict(status.get("state") or {})
     return {}
+
+
+def blocking_wait(pod: Mapping[str, Any] | None, own: Mapping[str, Any] | None = None) -> Wire:
+    """What keeps the training container waiting: its own `waiting` state (or `own`), or, while it
+    waits for the init containers (PodInitializing), the start error of an init container or
+    sidecar that cannot start (image pull, config)."""
+    mine = dict(own if own is not None else container_state(pod).get("waiting") or {})
+    if mine.get("reason") != "PodInitializing":
+        return mine
+    for status in (pod or {}).get("status", {}).get("initContainerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in START_ERRORS:
+            return dict(waiting)
+    return mine
 
 
 def pod_terminal(pod: Mapping[str, Any]) -> bool:
