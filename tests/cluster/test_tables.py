@@ -69,6 +69,30 @@ def test_restarts_cell_shows_the_age_of_the_newest_termination() -> None:
     assert cells[1] == "1/1" and cells[3] == "3 (2m5s ago)"
 
 
+def _with_sidecar(inits: list[dict[str, Any]], *, initialized: bool) -> dict[str, Any]:
+    """A pod whose first init container is a native sidecar (restartPolicy Always)."""
+    pod = _pod([_c("train", RUNNING, ready=True)] if initialized else
+               [_c("train", {"waiting": {"reason": "PodInitializing"}})],
+               phase="Running" if initialized else "Pending", inits=inits, ready=initialized)
+    pod["spec"]["initContainers"][0]["restartPolicy"] = "Always"
+    pod["status"]["conditions"].append({"type": "Initialized",
+                                        "status": "True" if initialized else "False"})
+    return pod
+
+
+def test_a_started_sidecar_counts_as_a_ready_container_with_its_restarts() -> None:
+    finished = timestamp(time.time() - 65)
+    sidecar = {**_c("shipper", RUNNING, restarts=2, ready=True,
+                    last={"exitCode": 1, "finishedAt": finished}), "started": True}
+    cells = tables.table("pods", [_with_sidecar([sidecar], initialized=True)], "1")["rows"][0]["cells"]
+    assert cells[1:4] == ["2/2", "Running", "2 (65s ago)"]
+    # before the pod is initialized, a started sidecar lets the next init container's turn show
+    waiting = _c("fetch", {"running": {"startedAt": finished}})
+    cells = tables.table("pods", [_with_sidecar([sidecar, waiting], initialized=False)],
+                         "1")["rows"][0]["cells"]
+    assert cells[1:3] == ["1/2", "Init:1/2"]
+
+
 @pytest.mark.parametrize(("seconds", "text"), [
     (5, "5s"), (119, "119s"), (125, "2m5s"), (600, "10m"), (3 * 3600 + 60, "3h1m"),
     (30 * 3600, "30h"), (3 * 86400 + 3600, "3d1h"), (400 * 86400, "400d"),

@@ -55,10 +55,12 @@ class Kubelet:
               container: str | None = None) -> None:
         if not self.connected:
             return
+        inits = {c.get("name") for c in pod["spec"].get("initContainers") or []}
+        kind = "initContainers" if container in inits else "containers"
         self.store.record_event(
             involved(pod), reason, message, type="Warning" if warning else "Normal",
             component="kubelet", host=self.name,
-            field_path=f"spec.containers{{{container}}}" if container else None)
+            field_path=f"spec.{kind}{{{container}}}" if container else None)
 
     async def run(self) -> None:
         queue = self.store.subscribe()

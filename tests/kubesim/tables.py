@@ -49,22 +49,48 @@ def since(ts: str | None) -> str:
     return "<unknown>" if at is None else human_duration(time.time() - at)
 
 
-def _init_status(pod: dict[str, Any], reason: str) -> tuple[str, bool]:
+def _finished(c: dict[str, Any]) -> float:
+    return _parse(((c.get("lastState") or {}).get("terminated") or {}).get("finishedAt")) or 0.0
+
+
+def _init_status(pod: dict[str, Any], reason: str) -> tuple[str, bool, int, int, float]:
+    """printPod's loop over init container statuses: (reason, initializing, restarts, ready
+    sidecars, newest restart time). Once the pod is initialized only the sidecars' restarts
+    count; a started sidecar counts as initialized and, when ready, as a ready container."""
     status = pod.get("status") or {}
     inits = (pod.get("spec") or {}).get("initContainers") or []
+    sidecar_names = {c.get("name") for c in inits if c.get("restartPolicy") == "Always"}
+    restarts, sidecar_restarts, ready, last, sidecar_last = 0, 0, 0, 0.0, 0.0
+    initializing = False
     for i, c in enumerate(status.get("initContainerStatuses") or []):
+        restarts += int(c.get("restartCount") or 0)
+        last = max(last, _finished(c))
+        sidecar = c.get("name") in sidecar_names
+        if sidecar:
+            sidecar_restarts += int(c.get("restartCount") or 0)
+            sidecar_last = max(sidecar_last, _finished(c))
         state = c.get("state") or {}
         term, wait = state.get("terminated"), state.get("waiting")
         if term and term.get("exitCode") == 0:
             continue
+        if sidecar and c.get("started"):
+            ready += 1 if c.get("ready") else 0
+            continue
+        initializing = True
         if term:
             detail = term.get("reason") or (f"Signal:{term['signal']}" if term.get("signal")
                                              else f"ExitCode:{term.get('exitCode')}")
-            return f"Init:{detail}", True
-        if wait and wait.get("reason") and wait["reason"] != "PodInitializing":
-            return f"Init:{wait['reason']}", True
-        return f"Init:{i}/{len(inits)}", True
-    return reason, False
+            reason = f"Init:{detail}"
+        elif wait and wait.get("reason") and wait["reason"] != "PodInitializing":
+            reason = f"Init:{wait['reason']}"
+        else:
+            reason = f"Init:{i}/{len(inits)}"
+        break
+    initialized = any(c.get("type") == "Initialized" and c.get("status") == "True"
+                      for c in status.get("conditions") or [])
+    if not initializing or initialized:
+        return reason, False, sidecar_restarts, ready, sidecar_last
+    return reason, True, restarts, ready, last
 
 
 def _containers_status(status: dict[str, Any], reason: str) -> tuple[str, int, int, float]:
@@ -99,10 +125,11 @@ def _pod_cells(pod: dict[str, Any]) -> list[Any]:
     if any(c.get("type") == "PodScheduled" and c.get("reason") == "SchedulingGated"
            for c in status.get("conditions") or []):
         reason = "SchedulingGated"
-    reason, initializing = _init_status(pod, reason)
-    restarts, ready, last_restart = 0, 0, 0.0
+    reason, initializing, restarts, ready, last_restart = _init_status(pod, reason)
     if not initializing:
-        reason, restarts, ready, last_restart = _containers_status(status, reason)
+        reason, more, ready_more, last_more = _containers_status(status, reason)
+        restarts, ready, last_restart = restarts + more, ready + ready_more, max(last_restart,
+                                                                                 last_more)
     if meta.get("deletionTimestamp"):
         if status.get("reason") == "NodeLost":
             reason = "Unknown"
@@ -112,7 +139,9 @@ def _pod_cells(pod: dict[str, Any]) -> list[Any]:
     if restarts and last_restart:
         restarts_cell = f"{restarts} ({human_duration(time.time() - last_restart)} ago)"
     gates = spec.get("readinessGates") or []
-    return [meta["name"], f"{ready}/{len(spec.get('containers') or [])}", reason, restarts_cell,
+    total = len(spec.get("containers") or []) + sum(  # sidecars count as containers
+        1 for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always")
+    return [meta["name"], f"{ready}/{total}", reason, restarts_cell,
             since(meta.get("creationTimestamp")), status.get("podIP") or "<none>",
             spec.get("nodeName") or "<none>", status.get("nominatedNodeName") or "<none>",
             f"{len(gates)}" if gates else "<none>"]
