@@ -16,7 +16,8 @@ from waiting import wait_for
 IMAGE = "python:3.11"
 
 # First instance: a line, a marker, exit 1. Later instances: a line, a marker, then run until
-# stopped (SIGTERM ends python with 143), or, with `trap`, exit 0 on SIGTERM.
+# stopped (SIGTERM ends python with 143), or, with `trap`, exit 0 on SIGTERM, noting whether the
+# regular container had ended by then.
 SIDECAR = """
 import pathlib, signal, sys, time
 folder = pathlib.Path(sys.argv[1])
@@ -24,8 +25,11 @@ if not (folder / 'crashed').exists():
     print('shipper: first instance, crashing', flush=True)
     (folder / 'crashed').touch()
     sys.exit(1)
+def stop(*_):
+    (folder / 'train-ended-first').write_text(str((folder / 'train-ended').exists()))
+    sys.exit(0)
 if sys.argv[2:] == ['trap']:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, stop)
 print('shipper: up again', flush=True)
 (folder / 'up').touch()
 while True:
@@ -33,8 +37,9 @@ while True:
 """
 # The regular container waits for the sidecar's second instance, then for the test's go-ahead.
 TRAIN = """
-import pathlib, sys, time
+import pathlib, signal, sys, time
 folder = pathlib.Path(sys.argv[1])
+signal.signal(signal.SIGTERM, lambda *_: ((folder / 'train-ended').touch(), sys.exit(143)))
 while not (folder / 'up').exists() or not (folder / 'go').exists():
     time.sleep(0.02)
 print('trained', flush=True)
@@ -42,11 +47,12 @@ sys.exit(int(sys.argv[2]))
 """
 
 
-def pod(name: str, folder: Path, *, exit_code: int = 0, trap: bool = False) -> dict[str, Any]:
+def pod(name: str, folder: Path, *, exit_code: int = 0, trap: bool = False,
+        grace: int = 5) -> dict[str, Any]:
     sidecar = {"name": "shipper", "image": IMAGE, "restartPolicy": "Always",
                "command": ["python", "-c", SIDECAR, str(folder), *(["trap"] if trap else [])]}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
-        "restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
+        "restartPolicy": "Never", "terminationGracePeriodSeconds": grace,
         "initContainers": [sidecar],
         "containers": [{"name": "train", "image": IMAGE,
                         "command": ["python", "-c", TRAIN, str(folder), str(exit_code)]}]}}
@@ -108,3 +114,15 @@ def test_the_regular_containers_alone_decide_the_phase_of_a_pod_with_a_sidecar(
     # the sidecar ended cleanly on SIGTERM: the regular container's 3 fails the pod all the same
     assert (done.status.phase, train.state.terminated.exit_code) == ("Failed", 3)
     assert (sidecar.state.terminated.exit_code, sidecar.state.terminated.reason) == (0, "Completed")
+
+
+def test_deleting_a_pod_stops_its_regular_container_before_its_sidecar(
+        core: client.CoreV1Api, ns: str, tmp_path: Path) -> None:
+    core.create_namespaced_pod(ns, pod("deleted", tmp_path, trap=True, grace=30))  # 0.6 s scaled
+    wait_for(lambda: (tmp_path / "up").exists() and core.read_namespaced_pod(
+        "deleted", ns).status.container_statuses[0].state.running, what="sidecar and train running")
+    core.delete_namespaced_pod("deleted", ns)
+    order = wait_for(lambda: (tmp_path / "train-ended-first").exists()
+                     and (tmp_path / "train-ended-first").read_text(), what="the sidecar's SIGTERM")
+    assert order == "True"
+    wait_for(lambda: not core.list_namespaced_pod(ns).items, what="the pod to go")
