@@ -355,7 +355,7 @@ class PodWorker:
 
     async def stop_containers(self, grace_seconds: float) -> None:
         """SIGTERM, then SIGKILL after the grace period: regular containers, then sidecars."""
-        self.stop_grace = grace = self.kubelet.scaled(grace_seconds)
+        self.stop_grace = grace = self.kubelet.termination_grace(grace_seconds)
         started, stops = time.monotonic(), []
         for c in self.all_containers:
             if c.instance is not None and not c.sidecar:

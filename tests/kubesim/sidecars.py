@@ -53,7 +53,7 @@ async def finish(worker: PodWorker) -> None:
     worker.mains_done = True
     worker.wake()
     grace = float(worker.pod["spec"].get("terminationGracePeriodSeconds", 30))
-    await stop(worker, worker.kubelet.scaled(grace))
+    await stop(worker, worker.kubelet.termination_grace(grace))
     await asyncio.gather(*worker.sidecar_tasks, return_exceptions=True)
 
 
