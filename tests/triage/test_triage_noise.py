@@ -191,10 +191,10 @@ def test_the_lines_holding_a_noisy_patterns_literal_are_found_by_shape(
     assert lines.shapes(chunk, 0, len(chunk), [pid]) is None
 
 
-def test_once_a_noisy_log_is_long_the_engines_own_pass_finds_its_noisy_lines(
+def test_once_a_noisy_log_is_long_the_engine_scans_without_its_noisy_patterns(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # The database that finds the noisy lines in the engine's pass, without the noisy patterns,
-    # is compiled after COMBINE_AFTER chunks; every hit stays the one found without it.
+    # The engine's database without the noisy patterns (their lines are found by the scan's own
+    # pass) is compiled after COMBINE_AFTER chunks; every hit stays the one found without it.
     monkeypatch.setattr(noisy_module, "COMBINE_AFTER", 2)
     monkeypatch.setattr(scan, "BLOCK_BYTES", 256 << 10)  # blocks handed to it after that
     real = (b"[rank2]: requests.exceptions.ConnectionError: HTTPSConnectionPool(host='s3.amazonaws"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import sys
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 from trainguard.core import triage
 from trainguard.core.taxonomy import Category
-from trainguard.core.triage import engines, scan
+from trainguard.core.triage import engines, pipeline, scan
 
 DEV = Path(__file__).parent / "corpus" / "dev" / "dev.jsonl"
 OOM = b"[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.\n"
@@ -158,6 +159,25 @@ def test_concurrent_classifications_from_threads_do_not_interfere(engine: str) -
         got = list(pool.map(lambda log: triage.classify(
             triage.Signals(exit_code=1, log=log), engine=engine), logs))
     assert got == expected
+
+
+def test_time_slices_are_short_only_while_an_engine_runs_a_block_ahead() -> None:
+    before = sys.getswitchinterval()
+    scanner = scan.Scanner(triage.load_rules())
+    blocks = [(progress(50), 0, len(progress(50)))] * 3
+    during = [sys.getswitchinterval() for _ in pipeline.ahead(scanner.engine, iter(blocks))]
+    threaded = isinstance(scanner.engine, engines.HyperscanEngine)
+    shortened = min(pipeline.SLICE_SECONDS, before)
+    assert during == pytest.approx([shortened if threaded else before] * 3)
+    # Two scans at once: the first to end leaves the interval short for the other.
+    first = pipeline.ahead(scanner.engine, iter(blocks))
+    next(first)
+    second = pipeline.ahead(scanner.engine, iter(blocks))
+    next(second)
+    first.close()
+    assert sys.getswitchinterval() == pytest.approx(shortened if threaded else before)
+    second.close()
+    assert sys.getswitchinterval() == pytest.approx(before)
 
 
 def test_required_literals_cover_every_alternative() -> None:

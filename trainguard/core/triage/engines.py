@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.core.triage.lineshapes import MASK, ChunkLines, LineShapes
+from trainguard.core.triage.lineshapes import MASK
 from trainguard.core.triage.literals import loosened, required_literals
 
 _hs: Any
@@ -260,35 +260,41 @@ class HyperscanEngine:
                 out[index].extend(ids[pid] for pid in pids)
         return out
 
-    def with_lines(self, expression: bytes, pids: frozenset[int], cached_only: bool) -> Any:
-        """The patterns' database plus ``expression``, reported (as id ``len(patterns)``) at the
-        end of each line it matches: one pass says which patterns occur and where such lines
-        end. ``pids``, whose every match lies in such a line, are left out: their literals cost
-        the pass most on a noisy log, and the lines say more. From the cache only if
-        ``cached_only``; None if not had or if it does not compile."""
+    def without(self, pids: frozenset[int], cached_only: bool) -> Any:
+        """The patterns' database less ``pids``, the patterns a noisy log keeps reporting: their
+        lines are found by the collector's own pass (``noisy``), and on such a log the rest are
+        reported so rarely that a block's pass needs the interpreter only as it ends. From the
+        cache only if ``cached_only``; None if not had or if it does not compile."""
         if self._db is None or self._rest is not None:
             return None
         ids = [i for i in self._ok if i not in pids]
-        return _cached_database(self._patterns, ids, single=True, lines=expression,
-                                cached_only=cached_only)
+        return _cached_database(self._patterns, ids, single=True, cached_only=cached_only)
 
-    def present_lines(self, buf: bytes, chunks: Sequence[Chunk], db: Any, pids: frozenset[int],
-                      limit: int) -> tuple[list[list[int]], list[ChunkLines]]:
-        """For each chunk, the patterns that may occur in it and its lines matching the line
-        expression of ``db`` (a database from ``with_lines`` without ``pids``: those may occur
-        wherever such a line is found), filed by shape, up to ``limit`` lines a chunk."""
-        present: list[list[int]] = []
-        lines: list[ChunkLines] = []
+    def present_without(self, buf: bytes, chunks: Sequence[Chunk], db: Any,
+                        pids: frozenset[int]) -> list[list[int]]:
+        """For each chunk, the patterns that may occur in it, from ``db`` (a database from
+        ``without``): ``pids`` are said to occur everywhere, for the caller to look for.
+
+        The block is scanned once; only when something occurs in it are its chunks scanned one
+        by one. Chunks begin and end at line starts, so a match within a line of a chunk is a
+        match in the block: a block without one has none in any chunk.
+        """
         view = memoryview(buf)
         scratch = self._scratch(db)
-        line_id = len(self._patterns)
+        also = sorted(pids)
+        found: list[int] = []
+        if chunks:
+            db.scan(view[chunks[0][0]:chunks[-1][1]], scratch=scratch,
+                    match_event_handler=lambda pid, *_: found.append(pid))
+        if not found:
+            return [list(also) for _ in chunks]
+        out: list[list[int]] = []
         for a, b in chunks:
-            found: list[int] = []
-            shapes = LineShapes(buf, a, limit, line_id, found, stop=False)
-            db.scan(view[a:b], scratch=scratch, match_event_handler=shapes.handler)
-            present.append(found + sorted(pids) if shapes.lines else found)
-            lines.append(shapes.result())
-        return present, lines
+            found = []
+            db.scan(view[a:b], scratch=scratch,
+                    match_event_handler=lambda pid, *_: found.append(pid))
+            out.append(found + also)
+        return out
 
     def _scratch(self, db: Any = None) -> Any:
         db = self._db if db is None else db
@@ -346,7 +352,7 @@ def _cache_dir() -> Path | None:
 
 
 def _cached_database(patterns: Sequence[Pattern], ids: Sequence[int], single: bool = False,
-                     lines: bytes | None = None, cached_only: bool = False) -> Any:
+                     cached_only: bool = False) -> Any:
     """Compile (or load the cached compilation of) the patterns; None if one does not compile.
 
     Compiling a few hundred patterns takes Hyperscan about half a second, longer than the rest of
@@ -354,8 +360,6 @@ def _cached_database(patterns: Sequence[Pattern], ids: Sequence[int], single: bo
     """
     assert _hs is not None
     described = [(i, patterns[i].prefilter, _flags(patterns[i], single)) for i in ids]
-    if lines is not None:
-        described.append((len(patterns), lines, LINE_FLAGS))
     key = hashlib.sha256(repr((getattr(_hs, "__version__", ""), described)).encode()
                          ).hexdigest()[:24]
     folder = _cache_dir()
@@ -370,11 +374,9 @@ def _cached_database(patterns: Sequence[Pattern], ids: Sequence[int], single: bo
         return None
     if db is None:
         db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-        extra = [] if lines is None else [lines]
         try:
-            db.compile(expressions=[patterns[i].prefilter for i in ids] + extra,
-                       ids=list(ids) + [len(patterns)] * len(extra),
-                       flags=[_flags(patterns[i], single) for i in ids] + [LINE_FLAGS] * len(extra))
+            db.compile(expressions=[patterns[i].prefilter for i in ids], ids=list(ids),
+                       flags=[_flags(patterns[i], single) for i in ids])
         except _hs.error:
             return None
         if path is not None:

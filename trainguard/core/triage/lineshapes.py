@@ -11,13 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["ChunkLines", "LineShapes", "MASK"]
+__all__ = ["LineShapes", "MASK"]
 
 MASK = bytes.maketrans(b"123456789", b"000000000")  # every digit reads as 0
-
-# The lines of a chunk that an expression reported: where each distinct digit-masked line
-# starts (in order, first occurrence first), and how many lines were reported in all.
-ChunkLines = tuple[dict[bytes, list[int]], int]
 
 Handler = Callable[[int, int, int, int, object], bool]
 
@@ -25,31 +21,26 @@ Handler = Callable[[int, int, int, int, object], bool]
 class LineShapes:
     """The lines reported for one chunk ``buf[a:...]``, filed by shape as they are reported.
 
-    ``handler`` is the engine's match callback: reports of ``line_id`` are lines (at their ends,
-    relative to ``a``), any other id is appended to ``others``. Past ``limit`` lines, lines are
-    only counted, and the scan is stopped if ``stop`` (the caller then reads the chunk whole).
+    ``handler`` is the engine's match callback: each report is a line (at its end, relative to
+    ``a``), filed under its shape, with where it starts. Past ``limit`` lines the scan is
+    stopped, and the caller reads the chunk whole.
     """
 
     __slots__ = ("by_shape", "handler", "_count")
 
-    def __init__(self, buf: bytes, a: int, limit: int, line_id: int = 0,
-                 others: list[int] | None = None, stop: bool = True) -> None:
+    def __init__(self, buf: bytes, a: int, limit: int) -> None:
         # A chunk starts a line: at 0 or after a newline, so looking from the byte before it,
         # the first line's start is found too.
         assert a == 0 or buf[a - 1] == 10, "a chunk starts at the start of a line"
         by_shape: dict[bytes, list[int]] = {}
-        found = others if others is not None else []
         count = 0
         rfind, get, low = buf.rfind, by_shape.get, max(a - 1, 0)
 
-        def handler(pid: int, _from: int, to: int, _flags: int, _context: object) -> bool:
+        def handler(_pid: int, _from: int, to: int, _flags: int, _context: object) -> bool:
             nonlocal count
-            if pid != line_id:
-                found.append(pid)
-                return False
             count += 1
             if count > limit:
-                return stop  # True stops the scan
+                return True  # stops the scan
             end = a + to
             start = rfind(b"\n", low, end) + 1
             shape = buf[start:end].translate(MASK)
@@ -66,8 +57,5 @@ class LineShapes:
 
     @property
     def lines(self) -> int:
-        """How many lines were reported (past the limit, they are counted, not filed)."""
+        """How many lines were reported, up to one past the limit."""
         return self._count()
-
-    def result(self) -> ChunkLines:
-        return self.by_shape, self.lines

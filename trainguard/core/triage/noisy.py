@@ -9,12 +9,14 @@ followed by the rest of its line, reports each line holding one once, at its end
 lines are masked. Which patterns are noisy is learnt as the log is read; where Hyperscan cannot
 be imported, or a chunk holds too many such lines, the caller masks the whole chunk as before.
 
-That small database costs a second pass over every noisy chunk; the engine's own database with
-the same expression added makes one pass say both which patterns occur and where those lines
-end. Compiling it takes about as long as the rules' own (~0.4 s): it is compiled for a set of
-noisy patterns once a log has shown itself long (``COMBINE_AFTER`` noisy chunks; the one pass
-saves about 0.9 CPU s per GiB) and kept in the same cache, from which a later scan of such a log
-takes it at once.
+The engine, a block ahead on its own thread, reports each noisy pattern once in nearly every
+chunk, and each report waits for the interpreter this thread keeps busy: the two threads take
+turns instead of sharing two cores. The engine's database without the noisy patterns reports
+nothing on such a log, so its pass over a block runs on its own core, and the noisy patterns are
+looked for only here, where their lines are found anyway. Compiling that database takes about as
+long as the rules' own (~0.4 s): it is compiled for a set of noisy patterns once a log has shown
+itself long (``COMBINE_AFTER`` noisy chunks) and kept in the same cache, from which a later scan
+of such a log takes it at once.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from collections import Counter
 from typing import Any
 
 from trainguard.core.triage.engines import LINE_FLAGS, Finders, HyperscanEngine
-from trainguard.core.triage.lineshapes import MASK, ChunkLines, LineShapes
-from trainguard.core.triage.pipeline import MAX_LINES, LineDatabase
+from trainguard.core.triage.lineshapes import MASK, LineShapes
+from trainguard.core.triage.pipeline import MAX_LINES, Without
 
 _hs: Any
 try:  # an accelerator only: without it every chunk is masked whole
@@ -47,10 +49,9 @@ class LiteralLines:
     def __init__(self, finders: Finders, engine: HyperscanEngine | None = None) -> None:
         self.finders = finders
         self.engine = engine
-        self.combined: LineDatabase | None = None  # the engine's database, finding these lines
-        self.looked = True  # whether the cache was asked for the combined database of self.pids
+        self.combined: Without | None = None  # the engine's database without self.pids
+        self.looked = True  # whether the cache was asked for the engine's database of self.pids
         self.used = 0  # chunks whose lines were found by the small database, since it was built
-        self._expression = b""
         self.seen: Counter[int] = Counter()
         self.pids: frozenset[int] = frozenset()
         # Masked lines known to fail, or to lack the literals of, every pattern of self.pids
@@ -61,26 +62,18 @@ class LiteralLines:
         self._db: Any = None
         self._scratch: Any = None
 
-    def database(self) -> LineDatabase | None:
-        """The database to give the engine the next block with: None while chunks are masked
-        whole, or before a database finding these lines in the engine's pass is had."""
-        return None if self.whole else self.combined
+    def database(self) -> Without | None:
+        """The database to give the engine the next block with, once had: the engine's without
+        the noisy patterns, which may then occur in any chunk."""
+        return self.combined
 
-    def shapes(self, buf: bytes, a: int, b: int, pids: list[int],
-               found: tuple[ChunkLines, frozenset[int]] | None = None) -> Shapes | None:
+    def shapes(self, buf: bytes, a: int, b: int, pids: list[int]) -> Shapes | None:
         """The shapes of the lines of ``buf[a:b]`` that may match one of ``pids``, with where
-        those lines start; None when the caller should mask the whole chunk instead. ``found``
-        is the lines the engine's pass found, and for which patterns, if it did."""
+        those lines start; None when the caller should mask the whole chunk instead."""
         self.seen.update(pids)
         if self.whole:
             self.whole -= 1
             return None
-        if found is not None and found[1].issuperset(pids):
-            (by_shape, lines), _ = found
-            if lines > MAX_LINES:
-                self.whole = MASK_WHOLE_AFTER_OVERFLOW
-                return None
-            return by_shape
         if _hs is None or (not self.pids.issuperset(pids) and not self._build(pids)):
             return None
         self._combine()
@@ -118,16 +111,16 @@ class LiteralLines:
         self.pids = wanted
         self.judged.clear()  # judged for fewer patterns than are now looked for
         self.builds += 1
-        self._expression = _rest_of_line(_shortest(literals))
         self.combined, self.looked, self.used = None, False, 0
         return True
 
     def _combine(self) -> None:
-        """Take the one-pass database from the cache once; compile it once the log is long."""
+        """Take the engine's database without the noisy patterns from the cache once; compile
+        it once the log is long."""
         self.used += 1
         if self.engine is None or (self.looked and self.used != COMBINE_AFTER):
             return
-        db = self.engine.with_lines(self._expression, self.pids, cached_only=not self.looked)
+        db = self.engine.without(self.pids, cached_only=not self.looked)
         self.looked = True
         if db is not None:
             self.combined = (db, self.pids)

@@ -2,31 +2,35 @@
 
 Hyperscan releases the GIL while it scans, so the engine's pass over the next block runs on a
 second thread while this thread reads the lines of the current one: a long log uses two cores,
-and at most two blocks (plus the one coming off the disk) are held at once. On a noisy log the
-engine's database may also find the lines holding the noisy patterns' literals (``noisy``), in
-the same pass.
+and at most two blocks (plus the one coming off the disk) are held at once. On a long noisy log
+the engine scans with a database without the patterns the log keeps reporting (their lines are
+found here, ``noisy``): its pass then needs the interpreter only as it ends, not at every chunk.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 from trainguard.core.triage.engines import Chunk, HyperscanEngine, ReEngine
-from trainguard.core.triage.lineshapes import ChunkLines
 
-__all__ = ["Answer", "Block", "CHUNK_BYTES", "LineDatabase", "ahead", "chunks"]
+__all__ = ["Answer", "Block", "CHUNK_BYTES", "Without", "ahead", "chunks"]
 
 CHUNK_BYTES = 256 << 10
 
 Block = tuple[bytes, int, int]  # buffer, start, stop: the lines in buffer[start:stop]
-# A database that also reports the ends of lines holding the literals of the patterns given.
-LineDatabase = tuple[Any, frozenset[int]]
-# For each chunk, the patterns present; with a LineDatabase, also its lines holding those
-# literals (by shape, up to MAX_LINES), and which patterns' literals those lines were found for.
-Answer = tuple[list[list[int]], list[ChunkLines] | None, frozenset[int]]
-MAX_LINES = 384  # past this many such lines in a chunk, the chunk is read whole instead
+# A database of the patterns without those given, which may then occur in any chunk.
+Without = tuple[Any, frozenset[int]]
+Answer = list[list[int]]  # for each chunk, the patterns that may occur in it
+MAX_LINES = 384  # past this many noisy lines in a chunk, the chunk is read whole instead
+# The interpreter's time slice while the engine runs a block ahead (its default is 5 ms).
+SLICE_SECONDS = 0.0002
+_slices = threading.Lock()
+_slicing = [0, 0.0]  # scans under way, and the interval to restore after the last
 
 
 def chunks(buf: bytes, start: int, stop: int) -> list[Chunk]:
@@ -43,12 +47,13 @@ def chunks(buf: bytes, start: int, stop: int) -> list[Chunk]:
 
 
 def ahead(engine: ReEngine | HyperscanEngine, source: Iterator[Block],
-          lines: Callable[[], LineDatabase | None] = lambda: None,
+          without: Callable[[], Without | None] = lambda: None,
           ) -> Iterator[tuple[bytes, int, int, Answer | None]]:
     """The blocks, each with the engine's answer worked out on a second thread while the
     previous block's lines are read here: Hyperscan releases the GIL while it scans, so a long
-    log uses two cores. A log of one block is scanned in line, without a thread. ``lines`` says,
-    as each block is handed to the engine, which line database to scan it with, if any."""
+    log uses two cores. A log of one block is scanned in line, without a thread. ``without``
+    says, as each block is handed to the engine, which narrower database to scan it with, if
+    any."""
     first = next(source, None)
     if first is None:
         return
@@ -60,15 +65,15 @@ def ahead(engine: ReEngine | HyperscanEngine, source: Iterator[Block],
             for block in source:
                 yield (*block, None)
         return
-    with ThreadPoolExecutor(1, thread_name_prefix="triage-scan") as pool:
-        answer = pool.submit(_present, engine, first, lines())
+    with _short_slices(), ThreadPoolExecutor(1, thread_name_prefix="triage-scan") as pool:
+        answer = pool.submit(_present, engine, first, without())
         current: Block | None = first
         upcoming: Block | None = second
         del first, second
         while current is not None:
             result = answer.result()
             if upcoming is not None:  # the engine reads the next block while this one is read here
-                answer = pool.submit(_present, engine, upcoming, lines())
+                answer = pool.submit(_present, engine, upcoming, without())
             buf, start, stop = current
             current = None
             yield buf, start, stop, result
@@ -78,10 +83,32 @@ def ahead(engine: ReEngine | HyperscanEngine, source: Iterator[Block],
                 upcoming = next(source, None)
 
 
-def _present(engine: HyperscanEngine, block: Block, lines: LineDatabase | None) -> Answer:
+def _present(engine: HyperscanEngine, block: Block, without: Without | None) -> Answer:
     buf, start, stop = block
     parts = chunks(buf, start, stop)
-    if lines is None:
-        return engine.present(buf, parts), None, frozenset()
-    present, found = engine.present_lines(buf, parts, *lines, MAX_LINES)
-    return present, found, lines[1]
+    if without is None:
+        return engine.present(buf, parts)
+    return engine.present_without(buf, parts, *without)
+
+
+@contextmanager
+def _short_slices() -> Iterator[None]:
+    """Shorter interpreter time slices while the engine runs a block ahead.
+
+    The engine's thread needs the interpreter only as each block's pass starts and ends, but
+    this thread keeps it busy reading lines: with the default slice of 5 ms, each of those
+    moments can wait out a whole slice, so the two threads take turns instead of sharing two
+    cores. The interval is the process's own; it is put back when the last scan ends.
+    """
+    with _slices:
+        if _slicing[0] == 0:
+            _slicing[1] = sys.getswitchinterval()
+            sys.setswitchinterval(min(SLICE_SECONDS, _slicing[1]))
+        _slicing[0] += 1
+    try:
+        yield
+    finally:
+        with _slices:
+            _slicing[0] -= 1
+            if _slicing[0] == 0:
+                sys.setswitchinterval(_slicing[1])

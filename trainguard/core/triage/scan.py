@@ -40,7 +40,7 @@ from trainguard.core.triage.engines import (
     candidate_source,
 )
 from trainguard.core.triage.lines import Line, read_line
-from trainguard.core.triage.lineshapes import MASK, ChunkLines
+from trainguard.core.triage.lineshapes import MASK
 from trainguard.core.triage.noisy import LiteralLines, Shapes, lines_of, shape_at
 from trainguard.core.triage.pipeline import Answer, Block, ahead, chunks
 from trainguard.core.triage.shapes import RuleChecks, widened
@@ -150,18 +150,16 @@ class _Collector:
         self.tail: deque[bytes] = deque(maxlen=max(info.window, 1))
         self.base = 0
         self.newlines: int | None = None  # of the chunk in hand, once it is split into lines
-        self.lines: tuple[ChunkLines, frozenset[int]] | None = None  # found by the engine's pass
 
     def block(self, engine: ReEngine | HyperscanEngine, buf: bytes, start: int, stop: int,
               answer: Answer | None = None) -> None:
         """Scan one block of whole lines; ``answer`` is the engine's, if already had."""
         found: list[tuple[int, int, Line]] = []
         parts = chunks(buf, start, stop)
-        present, ends, covered = answer or (engine.present(buf, parts), None, frozenset())
+        present = answer if answer is not None else engine.present(buf, parts)
         newlines = 0
-        for index, ((a, b), pids) in enumerate(zip(parts, present, strict=True)):
+        for (a, b), pids in zip(parts, present, strict=True):
             self.newlines = None
-            self.lines = None if ends is None else (ends[index], covered)
             found.extend(self._chunk(engine, buf, a, b, pids))
             # A chunk split into lines has had them counted; counting again costs a pass.
             newlines += buf.count(b"\n", a, b) if self.newlines is None else self.newlines
@@ -249,8 +247,7 @@ class _Collector:
         patterns when the engine can say which, else all of them, with the masked chunk."""
         if self.noisy is not None:
             by_shape = self.noisy.shapes(
-                buf, a, b, [pid for pid in pids if self.finders[pid].masked is not None],
-                self.lines)
+                buf, a, b, [pid for pid in pids if self.finders[pid].masked is not None])
             if by_shape is not None:
                 judged = self.noisy.judged  # a repeated save or warning costs one look-up
                 self.fresh = [shape for shape in by_shape.keys() if shape not in judged]
@@ -359,8 +356,8 @@ class _Collector:
 
     def scan(self, engine: ReEngine | HyperscanEngine, source: LogSource) -> ScanResult:
         last: tuple[bytes, int] | None = None
-        lines = self.noisy.database if self.noisy is not None else lambda: None
-        for buf, start, stop, answer in ahead(engine, blocks(source), lines):
+        without = self.noisy.database if self.noisy is not None else lambda: None
+        for buf, start, stop, answer in ahead(engine, blocks(source), without):
             self.block(engine, buf, start, stop, answer)
             end = stop
             while end > start and buf[end - 1] in _BLANK:
