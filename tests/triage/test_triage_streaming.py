@@ -200,3 +200,24 @@ def test_candidate_patterns_leave_out_the_words_every_progress_line_prints() -> 
     # Nothing rarer to look for instead: the pattern stays as it is.
     assert engines.candidate_source(r"loss.{0,9}\d+") == rb"loss.*\d+"
     assert engines.candidate_source("NCCL error.*rank") == b"NCCL error.*rank"
+
+
+def test_candidate_patterns_leave_out_the_words_routine_lines_print() -> None:
+    # Every checkpoint save prints "checkpoint", every retried request's warning "error": a part
+    # naming only such words is left out when a rarer part finds the same lines.
+    rule = (r"(?i)\b(?:error|fail(?:ed|ure)?|unable|cannot|can.t)\b.{0,40}"
+            r"\b(?:load(?:ing)?|restor(?:e|ing))\b.{0,40}\bcheckpoint")
+    loose = engines.candidate_source(rule)
+    assert loose == rb"(?i)\b(?:load(?:ing)?|restor(?:e|ing))\b"
+    corrupt = r"(?i)checkpoint\S* (?:is )?(?:corrupt|truncated)"
+    assert engines.candidate_source(corrupt) == rb"(?i) (?:is )?(?:corrupt|truncated)"
+    routine = ["Saving model checkpoint to /out/checkpoint-500",
+               "wandb: Network error (ReadTimeout), entering retry loop."]
+    for line in routine + ["Error while restoring checkpoint: missing keys",
+                           "failed loading checkpoint", "checkpoint-9 is truncated"]:
+        for pattern, loosened in ((rule, loose), (corrupt, engines.candidate_source(corrupt))):
+            assert bool(re.search(loosened.decode(), line)) >= bool(re.search(pattern, line))
+    assert not any(re.search(loose.decode(), line) for line in routine)
+    # A part naming a rarer word besides is kept: "NCCL WARN" alone is not looked for.
+    kept = "NCCL WARN .*(?:failed|closed by remote)"
+    assert engines.candidate_source(kept) == kept.encode()

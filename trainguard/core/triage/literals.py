@@ -19,8 +19,15 @@ MAX_EXPANSION = 64
 # engine a check on every line of a healthy log, and filters nothing the rarer part does not.
 PROGRESS_WORDS = frozenset({b"loss", b"lr", b"step", b"epoch", b"iter", b"iteration",
                             b"grad_norm", b"grad norm", b"tokens"})
+# Words healthy runs print in routine lines, over and over: every checkpoint save, and the warning
+# of every retried request ("Network error", "failed to connect"). A candidate-line part naming
+# only these finds those lines as often as the words do, while a rarer part finds the same
+# failures without them.
+ROUTINE_WORDS = frozenset({b"checkpoint", b"error", b"fail", b"failed", b"failure", b"unable",
+                           b"cannot", b"can"})  # "can" is what "can.t" leaves as a literal
 _FLAGS = re.compile(r"^\(\?[aiLmsux]+\)")
 _ANY_RUN = ".*"
+_ANY_WORD = "\\S*"
 
 
 def required_literals(pattern: str) -> list[bytes] | None:
@@ -102,20 +109,22 @@ def _item(op: Any, av: Any) -> list[str] | None:
 
 
 def loosened(pattern: str) -> str:
-    """A pattern matching every line ``pattern`` matches, without its progress-line words.
+    """A pattern matching every line ``pattern`` matches, without its routine words.
 
-    Each top-level alternative that is parts joined by ``.*`` keeps only the parts none of whose
-    required literals is a word of ``PROGRESS_WORDS``, as long as a part with literals remains:
-    ``nan.*loss`` becomes ``nan``. Whatever else the pattern is, it is returned unchanged.
+    Each top-level alternative that is parts joined by ``.*`` or ``\\S*`` keeps only the parts
+    none of whose required literals is a word of ``PROGRESS_WORDS`` and not all of whose are
+    words of ``ROUTINE_WORDS``, joined by ``.*``, as long as a part with literals remains:
+    ``nan.*loss`` becomes ``nan``, ``error.*restoring.*checkpoint`` becomes ``restoring``.
+    Whatever else the pattern is, it is returned unchanged.
     """
-    if _ANY_RUN not in pattern:  # most patterns: nothing to leave out, nothing to parse
+    if _ANY_RUN not in pattern and _ANY_WORD not in pattern:  # most: nothing to leave out
         return pattern
     flags = _FLAGS.match(pattern)
     head = flags.group(0) if flags else ""
     branches = []
     for branch in _top_level(pattern[len(head):], "|"):
-        parts = _top_level(branch, _ANY_RUN)
-        kept = [p for p in parts if len(parts) == 1 or not _names_progress(head + p)]
+        parts = [q for p in _top_level(branch, _ANY_RUN) for q in _top_level(p, _ANY_WORD)]
+        kept = [p for p in parts if len(parts) == 1 or not _routine(head + p)]
         if len(kept) < len(parts) and kept and any(required_literals(head + p) for p in kept):
             branch = _ANY_RUN.join(kept)
         branches.append(branch)
@@ -129,9 +138,13 @@ def loosened(pattern: str) -> str:
     return out
 
 
-def _names_progress(part: str) -> bool:
+def _routine(part: str) -> bool:
     literals = required_literals(part)
-    return literals is not None and any(lit.lower() in PROGRESS_WORDS for lit in literals)
+    if literals is None:
+        return False
+    lowered = [lit.lower() for lit in literals]
+    return (any(lit in PROGRESS_WORDS for lit in lowered)
+            or all(lit in ROUTINE_WORDS for lit in lowered))
 
 
 def _top_level(pattern: str, separator: str) -> list[str]:
@@ -139,6 +152,10 @@ def _top_level(pattern: str, separator: str) -> list[str]:
     parts, depth, in_class, i, start = [], 0, False, 0, 0
     while i < len(pattern):
         ch = pattern[i]
+        if depth == 0 and not in_class and pattern.startswith(separator, i):
+            parts.append(pattern[start:i])
+            i = start = i + len(separator)
+            continue
         if ch == "\\":
             i += 2
             continue
@@ -148,10 +165,6 @@ def _top_level(pattern: str, separator: str) -> list[str]:
             in_class = True
         elif ch in "()":
             depth += 1 if ch == "(" else -1
-        elif depth == 0 and pattern.startswith(separator, i):
-            parts.append(pattern[start:i])
-            i = start = i + len(separator)
-            continue
         i += 1
     parts.append(pattern[start:])
     return parts
