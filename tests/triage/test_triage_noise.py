@@ -194,8 +194,8 @@ def test_the_lines_holding_a_noisy_patterns_literal_are_found_by_shape(
 def test_once_a_noisy_log_is_long_the_engine_scans_without_its_noisy_patterns(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # The engine's database without the noisy patterns (their lines are found by the scan's own
-    # pass) is compiled after COMBINE_AFTER chunks; every hit stays the one found without it.
-    monkeypatch.setattr(noisy_module, "COMBINE_AFTER", 2)
+    # pass) is compiled after NARROW_AFTER chunks; every hit stays the one found without it.
+    monkeypatch.setattr(noisy_module, "NARROW_AFTER", 2)
     monkeypatch.setattr(scan, "BLOCK_BYTES", 256 << 10)  # blocks handed to it after that
     real = (b"[rank2]: requests.exceptions.ConnectionError: HTTPSConnectionPool(host='s3.amazonaws"
             b".com', port=443): Read timed out.\n")
@@ -220,12 +220,12 @@ def test_once_a_noisy_log_is_long_the_engine_scans_without_its_noisy_patterns(
     sample = [(RETRY_NOISE % (0, 1)).decode(), (NCCL_NOISE % (0, 0)).decode(), real.decode()]
     rules = dataclasses.replace(every, rules=tuple(
         r for r in every.rules if any(x.search(line) for x in r.log_res for line in sample)))
-    monkeypatch.setenv("TRAINGUARD_CACHE_DIR", str(tmp_path / "combined"))
+    monkeypatch.setenv("TRAINGUARD_CACHE_DIR", str(tmp_path / "narrowed"))
     scanner = scan.Scanner(rules)
     found = scanner.scan(log)
     assert any(used) is triage.hyperscan_available()
     monkeypatch.setenv("TRAINGUARD_CACHE_DIR", str(tmp_path / "empty"))
-    monkeypatch.setattr(noisy_module, "COMBINE_AFTER", 10**9)
+    monkeypatch.setattr(noisy_module, "NARROW_AFTER", 10**9)
     used.clear()
     assert repr(found) == repr(scanner.scan(log)) and not any(used)
     assert any(hit.line.text.endswith("Read timed out.") and hit.line.rank == 2

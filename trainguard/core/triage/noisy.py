@@ -15,7 +15,7 @@ turns instead of sharing two cores. The engine's database without the noisy patt
 nothing on such a log, so its pass over a block runs on its own core, and the noisy patterns are
 looked for only here, where their lines are found anyway. Compiling that database takes about as
 long as the rules' own (~0.4 s): it is compiled for a set of noisy patterns once a log has shown
-itself long (``COMBINE_AFTER`` noisy chunks) and kept in the same cache, from which a later scan
+itself long (``NARROW_AFTER`` noisy chunks) and kept in the same cache, from which a later scan
 of such a log takes it at once.
 """
 
@@ -40,7 +40,7 @@ MASK_WHOLE_AFTER_OVERFLOW = 16
 Shapes = dict[bytes, list[int]]  # a chunk's distinct digit-masked lines: where their lines start
 NOISY_CHUNKS = 2  # a pattern present in this many chunks is looked for by its literals
 MAX_BUILDS = 8
-COMBINE_AFTER = 1024  # noisy chunks (256 MiB) before the one-pass database is compiled
+NARROW_AFTER = 1024  # noisy chunks (256 MiB) before the narrower database is compiled
 
 
 class LiteralLines:
@@ -49,7 +49,7 @@ class LiteralLines:
     def __init__(self, finders: Finders, engine: HyperscanEngine | None = None) -> None:
         self.finders = finders
         self.engine = engine
-        self.combined: Without | None = None  # the engine's database without self.pids
+        self.narrowed: Without | None = None  # the engine's database without self.pids
         self.looked = True  # whether the cache was asked for the engine's database of self.pids
         self.used = 0  # chunks whose lines were found by the small database, since it was built
         self.seen: Counter[int] = Counter()
@@ -65,7 +65,7 @@ class LiteralLines:
     def database(self) -> Without | None:
         """The database to give the engine the next block with, once had: the engine's without
         the noisy patterns, which may then occur in any chunk."""
-        return self.combined
+        return self.narrowed
 
     def shapes(self, buf: bytes, a: int, b: int, pids: list[int]) -> Shapes | None:
         """The shapes of the lines of ``buf[a:b]`` that may match one of ``pids``, with where
@@ -76,7 +76,7 @@ class LiteralLines:
             return None
         if _hs is None or (not self.pids.issuperset(pids) and not self._build(pids)):
             return None
-        self._combine()
+        self._narrow()
         shapes = LineShapes(buf, a, MAX_LINES)  # one report per line: one expression, at its end
         try:
             self._db.scan(memoryview(buf)[a:b], scratch=self._scratch,
@@ -111,19 +111,19 @@ class LiteralLines:
         self.pids = wanted
         self.judged.clear()  # judged for fewer patterns than are now looked for
         self.builds += 1
-        self.combined, self.looked, self.used = None, False, 0
+        self.narrowed, self.looked, self.used = None, False, 0
         return True
 
-    def _combine(self) -> None:
+    def _narrow(self) -> None:
         """Take the engine's database without the noisy patterns from the cache once; compile
         it once the log is long."""
         self.used += 1
-        if self.engine is None or (self.looked and self.used != COMBINE_AFTER):
+        if self.engine is None or (self.looked and self.used != NARROW_AFTER):
             return
         db = self.engine.without(self.pids, cached_only=not self.looked)
         self.looked = True
         if db is not None:
-            self.combined = (db, self.pids)
+            self.narrowed = (db, self.pids)
 
 
 def _shortest(literals: set[bytes]) -> list[bytes]:
