@@ -24,6 +24,7 @@ import os
 import re
 import shlex
 import shutil
+import tempfile
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
@@ -287,13 +288,32 @@ def prepare_volumes(store: Store, pod: Mapping[str, Any], pod_dir: Path,
                 ref = volume[kind]
                 data = _data(store, resource, ns, ref[key], ref.get("optional", False))
                 for fname, content in (data or {}).items():
-                    (path / fname).write_text(content)
+                    _project(path / fname, content.encode("utf-8"))
                 if kind == "configMap":  # binaryData files arrive as the decoded bytes
                     obj = store.get(resource, ns, ref[key]) or {}
                     for fname, encoded in (obj.get("binaryData") or {}).items():
-                        (path / fname).write_bytes(base64.b64decode(encoded))
+                        _project(path / fname, base64.b64decode(encoded))
         folders[name] = path
     return folders
+
+
+def _project(path: Path, data: bytes) -> None:
+    """Put a ConfigMap or Secret key's file in place atomically, and only when it changed.
+
+    Volumes are prepared again as each container (re)starts; a file rewritten in place while a
+    running container of the same pod reads it would be cut short (the kubelet swaps a `..data`
+    symlink for the same reason).
+    """
+    try:
+        if path.read_bytes() == data:
+            return
+    except OSError:
+        pass
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.chmod(tmp, 0o644)  # a volume's defaultMode
+    os.replace(tmp, path)
 
 
 def mount_map(container: Mapping[str, Any], folders: Mapping[str, Path],
