@@ -47,10 +47,18 @@ _ONE_WORKER_FOLDERS = ("scale", "slurm")
 _LONGEST_FIRST = ("tests/scale", "tests/slurm", "tests/flows", "tests/s3", "tests/cluster", "tests/kube")
 
 
+# Files that use the served deployments (`served`, tests/flows/conftest.py) run on one worker: each
+# worker would start a runner of its own for the same deployments, and the first to finish pauses
+# them all as its runner shuts down, under the other's feet.
+_SERVED = ("tests/flows/test_deployment_mode.py", "tests/flows/test_safety_net.py")
+
+
 def _group(item: pytest.Item) -> str:
     parts = item.path.relative_to(_ROOT).parts
     if len(parts) > 2 and parts[1] in _ONE_WORKER_FOLDERS:
         return "/".join(parts[:2])
+    if "/".join(parts) in _SERVED:
+        return "tests/flows/served"
     return "/".join(parts)
 
 
