@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 from prefect.settings import PREFECT_API_URL
+
 from prefect.testing.utilities import prefect_test_harness
+
+try:
+    from _pytest.nodeid import coerce_node_id  # pytest 9's node ids
+except ImportError:  # pragma: no cover - older pytest: xdist's own suffix works there
+    coerce_node_id = None
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 _ROOT = Path(__file__).resolve().parent.parent
@@ -73,4 +79,8 @@ def _rank(group: str) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
+        if config.getvalue("loadgroup") and coerce_node_id and hasattr(item, "_id") and "@" not in item.nodeid:
+            # pytest 9 keeps a node's id in `_id`; xdist 3.8 still appends the group to `_nodeid`,
+            # which pytest 9 no longer reads, so without this every group was split over workers.
+            item._id = coerce_node_id(f"{item.nodeid}@{_group(item)}")
     items.sort(key=lambda item: _rank(_group(item)))
