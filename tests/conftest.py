@@ -12,13 +12,7 @@ from pathlib import Path
 
 import pytest
 from prefect.settings import PREFECT_API_URL
-
 from prefect.testing.utilities import prefect_test_harness
-
-try:
-    from _pytest.nodeid import coerce_node_id  # pytest 9's node ids
-except ImportError:  # pragma: no cover - older pytest: xdist's own suffix works there
-    coerce_node_id = None
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 _ROOT = Path(__file__).resolve().parent.parent
@@ -53,18 +47,10 @@ _ONE_WORKER_FOLDERS = ("scale", "slurm")
 _LONGEST_FIRST = ("tests/scale", "tests/slurm", "tests/flows", "tests/s3", "tests/cluster", "tests/kube")
 
 
-# Files that use the served deployments (`served`, tests/flows/conftest.py) run on one worker: each
-# worker would start a runner of its own for the same deployments, and the first to finish pauses
-# them all as its runner shuts down, under the other's feet.
-_SERVED = ("tests/flows/test_deployment_mode.py", "tests/flows/test_safety_net.py")
-
-
 def _group(item: pytest.Item) -> str:
     parts = item.path.relative_to(_ROOT).parts
     if len(parts) > 2 and parts[1] in _ONE_WORKER_FOLDERS:
         return "/".join(parts[:2])
-    if "/".join(parts) in _SERVED:
-        return "tests/flows/served"
     return "/".join(parts)
 
 
@@ -79,8 +65,4 @@ def _rank(group: str) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
-        if config.getvalue("loadgroup") and coerce_node_id and hasattr(item, "_id") and "@" not in item.nodeid:
-            # pytest 9 keeps a node's id in `_id`; xdist 3.8 still appends the group to `_nodeid`,
-            # which pytest 9 no longer reads, so without this every group was split over workers.
-            item._id = coerce_node_id(f"{item.nodeid}@{_group(item)}")
     items.sort(key=lambda item: _rank(_group(item)))
