@@ -121,7 +121,7 @@ def train_attempt(
         else:
             summary = summary.with_storage_problems(f"verdict.json could not be stored: {kept}")
     if held:  # the next attempt is scheduled or started meanwhile; the process waits for it at its end
-        afterupload.start(store, run_id, attempt, manifest_json if evidence is not None else None)
+        afterupload.start(store, run_id, attempt, manifest_json)
     manifest.release_space(store, run_id, attempt)
     publish_report(summary, [AttemptSummary.from_dict(item) for item in earlier])
     events.report_attempt(summary)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from trainguard.core.stores import EvidenceStore
@@ -34,8 +34,6 @@ class HoldingStore(Protocol):
 
     def upload_held(self, prefix: str, wait_seconds: float = 0.0) -> Any: ...
 
-    def pending(self, prefix: str = "") -> list[str]: ...
-
 
 @dataclass
 class Upload:
@@ -45,7 +43,6 @@ class Upload:
     attempt: int
     store: EvidenceStore
     manifest_json: str | None  # the bundle's manifest as the verdict left it, to report on without S3
-    done: threading.Event = field(default_factory=threading.Event)
     error: str = ""  # set when the upload itself broke (S3's own refusals are the store's `last_error`)
 
     def run(self) -> None:
@@ -54,8 +51,6 @@ class Upload:
             self.store.upload_held(f"runs/{self.run_id}/", WAIT_FOR_EARLIER_SECONDS)
         except Exception as exc:  # a thread's exception would only reach stderr: keep it for the report
             self.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self.done.set()
 
 
 _LOCK = threading.Lock()
@@ -84,13 +79,6 @@ def start(store: EvidenceStore, run_id: str, attempt: int, manifest_json: str | 
         _UPLOADS[(run_id, attempt)] = (upload, thread)
     thread.start()
     return upload
-
-
-def running(run_id: str | None = None) -> list[Upload]:
-    """The uploads started in this process and not finished yet (of ``run_id``, or of every run)."""
-    with _LOCK:
-        return [upload for (rid, _), (upload, _) in _UPLOADS.items()
-                if (run_id is None or rid == run_id) and not upload.done.is_set()]
 
 
 def finish(run_id: str, attempts: Sequence[int] | None = None) -> list[Upload]:
