@@ -180,6 +180,31 @@ def test_time_slices_are_short_only_while_an_engine_runs_a_block_ahead() -> None
     assert sys.getswitchinterval() == pytest.approx(before)
 
 
+def test_the_engine_has_the_next_whole_block_in_hand_while_one_is_read() -> None:
+    # A file is read as a whole block, then the line that straddled the read, in turn. With
+    # only the next block in flight, the engine's pass over a whole block never overlapped the
+    # reading of one: the two threads took turns.
+    scanner = scan.Scanner(triage.load_rules())
+    assert isinstance(scanner.engine, engines.HyperscanEngine)  # the engine that runs ahead
+    whole, line = progress(6000), progress(1)
+    assert len(whole) >= pipeline.CHUNK_BYTES > len(line)
+    blocks = [(whole if i % 2 == 0 else line, 0, len(whole if i % 2 == 0 else line))
+              for i in range(7)]
+    handed: list[None] = []  # the database to scan with is asked for as each block is handed
+    for index, _ in enumerate(pipeline.ahead(scanner.engine, iter(blocks),
+                                             lambda: handed.append(None))):
+        later_whole = [i for i in range(index + 1, len(blocks)) if i % 2 == 0]
+        assert not later_whole or later_whole[0] < len(handed), (index, len(handed))
+    assert len(handed) == len(blocks)
+    # A source of small blocks only (short reads from a pipe) is not read ahead without bound.
+    handed.clear()
+    small = [(line, 0, len(line))] * 20
+    for index, _ in enumerate(pipeline.ahead(scanner.engine, iter(small),
+                                             lambda: handed.append(None))):
+        assert len(handed) <= min(index + 1 + pipeline.MAX_AHEAD, len(small))
+    assert len(handed) == len(small)
+
+
 def test_required_literals_cover_every_alternative() -> None:
     assert engines.required_literals("NCCL error") == [b"NCCL error"]
     literals = engines.required_literals("Segmentation fault|SIGSEGV \\(@") or []

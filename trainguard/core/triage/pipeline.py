@@ -2,8 +2,8 @@
 
 Hyperscan releases the GIL while it scans, so the engine's pass over the next block runs on a
 second thread while this thread reads the lines of the current one: a long log uses two cores,
-and at most two blocks (plus the one coming off the disk) are held at once. On a long noisy log
-the engine scans with a database without the patterns the log keeps reporting (their lines are
+and at most two whole blocks (plus the one coming off the disk) are held at once. On a long noisy
+log the engine scans with a database without the patterns the log keeps reporting (their lines are
 found here, ``noisy``): its pass then needs the interpreter only as it ends, not at every chunk.
 """
 
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,6 +27,7 @@ Block = tuple[bytes, int, int]  # buffer, start, stop: the lines in buffer[start
 # A database of the patterns without those given, which may then occur in any chunk.
 Without = tuple[Any, frozenset[int]]
 Answer = list[list[int]]  # for each chunk, the patterns that may occur in it
+MAX_AHEAD = 3  # blocks handed to the engine and not yet read here, if none of them is whole
 MAX_LINES = 384  # past this many noisy lines in a chunk, the chunk is read whole instead
 # The interpreter's time slice while the engine runs a block ahead (its default is 5 ms).
 SLICE_SECONDS = 0.0002
@@ -66,21 +68,30 @@ def ahead(engine: ReEngine | HyperscanEngine, source: Iterator[Block],
                 yield (*block, None)
         return
     with _short_slices(), ThreadPoolExecutor(1, thread_name_prefix="triage-scan") as pool:
-        answer = pool.submit(_present, engine, first, without())
-        current: Block | None = first
-        upcoming: Block | None = second
-        del first, second
-        while current is not None:
+        inflight: deque[tuple[Block, Future[Answer]]] = deque()
+        for block in (first, second):
+            inflight.append((block, pool.submit(_present, engine, block, without())))
+        del first, second, block
+        while inflight:
+            block, answer = inflight.popleft()
+            # A log read in blocks of a fixed size comes as one whole block and the line that
+            # straddled the last read, in turn: the engine must have a whole block in hand while
+            # this one is read, not that one line, or the two threads take turns.
+            while len(inflight) < MAX_AHEAD and not any(_whole(b) for b, _ in inflight) and (
+                    upcoming := next(source, None)) is not None:
+                inflight.append((upcoming, pool.submit(_present, engine, upcoming, without())))
+                del upcoming
             result = answer.result()
-            if upcoming is not None:  # the engine reads the next block while this one is read here
-                answer = pool.submit(_present, engine, upcoming, without())
-            buf, start, stop = current
-            current = None
+            del answer
+            buf, start, stop = block
+            del block
             yield buf, start, stop, result
             del buf
-            current, upcoming = upcoming, None
-            if current is not None:
-                upcoming = next(source, None)
+
+
+def _whole(block: Block) -> bool:
+    """Whether the block is more than the one line a read left over."""
+    return block[2] - block[1] >= CHUNK_BYTES // 2
 
 
 def _present(engine: HyperscanEngine, block: Block, without: Without | None) -> Answer:
