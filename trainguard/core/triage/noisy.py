@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - exercised where hyperscan is not insta
 # Past MAX_LINES candidate lines in a chunk, masking all of it costs less than a callback and a
 # look-up per line; the next chunks are then masked whole, and then tried again.
 MASK_WHOLE_AFTER_OVERFLOW = 16
-Shapes = dict[bytes, list[int]]  # a chunk's distinct digit-masked lines: where their lines start
+Shapes = LineShapes  # a chunk's distinct digit-masked lines, and where their lines start
 NOISY_CHUNKS = 2  # a pattern present in this many chunks is looked for by its literals
 MAX_BUILDS = 8
 NARROW_AFTER = 1024  # noisy chunks (256 MiB) before the narrower database is compiled
@@ -87,7 +87,7 @@ class LiteralLines:
         if shapes.lines > MAX_LINES:
             self.whole = MASK_WHOLE_AFTER_OVERFLOW
             return None
-        return shapes.by_shape
+        return shapes
 
     def _build(self, pids: list[int]) -> bool:
         """Compile the literals of the noisy patterns; False if they cannot be used for ``pids``."""
