@@ -57,6 +57,29 @@ def test_a_failing_subsystem_is_a_weak_call_rather_than_unknown() -> None:
     assert diagnosis.to_dict()["weak"] is True
 
 
+CUT_OFF_IN_A_REMOTE_CALL = (
+    b"Traceback (most recent call last):\n"
+    b'  File "/opt/venv/lib/python3.11/site-packages/fsspec/implementations/http.py", line 614, '
+    b"in async_fetch_range\n"
+    b"    out = await r.read()\n"
+    b'  File "/opt/venv/lib/python3.11/site-packages/aiohttp/streams.py", line 392, in readany\n'
+    b'    await self._wait("readany")\n')
+
+
+def test_a_traceback_cut_off_inside_a_remote_call_is_a_guess_that_any_named_error_beats() -> None:
+    explanation = triage.explain(triage.Signals(exit_code=1, log=CUT_OFF_IN_A_REMOTE_CALL))
+    diagnosis = explanation.diagnosis
+    assert diagnosis is not None and diagnosis.rule_id == "subsystem.network_frames"
+    assert diagnosis.category is Category.TRANSIENT_IO
+    assert diagnosis.weak and diagnosis.strength == "guess"
+    assert "a guess" in explanation.reason and diagnosis.remediation.startswith("Weak call")
+    # The same frames with the exception that ended them: the exception decides, even a hint.
+    for last, category in ((b"ValueError: bad shard header\n", Category.CODE_ERROR),
+                           (b"RuntimeError: worker gave up\n", Category.CODE_ERROR)):
+        named = triage.classify(triage.Signals(exit_code=1, log=CUT_OFF_IN_A_REMOTE_CALL + last))
+        assert named is not None and named.category is category, last
+
+
 def test_a_decisive_rule_is_not_a_weak_call_and_nothing_at_all_is_one() -> None:
     strong = triage.classify(triage.Signals(exit_code=1, log=OOM_THEN_WATCHDOG))
     nothing = triage.classify(triage.Signals(exit_code=3, log=b"bye\n"))

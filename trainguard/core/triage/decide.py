@@ -104,7 +104,7 @@ def _diagnosis(rule: Rule, c: Candidate, previous: Sequence[Diagnosis]) -> Diagn
     remediation = INFO[rule.category].remediation
     if rule.strength <= STRENGTHS["hint"]:
         why = f" ({rule.description.rstrip('.')})" if rule.description else ""
-        remediation = (f"Weak call: only hint-strength evidence names this{why}; "
+        remediation = (f"Weak call: only hint-strength evidence or weaker names this{why}; "
                        f"check the evidence line. {remediation}")
     return Diagnosis(
         category=rule.category, retryable=retryable and not _repeat(rule.category, fp, previous),

@@ -85,7 +85,9 @@ def _reason(rules: RuleSet, signals: Signals, candidates: Sequence[Candidate],
         parts.append(f"it outranks {', '.join(weaker)} evidence")
     if len(top) > 1:
         parts.append(_tie(top, winner))
-    if winner.strength <= STRENGTHS["hint"]:
+    if winner.strength < STRENGTHS["hint"]:
+        parts.append("only a guess from where a cut-off traceback was: a weak call")
+    elif winner.strength == STRENGTHS["hint"]:
         parts.append("only hint-strength evidence: a weak call")
     return "; ".join(parts)
 

@@ -25,9 +25,11 @@ from trainguard.core.taxonomy import Category
 
 # Higher wins. "verdict": the platform said what happened; "cause": a root-cause signature;
 # "error": a generic error that is its own cause; "crash": a native crash with no clearer cause;
-# "consequence": what other ranks or wrappers report after the cause; "hint": weak evidence.
+# "consequence": what other ranks or wrappers report after the cause; "hint": weak evidence;
+# "guess": weaker still (where a cut-off traceback was), beaten by any hint.
 STRENGTHS: dict[str, int] = {
     "verdict": 90, "cause": 70, "error": 50, "crash": 40, "consequence": 30, "hint": 10,
+    "guess": 5,
 }
 _KEYS = {
     "id", "category", "strength", "retryable", "description", "log", "log_not", "context",

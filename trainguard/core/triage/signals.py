@@ -53,8 +53,9 @@ class Diagnosis:
 
     @property
     def weak(self) -> bool:
-        """Whether only hint-strength evidence (or none) decided: a weak call to check by hand."""
-        return self.strength in ("hint", "none")
+        """Whether only hint-strength evidence, a guess or nothing decided: a weak call to check
+        by hand."""
+        return self.strength in ("hint", "guess", "none")
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict; the category is its taxonomy id."""
