@@ -76,10 +76,34 @@ def test_a_breaker_limit_of_zero_turns_the_signature_breaker_off():
     assert decide(RetryPolicy(max_attempts=5, same_signature_limit=0), history, CKPTS).retry
 
 
-def test_an_attempt_that_resumed_and_made_no_checkpoint_progress_stops_the_run():
-    last = failed(2, Category.NCCL_ERROR, resumed_from="ckpt/step-30.json", newest_checkpoint="ckpt/step-30.json")
-    decision = decide(RetryPolicy(), [failed(1, Category.TRANSIENT_IO), last], CKPTS)
-    assert not decision.retry and "made no checkpoint progress" in decision.reason
+def test_two_attempts_in_a_row_stuck_at_one_checkpoint_stop_the_run_and_one_does_not():
+    stuck = {"resumed_from": "ckpt/step-30.json", "newest_checkpoint": "ckpt/step-30.json"}
+    # One resumed attempt that failed before its first checkpoint: on a large run, a random
+    # fault often comes that soon, so it is retried.
+    once = [failed(1, Category.TRANSIENT_IO, newest_checkpoint="ckpt/step-30.json"),
+            failed(2, Category.NCCL_ERROR, **stuck)]
+    assert decide(RetryPolicy(max_attempts=5), once, CKPTS).retry
+    # A second one stuck at the same checkpoint: the run cannot get past it.
+    twice = [*once, failed(3, Category.TRANSIENT_IO, **stuck)]
+    decision = decide(RetryPolicy(max_attempts=5), twice, CKPTS)
+    assert not decision.retry
+    assert decision.reason == ("circuit breaker: attempts 2 and 3 both resumed from "
+                               "ckpt/step-30.json and made no checkpoint progress before failing "
+                               "(transient_io)")
+    assert decide(RetryPolicy(max_attempts=5, require_checkpoint_progress=False), twice, CKPTS).retry
+    # Stuck at different checkpoints is progress between them.
+    moved_on = [*once[:1], failed(2, Category.NCCL_ERROR, resumed_from="ckpt/step-20.json",
+                                  newest_checkpoint="ckpt/step-20.json"),
+                failed(3, Category.NCCL_ERROR, **stuck)]
+    assert decide(RetryPolicy(max_attempts=5), moved_on, CKPTS).retry
+
+
+def test_a_hardware_fault_on_a_node_left_behind_does_not_count_as_the_run_being_stuck():
+    stuck = {"resumed_from": "ckpt/step-30.json", "newest_checkpoint": "ckpt/step-30.json"}
+    history = [failed(1, Category.NCCL_ERROR, newest_checkpoint="ckpt/step-30.json", node="a"),
+               failed(2, Category.GPU_FAULT, node="b", **stuck),
+               failed(3, Category.NCCL_ERROR, node="c", **stuck)]
+    assert decide(RetryPolicy(max_attempts=5), history, CKPTS).retry
 
 
 def test_a_preemption_without_progress_is_still_retried_because_the_platform_caused_it():

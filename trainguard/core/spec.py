@@ -72,7 +72,7 @@ class RetrySpec(BaseModel):
         description="Circuit breaker: the run stops after this many attempts in a row fail the same way (0 = off).")
     require_checkpoint_progress: bool = Field(
         default=True, title="Require checkpoint progress",
-        description="Stop the run when an attempt that resumed saved no newer checkpoint.")
+        description="Stop the run when two attempts in a row resumed from the same checkpoint and saved no newer one.")
     overrides: dict[Category, CategoryOverrideSpec] = Field(
         default_factory=dict, title="Per-category overrides",
         description="By failure category (e.g. nccl_error, cuda_oom): retryable, max attempts, delay.")
