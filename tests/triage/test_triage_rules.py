@@ -52,6 +52,24 @@ rules:
     assert shipped is not None and shipped.category is Category.GPU_FAULT
 
 
+@pytest.mark.parametrize("engine", ["hyperscan", "re"])
+def test_a_line_one_pattern_of_a_rule_rejects_is_still_tried_against_its_others(
+        tmp_path: Path, engine: str) -> None:
+    # Both patterns hold the literal "Killed", so both are candidates on the line; the first
+    # rejects it. The line was then taken as tried for the whole rule, and lost.
+    path = write(tmp_path, """
+rules:
+  - id: site.killed
+    category: host_oom
+    log: ['^Killed$', 'Killed\\s+python[\\d.]*\\b']
+""")
+    log = "step 10\n/usr/local/bin/train.sh: line 18:    36 Killed      python3 train.py\n"
+    diagnosis = triage.classify(triage.Signals(exit_code=137, log=log),
+                                rules=triage.load_rules(path), engine=engine)
+    assert diagnosis is not None
+    assert (diagnosis.rule_id, diagnosis.line_number) == ("site.killed", 2)
+
+
 def test_a_user_rule_with_a_shipped_id_replaces_it_in_place(tmp_path: Path) -> None:
     path = write(tmp_path, """
 rules:

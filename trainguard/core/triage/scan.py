@@ -193,9 +193,10 @@ class _Collector:
             for line_start, shape in lines:
                 if (pid, shape) in self.rejected or (rule, line_start) in seen:
                     continue
-                seen.add((rule, line_start))
+                # A line one of a rule's patterns rejects may still be accepted by another.
                 line = self._confirm(pid, buf, line_start, line_start + len(shape), shape)
                 if line is not None:
+                    seen.add((rule, line_start))
                     out.append((line_start, rule, line))
                     self.confirmed[rule] += 1
         if self.fresh:
