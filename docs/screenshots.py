@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--hide-scrollbars", "--virtual-time-budget=25000"]
+RENDERS = 3  # tries at a page the UI had not finished drawing
 
 
 def free_port() -> int:
@@ -106,19 +107,24 @@ def shoot(chromium: str, url: str, out: Path, size: str, tmp: Path, shows: tuple
 
     The check renders the page a second time (--dump-dom), so it is made where words matter: the
     run page's attempts are drawn on a canvas, which holds no text to check.
+    A page the UI had not finished drawing within Chromium's time budget (a loaded machine) is
+    photographed again, up to ``RENDERS`` times, picture and check together.
     """
-    profile = Path(tempfile.mkdtemp(dir=tmp, prefix="chromium-"))
-    flags = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size}"]
-    subprocess.run([*flags, f"--screenshot={out}", url], check=True, timeout=180,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if not out.exists() or out.stat().st_size < 10_000:
-        raise SystemExit(f"chromium wrote no usable picture of {url}")
-    if not shows:
-        return
-    page = subprocess.run([*flags, "--dump-dom", url], check=True, timeout=180, capture_output=True,
-                          text=True, errors="replace").stdout
-    if missing := [text for text in shows if text not in page]:
-        raise SystemExit(f"the page {url} does not show {missing}: the picture would not either")
+    missing: list[str] = []
+    for _ in range(RENDERS):
+        profile = Path(tempfile.mkdtemp(dir=tmp, prefix="chromium-"))
+        flags = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size}"]
+        subprocess.run([*flags, f"--screenshot={out}", url], check=True, timeout=180,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not out.exists() or out.stat().st_size < 10_000:
+            raise SystemExit(f"chromium wrote no usable picture of {url}")
+        if not shows:
+            return
+        page = subprocess.run([*flags, "--dump-dom", url], check=True, timeout=180, capture_output=True,
+                              text=True, errors="replace").stdout
+        if not (missing := [text for text in shows if text not in page]):
+            return
+    raise SystemExit(f"the page {url} does not show {missing} in {RENDERS} renders: the picture would not either")
 
 
 def stop(server: subprocess.Popen[bytes]) -> None:
