@@ -87,9 +87,9 @@ def child(kind: str, endpoint: str, bucket: str, folder: Path, spool: Path) -> N
         for path in files:
             client.upload_file(str(path), bucket, f"baseline/{path.relative_to(folder).as_posix()}")
     else:
-        from trainguard.core.s3 import S3Bucket, S3Settings
-        from trainguard.core.s3store import S3Store, UploadPolicy
-        from trainguard.core.spool import Spool
+        from trainguard.core.stores.s3.bucket import S3Bucket, S3Settings
+        from trainguard.core.stores.s3.store import S3Store, UploadPolicy
+        from trainguard.core.stores.s3.spool import Spool
 
         policy = UploadPolicy()
         store = S3Store(S3Bucket(S3Settings(bucket=bucket, region="us-east-1", endpoint_url=endpoint,

@@ -33,10 +33,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from slurm.cluster import SlurmCluster  # noqa: E402
 
-from trainguard.core.backend import Launch  # noqa: E402
-from trainguard.core.slurm import TERMINAL_STATES, SlurmClient  # noqa: E402
-from trainguard.core.slurm_backend import SlurmBackend  # noqa: E402
-from trainguard.core.stores import LocalEvidenceStore  # noqa: E402
+from trainguard.core.backends.base import Launch  # noqa: E402
+from trainguard.core.backends.slurm.client import TERMINAL_STATES, SlurmClient  # noqa: E402
+from trainguard.core.backends.slurm.backend import SlurmBackend  # noqa: E402
+from trainguard.core.stores.base import LocalEvidenceStore  # noqa: E402
 from trainguard.demo import SCRIPT  # noqa: E402
 
 COMMAND = (sys.executable, str(SCRIPT), "--steps", "20", "--step-seconds", "0.05")

@@ -46,10 +46,10 @@ import kubesim.fixture  # noqa: E402
 from prefect_kubernetes.credentials import KubernetesClusterConfig, KubernetesCredentials  # noqa: E402
 from prefect_kubernetes.jobs import KubernetesJob  # noqa: E402
 
-from trainguard.core.backend import Launch  # noqa: E402
-from trainguard.core.kube import manifests, zipapp  # noqa: E402
-from trainguard.core.kube.api import KubeApi  # noqa: E402
-from trainguard.core.kube.supervise import Limits, Supervisor  # noqa: E402
+from trainguard.core.backends.base import Launch  # noqa: E402
+from trainguard.core.backends.kubernetes import manifests, zipapp  # noqa: E402
+from trainguard.core.backends.kubernetes.api import KubeApi  # noqa: E402
+from trainguard.core.backends.kubernetes.supervise import Limits, Supervisor  # noqa: E402
 
 IMAGE = "ghcr.io/acme/train:1"
 

@@ -1,7 +1,7 @@
 """Backend blocks: where a training attempt runs. Configuration only; the work is in the core.
 
 Every backend block has a `backend()` factory that builds the core adapter behind the
-`trainguard.core.backend.Backend` seam, the way `EvidenceFolder.store()` builds a store. Flows load
+`trainguard.core.backends.base.Backend` seam, the way `EvidenceFolder.store()` builds a store. Flows load
 a backend block by its reference (`slug/name`) whatever its type and only ever call the factory.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from prefect.blocks.core import Block
 from pydantic import Field
 
-from trainguard.core.local_backend import LocalBackend
+from trainguard.core.backends.local.backend import LocalBackend
 
 
 class LocalProcessBackend(Block):

@@ -14,10 +14,10 @@ from typing import Literal
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
-from trainguard.core.s3 import S3Bucket, S3Settings
-from trainguard.core.s3store import S3Store, UploadPolicy
-from trainguard.core.spool import MIN_PART_BYTES, Spool
-from trainguard.core.stores import EvidenceStore, EvidenceStoreError, LocalEvidenceStore, validate_key
+from trainguard.core.stores.s3.bucket import S3Bucket, S3Settings
+from trainguard.core.stores.s3.store import S3Store, UploadPolicy
+from trainguard.core.stores.s3.spool import MIN_PART_BYTES, Spool
+from trainguard.core.stores.base import EvidenceStore, EvidenceStoreError, LocalEvidenceStore, validate_key
 
 
 class EvidenceFolder(Block):

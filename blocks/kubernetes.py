@@ -2,7 +2,7 @@
 
 Cluster access comes from prefect-kubernetes' `KubernetesCredentials` block (a stored kubeconfig
 and context, or in-cluster config when it holds none). `backend()` builds the core adapter
-(`trainguard.core.kube.backend.KubernetesBackend`); the client itself is created lazily inside it,
+(`trainguard.core.backends.kubernetes.backend.KubernetesBackend`); the client itself is created lazily inside it,
 so no live client ever crosses a task boundary.
 """
 
@@ -16,10 +16,10 @@ from prefect_kubernetes.credentials import KubernetesCredentials
 from pydantic import Field
 from pydantic.json_schema import GenerateJsonSchema
 
-from trainguard.core.kube.api import KubeApi
-from trainguard.core.kube.errors import KubeError
-from trainguard.core.kube.backend import KubernetesBackend, KubeSettings
-from trainguard.core.kube.manifests import AttemptVolume, JobSettings
+from trainguard.core.backends.kubernetes.api import KubeApi
+from trainguard.core.backends.kubernetes.errors import KubeError
+from trainguard.core.backends.kubernetes.backend import KubernetesBackend, KubeSettings
+from trainguard.core.backends.kubernetes.manifests import AttemptVolume, JobSettings
 
 
 _SCHEMAS: dict[tuple[Any, ...], dict[str, Any]] = {}

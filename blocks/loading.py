@@ -15,8 +15,8 @@ from prefect.blocks.core import Block
 
 import blocks.backends as _backends  # the defaults when no reference is given
 import blocks.evidence as _evidence
-from trainguard.core.backend import Backend
-from trainguard.core.stores import EvidenceStore
+from trainguard.core.backends.base import Backend
+from trainguard.core.stores.base import EvidenceStore
 
 
 # Block types whose modules are imported only when a reference names them: slug -> (module, class).

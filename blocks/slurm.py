@@ -1,6 +1,6 @@
 """The Slurm backend block: where on an HPC cluster training attempts run. Configuration only.
 
-Its `backend()` factory builds `trainguard.core.slurm_backend.SlurmBackend`; flows load it by
+Its `backend()` factory builds `trainguard.core.backends.slurm.backend.SlurmBackend`; flows load it by
 reference (`trainguard-slurm-backend/<name>`) like any other backend block.
 """
 
@@ -14,9 +14,9 @@ from typing import Literal
 from prefect.blocks.core import Block
 from pydantic import Field
 
-from trainguard.core.slurm import SlurmClient
-from trainguard.core.slurm_backend import SlurmBackend as SlurmAdapter
-from trainguard.core.slurm_job import JobSettings
+from trainguard.core.backends.slurm.client import SlurmClient
+from trainguard.core.backends.slurm.backend import SlurmBackend as SlurmAdapter
+from trainguard.core.backends.slurm.job import JobSettings
 
 
 class SlurmBackend(Block):

@@ -22,8 +22,9 @@ from tasks.report import publish_report, read_progress
 from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
 from tasks.triage import classify_failure, decide_retry
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, history_records, new_run_id
-from trainguard.core import afterupload, manifest, masking
-from trainguard.core.backend import AttemptOutcome, launch_for
+from trainguard.core import masking
+from trainguard.core.evidence import afterupload, manifest
+from trainguard.core.backends.base import AttemptOutcome, launch_for
 from trainguard.core.policy import RetryDecision
 from trainguard.core.spec import TrainingSpec
 

@@ -16,7 +16,7 @@ from prefect.states import State
 
 from flows.run import training_run
 from tasks.report import artifact_key
-from trainguard.core import report
+from trainguard.core.reports import attempt as attempt_report
 from trainguard.core.attempt import AttemptSummary, new_run_id
 from trainguard.core.spec import TrainingSpec, parse_spec
 
@@ -48,7 +48,7 @@ class NotebookRun:
 
     def table(self) -> list[dict[str, str]]:
         """The attempts table, one dict per attempt (`pandas.DataFrame(run.table())` if you like)."""
-        return [report.table_row(summary) for summary in self.attempts]
+        return [attempt_report.table_row(summary) for summary in self.attempts]
 
     def _repr_markdown_(self) -> str:
         return self.report or f"**{self.run_id}**: {self.state}: {self.message}"

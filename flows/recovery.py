@@ -28,10 +28,11 @@ from prefect.logging import get_logger, get_run_logger
 
 from blocks import backend_reference, load_backend, load_evidence
 from tasks.report import publish_run_report
-from trainguard.core import manifest, progress
+from trainguard.core.evidence import manifest
+from trainguard.core.reports import progress
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.backend import ERROR, AttemptOutcome, AttemptRef, StopsOrphans
-from trainguard.core.stores import EvidenceNotFound, EvidenceStore
+from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef, StopsOrphans
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
 
 logger = get_logger("trainguard.recovery")
 

@@ -1,6 +1,6 @@
 """Waiting for the evidence uploads attempts leave going, and saying how they ended.
 
-An attempt sends its evidence up only after its verdict (`trainguard.core.afterupload`), so the
+An attempt sends its evidence up only after its verdict (`trainguard.core.evidence.afterupload`), so the
 next attempt is scheduled or started without waiting on S3. The process waits for those uploads
 before it ends: a deployment's attempt in its state hooks, after the next attempt is scheduled;
 the training-run flow once its last attempt is over. Each attempt's report is then published
@@ -18,9 +18,9 @@ from prefect.exceptions import MissingContextError
 from prefect.logging import get_logger
 
 from tasks.report import publish_report
-from trainguard.core import afterupload, bundles
+from trainguard.core.evidence import afterupload, bundles
 from trainguard.core.attempt import AttemptFailed, AttemptSummary
-from trainguard.core.manifest import Manifest
+from trainguard.core.evidence.manifest import Manifest
 
 
 def finish_evidence_upload(flow: Any, flow_run: Any, state: Any) -> None:

@@ -9,10 +9,10 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from trainguard.core import bundles, manifest, retention
+from trainguard.core.evidence import bundles, manifest, retention
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.backend import AttemptOutcome, AttemptRef, Backend
-from trainguard.core.stores import EvidenceStore
+from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend
+from trainguard.core.stores.base import EvidenceStore
 
 
 @task(name="collect_evidence", cache_policy=NO_CACHE)

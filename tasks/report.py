@@ -8,9 +8,9 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from trainguard.core import progress, report, timeline
+from trainguard.core.reports import attempt as attempt_report, progress, run as run_report
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.backend import AttemptOutcome, AttemptRef, Backend
+from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend
 
 
 def artifact_key(run_id: str) -> str:
@@ -33,7 +33,7 @@ def publish_run_report(summaries: list[AttemptSummary]) -> None:
     """The run's report (timeline and progress chart), one Markdown artifact keyed by run."""
     create_markdown_artifact(
         key=f"{artifact_key(summaries[-1].run_id)}-report",
-        markdown=timeline.render_run(summaries),
+        markdown=run_report.render_run(summaries),
         description=f"trainguard run {summaries[-1].run_id}: timeline of attempts",
     )
 
@@ -45,11 +45,11 @@ def publish_report(summary: AttemptSummary, earlier: list[AttemptSummary]) -> No
     publish_run_report([*earlier, summary])
     create_markdown_artifact(
         key=f"{key}-attempt-{summary.attempt}",
-        markdown=report.render_attempt(summary, earlier),
+        markdown=attempt_report.render_attempt(summary, earlier),
         description=f"trainguard attempt {summary.attempt} of {summary.run_id}",
     )
     create_table_artifact(
         key=f"{key}-attempts",
-        table=[report.table_row(s) for s in [*earlier, summary]],
+        table=[attempt_report.table_row(s) for s in [*earlier, summary]],
         description=f"All attempts of trainguard run {summary.run_id}",
     )

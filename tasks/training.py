@@ -10,8 +10,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
 from blocks.secrets import SecretEnvError, resolve_secret_env
-from trainguard.core.backend import START_ERROR, AttemptOutcome, AttemptRef, Backend, Launch
-from trainguard.core.livelog import LiveLog
+from trainguard.core.backends.base import START_ERROR, AttemptOutcome, AttemptRef, Backend, Launch
+from trainguard.core.reports.livelog import LiveLog
 from trainguard.core.masking import SECRET_NAMES_VARIABLE
 
 

@@ -6,7 +6,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from trainguard.core import policy, triage
-from trainguard.core.backend import AttemptOutcome, AttemptRef, Backend
+from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend
 
 
 @task(name="classify_failure", cache_policy=NO_CACHE)

@@ -21,8 +21,8 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from trainguard.core.s3store import UploadPolicy
-from trainguard.core.spool import MIN_PART_BYTES
+from trainguard.core.stores.s3.store import UploadPolicy
+from trainguard.core.stores.s3.spool import MIN_PART_BYTES
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "AKIATRAINGUARDTEST",

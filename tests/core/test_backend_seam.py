@@ -7,9 +7,9 @@ import pytest
 
 from trainguard.core import triage
 from trainguard.core.attempt import AttemptSummary, next_parameters
-from trainguard.core.backend import AttemptOutcome, Backend, Launch, StopsOrphans, container_env
-from trainguard.core.local_backend import LocalBackend
-from trainguard.core.slurm_backend import SlurmBackend
+from trainguard.core.backends.base import AttemptOutcome, Backend, Launch, StopsOrphans, container_env
+from trainguard.core.backends.local.backend import LocalBackend
+from trainguard.core.backends.slurm.backend import SlurmBackend
 from trainguard.core.policy import RetryDecision
 from trainguard.core.triage.signals import Signals
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.core.evidence import collect_local_evidence, newest_checkpoints
-from trainguard.core.local import LocalProcessRunner
-from trainguard.core.manifest import Manifest, read_manifest, verify_manifest
-from trainguard.core.stores import EvidenceStoreError, LocalEvidenceStore, StoredItem
-from trainguard.core.workspace import AttemptWorkspace
+from trainguard.core.backends.workspace_evidence import collect_local_evidence, newest_checkpoints
+from trainguard.core.backends.local.runner import LocalProcessRunner
+from trainguard.core.evidence.manifest import Manifest, read_manifest, verify_manifest
+from trainguard.core.stores.base import EvidenceStoreError, LocalEvidenceStore, StoredItem
+from trainguard.core.backends.workspace import AttemptWorkspace
 
 CRASHING_TRAINER = """
 import os, signal

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainguard.core.livelog import LiveLog
+from trainguard.core.reports.livelog import LiveLog
 from trainguard.core.masking import Masker
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.core.local import LocalProcessRunner, ProcessOutcome
-from trainguard.core.workspace import AttemptWorkspace
+from trainguard.core.backends.local.runner import LocalProcessRunner, ProcessOutcome
+from trainguard.core.backends.workspace import AttemptWorkspace
 from waiting import wait_for
 
 

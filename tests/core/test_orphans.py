@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.core import orphans
+from trainguard.core.backends.local import orphans
 from waiting import wait_for
 
 # Ignores SIGTERM (noting that it came), starts a grandchild in its own process group, says ready.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.report import render_attempt
+from trainguard.core.reports.attempt import render_attempt
 
 
 def test_the_report_names_the_node_escaped_and_says_when_the_next_attempt_avoids_it() -> None:

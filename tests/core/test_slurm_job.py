@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from trainguard.core import triage
-from trainguard.core.backend import Launch
-from trainguard.core.slurm import CommandResult, JobNotFound, SlurmClient, SlurmRejected, SlurmUnavailable, job_info
-from trainguard.core.slurm_job import (
+from trainguard.core.backends.base import Launch
+from trainguard.core.backends.slurm.client import CommandResult, JobNotFound, SlurmClient, SlurmRejected, SlurmUnavailable, job_info
+from trainguard.core.backends.slurm.job import (
     JobSettings, batch_script, job_comment, job_name, memory_killed, sbatch_options, termination,
 )
 from trainguard.core.triage.signals import Signals

@@ -14,10 +14,10 @@ import json
 import pytest
 
 from trainguard.core import triage
-from trainguard.core.backend import Launch
-from trainguard.core.slurm import CommandResult, SlurmClient, SlurmUnavailable, accounting_rows, accounting_settled
-from trainguard.core.slurm_backend import SlurmBackend
-from trainguard.core.slurm_job import UNREACHABLE, job_comment, job_name
+from trainguard.core.backends.base import Launch
+from trainguard.core.backends.slurm.client import CommandResult, SlurmClient, SlurmUnavailable, accounting_rows, accounting_settled
+from trainguard.core.backends.slurm.backend import SlurmBackend
+from trainguard.core.backends.slurm.job import UNREACHABLE, job_comment, job_name
 
 UNREACHABLE_TEXT = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
 PING_DOWN = "Slurmctld(primary) at ctl1 is DOWN\n*****************************************\n** RESTORE SLURMCTLD DAEMON TO SERVICE **\n"

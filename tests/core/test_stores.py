@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.core.manifest import (
+from trainguard.core.evidence.manifest import (
     add_items,
     Manifest,
     ManifestError,
@@ -24,7 +24,7 @@ from trainguard.core.manifest import (
     verify_manifest,
     write_manifest,
 )
-from trainguard.core.stores import EvidenceNotFound, EvidenceStore, EvidenceStoreError, LocalEvidenceStore, StoredItem
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, EvidenceStoreError, LocalEvidenceStore, StoredItem
 
 
 @pytest.fixture

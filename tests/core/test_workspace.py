@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.core.workspace import AttemptWorkspace, WorkspaceError
+from trainguard.core.backends.workspace import AttemptWorkspace, WorkspaceError
 
 
 def test_create_lays_out_the_attempt_folders_and_the_shared_checkpoint_folder(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ def kube_blocks(sim: kubesim.fixture.Sim, tmp_path: Path, **fields: Any) -> dict
     """A fresh namespace, a saved Kubernetes backend block for it and an evidence folder."""
     suffix = uuid.uuid4().hex[:8]
     namespace = f"t-{suffix}"
-    from trainguard.core.kube.api import KubeApi
+    from trainguard.core.backends.kubernetes.api import KubeApi
 
     api = KubeApi.from_kubeconfig(str(sim.kubeconfig))
     api.core.create_namespace({"metadata": {"name": namespace}})
@@ -74,7 +74,7 @@ def evidence_names(evidence: Path, run_id: str, attempt: int) -> list[str]:
 
 def pod_of(api: Any, namespace: str, run_id: str, attempt: int, phase: str = "Running") -> str | None:
     """The attempt's pod name once it is in `phase` (for faults injected from outside)."""
-    from trainguard.core.kube import manifests
+    from trainguard.core.backends.kubernetes import manifests
 
     for pod in api.list_pods(namespace, manifests.selector(run_id, attempt))["items"]:
         if pod["status"].get("phase") == phase:

@@ -11,8 +11,8 @@ import pytest
 from flow_helpers import ROOT, subprocess_env
 
 from blocks import BlockReferenceError, EvidenceFolder, LocalProcessBackend, RetryPolicy, load_backend, load_evidence
-from trainguard.core.backend import Backend
-from trainguard.core.local_backend import LocalBackend
+from trainguard.core.backends.base import Backend
+from trainguard.core.backends.local.backend import LocalBackend
 
 
 def test_a_backend_block_loads_by_slug_and_name_and_builds_its_adapter(prefect_server, tmp_path) -> None:

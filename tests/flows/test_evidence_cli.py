@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trainguard.cli import app
-from trainguard.core.manifest import Manifest, ManifestItem, write_manifest
-from trainguard.core.stores import LocalEvidenceStore
+from trainguard.core.evidence.manifest import Manifest, ManifestItem, write_manifest
+from trainguard.core.stores.base import LocalEvidenceStore
 
 from blocks.evidence import S3EvidenceStore
 

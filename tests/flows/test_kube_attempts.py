@@ -18,7 +18,7 @@ import pytest
 from kube_helpers import GPU_FAULT, cluster, evidence_names, inline, kept, kube_blocks, pod_of, tiny
 from flows.run import training_run
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.report import render_attempt
+from trainguard.core.reports.attempt import render_attempt
 from trainguard.core.spec import parse_spec
 from waiting import wait_for
 

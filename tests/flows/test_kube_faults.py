@@ -159,8 +159,8 @@ def test_a_dead_attempts_running_job_is_deleted_after_its_evidence_is_kept_and_r
     from blocks import load_backend
     from flows.controller import retry_controller
     from runs import attempt_runs
-    from trainguard.core.backend import launch_for
-    from trainguard.core.kube import manifests
+    from trainguard.core.backends.base import launch_for
+    from trainguard.core.backends.kubernetes import manifests
 
     ns, job_name = kb["namespace"], "tg-k-orphan-1-a1"
     # The spec names its backend and no parameter does: recovery must find the Job through the spec.

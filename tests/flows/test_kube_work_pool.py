@@ -27,7 +27,7 @@ from services.prefect_server import managed_process
 from waiting import wait_for
 
 from blocks import EvidenceFolder, KubernetesJobBackend
-from trainguard.core.kube.api import KubeApi
+from trainguard.core.backends.kubernetes.api import KubeApi
 
 POOL, NAMESPACE = "trainguard-kubernetes", "trainguard"  # the pool prefect.yaml names; the template's namespace
 

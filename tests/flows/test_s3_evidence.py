@@ -25,9 +25,10 @@ from waiting import wait_for
 from blocks.evidence import S3EvidenceStore
 from flows.run import training_run
 from trainguard.cli import app
-from trainguard.core import bundles, s3 as s3_client
-from trainguard.core.manifest import read_manifest
-from trainguard.core.retention import OUTCOME_TAG
+from trainguard.core.evidence import bundles
+from trainguard.core.stores.s3 import bucket as s3_client
+from trainguard.core.evidence.manifest import read_manifest
+from trainguard.core.evidence.retention import OUTCOME_TAG
 from trainguard.core.spec import parse_spec
 
 SECRET = "planted-secret-4242"

@@ -18,9 +18,9 @@ from flow_helpers import attempt_dir, attempt_runs, tiny_spec
 from kube_helpers import cluster, kube_blocks
 
 from flows.run import training_run
-from trainguard.core.manifest import read_manifest, verify_manifest
+from trainguard.core.evidence.manifest import read_manifest, verify_manifest
 from trainguard.core.spec import parse_spec
-from trainguard.core.stores import LocalEvidenceStore
+from trainguard.core.stores.base import LocalEvidenceStore
 
 
 @pytest.fixture(scope="module")

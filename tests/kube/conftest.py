@@ -14,7 +14,7 @@ import pytest
 
 import kubesim
 import kubesim.fixture
-from trainguard.core.kube.api import KubeApi, RetrySettings
+from trainguard.core.backends.kubernetes.api import KubeApi, RetrySettings
 
 
 @pytest.fixture(scope="session")

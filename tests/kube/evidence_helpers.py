@@ -11,11 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainguard.core.backend import Launch
-from trainguard.core.kube import errors, manifests, zipapp
-from trainguard.core.kube.api import KubeApi
-from trainguard.core.manifest import Manifest
-from trainguard.core.stores import LocalEvidenceStore
+from trainguard.core.backends.base import Launch
+from trainguard.core.backends.kubernetes import errors, manifests, zipapp
+from trainguard.core.backends.kubernetes.api import KubeApi
+from trainguard.core.evidence.manifest import Manifest
+from trainguard.core.stores.base import LocalEvidenceStore
 
 REPO = str(Path(__file__).resolve().parents[2])
 WORKSPACE = "/trainguard/attempt"

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 import kubesim.fixture
-from trainguard.core.kube import errors
-from trainguard.core.kube.api import KubeApi, RetrySettings
-from trainguard.core.kube.watch import RELISTED, ResumingWatch
+from trainguard.core.backends.kubernetes import errors
+from trainguard.core.backends.kubernetes.api import KubeApi, RetrySettings
+from trainguard.core.backends.kubernetes.watch import RELISTED, ResumingWatch
 from waiting import wait_for
 
 

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 import kubesim.fixture
-from trainguard.core.backend import Launch
-from trainguard.core.kube.api import KubeApi
-from trainguard.core.kube.backend import KubernetesBackend, KubeSettings
-from trainguard.core.kube.manifests import JobSettings
+from trainguard.core.backends.base import Launch
+from trainguard.core.backends.kubernetes.api import KubeApi
+from trainguard.core.backends.kubernetes.backend import KubernetesBackend, KubeSettings
+from trainguard.core.backends.kubernetes.manifests import JobSettings
 from trainguard.core import triage
-from trainguard.core.kube.supervise import printable
+from trainguard.core.backends.kubernetes.supervise import printable
 from trainguard.demo import SCRIPT
 from waiting import wait_for
 
@@ -158,9 +158,9 @@ def _pod(name: str, node: str, state: dict[str, Any], conditions: list[dict[str,
 def test_evidence_is_read_from_the_pod_the_attempt_ended_on_not_from_its_replacement(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from trainguard.core.kube.backend import outcome_of
-    from trainguard.core.kube.scene import Scene, facts_of
-    from trainguard.core.kube.supervise import Ending
+    from trainguard.core.backends.kubernetes.backend import outcome_of
+    from trainguard.core.backends.kubernetes.scene import Scene, facts_of
+    from trainguard.core.backends.kubernetes.supervise import Ending
 
     # A disruption the Job ignored: the supervisor ended on the disrupted pod, the Job made another.
     ended = _pod("tg-r-a1-aaaaa", "gpu-node-1", {"terminated": {"exitCode": 143, "message": "disrupted"}},

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.core.kube import collector, collector_program
+from trainguard.core.backends.kubernetes import collector, collector_program
 
 
 def _run(workspace: Path, checkpoints: Path, budget: int = 1 << 20) -> bytes:

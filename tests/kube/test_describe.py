@@ -16,9 +16,9 @@ import pytest
 from evidence_helpers import job_failed, pods_of
 
 import kubesim.fixture
-from trainguard.core.kube.api import KubeApi
-from trainguard.core.kube.describe import describe_pod
-from trainguard.core.kube.gotext import human_duration, tabwrite
+from trainguard.core.backends.kubernetes.api import KubeApi
+from trainguard.core.backends.kubernetes.describe import describe_pod
+from trainguard.core.backends.kubernetes.gotext import human_duration, tabwrite
 from waiting import wait_for
 
 _AGE = re.compile(r"^(\S+ \S+ )(\S+(?: \(x\d+ over \S+\))?)( .*)$")

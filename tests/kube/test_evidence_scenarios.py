@@ -15,11 +15,11 @@ import pytest
 from evidence_helpers import Kept, collectors, job_failed, pods_of, trainguard_job, training_job
 
 import kubesim.fixture
-from trainguard.core.kube import errors
-from trainguard.core.kube.api import KubeApi, RetrySettings
-from trainguard.core.kube.evidence import collect_kubernetes_evidence, read_triage_facts
-from trainguard.core.kube.scene import BreakerApi
-from trainguard.core.stores import LocalEvidenceStore
+from trainguard.core.backends.kubernetes import errors
+from trainguard.core.backends.kubernetes.api import KubeApi, RetrySettings
+from trainguard.core.backends.kubernetes.evidence import collect_kubernetes_evidence, read_triage_facts
+from trainguard.core.backends.kubernetes.scene import BreakerApi
+from trainguard.core.stores.base import LocalEvidenceStore
 from trainguard.core.taxonomy import Category
 from trainguard.core.triage import classify
 from waiting import wait_for

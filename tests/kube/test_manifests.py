@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from trainguard.core.backend import Launch
-from trainguard.core.kube import manifests, zipapp
-from trainguard.core.kube.api import KubeApi
-from trainguard.core.kube.manifests import AttemptVolume, JobSettings
+from trainguard.core.backends.base import Launch
+from trainguard.core.backends.kubernetes import manifests, zipapp
+from trainguard.core.backends.kubernetes.api import KubeApi
+from trainguard.core.backends.kubernetes.manifests import AttemptVolume, JobSettings
 from waiting import wait_for
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -61,7 +61,7 @@ def test_generated_job_matches_its_golden_file(case: str) -> None:
 
 
 def test_the_python_of_the_job_runs_the_entrypoint_and_the_evidence_collector_too() -> None:
-    from trainguard.core.kube import collector
+    from trainguard.core.backends.kubernetes import collector
 
     for settings, python in ((CASES["minimal"][0], "python3"), (FULL, "/opt/conda/bin/python")):
         job = manifests.job_manifest(settings, LAUNCH, CONFIG_MAP)

@@ -10,9 +10,9 @@ import pytest
 
 from s3fixtures import FAST, S3Server, s3, s3_server  # noqa: F401  (fixtures)
 
-from trainguard.core.s3 import S3Bucket, S3Settings
-from trainguard.core.s3store import S3Store, UploadPolicy
-from trainguard.core.spool import Spool
+from trainguard.core.stores.s3.bucket import S3Bucket, S3Settings
+from trainguard.core.stores.s3.store import S3Store, UploadPolicy
+from trainguard.core.stores.s3.spool import Spool
 
 
 

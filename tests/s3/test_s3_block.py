@@ -6,7 +6,7 @@ import pydantic
 import pytest
 
 from blocks.evidence import S3EvidenceStore
-from trainguard.core.s3store import S3Store
+from trainguard.core.stores.s3.store import S3Store
 
 
 def test_the_prefix_is_normalised_and_a_bad_one_is_refused_naming_the_field() -> None:

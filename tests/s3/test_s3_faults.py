@@ -9,8 +9,8 @@ from pathlib import Path
 from s3fixtures import FAST
 from waiting import wait_for
 
-from trainguard.core.s3store import UploadPolicy
-from trainguard.core.spool import MIN_PART_BYTES
+from trainguard.core.stores.s3.store import UploadPolicy
+from trainguard.core.stores.s3.spool import MIN_PART_BYTES
 
 
 def _puts(method: str, path: str) -> bool:

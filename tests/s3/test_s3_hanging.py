@@ -9,9 +9,9 @@ import threading
 from s3fixtures import FAST
 from waiting import wait_for
 
-from trainguard.core.s3 import S3Bucket, S3Settings
-from trainguard.core.s3store import S3Store, UploadPolicy
-from trainguard.core.spool import MIN_PART_BYTES, Spool
+from trainguard.core.stores.s3.bucket import S3Bucket, S3Settings
+from trainguard.core.stores.s3.store import S3Store, UploadPolicy
+from trainguard.core.stores.s3.spool import MIN_PART_BYTES, Spool
 
 # the production retry settings (5 tries, 0.5 s first backoff), with a budget a test can wait out
 DEFAULT_RETRIES_SHORT_BUDGET = UploadPolicy(budget_seconds=0.5, part_bytes=MIN_PART_BYTES, concurrency=3)

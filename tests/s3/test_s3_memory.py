@@ -25,9 +25,9 @@ GIB = 1024**3
 UPLOAD = """
 import json, sys
 from pathlib import Path
-from trainguard.core.s3 import S3Bucket, S3Settings
-from trainguard.core.s3store import S3Store, UploadPolicy
-from trainguard.core.spool import Spool
+from trainguard.core.stores.s3.bucket import S3Bucket, S3Settings
+from trainguard.core.stores.s3.store import S3Store, UploadPolicy
+from trainguard.core.stores.s3.spool import Spool
 
 def peak_rss_mib():
     # VmHWM is this program's own peak. getrusage's ru_maxrss is not: across the exec it keeps the

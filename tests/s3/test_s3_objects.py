@@ -7,8 +7,8 @@ import hashlib
 
 import pytest
 
-from trainguard.core.spool import MIN_PART_BYTES
-from trainguard.core.stores import EvidenceStoreError
+from trainguard.core.stores.s3.spool import MIN_PART_BYTES
+from trainguard.core.stores.base import EvidenceStoreError
 
 
 def test_objects_are_encrypted_private_and_carry_their_sha256(make_store, s3) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from trainguard.core import retention
-from trainguard.core.manifest import Manifest, ManifestItem, read_manifest, write_manifest
+from trainguard.core.evidence import retention
+from trainguard.core.evidence.manifest import Manifest, ManifestItem, read_manifest, write_manifest
 
 PREFIX = "runs/r1/attempt-1/"
 STAMP = "2026-01-01T00:00:00+00:00"

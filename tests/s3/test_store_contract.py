@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.core.stores import EvidenceNotFound, EvidenceStore, EvidenceStoreError, LocalEvidenceStore
-from trainguard.core.spool import MIN_PART_BYTES
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, EvidenceStoreError, LocalEvidenceStore
+from trainguard.core.stores.s3.spool import MIN_PART_BYTES
 
 
 @pytest.fixture(params=["local", "s3"])

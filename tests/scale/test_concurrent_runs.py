@@ -26,8 +26,8 @@ from waiting import wait_for
 from blocks import EvidenceFolder, LocalProcessBackend
 from services.faulty_proxy import FaultPlan, faulty_proxy
 from services.prefect_server import process_workers
-from trainguard.core.manifest import read_manifest, verify_manifest
-from trainguard.core.stores import LocalEvidenceStore
+from trainguard.core.evidence.manifest import read_manifest, verify_manifest
+from trainguard.core.stores.base import LocalEvidenceStore
 
 HOOK_DONE = "Hook 'schedule_next_attempt' finished running successfully"
 ALWAYS_KEPT = {"crash-report.json", "checkpoints.json", "snapshot/env.json"}

@@ -14,8 +14,8 @@ from waiting import wait_for
 
 from blocks import EvidenceFolder, SlurmBackend
 from flows.run import training_run
-from trainguard.core.slurm import accounting_rows
-from trainguard.core.slurm_job import job_name
+from trainguard.core.backends.slurm.client import accounting_rows
+from trainguard.core.backends.slurm.job import job_name
 from trainguard.core.spec import parse_spec
 
 

@@ -24,10 +24,10 @@ from waiting import wait_for
 
 from flows.attempt import train_attempt
 from flows.controller import retry_controller
-from trainguard.core.manifest import read_manifest, verify_manifest
-from trainguard.core.slurm_job import job_name
+from trainguard.core.evidence.manifest import read_manifest, verify_manifest
+from trainguard.core.backends.slurm.job import job_name
 from trainguard.core.spec import parse_spec
-from trainguard.core.stores import LocalEvidenceStore
+from trainguard.core.stores.base import LocalEvidenceStore
 
 ROOT = Path(__file__).resolve().parents[2]
 _FLOW = """
@@ -41,9 +41,9 @@ train_attempt(parse_spec(args.pop("spec")), **args)
 _SUPERVISOR = """
 import json, sys
 from pathlib import Path
-from trainguard.core.backend import Launch
-from trainguard.core.slurm import SlurmClient
-from trainguard.core.slurm_backend import SlurmBackend
+from trainguard.core.backends.base import Launch
+from trainguard.core.backends.slurm.client import SlurmClient
+from trainguard.core.backends.slurm.backend import SlurmBackend
 a = json.loads(sys.argv[1])
 backend = SlurmBackend(Path(a["shared"]), client=SlurmClient(env=a["env"]))
 backend.run(backend.provision(a["run_id"], 1), Launch(a["run_id"], 1, tuple(a["command"])), on_line=lambda line: None)

@@ -14,9 +14,9 @@ from slurm_helpers import (
 )
 from waiting import wait_for
 
-from trainguard.core.manifest import read_manifest, verify_manifest
-from trainguard.core.slurm_job import job_name
-from trainguard.core.stores import LocalEvidenceStore
+from trainguard.core.evidence.manifest import read_manifest, verify_manifest
+from trainguard.core.backends.slurm.job import job_name
+from trainguard.core.stores.base import LocalEvidenceStore
 
 
 def test_an_nccl_timeout_on_slurm_is_retried_from_its_checkpoint_and_succeeds(slurm_blocks, slurm_cluster):

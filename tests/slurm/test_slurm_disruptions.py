@@ -13,10 +13,10 @@ from slurm_helpers import (
 from waiting import wait_for
 
 from flows.attempt import train_attempt
-from trainguard.core.manifest import read_manifest, verify_manifest
-from trainguard.core.slurm_job import job_name
+from trainguard.core.evidence.manifest import read_manifest, verify_manifest
+from trainguard.core.backends.slurm.job import job_name
 from trainguard.core.spec import parse_spec
-from trainguard.core.stores import LocalEvidenceStore
+from trainguard.core.stores.base import LocalEvidenceStore
 
 
 def test_a_node_set_down_mid_job_is_a_node_failure_and_the_retry_waits_for_the_only_node(slurm_blocks, slurm_cluster):

@@ -12,10 +12,10 @@ from rich.text import Text
 
 from trainguard.cli.typer_app import app
 from trainguard.cli.output import console, fail, plain, say
-from trainguard.core import bundles
-from trainguard.core import manifest as manifests
-from trainguard.core.stores import EvidenceNotFound, EvidenceStore, LocalEvidenceStore
-from trainguard.core.workspace import WorkspaceError
+from trainguard.core.evidence import bundles
+from trainguard.core.evidence import manifest as manifests
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, LocalEvidenceStore
+from trainguard.core.backends.workspace import WorkspaceError
 
 evidence_app = typer.Typer(help="Inspect the evidence kept for training runs.", no_args_is_help=True)
 app.add_typer(evidence_app, name="evidence")

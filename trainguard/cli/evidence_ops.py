@@ -19,10 +19,10 @@ from rich.table import Table
 
 from trainguard.cli.evidence import evidence_app, open_store
 from trainguard.cli.output import console, fail, plain, say
-from trainguard.core import bundles, retention
-from trainguard.core.manifest import ManifestError, ManifestItem, read_manifest
-from trainguard.core.s3store import S3Store
-from trainguard.core.stores import EvidenceNotFound, EvidenceStoreError
+from trainguard.core.evidence import bundles, retention
+from trainguard.core.evidence.manifest import ManifestError, ManifestItem, read_manifest
+from trainguard.core.stores.s3.store import S3Store
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStoreError
 
 PROGRESS_FROM_BYTES = 8 * 1024 * 1024
 ROOT_OPTION = typer.Option(Path("trainguard-data/evidence"), help="Evidence folder (used without --block).")

@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainguard.core import masking, report
+from trainguard.core import masking
+from trainguard.core.reports import attempt as attempt_report
 from trainguard.core.attempt import AttemptSummary
 
 # Piped output (CI logs, notebooks' subprocess cells) would otherwise be cut to 80 columns.
@@ -49,10 +50,10 @@ def fail(message: str, code: int = 2) -> NoReturn:
 def attempts_table(summaries: Sequence[AttemptSummary], title: str) -> Table:
     """The run's attempts as a rich table, one row per attempt."""
     table = Table(title=plain(title), show_lines=False, expand=False)
-    for column in report.TABLE_COLUMNS:
+    for column in attempt_report.TABLE_COLUMNS:
         table.add_column(column, overflow="fold")
     for summary in summaries:
-        row = {name: plain(value) for name, value in report.table_row(summary).items()}
+        row = {name: plain(value) for name, value in attempt_report.table_row(summary).items()}
         row["state"] = plain(summary.state, STATE_STYLES.get(summary.state, "white"))
         table.add_row(*row.values())
     return table

@@ -18,8 +18,10 @@ from rich.table import Table
 
 from trainguard.cli.typer_app import app
 from trainguard.cli.output import console, fail, plain
-from trainguard.core import manifest, orphans, recovery
-from trainguard.core.stores import EvidenceNotFound, EvidenceStore, LocalEvidenceStore
+from trainguard.core import recovery
+from trainguard.core.backends.local import orphans
+from trainguard.core.evidence import manifest
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, LocalEvidenceStore
 
 _RUN = re.compile(r"^runs/([^/]+)/attempt-(\d+)/")
 

@@ -100,7 +100,7 @@ def check_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any]) -> lis
 
 def plan_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], spec_file: Path | None) -> dict[str, Any]:
     """Settle what the lost run left, and say where it continues: {"attempt", "resume_from", "history"}."""
-    from trainguard.core.backend import StopsOrphans
+    from trainguard.core.backends.base import StopsOrphans
 
     attempts = check_resume(spec, run_id, blocks)
     backend, store, max_attempts, rules = _context(spec, blocks)

@@ -19,13 +19,14 @@ from typing import Any
 
 from trainguard_entrypoint.files import read_json_object
 
-from trainguard.core import masking, orphans, triage
+from trainguard.core import masking, triage
+from trainguard.core.backends.local import orphans
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.backend import ERROR, AttemptOutcome, AttemptRef, Backend
-from trainguard.core.manifest import attempts_in_store, read_manifest, record_verdict, release_space, storage_failures
-from trainguard.core.stores import EvidenceNotFound, EvidenceStore
+from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef, Backend
+from trainguard.core.evidence.manifest import attempts_in_store, read_manifest, record_verdict, release_space, storage_failures
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
 from trainguard.core.taxonomy import INFO, Category
-from trainguard.core.workspace import validate_run_id
+from trainguard.core.backends.workspace import validate_run_id
 
 LOST = "Lost"
 _ATTEMPT_DIR = re.compile(r"^attempt-(\d+)$")

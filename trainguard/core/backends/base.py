@@ -1,0 +1,271 @@
+"""The backend seam: where a training attempt runs, behind one Protocol that every backend implements.
+
+The attempt flow, the training-run driver and the retry hooks talk to a `Backend` and never name a
+backend class: a local process, a Kubernetes Job and a Slurm job look the same from there. A
+backend launches an attempt and waits until it is terminal, freezes its own evidence into a store
+(best effort, never raising), hands triage its signals and lists the run's checkpoints.
+
+Also here, because every backend must agree on them: the typed values that cross the seam
+(`Launch`, `AttemptRef`, `AttemptOutcome`) and `container_env`, the one function that builds the
+training container's environment. How each backend does its work lives in its own adapter module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Protocol, runtime_checkable
+
+from trainguard.core.evidence.manifest import Manifest
+from trainguard.core.stores.base import EvidenceStore
+from trainguard.core.triage.signals import Signals
+
+# Reasons every backend uses for how an attempt ended, beside the platform's own words
+# (OOMKilled, Evicted, DeadlineExceeded, NODE_FAIL, ...), which backends pass through unchanged.
+COMPLETED = "Completed"
+ERROR = "Error"
+CANCELLED = "Cancelled"
+START_ERROR = "StartError"
+
+LineSink = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What to run for one attempt, the same for every backend.
+
+    Attributes:
+        run_id: The run every attempt shares.
+        attempt: This attempt's number, from 1.
+        command: The training command's argv.
+        env: The user's variables for the command (the spec's `env`, secrets already resolved);
+            `container_env` adds trainguard's own.
+        workdir: The command's working directory, where the backend can honour one.
+        gpus: GPUs the attempt holds (for placement and for GPU-seconds).
+        deadline_seconds: Wall time after which the attempt is stopped.
+        stall_seconds: Silence on the log after which the attempt is stopped.
+        resume_from: The checkpoint to resume from, as the backend listed it; None = from scratch.
+        avoid_nodes: Nodes earlier attempts failed on; backends that place work keep off them.
+        memory_factor: Scale for the memory request/limit (>= 1), e.g. after a host OOM.
+    """
+
+    run_id: str
+    attempt: int
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    gpus: int = 0
+    deadline_seconds: float | None = None
+    stall_seconds: float | None = None
+    resume_from: str | None = None
+    avoid_nodes: tuple[str, ...] = ()
+    memory_factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class AttemptRef:
+    """Enough to find an attempt again: to supervise, adopt, collect from and clean it up.
+
+    Attributes:
+        backend: The backend kind ("local", "kubernetes", "slurm").
+        run_id: The run.
+        attempt: The attempt number.
+        name: The backend's own name for the attempt (a folder, a Job name, a job name).
+        workspace: A folder on the flow's machine that holds the attempt's files, where one exists.
+        checkpoint_dir: The run's checkpoint folder as the training command sees it.
+        details: Anything else the backend needs to find it (namespace, job id, ...).
+    """
+
+    backend: str
+    run_id: str
+    attempt: int
+    name: str
+    workspace: str | None = None
+    checkpoint_dir: str | None = None
+    details: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["details"] = dict(self.details)
+        return data
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """How an attempt ended, as the backend saw it: everything triage and the report need.
+
+    Attributes:
+        exit_code: The command's exit status, shell style (128+N for signal N); None if it never ran.
+        signal: The signal that killed the command, if any.
+        reason: `COMPLETED`, `ERROR`, `CANCELLED`, `START_ERROR`, or the platform's own word
+            (OOMKilled, Evicted, DeadlineExceeded, Stalled, BackoffLimitExceeded, NODE_FAIL, ...).
+        message: One line a person can read.
+        started_at, finished_at: ISO-8601 UTC timestamps, where known.
+        duration_seconds: Wall time the attempt held its resources.
+        node: The node the attempt ran on, where known.
+        conditions: Pod/Job conditions in Kubernetes wire form (type, status, reason, message).
+        events: Platform events in Kubernetes wire form (reason, message, type, involvedObject).
+        log_path: A local file with the attempt's log, where the backend has one.
+        log_tail: The last lines of output the backend saw, for when the log file is incomplete.
+        storage_problems: Files of the attempt that could not be written (a full disk), one line each.
+        instance: The backend's own name for what ran the command and decided the outcome (a pod),
+            where it has one; evidence about "the" attempt is read from that one, not a replacement.
+    """
+
+    exit_code: int | None
+    signal: int | None
+    reason: str
+    message: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    duration_seconds: float = 0.0
+    node: str | None = None
+    conditions: tuple[Mapping[str, Any], ...] = ()
+    events: tuple[Mapping[str, Any], ...] = ()
+    log_path: str | None = None
+    log_tail: str = ""
+    storage_problems: tuple[str, ...] = ()
+    instance: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0 and self.reason == COMPLETED
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["conditions"] = [dict(c) for c in self.conditions]
+        data["events"] = [dict(e) for e in self.events]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AttemptOutcome:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["conditions"] = tuple(values.get("conditions") or ())
+        values["events"] = tuple(values.get("events") or ())
+        values["storage_problems"] = tuple(str(p) for p in values.get("storage_problems") or ())
+        values.setdefault("exit_code", None)
+        values.setdefault("signal", None)
+        values.setdefault("reason", ERROR)
+        values.setdefault("message", "")
+        return cls(**values)
+
+    @classmethod
+    def never_ran(cls, message: str) -> AttemptOutcome:
+        """The outcome of an attempt that was never launched (provisioning failed)."""
+        return cls(exit_code=None, signal=None, reason=ERROR, message=message)
+
+
+@dataclass(frozen=True)
+class CollectedEvidence:
+    """What `Backend.collect_evidence` kept: the manifest and where the bundle lives."""
+
+    manifest: Manifest
+    location: str
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The JSON-ready figures the attempt summary carries."""
+        return {"location": self.location, "items": len(self.manifest.items), "missing": len(self.manifest.missing)}
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Where training attempts run. Implementations are adapters over one external system each."""
+
+    kind: str
+
+    def provision(self, run_id: str, attempt: int) -> AttemptRef:
+        """Prepare the attempt's place (folders, volumes) and say how to find it again."""
+        ...
+
+    def run(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None = None) -> AttemptOutcome:
+        """Launch the attempt (or adopt one already launched for `ref`) and wait until it is terminal.
+
+        Live output lines go to `on_line`. A stop from outside (SIGTERM, cancellation) stops the
+        attempt and is re-raised; nothing the platform cleans up is deleted before evidence is kept.
+        """
+        ...
+
+    def collect_evidence(
+        self, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None,
+        extra: Mapping[str, bytes] | None = None,
+    ) -> CollectedEvidence:
+        """Freeze everything the attempt left into `store` with a manifest. Best effort: never raises."""
+        ...
+
+    def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
+        """What triage reads: exit code, reason, conditions, events and the log."""
+        ...
+
+    def checkpoints(self, run_id: str) -> list[str]:
+        """The run's checkpoints, newest first, as the training command names them."""
+        ...
+
+    def release(self, ref: AttemptRef) -> None:
+        """Let the platform clean the attempt up (delete it, or start its TTL). Called after evidence is kept."""
+        ...
+
+
+@runtime_checkable
+class StopsOrphans(Protocol):
+    """A backend that can stop an attempt whose supervising flow process died without a word.
+
+    Optional beside `Backend`: the retry controller and the crash hook call it, so no training keeps
+    running unsupervised next to the next attempt, on the same checkpoints. An optional class
+    attribute `evidence_first` says when: absent or False stops first and then collects what the
+    stop left (a local process or a Slurm job writes its crash report as it ends); True collects
+    first, because stopping removes what evidence is read from (deleting a Job deletes its pods and
+    their logs).
+    """
+
+    def stop_orphan(self, ref: AttemptRef) -> str | None:
+        """Stop whatever still runs for `ref`; say what was stopped, or None when nothing ran."""
+        ...
+
+
+def container_env(
+    launch: Launch, *, workspace: str, checkpoint_dir: str | None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The training container's environment, for every backend: the user's variables plus trainguard's.
+
+    Args:
+        launch: The attempt being launched (its `env` holds the user's variables).
+        workspace: The attempt's folder as the container sees it.
+        checkpoint_dir: The run's checkpoint folder as the container sees it.
+        base: Variables underneath everything (the local backend passes its own environment).
+
+    Raises:
+        ValueError: A variable name or value cannot be passed to a process (one line naming it).
+    """
+    env = dict(base or {})
+    for name, value in launch.env.items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise ValueError(f"env[{name!r}]: not a valid variable name; use letters, digits and '_'")
+        if not isinstance(value, str) or "\0" in value:
+            raise ValueError(f"env[{name!r}]: the value must be a string without NUL characters")
+        env[name] = value
+    env.update(
+        TRAINGUARD_RUN_ID=launch.run_id,
+        TRAINGUARD_ATTEMPT=str(launch.attempt),
+        TRAINGUARD_WORKSPACE=workspace,
+        TRAINGUARD_RESUME_FROM=launch.resume_from or "",
+    )
+    if checkpoint_dir:
+        env["TRAINGUARD_CHECKPOINT_DIR"] = checkpoint_dir
+    if launch.workdir:
+        env["TRAINGUARD_WORKDIR"] = launch.workdir
+    return env
+
+
+def launch_for(
+    spec_command: Sequence[str], *, run_id: str, attempt: int, env: Mapping[str, str], gpus: int,
+    deadline_seconds: float | None, stall_seconds: float | None, workdir: str | None,
+    resume_from: str | None, avoid_nodes: Sequence[str] = (), memory_factor: float = 1.0,
+) -> Launch:
+    """A `Launch` from a spec's fields and the attempt's lineage (keeps the flow body short)."""
+    return Launch(
+        run_id=run_id, attempt=attempt, command=tuple(spec_command), env=dict(env), workdir=workdir,
+        gpus=gpus, deadline_seconds=deadline_seconds, stall_seconds=stall_seconds, resume_from=resume_from,
+        avoid_nodes=tuple(avoid_nodes), memory_factor=memory_factor,
+    )

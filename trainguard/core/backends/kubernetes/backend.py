@@ -1,0 +1,315 @@
+"""The Kubernetes backend: each training attempt is a Job, behind `trainguard.core.backends.base.Backend`.
+
+`run` creates the attempt's Job under a name derived from (run, attempt), so a flow run started
+again for the same attempt adopts the Job already there (a 409) instead of starting a second one,
+then follows it by watch (`supervise`) and turns what it saw into an `AttemptOutcome`.
+`collect_evidence` freezes the cluster's view (`evidence`) and keeps the triage facts and the log
+on the flow's machine, where `signals` reads them after the Job is gone. `release` deletes a
+succeeded Job and gives a failed one its TTL; `checkpoints` lists the run's checkpoint PVC through a
+short-lived pod. Nothing is deleted before evidence is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from trainguard.core.backends import workspace_evidence
+from trainguard.core.backends.base import (
+    COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
+)
+from trainguard.core.backends.kubernetes import evidence, manifests, zipapp
+from trainguard.core.backends.kubernetes.api import KubeApi
+from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotFound
+from trainguard.core.backends.kubernetes.supervise import (
+    START_ERRORS, Ending, Limits, Supervisor, blocking_wait, container_state, job_condition,
+)
+from trainguard.core.backends.kubernetes.watch import RELISTED, ResumingWatch
+from trainguard.core.evidence.manifest import attempt_prefix
+from trainguard.core.stores.base import EvidenceStore
+from trainguard.core.triage.signals import Signals
+
+KIND = "kubernetes"
+_LISTER = (
+    "import json, os, sys\n"
+    "d = sys.argv[1]\n"
+    "names = sorted(os.listdir(d)) if os.path.isdir(d) else []\n"
+    "stats = [(n, os.stat(os.path.join(d, n))) for n in names]\n"
+    "# an empty file (a full disk leaves those) is no checkpoint to resume from\n"
+    "print(json.dumps([[n, s.st_mtime] for n, s in stats if s.st_size or os.path.isdir(os.path.join(d, n))]))\n"
+)
+
+
+JOB_DELETED = "JobDeleted"  # someone deleted the Job while it ran: triage reads a cancellation
+# Job-level reasons that say the Job failed but not why; the pod evidence names the cause.
+_JOB_VERDICTS = frozenset({"BackoffLimitExceeded", "PodFailurePolicy", "Error", "Failed"})
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    """The backend's settings: the Job's, plus how long to wait and how long to keep failed Jobs."""
+
+    job: manifests.JobSettings
+    unschedulable_seconds: float = 600.0
+    start_error_seconds: float = 60.0
+    failed_job_ttl_seconds: int = 86400
+    lister_timeout_seconds: float = 60.0
+    local_root: str | None = None  # where triage facts and logs are kept on the flow's machine
+
+
+class KubernetesBackend:
+    """Runs attempts as Kubernetes Jobs. The client is built lazily from `connect`, never pickled."""
+
+    kind = KIND
+    evidence_first = True  # deleting the Job deletes its pods and their logs: collect first
+
+    def __init__(self, connect: Callable[[], KubeApi], settings: KubeSettings) -> None:
+        self.connect, self.settings = connect, settings
+        self._api: KubeApi | None = None
+
+    @property
+    def api(self) -> KubeApi:
+        if self._api is None:
+            self._api = self.connect()
+        return self._api
+
+    @property
+    def namespace(self) -> str:
+        return self.settings.job.namespace
+
+    def local_dir(self, run_id: str, attempt: int) -> Path:
+        """Where this machine keeps the attempt's triage facts and log."""
+        root = Path(self.settings.local_root or Path(tempfile.gettempdir()) / "trainguard-kube")
+        return root / attempt_prefix(run_id, attempt)
+
+    def provision(self, run_id: str, attempt: int) -> AttemptRef:
+        """Make sure the entrypoint ConfigMap exists; the Job itself is created by `run`."""
+        body = zipapp.config_map(self.namespace)
+        try:
+            self.api.create_config_map(self.namespace, body)
+        except Conflict:
+            pass  # named by its digest: the one there holds the same bytes
+        return AttemptRef(KIND, run_id, attempt, name=manifests.job_name(run_id, attempt),
+                          workspace=manifests.workspace_path(run_id, attempt),
+                          checkpoint_dir=manifests.checkpoint_path(run_id),
+                          details={"namespace": self.namespace, "config_map": body["metadata"]["name"]})
+
+    def run(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None = None) -> AttemptOutcome:
+        """Create (or adopt) the attempt's Job and follow it until it is terminal."""
+        config_map = ref.details.get("config_map") or zipapp.config_map_name()
+        try:
+            body = manifests.job_manifest(self.settings.job, launch, config_map)
+        except ValueError as exc:
+            return AttemptOutcome(None, None, START_ERROR, str(exc))
+        created: dict[str, Any] | None = None
+        try:
+            created = self.api.create_job(self.namespace, body)
+        except Conflict:
+            pass  # this attempt's Job is already there: follow it (from a fresh list), never start a second
+        except KubeError as exc:
+            return AttemptOutcome(None, None, START_ERROR, f"could not create the Job: {exc}")
+        if created is None:
+            _say(on_line, f"adopting the running Job {self.namespace}/{ref.name}")
+        limits = Limits(unschedulable_seconds=self.settings.unschedulable_seconds,
+                        start_error_seconds=self.settings.start_error_seconds,
+                        stall_seconds=launch.stall_seconds, deadline_seconds=launch.deadline_seconds)
+        ending = Supervisor(self.api, self.namespace, launch.run_id, launch.attempt, limits, on_line=on_line,
+                            created=created).run()
+        return outcome_of(ending)
+
+    def collect_evidence(
+        self, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None,
+        extra: Mapping[str, bytes] | None = None,
+    ) -> CollectedEvidence:
+        extra = dict(extra or {})
+        if outcome is not None:
+            extra.setdefault("kubernetes/outcome.json", json.dumps(outcome.to_dict(), indent=2).encode())
+        manifest = evidence.collect_kubernetes_evidence(
+            self.api, self.namespace, ref.name, ref.run_id, ref.attempt, store, extra=extra,
+            log_dir=self.local_dir(ref.run_id, ref.attempt), pod=outcome.instance if outcome else None)
+        return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
+
+    def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
+        """The outcome's reason and exit code, with the conditions, events and log evidence kept."""
+        facts: dict[str, Any] = {}
+        try:
+            facts = json.loads((self.local_dir(ref.run_id, ref.attempt) / "triage.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            pass  # evidence could not be kept: what the supervisor saw still classifies
+        log_path = facts.get("log_path")
+        log: Any = Path(log_path) if log_path and Path(log_path).is_file() else (outcome.log_tail or None)
+        reason, exit_code = outcome.reason, outcome.exit_code
+        if reason in _JOB_VERDICTS and facts.get("reason"):
+            # The Job's own verdict says only that it failed; its pod says why (OOMKilled, Evicted, ...),
+            # and the watch may have seen the Job fail before the pod's final status arrived.
+            reason = str(facts["reason"])
+        if exit_code is None and isinstance(facts.get("exit_code"), int):
+            exit_code = facts["exit_code"]
+        return Signals(
+            exit_code=exit_code, reason=reason,
+            conditions=tuple(facts.get("conditions") or outcome.conditions),
+            events=tuple(facts.get("events") or outcome.events), log=log,
+        )
+
+    def checkpoints(self, run_id: str) -> list[str]:
+        """The run's checkpoints, newest first, as paths inside the containers (the same in every attempt)."""
+        folder = manifests.checkpoint_path(run_id)
+        try:
+            listed = json.loads(self._run_lister(run_id, folder).strip().splitlines()[-1])
+        except (KubeError, ValueError, IndexError, TimeoutError):
+            return []
+        return [f"{folder}/{name}" for name in workspace_evidence.rank_checkpoints((n, float(t)) for n, t in listed)]
+
+    def release(self, ref: AttemptRef) -> None:
+        """Delete a succeeded Job now; keep a failed one for `failed_job_ttl_seconds` (its TTL).
+
+        A Job that has not finished (unschedulable, stalled, stopped, its pod disrupted) is deleted:
+        a TTL would never start, and it must not train on beside the next attempt.
+        """
+        try:
+            job = self.api.read_job(self.namespace, ref.name)
+            failed = job_condition(job, "Failed")
+            if not failed or self.settings.failed_job_ttl_seconds <= 0:
+                self.api.delete_job(self.namespace, ref.name)
+            else:
+                self.api.patch_job_ttl(self.namespace, ref.name, self.settings.failed_job_ttl_seconds)
+        except NotFound:
+            pass  # already gone (deleted by someone, or its TTL ran out)
+
+    def stop_orphan(self, ref: AttemptRef) -> str | None:
+        """Stop the Job of an attempt whose flow process died, once its evidence is kept.
+
+        A Job still running is deleted (its pods with it): the next attempt gets a Job of its own
+        name, and two Jobs must never train on one checkpoint folder. A finished one is released as
+        the flow would have (a failed Job keeps its TTL), so it is not left behind for good.
+        """
+        try:
+            job = self.api.read_job(self.namespace, ref.name)
+        except NotFound:
+            return None
+        if job_condition(job, "Complete", "Failed"):
+            self.release(ref)
+            return None
+        try:
+            self.api.delete_job(self.namespace, ref.name)
+        except NotFound:
+            return None
+        return f"deleted the Job {self.namespace}/{ref.name}, still running without its flow run"
+
+    # -- the checkpoint lister pod --------------------------------------------------------
+
+    def _run_lister(self, run_id: str, folder: str) -> str:
+        job = self.settings.job
+        name = f"tg-ckpt-{uuid.uuid4().hex[:10]}"
+        labels = {**manifests.labels_for(job, run_id, 0, component="checkpoint-lister")}
+        labels.pop(manifests.LABEL_ATTEMPT)
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "list", "image": job.image, "command": [job.python, "-c", _LISTER, folder],
+                            "volumeMounts": [{"name": manifests.CHECKPOINT_VOLUME,
+                                              "mountPath": manifests.CHECKPOINTS_MOUNT, "readOnly": True}],
+                            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}}}],
+            "volumes": [{"name": manifests.CHECKPOINT_VOLUME,
+                         "persistentVolumeClaim": {"claimName": job.checkpoint_claim}}],
+            **({"nodeSelector": dict(job.node_selector)} if job.node_selector else {}),
+            **({"tolerations": [dict(t) for t in job.tolerations]} if job.tolerations else {}),
+            **({"imagePullSecrets": [{"name": s} for s in job.image_pull_secrets]} if job.image_pull_secrets else {}),
+        }}
+        self.api.create_pod(self.namespace, pod)
+        try:
+            self._wait_pod_done(name)
+            return self.api.read_pod_log(self.namespace, name, "list").decode("utf-8", errors="replace")
+        finally:
+            try:
+                self.api.delete_pod(self.namespace, name, grace_seconds=0)
+            except KubeError:
+                pass
+
+    def _wait_pod_done(self, name: str) -> None:
+        deadline = time.monotonic() + self.settings.lister_timeout_seconds
+        watch = ResumingWatch(self.api, "pods", self.namespace, f"{manifests.LABEL_COMPONENT}=checkpoint-lister",
+                              timeout_seconds=10)
+        for event in watch:
+            pods = (event["object"].get("items") or []) if event["type"] == RELISTED else [event["object"]]
+            mine = [p for p in pods if p["metadata"]["name"] == name]
+            if any(p.get("status", {}).get("phase") in ("Succeeded", "Failed") for p in mine):
+                return
+            waiting = {container_state(p, "list").get("waiting", {}).get("reason") for p in mine}
+            if waiting & START_ERRORS:  # the image cannot be pulled: it never will be in time
+                raise TimeoutError(f"checkpoint lister {name} cannot start: {sorted(waiting & START_ERRORS)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"checkpoint lister {name} did not finish")
+
+
+def _say(on_line: LineSink | None, message: str) -> None:
+    if on_line is not None:
+        on_line(f"trainguard: {message}")
+    else:
+        print(f"trainguard: {message}", flush=True)
+
+
+def outcome_of(ending: Ending) -> AttemptOutcome:
+    """The seam's outcome from where the supervisor stopped."""
+    pod, job = ending.pod or {}, ending.job or {}
+    terminated = container_state(pod).get("terminated") or {}
+    exit_code = terminated.get("exitCode")
+    signal = terminated.get("signal") or (exit_code - 128 if isinstance(exit_code, int) and exit_code > 128 else None)
+    reason, message = _reason(ending, pod, job, terminated)
+    conditions = tuple((pod.get("status", {}).get("conditions") or []) + (job.get("status", {}).get("conditions") or []))
+    return AttemptOutcome(
+        exit_code=exit_code, signal=signal, reason=reason, message=message,
+        started_at=terminated.get("startedAt") or pod.get("status", {}).get("startTime"),
+        finished_at=terminated.get("finishedAt"), duration_seconds=_duration(pod, terminated),
+        node=pod.get("spec", {}).get("nodeName"), conditions=conditions, log_tail="\n".join(ending.log_tail),
+        instance=pod.get("metadata", {}).get("name"),
+    )
+
+
+def _reason(ending: Ending, pod: Mapping[str, Any], job: Mapping[str, Any],
+            terminated: Mapping[str, Any]) -> tuple[str, str]:
+    """The most telling reason and its message, in the order triage trusts them."""
+    waiting = blocking_wait(pod)
+    fixed = {"unschedulable": "Unschedulable", "start_error": waiting.get("reason") or START_ERROR,
+             "stalled": "Stalled", "deadline": "DeadlineExceeded", "api": ERROR}
+    if ending.why in fixed:
+        scheduled: Mapping[str, Any] = next((c for c in pod.get("status", {}).get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+        detail = {"unschedulable": scheduled.get("message"), "start_error": waiting.get("message"),
+                  "stalled": "no new log output within stall_seconds",
+                  "deadline": "the Job outlived its deadline", "api": ending.message}
+        return fixed[ending.why], str(detail.get(ending.why) or ending.message or ending.why)
+    failed = job_condition(job, "Failed", "FailureTarget") or {}
+    if pod.get("status", {}).get("reason"):
+        return str(pod["status"]["reason"]), str(pod["status"].get("message") or "")
+    if failed.get("reason") == "DeadlineExceeded" or terminated.get("reason") == "OOMKilled":
+        chosen = failed if failed.get("reason") == "DeadlineExceeded" else terminated
+        return str(chosen["reason"]), str(chosen.get("message") or "")[:500]
+    if terminated.get("exitCode") == 0 and not failed:
+        return COMPLETED, "training completed"
+    if ending.job_deleted and terminated.get("exitCode") in (None, 137, 143):
+        # killed by the deletion (SIGTERM, then SIGKILL), or never seen ending: someone stopped it
+        return JOB_DELETED, "the Job was deleted while the attempt ran"
+    if ending.job_deleted:
+        return str(terminated.get("reason") or ERROR), "the Job was deleted after the command ended"
+    text = failed.get("message") or f"exit code {terminated.get('exitCode')}"
+    return (ERROR if terminated else str(failed.get("reason") or ERROR)), str(text)
+
+
+def _duration(pod: Mapping[str, Any], terminated: Mapping[str, Any]) -> float:
+    """How long the training container ran: until it ended, or until now when the supervisor stopped it
+    while it still ran (stalled, past its deadline): those seconds held the GPUs all the same."""
+    running = container_state(pod).get("running") or {}
+    started = terminated.get("startedAt") or running.get("startedAt") or pod.get("status", {}).get("startTime")
+    try:
+        start = datetime.fromisoformat(str(started).replace("Z", "+00:00"))
+        end = (datetime.fromisoformat(str(terminated["finishedAt"]).replace("Z", "+00:00"))
+               if terminated.get("finishedAt") else datetime.now(UTC))
+    except ValueError:
+        return 0.0
+    return max(0.0, (end - start).total_seconds())

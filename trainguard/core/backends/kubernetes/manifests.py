@@ -1,0 +1,254 @@
+"""The Kubernetes objects trainguard writes for an attempt: its Job and the entrypoint ConfigMap.
+
+Pure functions from frozen settings and a `Launch` to wire-form dicts; nothing here talks to a
+cluster. The Job never retries by itself (`backoffLimit: 0`, `restartPolicy: Never`): the flow alone
+owns retries. A `podFailurePolicy` fails it at once on exit codes no retry can cure and ignores
+disruptions (`DisruptionTarget`), which the flow classifies as `preempted`.
+
+The container runs `python3 /trainguard/entrypoint/trainguard-entrypoint.pyz -- <command>`: the
+stdlib-only entrypoint travels as a zipapp in a ConfigMap, so a user's image needs only a Python 3
+(`JobSettings.python` names it, for images where it is not `python3` on the PATH).
+The attempt's log, cores and crash report go to the attempt volume (a PVC by default, hostPath or
+emptyDir allowed) under `ATTEMPTS_MOUNT/<run id>/attempt-<n>`; checkpoints go to a PVC every
+attempt of the run shares, under `CHECKPOINTS_MOUNT/<run id>`, so checkpoint paths read the same
+in every attempt.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from trainguard.core.backends.base import Launch, container_env
+from trainguard.core.backends.kubernetes.zipapp import ENTRYPOINT_FILE
+from trainguard.core.policy import MAX_MEMORY_FACTOR
+
+Wire = dict[str, Any]
+
+CONTAINER = "train"
+ENTRYPOINT_MOUNT = "/trainguard/entrypoint"
+ATTEMPTS_MOUNT = "/trainguard/attempts"
+CHECKPOINTS_MOUNT = "/trainguard/checkpoints"
+TERMINATION_LOG = "/dev/termination-log"
+ATTEMPT_VOLUME, CHECKPOINT_VOLUME, ENTRYPOINT_VOLUME, SHM_VOLUME = "trainguard-attempts", "trainguard-checkpoints", \
+    "trainguard-entrypoint", "dshm"
+
+LABEL_RUN, LABEL_ATTEMPT = "trainguard.io/run-id", "trainguard.io/attempt"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+_DNS = re.compile(r"[^a-z0-9-]+")
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+@dataclass(frozen=True)
+class AttemptVolume:
+    """Where the attempt's log, cores and crash report land: `pvc` (default), `hostPath` or `emptyDir`."""
+
+    kind: str = "pvc"
+    claim_name: str = "trainguard-attempts"
+    host_path: str = "/var/lib/trainguard/attempts"
+
+    def volume(self) -> Wire:
+        """The pod volume, named `ATTEMPT_VOLUME`."""
+        if self.kind == "pvc":
+            return {"name": ATTEMPT_VOLUME, "persistentVolumeClaim": {"claimName": self.claim_name}}
+        if self.kind == "hostPath":
+            return {"name": ATTEMPT_VOLUME, "hostPath": {"path": self.host_path, "type": "DirectoryOrCreate"}}
+        if self.kind == "emptyDir":
+            return {"name": ATTEMPT_VOLUME, "emptyDir": {}}
+        raise ValueError(f"attempt volume kind {self.kind!r}: use pvc, hostPath or emptyDir")
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What a platform engineer sets once per cluster (the backend block's fields, as plain values)."""
+
+    image: str
+    namespace: str = "default"
+    image_pull_policy: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    cpu_request: str | None = None
+    cpu_limit: str | None = None
+    memory_request: str | None = None
+    memory_limit: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    priority_class: str | None = None
+    service_account: str | None = None
+    volumes: tuple[Mapping[str, Any], ...] = ()
+    volume_mounts: tuple[Mapping[str, Any], ...] = ()
+    shm_size: str | None = "1Gi"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    job_template: Mapping[str, Any] | None = None
+    attempt_volume: AttemptVolume = AttemptVolume()
+    checkpoint_claim: str = "trainguard-checkpoints"
+    fail_job_exit_codes: tuple[int, ...] = (2, 126, 127)
+    python: str = "python3"  # the interpreter the entrypoint, the collector and the lister run with
+
+
+def job_name(run_id: str, attempt: int) -> str:
+    """`tg-<run id>-a<n>`, a valid DNS label; long run ids are cut and given a hash so names stay unique."""
+    base = _DNS.sub("-", f"tg-{run_id.lower()}").strip("-")
+    suffix = f"-a{attempt}"
+    if len(base) + len(suffix) > 52:  # pods add "-xxxxx"; job-name labels must stay <= 63
+        digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
+        base = f"{base[: 52 - len(suffix) - 9].rstrip('-')}-{digest}"
+    return base + suffix
+
+
+def workspace_path(run_id: str, attempt: int) -> str:
+    """The attempt's folder on the attempt volume, as the containers see it."""
+    return f"{ATTEMPTS_MOUNT}/{run_id}/attempt-{attempt}"
+
+
+def checkpoint_path(run_id: str) -> str:
+    """The run's checkpoint folder, the same for every attempt."""
+    return f"{CHECKPOINTS_MOUNT}/{run_id}"
+
+
+def selector(run_id: str, attempt: int | None = None) -> str:
+    """The label selector of a run's (or one attempt's) Jobs and pods."""
+    parts = [f"{LABEL_RUN}={run_id}"] + ([f"{LABEL_ATTEMPT}={attempt}"] if attempt is not None else [])
+    return ",".join(parts)
+
+
+def labels_for(settings: JobSettings, run_id: str, attempt: int, component: str = "training") -> dict[str, str]:
+    """The user's labels plus app.kubernetes.io/* and the run id and attempt."""
+    return {**settings.labels, "app.kubernetes.io/name": "trainguard", "app.kubernetes.io/managed-by": "trainguard",
+            "app.kubernetes.io/instance": _label_value(run_id), LABEL_COMPONENT: component,
+            LABEL_RUN: _label_value(run_id), LABEL_ATTEMPT: str(attempt)}
+
+
+def job_manifest(settings: JobSettings, launch: Launch, entrypoint_config_map: str) -> Wire:
+    """The attempt's Job, with `settings.job_template` merged over it (the user has the last word)."""
+    labels = labels_for(settings, launch.run_id, launch.attempt)
+    job: Wire = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": job_name(launch.run_id, launch.attempt), "namespace": settings.namespace,
+                     "labels": labels, "annotations": dict(settings.annotations)},
+        "spec": {
+            "backoffLimit": 0,
+            "podFailurePolicy": pod_failure_policy(settings),
+            "template": {"metadata": {"labels": labels, "annotations": dict(settings.annotations)},
+                         "spec": pod_spec(settings, launch, entrypoint_config_map)},
+        },
+    }
+    if launch.deadline_seconds:
+        job["spec"]["activeDeadlineSeconds"] = max(1, math.ceil(launch.deadline_seconds))
+    return deep_merge(job, settings.job_template) if settings.job_template else job
+
+
+def pod_failure_policy(settings: JobSettings) -> Wire:
+    """Ignore disruptions (the flow retries them); fail at once on exit codes no retry can cure."""
+    rules: list[Wire] = [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    if settings.fail_job_exit_codes:
+        rules.append({"action": "FailJob", "onExitCodes": {
+            "containerName": CONTAINER, "operator": "In", "values": sorted(set(settings.fail_job_exit_codes))}})
+    return {"rules": rules}
+
+
+def pod_spec(settings: JobSettings, launch: Launch, entrypoint_config_map: str) -> Wire:
+    """The training pod: one container under the entrypoint, the volumes, the placement."""
+    spec: Wire = {
+        "restartPolicy": "Never",
+        "containers": [container(settings, launch)],
+        "volumes": volumes(settings, entrypoint_config_map),
+    }
+    optional = {"nodeSelector": dict(settings.node_selector), "tolerations": [dict(t) for t in settings.tolerations],
+                "priorityClassName": settings.priority_class, "serviceAccountName": settings.service_account,
+                "imagePullSecrets": [{"name": s} for s in settings.image_pull_secrets],
+                "affinity": avoid_nodes_affinity(launch.avoid_nodes)}
+    spec.update({key: value for key, value in optional.items() if value})
+    return spec
+
+
+def container(settings: JobSettings, launch: Launch) -> Wire:
+    """The training container: the entrypoint zipapp around the user's command."""
+    env = container_env(launch, workspace=workspace_path(launch.run_id, launch.attempt),
+                        checkpoint_dir=checkpoint_path(launch.run_id))
+    env["TRAINGUARD_TERMINATION_LOG"] = TERMINATION_LOG
+    mounts = [{"name": ENTRYPOINT_VOLUME, "mountPath": ENTRYPOINT_MOUNT, "readOnly": True},
+              {"name": ATTEMPT_VOLUME, "mountPath": ATTEMPTS_MOUNT},
+              # subPath: the kubelet creates the run's folder, and the run sees only its own
+              {"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_path(launch.run_id), "subPath": launch.run_id}]
+    if settings.shm_size:
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    body: Wire = {
+        "name": CONTAINER, "image": settings.image,
+        "command": [settings.python, f"{ENTRYPOINT_MOUNT}/{ENTRYPOINT_FILE}", "--", *launch.command],
+        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+        "resources": resources(settings, launch),
+        "volumeMounts": mounts + [dict(m) for m in settings.volume_mounts],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if launch.workdir:
+        body["workingDir"] = launch.workdir
+    if settings.image_pull_policy:
+        body["imagePullPolicy"] = settings.image_pull_policy
+    return body
+
+
+def resources(settings: JobSettings, launch: Launch) -> Wire:
+    """Requests and limits; GPUs as `nvidia.com/gpu`; memory scaled by `launch.memory_factor`."""
+    factor = min(max(launch.memory_factor, 1.0), MAX_MEMORY_FACTOR)
+    requests = {"cpu": settings.cpu_request, "memory": scale_quantity(settings.memory_request, factor)}
+    limits = {"cpu": settings.cpu_limit, "memory": scale_quantity(settings.memory_limit, factor)}
+    if launch.gpus:
+        limits["nvidia.com/gpu"] = str(launch.gpus)
+    return {key: {k: v for k, v in part.items() if v} for key, part in (("requests", requests), ("limits", limits))
+            if any(part.values())}
+
+
+def volumes(settings: JobSettings, entrypoint_config_map: str) -> list[Wire]:
+    """The entrypoint ConfigMap, the attempt volume, the run's checkpoint PVC, /dev/shm, the user's."""
+    found: list[Wire] = [
+        {"name": ENTRYPOINT_VOLUME, "configMap": {"name": entrypoint_config_map, "defaultMode": 0o444}},
+        settings.attempt_volume.volume(),
+        {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": settings.checkpoint_claim}},
+    ]
+    if settings.shm_size:
+        found.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}})
+    return found + [dict(v) for v in settings.volumes]
+
+
+def avoid_nodes_affinity(nodes: tuple[str, ...]) -> Wire | None:
+    """Required node anti-affinity keeping the pod off `nodes` (by hostname label)."""
+    if not nodes:
+        return None
+    expression = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": sorted(set(nodes))}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [expression]}]}}}
+
+
+def scale_quantity(quantity: str | None, factor: float) -> str | None:
+    """`quantity` times `factor`, in whole bytes (`16Gi` * 1.5 = `25769803776`); unchanged at 1."""
+    if quantity is None or factor == 1.0:
+        return quantity
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([A-Za-z]*)", quantity.strip())
+    if not match or match.group(2) not in (*_UNITS, ""):
+        raise ValueError(f"memory {quantity!r}: not a Kubernetes quantity; write e.g. 16Gi or 512Mi")
+    unit = _UNITS.get(match.group(2)) or 1
+    return str(int(Decimal(match.group(1)) * unit * Decimal(str(factor))))
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> Wire:
+    """`override` merged into a copy of `base`: mappings recursively, anything else replaced."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _label_value(text: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", text)[:63].strip("-._")
+    return cleaned or "x"

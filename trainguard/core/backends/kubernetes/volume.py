@@ -1,0 +1,163 @@
+"""The entrypoint's files on the attempt's volume, as evidence items named as the local collector names them.
+
+The collector pod (``collector``) brings the attempt's folder back as a tar; this module turns its
+members into items (``logs/train-…log``, ``crash-report.json``, ``snapshot/…``, ``coredumps/…``),
+lists the checkpoints, and records as missing, with the reason, everything the local collector
+would expect and the volume did not hold: so `trainguard evidence show` reads a Kubernetes attempt
+as it reads a local one. Files are streamed from the tar to spool files; nothing is held whole in
+memory.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shutil
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from trainguard_entrypoint.files import read_json_object, read_tail_lines
+
+from trainguard.core.backends.workspace_evidence import CRASH_TAIL_LINES, ENTRYPOINT, EXPECTED_SNAPSHOTS
+from trainguard.core.backends.kubernetes import collector
+from trainguard.core.backends.kubernetes.scene import Collector, Scene, facts_of
+from trainguard.core.stores.base import EvidenceStoreError, validate_key
+
+VOLUME = "kubernetes-volume"
+_KNOWN = ("logs/", "snapshot/", "coredumps/", "crash-report.json")
+
+
+def _template_spec(s: Scene) -> dict[str, Any] | None:
+    template = (((s.job or {}).get("spec") or {}).get("template") or {}).get("spec")
+    if isinstance(template, dict):
+        return template
+    pod = s.main_pod()
+    return (pod or {}).get("spec") or None
+
+
+def _item_name(member: str) -> str | None:
+    """The manifest name of a file from the volume; None for a name that is not a safe key."""
+    name = posixpath.normpath(member)
+    if name.startswith(("/", "../")) or name in (".", ".."):
+        return None
+    if not any(name == known or name.startswith(known) for known in _KNOWN):
+        name = f"volume/{name}"  # never over kubernetes/… or manifest.json
+    try:
+        return validate_key(name)
+    except EvidenceStoreError:
+        return None
+
+
+def _unpack(c: Collector, s: Scene, tar_path: Path) -> set[str]:
+    found: set[str] = set()
+    with tarfile.open(tar_path, "r:gz") as tar:
+        for index, member in enumerate(tar):
+            name = _item_name(member.name)
+            if not member.isfile() or name is None:
+                c.absent(f"volume/{index}", VOLUME, f"{member.name!r} skipped: not a regular file with a safe name")
+                continue
+            spool = s.spool / f"volume-{index}"
+            source = tar.extractfile(member)
+            if source is None:
+                continue
+            with source, spool.open("wb") as out:
+                shutil.copyfileobj(source, out, 1024 * 1024)
+            c.put_file(name, spool, ENTRYPOINT)
+            found.add(name)
+            if name.startswith("logs/") and s.volume_log is None:
+                s.volume_log = (name, spool)
+            if name == "crash-report.json":
+                s.crash_report = spool
+    return found
+
+
+def _no_crash_report(s: Scene) -> str:
+    facts = facts_of(s)
+    ended = f"{facts.reason or 'unknown reason'}, exit code {facts.exit_code}"
+    if facts.exit_code == 137 or facts.reason == "OOMKilled":
+        return f"the entrypoint was killed (SIGKILL) before writing its crash report ({ended})"
+    if facts.exit_code is None:
+        return f"the training container never ended here ({ended}): no crash report was written"
+    return f"the entrypoint wrote no crash report ({ended})"
+
+
+def _expected(c: Collector, s: Scene, found: set[str], meta: dict[str, Any], tar: bool) -> None:
+    log_name = f"logs/train-{s.run_id}-attempt-{s.attempt}.log"
+    why = "the volume was not read" if not tar else "not on the volume"
+    if not any(n.startswith("logs/") for n in found):
+        c.absent(log_name, ENTRYPOINT, f"{why}: {meta.get('workspace_absent') or 'the entrypoint wrote no log'}")
+    if "crash-report.json" not in found:
+        c.absent("crash-report.json", ENTRYPOINT, f"{why}: {_no_crash_report(s)}")
+    for expected in EXPECTED_SNAPSHOTS:
+        if expected not in found:
+            c.absent(expected, ENTRYPOINT, f"{why}: the entrypoint did not write it")
+    if not any(n.startswith("coredumps/") for n in found):
+        crash = read_json_object(s.crash_report) if s.crash_report else None
+        reason = (crash or {}).get("core_absent_reason") or "no core file was kept"
+        c.absent("coredumps", ENTRYPOINT, f"{why}: {reason}")
+
+
+def _checkpoints(c: Collector, meta: dict[str, Any]) -> None:
+    listing = meta.get("checkpoints")
+    if not isinstance(listing, dict):
+        c.absent("checkpoints.json", VOLUME, "the checkpoint folder was not listed (no checkpoint volume named)")
+        c.absent("checkpoint", VOLUME, "no checkpoint folder to look in")
+        return
+    c.put_bytes("checkpoints.json", (json.dumps(listing, indent=2) + "\n").encode("utf-8"), VOLUME)
+    files = [f for f in listing.get("files") or () if isinstance(f, dict)]
+    if not files:
+        c.absent("checkpoint", VOLUME, f"no checkpoint in {listing.get('dir')}: {listing.get('absent') or 'empty'}")
+        return
+    newest = max(files, key=lambda f: str(f.get("mtime")))
+    c.absent(f"checkpoint/{newest.get('name')}", VOLUME,
+             f"not copied through the cluster: it stays on the checkpoint volume at {listing.get('dir')}")
+
+
+def _crash_tail(c: Collector, s: Scene) -> None:
+    source = s.volume_log[1] if s.volume_log else None
+    if source is None:
+        facts = facts_of(s)
+        source = Path(facts.log_path) if facts.log_path else None
+    if source is None:
+        c.absent("crash-tail.txt", VOLUME, "no log to take the tail of")
+        return
+    lines = read_tail_lines(source, CRASH_TAIL_LINES, max_bytes=1024 * 1024)
+    c.put_bytes("crash-tail.txt", ("\n".join(lines) + "\n" if lines else "").encode("utf-8"), VOLUME)
+
+
+def store_volume_files(c: Collector, s: Scene, *, budget_bytes: int, start_timeout_seconds: float) -> None:
+    """Read the attempt's folder through a collector pod and store its files; record what is missing."""
+    found: set[str] = set()
+    meta: dict[str, Any] = {}
+    tar = False
+    template = _template_spec(s)
+    if template is None:
+        reason = "neither the Job nor any pod of it is left to say which volume held the attempt's files"
+        c.absent("volume", VOLUME, reason)
+    else:
+        plan = collector.plan(template)
+        node = s.node()
+        if plan.absent:
+            c.absent("volume", VOLUME, plan.absent)
+        elif plan.needs_node and not node:
+            c.absent("volume", VOLUME, "the files are on a hostPath volume and neither a pod nor an event says "
+                                      "which node held it")
+        else:
+            job = s.job or {"metadata": {"name": s.job_name}, "spec": {"template": {"spec": template}}}
+            fetched = collector.fetch(c.api, s.namespace, job, plan, s.spool / "volume.tar.gz", node=node,
+                                      budget_bytes=budget_bytes, start_timeout_seconds=start_timeout_seconds)
+            for problem in fetched.problems:
+                c.absent("volume", VOLUME, problem)
+            meta = fetched.meta
+            if fetched.tar_path is not None:
+                tar = True
+                found = _unpack(c, s, fetched.tar_path)
+                for skipped in [*meta.get("skipped", ()), *meta.get("problems", ())]:
+                    name = _item_name(str(skipped.get("name"))) or "volume"
+                    c.absent(name, ENTRYPOINT, str(skipped.get("reason")))
+    _expected(c, s, found, meta, tar)
+    if tar:
+        _checkpoints(c, meta)
+    c.guarded("crash-tail.txt", VOLUME, lambda: _crash_tail(c, s))
+

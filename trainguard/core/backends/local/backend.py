@@ -1,0 +1,150 @@
+"""The local backend: a training attempt as a child process on the flow's own machine.
+
+It adapts `local.LocalProcessRunner` (the process, its limits, its stop) and
+`workspace_evidence.collect_local_evidence` (the workspace's files) to the `backend.Backend` seam. The
+attempt's folder is on this machine, so the flow reads its files directly.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from trainguard.core.backends import workspace_evidence
+from trainguard.core.backends.local import orphans
+from trainguard.core.backends.base import AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, container_env
+from trainguard.core.backends.local.runner import TAIL_LINES, LocalProcessRunner, ProcessOutcome
+from trainguard.core.evidence.manifest import attempt_prefix
+from trainguard.core.stores.base import EvidenceStore
+from trainguard.core.triage.signals import LogSource, Signals
+from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
+
+KIND = "local"
+
+
+@dataclass(frozen=True)
+class LocalBackend:
+    """Runs attempts as local processes under the container entrypoint, in `work_root`."""
+
+    work_root: Path
+    grace_seconds: float = 10.0
+    python: str = sys.executable
+    kind: str = KIND
+    evidence_first: ClassVar[bool] = False  # a stopped process writes its crash report: collect after the stop
+
+    def workspace(self, ref: AttemptRef) -> AttemptWorkspace:
+        """The attempt's folders, recreated if need be."""
+        return AttemptWorkspace.create(self.work_root, ref.run_id, ref.attempt)
+
+    def provision(self, run_id: str, attempt: int) -> AttemptRef:
+        ws = AttemptWorkspace.create(self.work_root, run_id, attempt)
+        return AttemptRef(KIND, run_id, attempt, name=str(ws.root), workspace=str(ws.root),
+                          checkpoint_dir=str(ws.checkpoint_dir))
+
+    def run(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None = None) -> AttemptOutcome:
+        ws = self.workspace(ref)
+        user_env = container_env(launch, workspace=str(ws.root), checkpoint_dir=str(ws.checkpoint_dir))
+        if launch.workdir:
+            user_env["TRAINGUARD_WORKDIR"] = os.path.abspath(launch.workdir)
+        runner = LocalProcessRunner(python=self.python, grace_seconds=self.grace_seconds, on_line=on_line)
+        result = runner.run(list(launch.command), workspace=ws, env=user_env,
+                            deadline_seconds=launch.deadline_seconds, stall_seconds=launch.stall_seconds)
+        return outcome_of(result)
+
+    def collect_evidence(
+        self, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None,
+        extra: Mapping[str, bytes] | None = None,
+    ) -> CollectedEvidence:
+        ws = self.workspace(ref)
+        failures = outcome.storage_problems if outcome is not None else ()
+        manifest = workspace_evidence.collect_local_evidence(ws, store, extra=extra, write_failures=failures)
+        return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
+
+    def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
+        log = Path(outcome.log_path) if outcome.log_path else self.workspace(ref).log_path
+        source: LogSource = log if log.exists() else None
+        if outcome.log_tail:  # the log file is incomplete (a full disk): what it holds, then the runner's tail
+            source = io.BufferedReader(PartialLogThenTail(log, outcome.log_tail)) if log.exists() else outcome.log_tail
+        return Signals(exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
+                       events=outcome.events, log=source)
+
+    def checkpoints(self, run_id: str) -> list[str]:
+        folder = run_checkpoint_dir(self.work_root, run_id)
+        return [str(path) for path in workspace_evidence.newest_checkpoints(folder)] if folder.is_dir() else []
+
+    def stop_orphan(self, ref: AttemptRef) -> str | None:
+        """Stop the entrypoint (and its process group) a killed flow process left running."""
+        result = orphans.stop_leftover(self.workspace(ref).process_path, self.grace_seconds)
+        return result.message if result.stopped else None
+
+    def release(self, ref: AttemptRef) -> None:
+        """Nothing to clean up: the workspace stays for `trainguard run --resume`."""
+
+
+def outcome_of(result: ProcessOutcome) -> AttemptOutcome:
+    """The seam's outcome from the local runner's."""
+    return AttemptOutcome(
+        exit_code=result.exit_code, signal=result.signal, reason=result.reason, message=result.message,
+        started_at=result.started_at.isoformat(), finished_at=result.finished_at.isoformat(),
+        duration_seconds=result.duration_seconds, node=os.uname().nodename,
+        log_path=None if result.log_incomplete else str(result.log_path),
+        # the runner's own tail is carried only where the log file cannot stand in for it
+        log_tail="\n".join(result.output_tail) if result.log_incomplete or not result.log_path.exists() else "",
+        storage_problems=result.storage_problems,
+    )
+
+
+class PartialLogThenTail(io.RawIOBase):
+    """An incomplete log file read to its end, then the lines of the runner's tail it does not hold.
+
+    A full disk cuts the log file short while the runner's in-memory tail keeps the last lines
+    printed: the evidence that decides the verdict may sit in either (an early traceback in the
+    file, the last error in the tail), so triage reads both, in order, in bounded memory. Where
+    the file's last complete lines open the tail, they are not read twice.
+    """
+
+    _OVERLAP_WINDOW = 1 << 20  # the file's last MiB: more than the tail's lines ever span
+
+    def __init__(self, path: Path, tail: str) -> None:
+        super().__init__()
+        self._file: io.BufferedReader | None = path.open("rb")
+        self._rest = _tail_after(self._file, tail.splitlines()).encode("utf-8", "replace")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        if self._file is not None:
+            count = self._file.readinto(buffer)
+            if count:
+                return count
+            self._file.close()
+            self._file = None
+        chunk, self._rest = self._rest[:len(buffer)], self._rest[len(buffer):]
+        buffer[:len(chunk)] = chunk
+        return len(chunk)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        super().close()
+
+
+def _tail_after(file: io.BufferedReader, tail: list[str]) -> str:
+    """The tail's lines after those the file already ends with, as text to read after the file."""
+    size = file.seek(0, io.SEEK_END)
+    file.seek(max(0, size - PartialLogThenTail._OVERLAP_WINDOW))
+    window = file.read()
+    file.seek(0)
+    complete = window.endswith(b"\n")
+    lines = window.decode("utf-8", "replace").splitlines()[1 if size > len(window) else 0:]
+    held = (lines if complete else lines[:-1])[-TAIL_LINES:]
+    overlap = next((k for k in range(min(len(held), len(tail)), 0, -1) if held[-k:] == tail[:k]), 0)
+    rest = tail[overlap:]
+    return ("" if complete or not window else "\n") + "".join(f"{line}\n" for line in rest)

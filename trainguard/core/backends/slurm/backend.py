@@ -1,0 +1,399 @@
+"""The Slurm backend: a training attempt as one batch job on an HPC cluster, behind the `Backend` seam.
+
+The attempt's folder and the run's checkpoints live on the cluster's shared filesystem, which the
+flow's machine also mounts. `run` submits the attempt's job (or adopts the one a previous flow
+process already submitted, found by its recorded id or by name and comment), follows it with
+`squeue` on its own id with backoff, streams the entrypoint's log to `on_line`, and reads the end
+from `scontrol show job` and the entrypoint's crash report. Evidence is ``slurm_evidence``'s; the
+job's shape is ``slurm_job``'s; the commands are ``slurm``'s; earlier attempts' jobs ``slurm_continuation``'s.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from trainguard_entrypoint.files import read_json_object, write_json_atomic
+
+from trainguard.core.backends import workspace_evidence
+from trainguard.core.backends.slurm import continuation, job
+from trainguard.core.backends.slurm import evidence as slurm_evidence
+from trainguard.core.backends.base import (
+    CANCELLED, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, container_env,
+)
+from trainguard.core.backends.slurm.client import (
+    TERMINAL_STATES, JobInfo, JobNotFound, SlurmClient, SlurmError, SlurmUnavailable, iso_time,
+)
+from trainguard.core.backends.slurm.continuation import JOB_RECORD
+from trainguard.core.backends.slurm.tail import LogTail
+from trainguard.core.stores.base import EvidenceStore
+from trainguard.core.triage.signals import Signals
+from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
+
+KIND = "slurm"
+_PASSED_THROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SLURM_CONF")
+
+
+def _print_line(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+@dataclass(frozen=True)
+class SlurmBackend:
+    """Runs attempts as Slurm batch jobs; workspaces and checkpoints under `shared_folder`.
+
+    Attributes:
+        shared_folder: A folder on the cluster's shared filesystem, mounted at the same path here.
+        settings: The job's site settings (partition, account, resources, extra options).
+        python: The interpreter on the compute nodes that runs the entrypoint.
+        client: The Slurm command adapter.
+        clock, sleep: Injected for the supervision loop.
+        poll_min_seconds, poll_max_seconds: The `squeue` backoff range while a job is queued or running.
+        controller_timeout_seconds: How long the controller may go unanswered while a job is followed
+            before the attempt ends as `ControllerUnreachable` (the job itself may run on).
+        odd_answers_limit: How many unexpected squeue failures in a row (neither "unreachable" nor
+            "no such job") are asked again before the attempt ends as `ControllerUnreachable`.
+        orphan_grace_seconds: How long `stop_orphan` waits for a cancelled job to end.
+    """
+
+    shared_folder: Path
+    settings: job.JobSettings = field(default_factory=job.JobSettings)
+    python: str = sys.executable
+    client: SlurmClient = field(default_factory=SlurmClient)
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    poll_min_seconds: float = 0.25
+    poll_max_seconds: float = 2.0
+    controller_timeout_seconds: float = 300.0
+    odd_answers_limit: int = 5
+    orphan_grace_seconds: float = 60.0
+    kind: str = KIND
+
+    def workspace(self, ref: AttemptRef) -> AttemptWorkspace:
+        """The attempt's folders on the shared filesystem, recreated if need be."""
+        return AttemptWorkspace.create(self.shared_folder, ref.run_id, ref.attempt)
+
+    def provision(self, run_id: str, attempt: int) -> AttemptRef:
+        ws = AttemptWorkspace.create(self.shared_folder, run_id, attempt)
+        return AttemptRef(KIND, run_id, attempt, name=job.job_name(run_id, attempt), workspace=str(ws.root),
+                          checkpoint_dir=str(ws.checkpoint_dir))
+
+    def run(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None = None) -> AttemptOutcome:
+        ws = self.workspace(ref)
+        started_at = datetime.now(UTC)
+        try:
+            job_id = self._submit_or_adopt(ws, launch)
+        except SlurmUnavailable as exc:  # a busy or stopped controller is the cluster's trouble, not the run's
+            return self._unreachable(ws, None, self._unanswered_submit(launch, exc), started_at)
+        except (SlurmError, OSError) as exc:
+            return self._never_started(ws, f"sbatch failed: {exc}")
+        stopped_for: str | None = None
+        try:
+            stopped_for = self._supervise(ws, job_id, launch, on_line or _print_line)
+        except _ControllerLost as lost:
+            return self._unreachable(ws, job_id, str(lost), started_at)
+        except BaseException as exc:  # the flow is being stopped: the job must not outlive it
+            self._cancel_quietly(job_id)
+            self._write_runner(ws, job_id, None, CANCELLED, f"the flow was interrupted ({type(exc).__name__}); "
+                               f"Slurm job {job_id} was cancelled")
+            raise
+        return self._outcome(ws, job_id, stopped_for, started_at)
+
+    def collect_evidence(
+        self, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None,
+        extra: Mapping[str, bytes] | None = None,
+    ) -> CollectedEvidence:
+        ws = self.workspace(ref)
+        lost = outcome is not None and outcome.reason == job.UNREACHABLE
+        reach = slurm_evidence.Reach(controller=not lost, settle_seconds=0.0 if lost else 10.0,
+                                     clock=self.clock, sleep=self.sleep)
+        manifest = slurm_evidence.collect(ws, self.client, store, job_id=self.recorded_job_id(ws),
+                                          node_failed=bool(outcome and outcome.reason == "NodeLost"), extra=extra,
+                                          reach=reach)
+        return CollectedEvidence(manifest, store.describe(f"runs/{ref.run_id}/attempt-{ref.attempt}"))
+
+    def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
+        log = Path(outcome.log_path) if outcome.log_path else self.workspace(ref).log_path
+        return Signals(
+            exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
+            events=outcome.events, log=log if log.exists() else (outcome.log_tail or None),
+        )
+
+    def checkpoints(self, run_id: str) -> list[str]:
+        folder = run_checkpoint_dir(self.shared_folder, run_id)
+        return [str(path) for path in workspace_evidence.newest_checkpoints(folder)] if folder.is_dir() else []
+
+    def stop_orphan(self, ref: AttemptRef) -> str | None:
+        """Cancel the job a dead flow process left queued or running, once Slurm's account of it is kept.
+
+        The job is found by its record, or by name and comment when the flow died before writing
+        one. After `scancel` (SIGTERM to the steps, so the entrypoint writes its crash report) the
+        job's `scontrol show job` is kept as it ends, for the evidence collected next.
+        """
+        ws = self.workspace(ref)
+        job_id = self.recorded_job_id(ws)
+        if job_id is None:
+            comment = job.job_comment(ref.run_id, ref.attempt, str(self.shared_folder))
+            job_id = next((found for found, _ in self.client.find(ref.name, comment)), None)
+        state = self.client.state(job_id) if job_id is not None else None
+        if job_id is None or state is None or state in TERMINAL_STATES:
+            return None
+        self.client.cancel(job_id)
+        deadline = self.clock() + self.orphan_grace_seconds
+        while (now := self.client.state(job_id)) is not None and now not in TERMINAL_STATES and self.clock() < deadline:
+            self.sleep(self.poll_min_seconds)
+        info = self._final_info(ws, job_id)
+        return (f"cancelled Slurm job {job_id}, left {state} without its supervisor; it ended "
+                f"{info.state if info is not None else now or 'out of Slurm memory'}")
+
+    def release(self, ref: AttemptRef) -> None:
+        """Nothing to delete: Slurm ages the job's record out itself; the folder stays for resumes."""
+
+    # --- submission and adoption -------------------------------------------------------------
+
+    def recorded_job_id(self, ws: AttemptWorkspace) -> str | None:
+        """The job id this attempt's folder records, if a job was submitted for it."""
+        job_id = (read_json_object(ws.root / JOB_RECORD) or {}).get("job_id")
+        return job_id if isinstance(job_id, str) and job_id.isdigit() else None
+
+    def _adoptable(self, ws: AttemptWorkspace, launch: Launch) -> str | None:
+        record = read_json_object(ws.root / JOB_RECORD)
+        origin = continuation.job_attempt(record, launch.attempt)  # a continued job keeps its first name
+        name = job.job_name(launch.run_id, origin)
+        recorded = self.recorded_job_id(ws)
+        if recorded is not None:
+            try:
+                if self.client.show_job(recorded).fields.get("JobName") == name:
+                    return recorded
+            except JobNotFound:
+                pass  # aged out of Slurm's memory: look for a namesake still queued or running
+        comment = job.job_comment(launch.run_id, launch.attempt, str(self.shared_folder))
+        found = self.client.find(job.job_name(launch.run_id, launch.attempt), comment)
+        return found[0][0] if found else None
+
+    def _submit_or_adopt(self, ws: AttemptWorkspace, launch: Launch) -> str:
+        adopted = self._adoptable(ws, launch)
+        if adopted is not None:
+            self._record(ws, adopted, adopted=True)
+            return adopted
+        lost = continuation.find_lost_job(self.client, self.shared_folder, launch.run_id, launch.attempt)
+        if lost is not None:  # the job an attempt lost with the controller trains on: follow it, don't restart
+            origin = AttemptWorkspace.create(self.shared_folder, launch.run_id, lost.job_attempt)
+            continuation.link_job_files(ws, origin, lost.job_id)
+            self._record(ws, lost.job_id, adopted=True, job_attempt=lost.job_attempt)
+            return lost.job_id
+        continuation.cancel_earlier_jobs(self.client, self.shared_folder, launch.run_id, launch.attempt)
+        script = ws.root / "slurm-batch.sh"
+        entry = slurm_evidence.entrypoint_archive(self.shared_folder)
+        script.write_text(job.batch_script(
+            python=self.python, entrypoint=str(entry), command=launch.command, workspace=str(ws.root),
+            run_id=launch.run_id, attempt=launch.attempt,
+        ), encoding="utf-8")
+        options = job.sbatch_options(self.settings, launch, workspace=str(ws.root),
+                                           shared_folder=str(self.shared_folder), exclude=self._exclusions(launch))
+        env = container_env(launch, workspace=str(ws.root), checkpoint_dir=str(ws.checkpoint_dir),
+                            base=self._base_env())
+        job_id = self.client.submit(str(script), options, env)
+        self._record(ws, job_id, adopted=False, options=options)
+        return job_id
+
+    def _base_env(self) -> dict[str, str]:
+        client_env = self.client.env if self.client.env is not None else os.environ
+        return {name: client_env[name] for name in _PASSED_THROUGH if name in client_env}
+
+    def _exclusions(self, launch: Launch) -> list[str]:
+        """Nodes to keep off: those earlier attempts failed on, if the partition has others left."""
+        if not launch.avoid_nodes:
+            return []
+        try:
+            nodes = {node for node, _ in self.client.nodes(self.settings.partition)}
+        except SlurmError:
+            return []
+        avoid = [node for node in launch.avoid_nodes if node in nodes]
+        return avoid if nodes - set(avoid) else []  # else the job waits for the node to come back
+
+    def _record(self, ws: AttemptWorkspace, job_id: str, *, adopted: bool, options: list[str] | None = None,
+                job_attempt: int | None = None) -> None:
+        path = ws.root / JOB_RECORD
+        loaded = read_json_object(path) or {}
+        previous: dict[str, Any] = loaded if loaded.get("job_id") == job_id else {}
+        origin = job_attempt or continuation.job_attempt(previous, ws.attempt)
+        record = {**previous, "job_id": job_id, "job_name": job.job_name(ws.run_id, origin)}
+        if origin != ws.attempt:
+            record["job_attempt"] = origin  # continued from the attempt that lost it; its files are linked here
+        stamp = datetime.now(UTC).isoformat()
+        if adopted:
+            record["adopted_at"] = [*previous.get("adopted_at", []), stamp]
+        else:
+            record.update(submitted_at=stamp, sbatch_options=options or [])
+        write_json_atomic(path, record)
+
+    # --- supervision --------------------------------------------------------------------------
+
+    def _supervise(self, ws: AttemptWorkspace, job_id: str, launch: Launch, on_line: LineSink) -> str | None:
+        """Follow the job until it is terminal; return why trainguard stopped it, if it did."""
+        tail = LogTail(ws.log_path, on_line, self.clock)
+        delay, running_since, stopped_for = self.poll_min_seconds, None, None
+        watch = _Watch(self.clock())
+        while True:
+            tail.poll()
+            try:
+                state = self._state(job_id, watch)
+            except _ControllerLost:
+                tail.poll(final=True)
+                raise
+            if state is None or state in TERMINAL_STATES:
+                tail.poll(final=True)
+                return stopped_for
+            if state == "RUNNING":
+                running_since = running_since if running_since is not None else self.clock()
+                silent_since = max(running_since, tail.last_output)
+                if (stopped_for is None and launch.stall_seconds is not None
+                        and self.clock() - silent_since >= launch.stall_seconds):
+                    stopped_for = job.STALLED
+                    self._cancel_quietly(job_id)
+                    delay = self.poll_min_seconds
+            self.sleep(delay)
+            delay = min(delay * 1.5, self.poll_max_seconds) if state != "COMPLETING" else self.poll_min_seconds
+
+    def _state(self, job_id: str, watch: _Watch) -> str | None:
+        """squeue's word on the job; "UNKNOWN" while the controller is silent or odd, within bounds."""
+        try:
+            state = self.client.state(job_id)
+        except SlurmUnavailable as exc:  # busy or restarting: ask again, later, within bounds
+            if self.clock() - watch.answered >= self.controller_timeout_seconds:
+                raise _ControllerLost(self._lost_message(job_id, exc, self.clock() - watch.answered)) from exc
+            return "UNKNOWN"
+        except SlurmError as exc:  # an answer squeue should not give (a plugin or RPC hiccup): never a reason to cancel
+            watch.odd += 1
+            if watch.odd >= self.odd_answers_limit:
+                raise _ControllerLost(job.odd_answers_message(job_id, watch.odd, str(exc))) from exc
+            return "UNKNOWN"
+        watch.answered, watch.odd = self.clock(), 0
+        return state
+
+    def _lost_message(self, job_id: str, exc: SlurmError, silent_seconds: float) -> str:
+        return job.lost_message(job_id, silent_seconds, self._controller(), str(exc))
+
+    def _unanswered_submit(self, launch: Launch, exc: SlurmError) -> str:
+        return job.unanswered_submit_message(launch.attempt, job.job_name(launch.run_id, launch.attempt),
+                                                   self._controller(), str(exc))
+
+    def _controller(self) -> str:
+        """Which controller the configuration names and what `scontrol ping` says of it (one line)."""
+        conf = (self.client.env or os.environ).get("SLURM_CONF", "the system's slurm.conf")
+        return f"{self.client.ping() or 'scontrol ping gave no answer'}; configured in {conf}"
+
+    def _unreachable(self, ws: AttemptWorkspace, job_id: str | None, message: str, started: datetime) -> AttemptOutcome:
+        self._write_runner(ws, job_id, None, job.UNREACHABLE, message)
+        event = {"type": "Warning", "reason": job.UNREACHABLE, "message": message,
+                 "involvedObject": {"kind": "SlurmJob", "name": job_id or job.job_name(ws.run_id, ws.attempt)}}
+        crash = read_json_object(ws.crash_report_path)  # the job may have ended and reported before the controller went
+        exit_code, sig = job.exit_status(crash, None)
+        return AttemptOutcome(exit_code=exit_code, signal=sig, reason=job.UNREACHABLE, message=message,
+                              started_at=started.isoformat(), finished_at=datetime.now(UTC).isoformat(),
+                              events=(event,), log_path=str(ws.log_path))
+
+    def _cancel_quietly(self, job_id: str) -> None:
+        try:
+            self.client.cancel(job_id)
+        except SlurmError:
+            pass  # the job may be gone already; the outcome says what Slurm last knew
+
+    # --- the end ------------------------------------------------------------------------------
+
+    def _outcome(self, ws: AttemptWorkspace, job_id: str, stopped_for: str | None, started: datetime) -> AttemptOutcome:
+        info = self._final_info(ws, job_id)
+        crash = read_json_object(ws.crash_report_path)
+        exit_code, sig = job.exit_status(crash, info)
+        state = info.state if info is not None else "UNKNOWN"
+        signalled = (ws.root / job.SIGNAL_MARKER).exists()
+        reason = job.termination(state, exit_code, signalled=signalled, stopped_for=stopped_for,
+                                       memory_exceeded=job.memory_killed(_tail_bytes(ws.root / f"slurm-{job_id}.err")))
+        nodes = self._hostnames(info.node_list) if info is not None and info.node_list else []
+        node = self._failed_node(ws, nodes) if reason == "NodeLost" else (nodes[0] if nodes else None)
+        message = job.ended_message(job_id, info, exit_code, sig, stopped_for, signalled)
+        self._write_runner(ws, job_id, exit_code, reason, message, sig)
+        event = {"type": "Warning" if reason != "Completed" else "Normal", "reason": state, "message": message,
+                 "involvedObject": {"kind": "SlurmJob", "name": job_id}}
+        return AttemptOutcome(
+            exit_code=exit_code, signal=sig, reason=reason, message=message,
+            started_at=iso_time(info.start_time) if info else started.isoformat(),
+            finished_at=iso_time(info.end_time) if info else datetime.now(UTC).isoformat(),
+            duration_seconds=info.run_seconds if info else 0.0, node=node, events=(event,),
+            log_path=str(ws.log_path),
+        )
+
+    def _final_info(self, ws: AttemptWorkspace, job_id: str) -> JobInfo | None:
+        """`scontrol show job` right at the end, kept in the folder before the record ages out."""
+        try:
+            info = self.client.show_job(job_id)
+            (ws.root / "slurm").mkdir(exist_ok=True)
+            (ws.root / "slurm" / "scontrol-show-job.txt").write_text(self.client.show_job_text(job_id), "utf-8")
+            return info
+        except (SlurmError, OSError):
+            return None
+
+    def _hostnames(self, node_list: str) -> list[str]:
+        try:
+            return self.client.hostnames(node_list)
+        except SlurmError:
+            return [node_list]
+
+    def _failed_node(self, ws: AttemptWorkspace, nodes: list[str]) -> str | None:
+        """The job's node Slurm marked down or failing (its `scontrol show node` kept), else the first."""
+        for node in nodes:
+            try:
+                text = self.client.show_node(node)
+            except SlurmError:
+                continue
+            (ws.root / "slurm").mkdir(exist_ok=True)
+            (ws.root / "slurm" / f"scontrol-show-node-{node}.txt").write_text(text, "utf-8")
+            if any(word in text for word in ("State=DOWN", "+DRAIN", "State=FAIL", "NOT_RESPONDING", "State=DRAIN")):
+                return node
+        return nodes[0] if nodes else None
+
+    def _never_started(self, ws: AttemptWorkspace, message: str) -> AttemptOutcome:
+        self._write_runner(ws, None, None, "StartError", message)
+        return AttemptOutcome(exit_code=None, signal=None, reason="StartError", message=message,
+                              log_path=str(ws.log_path))
+
+    @staticmethod
+    def _write_runner(ws: AttemptWorkspace, job_id: str | None, exit_code: int | None, reason: str, message: str,
+                      sig: int | None = None) -> None:
+        payload = {"format": 1, "backend": KIND, "run_id": ws.run_id, "attempt": ws.attempt, "job_id": job_id,
+                   "reason": reason, "message": message, "exit_code": exit_code, "signal": sig,
+                   "entrypoint_pid": None, "finished_at": datetime.now(UTC).isoformat(),
+                   "log_path": str(ws.log_path)}
+        try:
+            write_json_atomic(ws.runner_report_path, payload)
+        except OSError:
+            pass  # shows up as missing evidence; the outcome is still returned
+
+
+class _ControllerLost(Exception):
+    """The controller stayed silent (or odd) past its bound; the message says what to do."""
+
+
+@dataclass
+class _Watch:
+    """When squeue last answered, and how many odd answers came in a row since."""
+
+    answered: float
+    odd: int = 0
+
+
+def _tail_bytes(path: Path, limit: int = 256 * 1024) -> bytes:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - limit))
+            return handle.read()
+    except OSError:
+        return b""

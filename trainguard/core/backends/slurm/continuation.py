@@ -1,0 +1,94 @@
+"""An attempt that continues the Slurm job an earlier attempt of its run lost track of.
+
+When Slurm's controller stops answering (or answers nonsense), the attempt following a job ends as
+`ControllerUnreachable` while the job itself may run on. The next attempt must not cancel that job
+and start over from an older checkpoint: it continues it. The job keeps writing into the earlier
+attempt's folder (its environment says so), so the new attempt's folder gets relative links to
+those files (log, crash report, snapshots, core dumps, the other tasks' folders, the job's stdout
+and stderr, the batch script and Slurm's warning marker): supervision, triage and evidence read
+them through the links as if the job were the attempt's own. Submitting and supervising is
+``slurm_backend``'s; the job's name and comment are ``slurm_job``'s.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard_entrypoint.files import read_json_object
+
+from trainguard.core.backends.slurm import job
+from trainguard.core.backends.slurm.client import SlurmClient
+from trainguard.core.backends.workspace import AttemptWorkspace
+
+JOB_RECORD = "slurm-job.json"
+
+
+@dataclass(frozen=True)
+class LostJob:
+    """A job still queued or running that an earlier attempt stopped following.
+
+    Attributes:
+        job_id: Slurm's id of the job.
+        job_attempt: The attempt the job was submitted for (its name, comment and folder are that attempt's).
+        lost_by: The attempt that lost track of it.
+    """
+
+    job_id: str
+    job_attempt: int
+    lost_by: int
+
+
+def job_attempt(record: dict[str, Any] | None, attempt: int) -> int:
+    """The attempt whose job a folder's `slurm-job.json` names (its own, unless it continued another's)."""
+    value = (record or {}).get("job_attempt")
+    return value if isinstance(value, int) and 1 <= value <= attempt else attempt
+
+
+def find_lost_job(client: SlurmClient, shared_folder: Path, run_id: str, attempt: int) -> LostJob | None:
+    """The newest earlier attempt's job left queued or running when that attempt lost the controller.
+
+    Raises:
+        SlurmError: squeue could not be asked (the caller decides what that means).
+    """
+    for earlier in range(attempt - 1, 0, -1):
+        root = Path(shared_folder) / "runs" / run_id / f"attempt-{earlier}"
+        runner = read_json_object(root / "runner.json")
+        if runner is None or runner.get("reason") != job.UNREACHABLE:
+            continue
+        origin = job_attempt(read_json_object(root / JOB_RECORD), earlier)
+        comment = job.job_comment(run_id, origin, str(shared_folder))
+        found = [job_id for job_id, _ in client.find(job.job_name(run_id, origin), comment)]
+        if found:
+            known = runner.get("job_id")
+            return LostJob(known if known in found else found[0], origin, earlier)
+    return None
+
+
+def link_job_files(ws: AttemptWorkspace, origin: AttemptWorkspace, job_id: str) -> None:
+    """Point `ws`'s files at the ones the job writes in `origin`'s folder (relative links; empty folders replaced)."""
+    pairs = [(ws.log_path, origin.log_path)]
+    names = ("crash-report.json", "snapshot", "coredumps", "tasks", job.SIGNAL_MARKER, f"slurm-{job_id}.out",
+             f"slurm-{job_id}.err", "slurm-batch.sh")
+    pairs += [(ws.root / name, origin.root / name) for name in names]
+    for target, source in pairs:
+        if target.is_symlink():
+            target.unlink()
+        elif target.is_dir() and not any(target.iterdir()):
+            target.rmdir()
+        if not target.exists():
+            target.symlink_to(os.path.relpath(source, target.parent))
+
+
+def cancel_earlier_jobs(client: SlurmClient, shared_folder: Path, run_id: str, attempt: int) -> None:
+    """Cancel the run's earlier attempts' jobs still queued or running that no attempt continues.
+
+    Called only when `find_lost_job` found none to continue, just before a new job is submitted, so
+    no two jobs train on the run's checkpoint folder at once.
+    """
+    for earlier in range(1, attempt):
+        comment = job.job_comment(run_id, earlier, str(shared_folder))
+        for job_id, _ in client.find(job.job_name(run_id, earlier), comment):
+            client.cancel(job_id)

@@ -1,0 +1,248 @@
+"""What one attempt is as a Slurm batch job, as pure functions: its name, options, script and outcome.
+
+The job name and comment are derived from (run, attempt) and the shared folder, so a resubmitted
+attempt finds the job it already launched. `sbatch_options` turns the backend's settings and a
+`Launch` into `sbatch` options; `batch_script` writes the script that runs the stdlib entrypoint
+under `srun` on every task; `termination` reads Slurm's job state as a termination reason triage
+knows. Running commands is ``slurm``'s; supervising and collecting is ``slurm_backend``'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainguard.core.backends.base import CANCELLED, COMPLETED, ERROR, Launch
+from trainguard.core.backends.slurm.client import JobInfo
+
+# Slurm's words for how a job ended, as the termination reasons the triage rules know.
+STATE_REASONS = {
+    "NODE_FAIL": "NodeLost",
+    "BOOT_FAIL": "NodeLost",
+    "PREEMPTED": "Preempted",
+    "TIMEOUT": "DeadlineExceeded",
+    "DEADLINE": "DeadlineExceeded",
+    "OUT_OF_MEMORY": "OOMKilled",
+    "CANCELLED": CANCELLED,
+}
+SIGNAL_MARKER = "slurm-signal.txt"  # the batch shell notes here when Slurm warned it (--signal)
+STALLED = "Stalled"
+UNREACHABLE = "ControllerUnreachable"  # the controller stopped answering while the job was followed
+# slurmstepd's words in the job's stderr when it killed a step over its memory limit: with cgroups
+# Slurm also says OUT_OF_MEMORY; with jobacct_gather's OverMemoryKill the job just ends FAILED.
+_MEMORY_KILLED = re.compile(
+    rb"slurmstepd\S*: error: (?:.*exceeded memory limit|Exceeded job memory limit|Detected \d+ oom[-_]kill event)"
+)
+# Options trainguard sets itself; a user's extra option must not silently change them.
+_OWNED = ("--job-name", "-J", "--comment", "--output", "-o", "--error", "-e", "--requeue", "--no-requeue",
+          "--parsable", "--export", "--wrap", "--chdir", "-D", "--signal", "--time", "-t", "--exclude", "-x")
+_TASK_WRAPPER = (
+    'if [ "${SLURM_PROCID:-0}" != 0 ]; then '
+    'TRAINGUARD_WORKSPACE="$TRAINGUARD_WORKSPACE/tasks/$SLURM_PROCID"; export TRAINGUARD_WORKSPACE; fi; exec "$@"'
+)
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """The site's part of an attempt's job: where and with what it runs (from the backend block)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    gpu_option: str = "gpus"  # "gpus" (--gpus=N in all) or "gres" (--gres=gpu[:type]:N per node)
+    gpu_type: str | None = None
+    gpus_per_node: int | None = None  # None: the spec's GPUs, spread over the nodes
+    nodes: int = 1
+    ntasks_per_node: int = 1
+    cpus_per_task: int | None = None
+    memory_mb: int | None = None  # per node; scaled by the launch's memory_factor
+    signal_lead_seconds: int = 120
+    extra_options: tuple[str, ...] = ()
+
+    def check(self) -> None:
+        """Raise a one-line ValueError naming the field and the fix for anything sbatch would refuse."""
+        if self.gpu_option not in ("gpus", "gres"):
+            raise ValueError(f"gpu_option {self.gpu_option!r}: use 'gpus' (--gpus) or 'gres' (--gres)")
+        for name in ("nodes", "ntasks_per_node"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for option in self.extra_options:
+            if not option.startswith("-") or "\n" in option or "\0" in option:
+                raise ValueError(f"extra_sbatch_options: {option!r} is not an sbatch option; write e.g. '--constraint=a100'")
+            flag = option.split("=", 1)[0]
+            if flag in _OWNED:
+                raise ValueError(f"extra_sbatch_options: {flag} is set by trainguard itself; remove it")
+
+
+def job_name(run_id: str, attempt: int) -> str:
+    """The attempt's job name: the same for every submission of this (run, attempt)."""
+    return f"tg-{run_id}-a{attempt}"
+
+
+def job_comment(run_id: str, attempt: int, shared_folder: str) -> str:
+    """The comment that tells this attempt's job apart from a namesake of another installation."""
+    place = hashlib.sha256(shared_folder.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return f"trainguard:{run_id}:attempt-{attempt}:shared-{place}"  # no '=': scontrol's key=value text stays readable
+
+
+def time_limit_minutes(deadline_seconds: float | None) -> int | None:
+    """Slurm counts time limits in whole minutes; round the spec's deadline up."""
+    return None if deadline_seconds is None else max(1, math.ceil(deadline_seconds / 60))
+
+
+def _gpu_options(settings: JobSettings, gpus: int) -> list[str]:
+    per_node = settings.gpus_per_node if settings.gpus_per_node is not None else math.ceil(gpus / settings.nodes)
+    if per_node <= 0:
+        return []
+    if settings.gpu_option == "gres":
+        kind = f"gpu:{settings.gpu_type}" if settings.gpu_type else "gpu"
+        return [f"--gres={kind}:{per_node}"]
+    kind = f"{settings.gpu_type}:" if settings.gpu_type else ""
+    return [f"--gpus={kind}{per_node * settings.nodes}"]
+
+
+def sbatch_options(
+    settings: JobSettings, launch: Launch, *, workspace: str, shared_folder: str, exclude: Sequence[str] = ()
+) -> list[str]:
+    """The `sbatch` options of one attempt (the script path and `--parsable` come on top)."""
+    settings.check()
+    options = [
+        f"--job-name={job_name(launch.run_id, launch.attempt)}",
+        f"--comment={job_comment(launch.run_id, launch.attempt, shared_folder)}",
+        "--no-requeue",  # the flow alone owns retries
+        f"--output={workspace}/slurm-%j.out", f"--error={workspace}/slurm-%j.err",
+        f"--chdir={launch.workdir or workspace}", "--export=ALL",
+        f"--nodes={settings.nodes}", f"--ntasks-per-node={settings.ntasks_per_node}",
+    ]
+    limit = time_limit_minutes(launch.deadline_seconds)
+    if limit is not None:
+        options.append(f"--time={limit}")
+        lead = settings.signal_lead_seconds
+        if 0 < lead < limit * 60:
+            options.append(f"--signal=B:TERM@{lead}")
+    for flag, value in (("--partition", settings.partition), ("--account", settings.account), ("--qos", settings.qos)):
+        if value:
+            options.append(f"{flag}={value}")
+    options += _gpu_options(settings, launch.gpus)
+    if settings.cpus_per_task:
+        options.append(f"--cpus-per-task={settings.cpus_per_task}")
+    if settings.memory_mb:
+        options.append(f"--mem={math.ceil(settings.memory_mb * max(1.0, launch.memory_factor))}M")
+    if exclude:
+        options.append(f"--exclude={','.join(exclude)}")
+    return [*options, *settings.extra_options]
+
+
+def batch_script(*, python: str, entrypoint: str, command: Sequence[str], workspace: str, run_id: str, attempt: int) -> str:
+    """The batch script: `srun` starts the entrypoint on every task; Slurm's warning signal is noted and passed on.
+
+    Task 0 uses the attempt's folder, task N its `tasks/N` subfolder, so every task's output is
+    teed and its crash report kept. The entrypoint reads its options from `TRAINGUARD_*`
+    variables, which the job's environment carries.
+    """
+    argv = ["srun", "--kill-on-bad-exit=1", "/bin/sh", "-c", _TASK_WRAPPER, "trainguard-task", python, entrypoint,
+            "--", *command]
+    marker = f"{workspace}/{SIGNAL_MARKER}"
+    return "\n".join([
+        "#!/bin/bash",
+        f"# trainguard: run {shlex.quote(run_id)}, attempt {attempt}. Generated; Slurm keeps a copy with the job.",
+        "# Slurm's warning before the time limit (--signal=B:TERM@...) reaches this shell: note it, pass it on",
+        "# to the tasks through Slurm (not the batch shell again), so each entrypoint gets SIGTERM and writes its",
+        "# report; srun itself would kill its tasks on SIGTERM. Only if scancel fails is srun signalled.",
+        f"marker={shlex.quote(marker)}",
+        "step=",
+        "trap 'date -u +%Y-%m-%dT%H:%M:%SZ >> \"$marker\"; [ -n \"$step\" ] && { scancel --signal=TERM \"$SLURM_JOB_ID\" "
+        "2>/dev/null || kill -TERM \"$step\" 2>/dev/null; }' TERM",
+        " ".join(shlex.quote(a) for a in argv) + " &",
+        "step=$!",
+        "while :; do",
+        '  wait "$step"; rc=$?',
+        '  kill -0 "$step" 2>/dev/null || break  # a trapped signal interrupted the wait: wait again',
+        "done",
+        'exit "$rc"',
+        "",
+    ])
+
+
+def memory_killed(job_stderr: bytes) -> bool:
+    """Whether slurmstepd says (in the job's stderr) that it killed a step for exceeding its memory."""
+    return _MEMORY_KILLED.search(job_stderr) is not None
+
+
+def termination(
+    state: str, exit_code: int | None, *, signalled: bool, stopped_for: str | None, memory_exceeded: bool = False
+) -> str:
+    """The termination reason for a job that ended in `state`.
+
+    Args:
+        state: Slurm's job state (COMPLETED, FAILED, TIMEOUT, NODE_FAIL, ...).
+        exit_code: The command's exit status, shell style.
+        signalled: The batch shell noted Slurm's warning signal, sent only as the time limit nears.
+        stopped_for: Why trainguard itself cancelled the job (a stall, the flow being stopped), if it did.
+        memory_exceeded: slurmstepd killed a step over the job's memory limit (`memory_killed`).
+    """
+    if state == "CANCELLED" and stopped_for:
+        return stopped_for
+    if state in STATE_REASONS:
+        return STATE_REASONS[state]
+    if state == "COMPLETED" and exit_code == 0:
+        return COMPLETED
+    if memory_exceeded:
+        return STATE_REASONS["OUT_OF_MEMORY"]
+    if signalled:
+        return "DeadlineExceeded"  # it stopped on Slurm's warning before its time limit
+    return ERROR
+
+
+def exit_status(crash: dict[str, Any] | None, info: JobInfo | None) -> tuple[int | None, int | None]:
+    """The command's own status from the crash report; else the batch script's as Slurm saw it."""
+    if crash is not None and isinstance(crash.get("exit_code"), int):
+        sig = crash.get("signal")
+        return crash["exit_code"], sig if isinstance(sig, int) else None
+    if info is None:
+        return None, None
+    if info.signal:
+        return 128 + info.signal, info.signal
+    return info.exit_code, None
+
+
+def ended_message(job_id: str, info: JobInfo | None, code: int | None, sig: int | None, stopped_for: str | None,
+                  signalled: bool) -> str:
+    """One line on how the job ended: its state and reason, node, exit status, and why if trainguard or Slurm stopped it."""
+    if info is None:
+        return f"Slurm job {job_id} ended, but Slurm no longer has its record; exit code {code}"
+    why = f", reason {info.reason}" if info.reason and info.reason != "None" else ""
+    text = f"Slurm job {job_id} ended {info.state}{why} on {info.node_list or 'no node'}; exit code {code}"
+    if sig:
+        text += f" (signal {sig})"
+    if stopped_for == STALLED:
+        text += "; cancelled by trainguard: no new log output within the stall window"
+    elif signalled and info.state not in ("COMPLETED", "CANCELLED"):  # scancel's TERM reaches the trap too
+        text += "; Slurm warned of its time limit (--signal) and the command stopped"
+    return text
+
+
+def lost_message(job_id: str, silent_seconds: float, controller: str, error: str) -> str:
+    """One line for a controller that went silent while its job was followed: what happened and the way out."""
+    return (f"Slurm's controller did not answer for {silent_seconds:.0f}s while trainguard followed job {job_id} "
+            f"({controller}; last error: {error}); the job may still be running: bring slurmctld back "
+            f"(`scontrol ping`, its log), then run this attempt again to adopt job {job_id}, or `scancel {job_id}`")
+
+
+def odd_answers_message(job_id: str, count: int, error: str) -> str:
+    """One line for squeue failing oddly (not "unreachable", not "no such job") `count` times in a row."""
+    return (f"squeue answered {count} times in a row with an error while trainguard followed job {job_id} "
+            f"(last: {error}); the job may still be running: check `squeue --jobs={job_id}` and slurmctld's log, "
+            f"then run this attempt again to adopt job {job_id}, or `scancel {job_id}`")
+
+
+def unanswered_submit_message(attempt: int, name: str, controller: str, error: str) -> str:
+    """One line for a controller that did not answer at submission: nothing is known to run for the attempt."""
+    return (f"Slurm's controller did not answer when trainguard went to submit attempt {attempt} as job {name} "
+            f"({controller}; error: {error}); bring slurmctld back (`scontrol ping`, its log): the next attempt "
+            f"adopts a job sbatch may have queued under that name, or submits one")
