@@ -36,7 +36,7 @@ from slurm.cluster import SlurmCluster  # noqa: E402
 from trainguard.core.backends.base import Launch  # noqa: E402
 from trainguard.core.backends.slurm.client import TERMINAL_STATES, SlurmClient  # noqa: E402
 from trainguard.core.backends.slurm.backend import SlurmBackend  # noqa: E402
-from trainguard.core.stores.base import LocalEvidenceStore  # noqa: E402
+from trainguard.core.stores.folder import LocalEvidenceStore  # noqa: E402
 from trainguard.demo import SCRIPT  # noqa: E402
 
 COMMAND = (sys.executable, str(SCRIPT), "--steps", "20", "--step-seconds", "0.05")

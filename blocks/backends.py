@@ -7,13 +7,11 @@ a backend block by its reference (`slug/name`) whatever its type and only ever c
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from prefect.blocks.core import Block
 from pydantic import Field
 
-from trainguard.core.backends.local.backend import LocalBackend
+from blocks.factories import local_backend
+from trainguard.core.backends.base import Backend
 
 
 class LocalProcessBackend(Block):
@@ -37,10 +35,6 @@ class LocalProcessBackend(Block):
         description="Interpreter that runs the container entrypoint; defaults to the flow's own.",
     )
 
-    def backend(self) -> LocalBackend:
+    def backend(self) -> Backend:
         """The local-process adapter this block describes."""
-        return LocalBackend(
-            work_root=Path(self.work_root).expanduser().resolve(),
-            grace_seconds=self.grace_seconds,
-            python=self.python or sys.executable,
-        )
+        return local_backend(self.work_root, self.grace_seconds, self.python)

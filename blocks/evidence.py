@@ -14,10 +14,11 @@ from typing import Literal
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
+from blocks.factories import evidence_folder
 from trainguard.core.stores.s3.bucket import S3Bucket, S3Settings
 from trainguard.core.stores.s3.store import S3Store, UploadPolicy
 from trainguard.core.stores.s3.spool import MIN_PART_BYTES, Spool
-from trainguard.core.stores.base import EvidenceStore, EvidenceStoreError, LocalEvidenceStore, validate_key
+from trainguard.core.stores.base import EvidenceStore, EvidenceStoreError, validate_key
 
 
 class EvidenceFolder(Block):
@@ -33,9 +34,9 @@ class EvidenceFolder(Block):
         "a mounted volume keeps it beyond the machine.",
     )
 
-    def store(self) -> EvidenceStore:
-        """The store this block describes."""
-        return LocalEvidenceStore(Path(self.root).expanduser().resolve())
+    def store(self, no_time_limit: bool = False) -> EvidenceStore:
+        """The store this block describes (a folder has no upload time limit to lift)."""
+        return evidence_folder(self.root)
 
 
 class S3EvidenceStore(Block):

@@ -85,8 +85,12 @@ def load_backend(reference: str | None) -> Backend:
     return built
 
 
-def load_evidence(reference: str | None) -> EvidenceStore:
-    """The evidence store of the block `reference` names; the evidence-folder default when None."""
+def load_evidence(reference: str | None, *, no_time_limit: bool = False) -> EvidenceStore:
+    """The evidence store of the block `reference` names; the evidence-folder default when None.
+
+    ``no_time_limit`` lifts the store's upload time budget, for a command that may wait on S3 as
+    long as it takes (`trainguard evidence flush`).
+    """
     if not reference:
         return _evidence.EvidenceFolder().store()
     block = _load(reference, _evidence.EvidenceFolder.get_block_type_slug(), "evidence_block")
@@ -96,7 +100,7 @@ def load_evidence(reference: str | None) -> EvidenceStore:
             f"evidence_block {reference!r} is a {type(block).__name__}, not a trainguard evidence store; "
             "name a trainguard evidence block"
         )
-    store: EvidenceStore = factory()
+    store: EvidenceStore = factory(no_time_limit=True) if no_time_limit else factory()
     return store
 
 

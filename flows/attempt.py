@@ -22,11 +22,11 @@ from tasks.report import publish_report, read_progress
 from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
 from tasks.triage import classify_failure, decide_retry
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, history_records, new_run_id
-from trainguard.core import masking
 from trainguard.core.evidence import afterupload, manifest
 from trainguard.core.backends.base import AttemptOutcome, launch_for
 from trainguard.core.policy import RetryDecision
 from trainguard.core.spec import TrainingSpec
+from trainguard.core.stores.base import EvidenceStore
 
 
 def spec_name() -> str:
@@ -78,9 +78,9 @@ def train_attempt(
     """
     run_id = run_id or new_run_id(spec.name, current_run.id)
     if current_run.run_count > 1:  # the same flow run again, after its process was stopped (an evicted pod)
-        return _lost_attempt_ends(*settle_lost_attempt(train_attempt, current_run.id))
+        return _ends(*settle_lost_attempt(train_attempt, current_run.id))
     backend, store = load_backend(backend_reference(backend_block, spec)), load_evidence(evidence_block)
-    retry_policy, earlier = resolve_policy(spec, retry_policy_block), history or []
+    retry_policy = resolve_policy(spec, retry_policy_block)
     held = afterupload.hold(store)  # S3 gets the evidence after the verdict: judging never waits on it
     launch = launch_for(
         spec.command, run_id=run_id, attempt=attempt, env=spec.env, gpus=spec.gpus, workdir=spec.workdir,
@@ -89,7 +89,7 @@ def train_attempt(
     )
     ref, train_state, evidence_state = None, None, None
     # before the attempt can fill the disk: space for the manifest and verdict that say what happened
-    no_reserve = manifest.reserve_space(store, run_id, attempt)
+    unreserved = manifest.reserve_space(store, run_id, attempt)
     try:
         ref = provision_workspace(backend, run_id, attempt)
         train_state = run_training(backend, ref, launch, dict(spec.secret_env), return_state=True)
@@ -98,23 +98,27 @@ def train_attempt(
             evidence_state = collect_evidence(backend, ref, store, _outcome(train_state), held, return_state=True)
             release_attempt(backend, ref, return_state=True)  # only now may the platform clean up
     outcome = _outcome(train_state)
-    diagnosis = classify_failure(backend, ref, outcome, rules_file)
-    checkpoints = backend.checkpoints(run_id)
     evidence = evidence_state.result(raise_on_failure=False) if evidence_state else None
+    checkpoints = backend.checkpoints(run_id)
     summary = AttemptSummary(
         run_id=run_id, attempt=attempt, max_attempts=retry_policy.max_attempts,
-        state="Completed" if outcome.succeeded else "Failed",
-        flow_run_id=str(current_run.id), flow_run_name=current_run.name,
-        exit_code=outcome.exit_code, termination_reason=outcome.reason, node=outcome.node, memory_factor=memory_factor,
-        duration_seconds=outcome.duration_seconds, gpus=spec.gpus,
-        resumed_from=resume_from, newest_checkpoint=checkpoints[0] if checkpoints else None,
-        progress=read_progress(backend, ref, outcome), **_evidence_fields(evidence), **_diagnosis_fields(diagnosis),
-        storage_problems=(*outcome.storage_problems, *_evidence_problems(evidence, no_reserve)),
-    )
-    decision = decide_retry(retry_policy, [*history_records(earlier), summary.record()], checkpoints)
-    summary = summary.with_decision(decision)
+        state="Completed" if outcome.succeeded else "Failed", flow_run_id=str(current_run.id),
+        flow_run_name=current_run.name, gpus=spec.gpus, memory_factor=memory_factor, resumed_from=resume_from,
+        newest_checkpoint=checkpoints[0] if checkpoints else None, storage_problems=outcome.storage_problems,
+        progress=read_progress(backend, ref, outcome), **outcome.summary_fields(),
+    ).with_evidence(evidence if isinstance(evidence, dict) else None, unreserved).with_diagnosis(
+        classify_failure(backend, ref, outcome, rules_file))
+    decision = decide_retry(retry_policy, [*history_records(history or []), summary.record()], checkpoints)
+    summary = _keep_verdict(store, summary.with_decision(decision), evidence, held)
+    publish_report(summary, [AttemptSummary.from_dict(item) for item in history or []])
+    events.report_attempt(summary)
+    return _ends(summary, decision)
+
+
+def _keep_verdict(store: EvidenceStore, summary: AttemptSummary, evidence: Any, held: bool) -> AttemptSummary:
+    """Keep the verdict beside the evidence, then let a held store's uploads start; never raises or waits."""
     manifest_json = evidence.get("manifest") if isinstance(evidence, dict) else None
-    if evidence is not None:  # never raises or waits because of storage: what the store cannot take is spooled
+    if evidence is not None:  # what the store cannot take is spooled, or said as a storage problem
         kept = record_verdict(store, summary, manifest_json, held, return_state=True).result(raise_on_failure=False)
         if isinstance(kept, dict):
             summary = summary.with_evidence_status(kept).with_storage_problems(kept.get("storage_problem"))
@@ -122,22 +126,17 @@ def train_attempt(
         else:
             summary = summary.with_storage_problems(f"verdict.json could not be stored: {kept}")
     if held:  # the next attempt is scheduled or started meanwhile; the process waits for it at its end
-        afterupload.start(store, run_id, attempt, manifest_json)
-    manifest.release_space(store, run_id, attempt)
-    publish_report(summary, [AttemptSummary.from_dict(item) for item in earlier])
-    events.report_attempt(summary)
+        afterupload.start(store, summary.run_id, summary.attempt, manifest_json)
+    manifest.release_space(store, summary.run_id, summary.attempt)
+    return summary
+
+
+def _ends(summary: AttemptSummary, decision: RetryDecision) -> dict[str, Any] | State:
+    """The flow run's end: Completed with the summary, or Failed carrying it; the failure hook schedules the next."""
     if summary.succeeded:
         return summary.to_dict()
-    message = f"attempt {attempt} failed: {summary.category} ({summary.rule_id}); {decision.reason}"
+    message = f"attempt {summary.attempt} failed: {summary.category} ({summary.rule_id}); {decision.reason}"
     return Failed(message=message, data=AttemptFailed(message, summary.to_dict()))
-
-
-def _lost_attempt_ends(lost: AttemptSummary, decision: RetryDecision) -> dict[str, Any] | State:
-    """A rescheduled run's end: the verdict of the attempt it lost; the failure hook schedules the next."""
-    if lost.succeeded:
-        return lost.to_dict()
-    message = f"attempt {lost.attempt} failed: {lost.category} ({lost.rule_id}); {decision.reason}"
-    return Failed(message=message, data=AttemptFailed(message, lost.to_dict()))
 
 
 def _outcome(train_state: State | None) -> AttemptOutcome:
@@ -150,27 +149,3 @@ def _outcome(train_state: State | None) -> AttemptOutcome:
     if isinstance(result, BaseException):
         return AttemptOutcome.never_ran(f"{type(result).__name__}: {result}")
     return AttemptOutcome.from_dict(result)
-
-
-def _evidence_fields(evidence: Any) -> dict[str, Any]:
-    if not isinstance(evidence, dict):
-        return {"evidence": None}
-    return {"evidence": evidence["location"], "evidence_items": evidence["items"], "evidence_missing": evidence["missing"],
-            **{f"evidence_{name}": evidence[name] for name in ("spooled", "upload_error", "links", "links_expire_at")
-               if name in evidence}}
-
-
-def _evidence_problems(evidence: Any, no_reserve: str | None) -> list[str]:
-    """What the evidence store could not take; a failed reservation only matters when it did not."""
-    failures = list(evidence.get("storage_problems", ())) if isinstance(evidence, dict) else []
-    return [*failures, no_reserve] if failures and no_reserve else failures
-
-
-def _diagnosis_fields(diagnosis: Any) -> dict[str, Any]:
-    if diagnosis is None:
-        return {}
-    return {
-        "category": diagnosis.category.value, "retryable": diagnosis.retryable, "rule_id": diagnosis.rule_id,
-        "signature": masking.for_people(diagnosis.signature) if diagnosis.signature else None, "line_number": diagnosis.line_number,
-        "remediation": diagnosis.remediation, "fingerprint": diagnosis.fingerprint,
-    }

@@ -13,7 +13,8 @@ import pytest
 from trainguard.core.backends.workspace_evidence import collect_local_evidence, newest_checkpoints
 from trainguard.core.backends.local.runner import LocalProcessRunner
 from trainguard.core.evidence.manifest import Manifest, read_manifest, verify_manifest
-from trainguard.core.stores.base import EvidenceStoreError, LocalEvidenceStore, StoredItem
+from trainguard.core.stores.base import EvidenceStoreError, StoredItem
+from trainguard.core.stores.folder import LocalEvidenceStore
 from trainguard.core.backends.workspace import AttemptWorkspace
 
 CRASHING_TRAINER = """

@@ -24,7 +24,8 @@ from trainguard.core.evidence.manifest import (
     verify_manifest,
     write_manifest,
 )
-from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, EvidenceStoreError, LocalEvidenceStore, StoredItem
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, EvidenceStoreError, StoredItem
+from trainguard.core.stores.folder import LocalEvidenceStore
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.core.backends.workspace import AttemptWorkspace, WorkspaceError
+from trainguard.core.ids import InvalidId
 
 
 def test_create_lays_out_the_attempt_folders_and_the_shared_checkpoint_folder(tmp_path: Path) -> None:
@@ -34,7 +35,7 @@ def test_create_is_idempotent(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("run_id", ["", "../escape", "a/b", "..", ".hidden", "x" * 200, "spaces here", "r1\n"])
 def test_an_unsafe_run_id_is_refused_with_one_line_naming_it(tmp_path: Path, run_id: str) -> None:
-    with pytest.raises(WorkspaceError, match="run_id") as caught:
+    with pytest.raises(InvalidId, match="run_id") as caught:
         AttemptWorkspace.create(tmp_path, run_id, 1)
 
     assert "\n" not in str(caught.value).replace(repr(run_id), "")
@@ -43,7 +44,7 @@ def test_an_unsafe_run_id_is_refused_with_one_line_naming_it(tmp_path: Path, run
 
 @pytest.mark.parametrize("attempt", [0, -1, True, "1"])
 def test_an_attempt_below_one_or_not_an_int_is_refused(tmp_path: Path, attempt: object) -> None:
-    with pytest.raises(WorkspaceError, match=r"attempt .* attempts are numbered 1, 2, 3"):
+    with pytest.raises(InvalidId, match=r"attempt .* attempts are numbered 1, 2, 3"):
         AttemptWorkspace.create(tmp_path, "r1", attempt)  # type: ignore[arg-type]
 
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from trainguard.cli import app
 from trainguard.core.evidence.manifest import Manifest, ManifestItem, write_manifest
-from trainguard.core.stores.base import LocalEvidenceStore
+from trainguard.core.stores.folder import LocalEvidenceStore
 
 from blocks.evidence import S3EvidenceStore
 

@@ -198,7 +198,7 @@ while True:
 
 def test_a_fail_job_exit_code_fails_the_job_at_once_and_a_crashed_sidecar_keeps_its_previous_log(
         sim: Any, tmp_path: Any, prefect_server: str) -> None:
-    folder = "/trainguard/attempts/k-failjob-1"  # the run's folder on the attempt volume
+    folder = "/trainguard/attempts/runs/k-failjob-1"  # the run's folder on the attempt volume
     shipper = {"name": "shipper", "image": "python:3.11", "restartPolicy": "Always",
                "command": ["python", "-c", SHIPPER, folder],
                "volumeMounts": [{"name": "trainguard-attempts", "mountPath": "/trainguard/attempts"}]}

@@ -20,7 +20,7 @@ from kube_helpers import cluster, kube_blocks
 from flows.run import training_run
 from trainguard.core.evidence.manifest import read_manifest, verify_manifest
 from trainguard.core.spec import parse_spec
-from trainguard.core.stores.base import LocalEvidenceStore
+from trainguard.core.stores.folder import LocalEvidenceStore
 
 
 @pytest.fixture(scope="module")

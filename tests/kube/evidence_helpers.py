@@ -15,7 +15,7 @@ from trainguard.core.backends.base import Launch
 from trainguard.core.backends.kubernetes import errors, manifests, zipapp
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.evidence.manifest import Manifest
-from trainguard.core.stores.base import LocalEvidenceStore
+from trainguard.core.stores.folder import LocalEvidenceStore
 
 REPO = str(Path(__file__).resolve().parents[2])
 WORKSPACE = "/trainguard/attempt"

@@ -78,7 +78,7 @@ def test_sigsegv_is_a_native_crash_with_its_core_file_on_the_attempt_volume(
     command = ("python", str(SCRIPT), "--steps", "30", "--step-seconds", "0", "--fail-at-step", "5", "--failure", "segfault")
     outcome = b.run(ref, Launch(run_id="r-segv", attempt=1, command=command))
     assert outcome.exit_code == 139 and triage.classify(b.signals(ref, outcome)).category.value == "native_crash"
-    volume = sim.root / "pvc" / ns / "trainguard-attempts" / "r-segv" / "attempt-1"
+    volume = sim.root / "pvc" / ns / "trainguard-attempts" / "runs" / "r-segv" / "attempt-1"
     report = json.loads((volume / "crash-report.json").read_text())
     assert report["signal_name"] == "SIGSEGV" and report["core_files"]
     assert (volume / "coredumps" / report["core_files"][0]).stat().st_size > 0

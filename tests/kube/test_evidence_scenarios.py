@@ -19,7 +19,7 @@ from trainguard.core.backends.kubernetes import errors
 from trainguard.core.backends.kubernetes.api import KubeApi, RetrySettings
 from trainguard.core.backends.kubernetes.evidence import collect_kubernetes_evidence, read_triage_facts
 from trainguard.core.backends.kubernetes.scene import BreakerApi
-from trainguard.core.stores.base import LocalEvidenceStore
+from trainguard.core.stores.folder import LocalEvidenceStore
 from trainguard.core.taxonomy import Category
 from trainguard.core.triage import classify
 from waiting import wait_for

@@ -130,4 +130,4 @@ def test_the_job_runs_the_command_under_the_zipapp_and_keeps_off_avoided_nodes(k
     summary = json.loads(state["message"])
     assert state["exitCode"] == 3 and summary["exit_code"] == 3
     assert summary["log_tail"][0] == "ckpt /trainguard/checkpoints/r-zip"
-    assert summary["crash_report"] == "/trainguard/attempts/r-zip/attempt-1/crash-report.json"
+    assert summary["crash_report"] == "/trainguard/attempts/runs/r-zip/attempt-1/crash-report.json"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, EvidenceStoreError, LocalEvidenceStore
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, EvidenceStoreError
+from trainguard.core.stores.folder import LocalEvidenceStore
 from trainguard.core.stores.s3.spool import MIN_PART_BYTES
 
 

@@ -27,7 +27,7 @@ from blocks import EvidenceFolder, LocalProcessBackend
 from services.faulty_proxy import FaultPlan, faulty_proxy
 from services.prefect_server import process_workers
 from trainguard.core.evidence.manifest import read_manifest, verify_manifest
-from trainguard.core.stores.base import LocalEvidenceStore
+from trainguard.core.stores.folder import LocalEvidenceStore
 
 HOOK_DONE = "Hook 'schedule_next_attempt' finished running successfully"
 ALWAYS_KEPT = {"crash-report.json", "checkpoints.json", "snapshot/env.json"}

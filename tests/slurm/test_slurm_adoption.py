@@ -27,7 +27,7 @@ from flows.controller import retry_controller
 from trainguard.core.evidence.manifest import read_manifest, verify_manifest
 from trainguard.core.backends.slurm.job import job_name
 from trainguard.core.spec import parse_spec
-from trainguard.core.stores.base import LocalEvidenceStore
+from trainguard.core.stores.folder import LocalEvidenceStore
 
 ROOT = Path(__file__).resolve().parents[2]
 _FLOW = """

@@ -16,7 +16,7 @@ from waiting import wait_for
 
 from trainguard.core.evidence.manifest import read_manifest, verify_manifest
 from trainguard.core.backends.slurm.job import job_name
-from trainguard.core.stores.base import LocalEvidenceStore
+from trainguard.core.stores.folder import LocalEvidenceStore
 
 
 def test_an_nccl_timeout_on_slurm_is_retried_from_its_checkpoint_and_succeeds(slurm_blocks, slurm_cluster):

@@ -16,7 +16,7 @@ from flows.attempt import train_attempt
 from trainguard.core.evidence.manifest import read_manifest, verify_manifest
 from trainguard.core.backends.slurm.job import job_name
 from trainguard.core.spec import parse_spec
-from trainguard.core.stores.base import LocalEvidenceStore
+from trainguard.core.stores.folder import LocalEvidenceStore
 
 
 def test_a_node_set_down_mid_job_is_a_node_failure_and_the_retry_waits_for_the_only_node(slurm_blocks, slurm_cluster):

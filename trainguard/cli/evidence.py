@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -14,8 +13,10 @@ from trainguard.cli.typer_app import app
 from trainguard.cli.output import console, fail, plain, say
 from trainguard.core.evidence import bundles
 from trainguard.core.evidence import manifest as manifests
-from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, LocalEvidenceStore
-from trainguard.core.backends.workspace import WorkspaceError
+from blocks.factories import evidence_folder, local_backend
+from trainguard.core.backends.base import Supervises
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, SpoolingStore
+from trainguard.core.ids import InvalidId
 
 evidence_app = typer.Typer(help="Inspect the evidence kept for training runs.", no_args_is_help=True)
 app.add_typer(evidence_app, name="evidence")
@@ -36,11 +37,11 @@ def show(
     a manifest, and objects the manifest does not list, are reported too (exit code 1).
     """
     # a disk that was full from the start may not even hold the evidence folder: the work folder still speaks
-    store = LocalEvidenceStore(root.resolve()) if block is None and not root.is_dir() and work.is_dir() \
+    store = evidence_folder(root) if block is None and not root.is_dir() and work.is_dir() \
         else open_store(root, block)
     try:
         attempts = manifests.attempts_in_store(store, run_id)
-    except WorkspaceError as exc:
+    except InvalidId as exc:
         fail(f"RUN_ID: {exc}")
     if not attempts:
         _show_unstored(store, run_id, work)
@@ -53,7 +54,9 @@ def show(
 
 def _show_unstored(store: EvidenceStore, run_id: str, work: Path) -> None:
     """A run with nothing in the store: say what its work folder still holds, or that it is unknown."""
-    folders = sorted((work / "runs" / run_id).glob("attempt-*")) if (work / "runs").is_dir() else []
+    backend = local_backend(work)
+    assert isinstance(backend, Supervises)
+    folders = [backend.attempt_folder(run_id, attempt) for attempt in backend.attempts(run_id)]
     if not folders:
         fail(f"no evidence for run {run_id!r} in {store.describe()}; check the run id and --root/--block")
     for folder in folders:
@@ -73,15 +76,12 @@ def open_store(root: Path, block: str | None, no_time_limit: bool = False) -> Ev
         from blocks import BlockReferenceError, load_evidence  # Prefect only when a saved block is asked for
 
         try:
-            store = load_evidence(block)
+            return load_evidence(block, no_time_limit=no_time_limit)  # a command may wait on S3 as long as it takes
         except BlockReferenceError as exc:
             fail(f"--block: {exc}")
-        if no_time_limit and hasattr(store, "policy"):  # a command may wait on S3 as long as it takes
-            store.policy = dataclasses.replace(store.policy, budget_seconds=None)
-        return store
     if not root.is_dir():
         fail(f"--root: no evidence folder at {root}; pass the folder your runs wrote to")
-    return LocalEvidenceStore(root.resolve())
+    return evidence_folder(root)
 
 
 def _show_attempt(store: EvidenceStore, run_id: str, attempt: int, deep: bool) -> int:
@@ -93,7 +93,7 @@ def _show_attempt(store: EvidenceStore, run_id: str, attempt: int, deep: bool) -
     problems = [f"{name}: {problem}" for name, problem in checked.items()]
     problems += [f"{key}: not in the manifest (added after collection?)" for key in manifests.unlisted_keys(store, found)]
     spooled = set(store.pending(manifests.attempt_prefix(run_id, attempt) + "/")) if isinstance(
-        store, bundles.SpoolingStore) else set()
+        store, SpoolingStore) else set()
     partial = f" (partial: {len(found.missing)} absent)" if found.missing else ""
     where = store.describe(manifests.attempt_prefix(run_id, attempt))
     table = Table(title=plain(f"{run_id} attempt {attempt}{partial}: {where}"))

@@ -21,8 +21,7 @@ from trainguard.cli.evidence import evidence_app, open_store
 from trainguard.cli.output import console, fail, plain, say
 from trainguard.core.evidence import bundles, retention
 from trainguard.core.evidence.manifest import ManifestError, ManifestItem, read_manifest
-from trainguard.core.stores.s3.store import S3Store
-from trainguard.core.stores.base import EvidenceNotFound, EvidenceStoreError
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, EvidenceStoreError, LifecycleStore, SpoolingStore
 
 PROGRESS_FROM_BYTES = 8 * 1024 * 1024
 ROOT_OPTION = typer.Option(Path("trainguard-data/evidence"), help="Evidence folder (used without --block).")
@@ -131,29 +130,42 @@ def list_runs(
     console.print(table)
 
 
-def _s3_store(block: str | None, command: str) -> S3Store:
+def _block_store(block: str | None, command: str, able: str) -> EvidenceStore:
+    """The store a saved block names, for a command only some stores can serve (``able`` says what)."""
     if not block:
         fail(f"--block: `trainguard evidence {command}` needs a saved S3 evidence block "
-             "(trainguard-s3-evidence-store/NAME); a folder has nothing to upload or expire")
-    store = open_store(Path("."), block, no_time_limit=True)
-    if not isinstance(store, S3Store):
-        fail(f"--block {block}: not an S3 evidence store; name a trainguard-s3-evidence-store block")
+             f"(trainguard-s3-evidence-store/NAME); a folder {able}")
+    return open_store(Path("."), block, no_time_limit=True)
+
+
+def _spooling_store(block: str | None) -> SpoolingStore:
+    store = _block_store(block, "flush", "has nothing to upload")
+    if not isinstance(store, SpoolingStore):
+        fail(f"--block {block}: its store spools nothing; name a trainguard-s3-evidence-store block")
+    return store
+
+
+def _lifecycle_store(block: str | None) -> LifecycleStore:
+    store = _block_store(block, "retention apply", "has no lifecycle rules")
+    if not isinstance(store, LifecycleStore):
+        fail(f"--block {block}: its store has no lifecycle rules; name a trainguard-s3-evidence-store block")
     return store
 
 
 @evidence_app.command("flush")
 def flush(block: str | None = BLOCK_OPTION) -> None:
     """Upload what waits in the local spool (evidence S3 could not take in time), manifests last."""
-    store = _s3_store(block, "flush")
+    store = _spooling_store(block)
+    where = store.describe() if isinstance(store, EvidenceStore) else str(block)
     waiting = store.pending()
     if not waiting:
-        say(f"nothing spooled for {store.describe()}")
+        say(f"nothing spooled for {where}")
         return
-    say(f"uploading {len(waiting)} spooled item(s) to {store.describe()}")
+    say(f"uploading {len(waiting)} spooled item(s) to {where}")
     result = store.flush()
     console.print(f"uploaded {len(result.uploaded)}, still spooled {len(result.pending)}", highlight=False)
     if result.pending:
-        fail(f"{result.error or 'upload incomplete'}; the spool at {store.spool.root} is kept", code=1)
+        fail(f"{result.error or 'upload incomplete'}; the spool at {store.spool_location()} is kept", code=1)
 
 
 @retention_app.command("apply")
@@ -164,7 +176,7 @@ def retention_apply(
 ) -> None:
     """Put lifecycle rules on the block's prefix: failed and successful attempts expire after their days."""
     keep = _retention(failed_days, succeeded_days)
-    store = _s3_store(block, "retention apply")
+    store = _lifecycle_store(block)
     try:
         rules = retention.apply_lifecycle(store, keep)
     except EvidenceStoreError as exc:

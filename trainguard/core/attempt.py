@@ -13,8 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from trainguard.core import masking
 from trainguard.core.policy import AttemptRecord, RetryDecision
 from trainguard.core.taxonomy import Category
+from trainguard.core.triage.signals import Diagnosis
 
 LINEAGE_TAG = "trainguard-run"
 
@@ -80,6 +82,36 @@ class AttemptSummary:
 
     def with_decision(self, decision: RetryDecision) -> AttemptSummary:
         return _replace(self, decision=decision.to_dict())
+
+    def with_diagnosis(self, diagnosis: Diagnosis | None) -> AttemptSummary:
+        """This summary with triage's verdict; its signature is a log line, so it is masked for people here."""
+        if diagnosis is None:
+            return self
+        return _replace(
+            self, category=diagnosis.category.value, retryable=diagnosis.retryable, rule_id=diagnosis.rule_id,
+            signature=masking.for_people(diagnosis.signature) if diagnosis.signature else None,
+            line_number=diagnosis.line_number, remediation=diagnosis.remediation, fingerprint=diagnosis.fingerprint,
+        )
+
+    def with_evidence(self, evidence: Mapping[str, Any] | None, unreserved: str | None = None) -> AttemptSummary:
+        """This summary with what evidence collection kept (the collect step's figures), or none.
+
+        Args:
+            evidence: ``location``, ``items``, ``missing``, the upload status (``spooled``, ``upload_error``,
+                ``links``, ``links_expire_at``) and ``storage_problems``; None when nothing was collected.
+            unreserved: Why space could not be set aside for the manifest and verdict beforehand; it
+                matters only when the store then failed to take something.
+        """
+        if not isinstance(evidence, Mapping):
+            return _replace(self, evidence=None)
+        failures = [str(p) for p in evidence.get("storage_problems", ())]
+        status = {"spooled": evidence.get("spooled", ()), "upload_error": evidence.get("upload_error", ""),
+                  "links": evidence.get("links", {}), "links_expire_at": evidence.get("links_expire_at", "")}
+        kept = _replace(self, evidence=evidence.get("location"), evidence_items=int(evidence.get("items", 0)),
+                        evidence_missing=int(evidence.get("missing", 0)),
+                        evidence_uploading=bool(evidence.get("uploading", False)))
+        return kept.with_evidence_status(status).with_storage_problems(
+            *failures, unreserved if failures and unreserved else None)
 
     def with_evidence_status(self, status: object) -> AttemptSummary:
         """This summary with a newer upload status (``bundles.upload_status``); unchanged if ``status`` is not one."""

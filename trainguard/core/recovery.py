@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,41 +19,39 @@ from typing import Any
 from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core import masking, triage
-from trainguard.core.backends.local import orphans
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef, Backend
-from trainguard.core.evidence.manifest import attempts_in_store, read_manifest, record_verdict, release_space, storage_failures
+from trainguard.core.backends import workspace
+from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef, Backend, Supervises
+from trainguard.core.evidence.manifest import (
+    VERDICT, attempt_prefix, attempts_in_store, read_manifest, record_verdict, release_space, storage_failures,
+)
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
 from trainguard.core.taxonomy import INFO, Category
-from trainguard.core.backends.workspace import validate_run_id
 
 LOST = "Lost"
-_ATTEMPT_DIR = re.compile(r"^attempt-(\d+)$")
 
 
 def attempts_of(backend: Backend, store: EvidenceStore, run_id: str) -> list[int]:
-    """Every attempt of the run found in the backend's work folder or in the evidence store."""
+    """Every attempt of the run found in the backend's own places (`Supervises`) or in the evidence store."""
     found = set(attempts_in_store(store, run_id))
-    work_root = getattr(backend, "work_root", None)
-    if isinstance(work_root, Path):
-        run_dir = work_root / "runs" / validate_run_id(run_id)
-        if run_dir.is_dir():
-            found |= {int(m.group(1)) for p in run_dir.iterdir() if (m := _ATTEMPT_DIR.match(p.name))}
+    if isinstance(backend, Supervises):
+        found |= set(backend.attempts(run_id))
     return sorted(found)
 
 
 def live_supervisor(backend: Backend, run_id: str, attempt: int) -> int | None:
-    """The pid of the `trainguard run` (or worker) still supervising the attempt on this host, if any."""
-    work_root = getattr(backend, "work_root", None)
-    if not isinstance(work_root, Path):
-        return None  # a platform that runs attempts elsewhere: its own records say whether they live
-    return orphans.live_supervisor(work_root / "runs" / validate_run_id(run_id) / f"attempt-{attempt}" / "process.json")
+    """The pid of the `trainguard run` (or worker) still supervising the attempt on this host, if any.
+
+    None for a backend that keeps no supervisor record here (`Supervises`): its platform's own
+    records say whether its attempts live.
+    """
+    return backend.supervisor_pid(run_id, attempt) if isinstance(backend, Supervises) else None
 
 
 def verdict(store: EvidenceStore, run_id: str, attempt: int) -> AttemptSummary | None:
     """The attempt's recorded verdict, or None if it was never judged."""
     try:
-        data = json.loads(store.get_bytes(f"runs/{run_id}/attempt-{attempt}/verdict.json"))
+        data = json.loads(store.get_bytes(f"{attempt_prefix(run_id, attempt)}/{VERDICT}"))
     except (EvidenceNotFound, ValueError):
         return None
     return AttemptSummary.from_dict(data) if isinstance(data, dict) else None
@@ -63,8 +60,8 @@ def verdict(store: EvidenceStore, run_id: str, attempt: int) -> AttemptSummary |
 def lost_outcome(ref: AttemptRef) -> AttemptOutcome:
     """How the attempt ended, from what it left in its folder (runner.json, else the crash report)."""
     root = Path(ref.workspace) if ref.workspace else None
-    runner = (read_json_object(root / "runner.json") or {}) if root else {}
-    crash = (read_json_object(root / "crash-report.json") or {}) if root else {}
+    runner = (read_json_object(root / workspace.RUNNER_REPORT) or {}) if root else {}
+    crash = (read_json_object(root / workspace.CRASH_REPORT) or {}) if root else {}
     source = runner or crash
     if not source:
         return AttemptOutcome(None, None, LOST, "the attempt left no account of how it ended; its supervisor was lost")
@@ -80,7 +77,7 @@ def lost_outcome(ref: AttemptRef) -> AttemptOutcome:
 
 
 def _resumed_from(ref: AttemptRef) -> str | None:
-    env = (read_json_object(Path(ref.workspace) / "snapshot" / "env.json") or {}) if ref.workspace else {}
+    env = (read_json_object(Path(ref.workspace) / workspace.SNAPSHOT / "env.json") or {}) if ref.workspace else {}
     variables = env.get("variables") if isinstance(env.get("variables"), dict) else env
     value = variables.get("TRAINGUARD_RESUME_FROM") if isinstance(variables, dict) else None
     return str(value) if value else None
@@ -132,7 +129,7 @@ def settle(
         state="Cancelled" if stopped is not None else "Crashed",
         exit_code=outcome.exit_code, termination_reason=outcome.reason, duration_seconds=outcome.duration_seconds,
         gpus=gpus, resumed_from=_resumed_from(ref), newest_checkpoint=checkpoints[0] if checkpoints else None,
-        evidence=store.describe(f"runs/{run_id}/attempt-{attempt}"), evidence_items=len(manifest.items),
+        evidence=store.describe(attempt_prefix(run_id, attempt)), evidence_items=len(manifest.items),
         evidence_missing=len(manifest.missing), decision={"retry": False, "reason": next_step},
         **_diagnosis_fields(backend, ref, outcome, stopped, rules),
     )

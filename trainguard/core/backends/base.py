@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from trainguard.core.evidence.manifest import Manifest
@@ -131,6 +132,11 @@ class AttemptOutcome:
     def succeeded(self) -> bool:
         return self.exit_code == 0 and self.reason == COMPLETED
 
+    def summary_fields(self) -> dict[str, Any]:
+        """The attempt summary's fields this outcome decides (`AttemptSummary`'s names)."""
+        return {"exit_code": self.exit_code, "termination_reason": self.reason, "node": self.node,
+                "duration_seconds": self.duration_seconds}
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["conditions"] = [dict(c) for c in self.conditions]
@@ -221,6 +227,35 @@ class StopsOrphans(Protocol):
 
     def stop_orphan(self, ref: AttemptRef) -> str | None:
         """Stop whatever still runs for `ref`; say what was stopped, or None when nothing ran."""
+        ...
+
+
+@runtime_checkable
+class Supervises(Protocol):
+    """A backend that keeps a place per attempt where its supervisor is recorded (a folder it can read).
+
+    Optional beside `Backend`: `trainguard runs` and `trainguard run --resume` ask it which attempts
+    a run has beyond those in the evidence store (one lost before its evidence was kept), and
+    whether a process on this host still supervises one, so a run that is alive is never resumed
+    beside itself. The local and Slurm backends implement it (their attempt folders are on this
+    machine, or on a shared filesystem it mounts); the Kubernetes backend does not: its supervisor
+    may be a flow pod anywhere, and a run's attempts are known from the store and the cluster.
+    """
+
+    def runs(self) -> dict[str, float]:
+        """Every run with an attempt folder here, with the time (epoch seconds) it last changed."""
+        ...
+
+    def attempts(self, run_id: str) -> list[int]:
+        """The run's attempts that have a folder here, in order."""
+        ...
+
+    def supervisor_pid(self, run_id: str, attempt: int) -> int | None:
+        """The pid of the process still supervising the attempt on this host, if any."""
+        ...
+
+    def attempt_folder(self, run_id: str, attempt: int) -> Path:
+        """The attempt's folder on this machine (it may not exist): what it left when nothing could be stored."""
         ...
 
 

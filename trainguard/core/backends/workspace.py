@@ -1,48 +1,82 @@
-"""The on-disk layout of one training attempt: where its logs, snapshots, core dumps and report live.
+"""The folder one attempt fills, on every backend: where its logs, snapshots, core dumps and reports live.
 
-Everything that names a path inside ``{work_root}/runs/{run_id}/...`` belongs here, so the
-entrypoint's arguments, the local runner and evidence collection agree on one layout. Running or
-collecting anything does not belong here.
+The entrypoint fills it inside the training container (a local process, a pod, a Slurm task), the
+runners write beside it, and evidence collection reads it; this module is the one owner of the
+paths inside it, and of finding a run's attempt folders under a work root. Where the folder lies
+under that root (``runs/{run id}/attempt-{n}``) is ``trainguard.core.ids``'s. Running or collecting
+anything does not belong here.
 """
 
 from __future__ import annotations
 
-import re
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
-# A run id becomes a directory name and part of a log file name, so it must be one safe segment.
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+from trainguard.core import ids
+
+LOGS, COREDUMPS, SNAPSHOT = "logs", "coredumps", "snapshot"
+CRASH_REPORT, PROCESS_RECORD, RUNNER_REPORT = "crash-report.json", "process.json", "runner.json"
 
 
 class WorkspaceError(ValueError):
-    """A workspace cannot be laid out from the values given (bad run id or attempt number)."""
+    """An attempt's folders cannot be made where they were asked for; the message says what to fix."""
 
 
-def validate_run_id(run_id: str) -> str:
-    """Return ``run_id`` unchanged, or raise a one-line `WorkspaceError` saying what to fix.
-
-    Args:
-        run_id: The identifier shared by every attempt of one training run.
-    """
-    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or ".." in run_id:
-        raise WorkspaceError(
-            f"run_id {run_id!r} is not a safe path segment: use 1-128 letters, digits, '.', '_' "
-            "or '-', starting with a letter or digit (e.g. 'llama-ft-2024-06-01')"
-        )
-    return run_id
+def log_name(run_id: str, attempt: int) -> str:
+    """The training log's file name, ``train-{run id}-attempt-{n}.log`` (in ``logs/``)."""
+    return f"train-{ids.validate_run_id(run_id)}-{ids.attempt_name(attempt)}.log"
 
 
-def validate_attempt(attempt: int) -> int:
-    """Return ``attempt`` unchanged, or raise a one-line `WorkspaceError` saying what to fix."""
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
-        raise WorkspaceError(f"attempt {attempt!r} is invalid: attempts are numbered 1, 2, 3, ...")
-    return attempt
+def attempt_dir(root: str, run_id: str, attempt: int) -> str:
+    """The attempt's folder under a work root as a POSIX path, for a machine this one does not see (a pod)."""
+    return posixpath.join(root, ids.attempt_path(run_id, attempt))
 
 
 def run_checkpoint_dir(work_root: Path, run_id: str) -> Path:
     """``{work_root}/runs/{run_id}/checkpoints``: the folder every attempt of a run shares."""
-    return Path(work_root) / "runs" / validate_run_id(run_id) / "checkpoints"
+    return Path(work_root) / ids.checkpoints_path(run_id)
+
+
+def attempts_in(work_root: Path, run_id: str) -> list[int]:
+    """The attempts of a run that have a folder under ``work_root``, in order."""
+    run_dir = Path(work_root) / ids.run_path(run_id)
+    try:
+        names = [entry.name for entry in run_dir.iterdir() if entry.is_dir()]
+    except OSError:
+        return []
+    return sorted(n for name in names if (n := ids.attempt_number(name)) is not None)
+
+
+def runs_in(work_root: Path) -> dict[str, list[int]]:
+    """run id -> its attempts, for every run with an attempt folder under ``work_root``."""
+    try:
+        runs = [entry.name for entry in (Path(work_root) / ids.RUNS).iterdir() if entry.is_dir()]
+    except OSError:
+        return {}
+    found = {run_id: attempts_in(work_root, run_id) for run_id in runs if _valid(run_id)}
+    return {run_id: attempts for run_id, attempts in found.items() if attempts}
+
+
+def last_change(work_root: Path, run_id: str) -> float:
+    """When the run's folder or one of its attempt folders last changed (epoch seconds); 0 if none is there."""
+    run_dir = Path(work_root) / ids.run_path(run_id)
+    folders = [run_dir, *(run_dir / ids.attempt_name(n) for n in attempts_in(work_root, run_id))]
+    times = []
+    for folder in folders:
+        try:
+            times.append(folder.stat().st_mtime)
+        except OSError:
+            continue
+    return max(times, default=0.0)
+
+
+def _valid(run_id: str) -> bool:
+    try:
+        ids.validate_run_id(run_id)
+    except ids.InvalidId:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -57,27 +91,27 @@ class AttemptWorkspace:
     @property
     def logs_dir(self) -> Path:
         """Where the entrypoint tees the command's output."""
-        return self.root / "logs"
+        return self.root / LOGS
 
     @property
     def coredumps_dir(self) -> Path:
         """Where the entrypoint moves core files after a crash."""
-        return self.root / "coredumps"
+        return self.root / COREDUMPS
 
     @property
     def snapshot_dir(self) -> Path:
         """Environment, host and GPU snapshots taken before and after the command."""
-        return self.root / "snapshot"
+        return self.root / SNAPSHOT
 
     @property
     def log_path(self) -> Path:
         """The attempt's training log (stdout and stderr of the command, as bytes)."""
-        return self.logs_dir / f"train-{self.run_id}-attempt-{self.attempt}.log"
+        return self.logs_dir / log_name(self.run_id, self.attempt)
 
     @property
     def crash_report_path(self) -> Path:
         """The entrypoint's JSON report on how the command ended."""
-        return self.root / "crash-report.json"
+        return self.root / CRASH_REPORT
 
     @property
     def process_path(self) -> Path:
@@ -85,12 +119,22 @@ class AttemptWorkspace:
 
         Whoever finds the attempt's supervisor dead reads it to stop the command left behind.
         """
-        return self.root / "process.json"
+        return self.root / PROCESS_RECORD
 
     @property
     def runner_report_path(self) -> Path:
         """The local runner's own view of the attempt (written even if the entrypoint was killed)."""
-        return self.root / "runner.json"
+        return self.root / RUNNER_REPORT
+
+    @classmethod
+    def at(cls, work_root: Path, run_id: str, attempt: int) -> AttemptWorkspace:
+        """The attempt's folders under ``work_root``, as paths only: nothing is created or checked on disk.
+
+        Raises:
+            ids.InvalidId: ``run_id`` or ``attempt`` is invalid.
+        """
+        return cls(root=Path(work_root) / ids.attempt_path(run_id, attempt), run_id=run_id, attempt=attempt,
+                   checkpoint_dir=run_checkpoint_dir(work_root, run_id))
 
     @classmethod
     def create(cls, work_root: Path, run_id: str, attempt: int) -> AttemptWorkspace:
@@ -102,17 +146,10 @@ class AttemptWorkspace:
             attempt: The attempt number, from 1.
 
         Raises:
-            WorkspaceError: ``run_id`` or ``attempt`` is invalid, or the folders cannot be made.
+            ids.InvalidId: ``run_id`` or ``attempt`` is invalid.
+            WorkspaceError: The folders cannot be made.
         """
-        validate_run_id(run_id)
-        validate_attempt(attempt)
-        checkpoint_dir = run_checkpoint_dir(work_root, run_id)
-        workspace = cls(
-            root=checkpoint_dir.parent / f"attempt-{attempt}",
-            run_id=run_id,
-            attempt=attempt,
-            checkpoint_dir=checkpoint_dir,
-        )
+        workspace = cls.at(work_root, run_id, attempt)
         folders = (workspace.logs_dir, workspace.coredumps_dir, workspace.snapshot_dir)
         try:
             for folder in (*folders, workspace.checkpoint_dir):

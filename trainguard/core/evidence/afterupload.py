@@ -17,22 +17,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
 
-from trainguard.core.stores.base import EvidenceStore
+from trainguard.core import ids
+from trainguard.core.stores.base import EvidenceStore, HoldingStore
 
 # How long an attempt's upload waits for an earlier attempt's upload of the same spool, at most
 # (its store's own budget applies too): one after another, not given up at once.
 WAIT_FOR_EARLIER_SECONDS = 3600.0
-
-
-@runtime_checkable
-class HoldingStore(Protocol):
-    """A store that can spool its writes now and send them later (the S3 store)."""
-
-    def hold(self) -> None: ...
-
-    def upload_held(self, prefix: str, wait_seconds: float = 0.0) -> Any: ...
 
 
 @dataclass
@@ -48,7 +39,7 @@ class Upload:
     def run(self) -> None:
         try:
             assert isinstance(self.store, HoldingStore)
-            self.store.upload_held(f"runs/{self.run_id}/", WAIT_FOR_EARLIER_SECONDS)
+            self.store.upload_held(ids.run_path(self.run_id) + "/", WAIT_FOR_EARLIER_SECONDS)
         except Exception as exc:  # a thread's exception would only reach stderr: keep it for the report
             self.error = f"{type(exc).__name__}: {exc}"
 

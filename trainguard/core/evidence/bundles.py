@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from trainguard.core.evidence.manifest import Manifest, ManifestItem, attempt_prefix, read_manifest
-from trainguard.core.stores.s3.spool import b64_of_hex
-from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
+from trainguard.core import ids
+from trainguard.core.evidence.manifest import VERDICT, Manifest, ManifestItem, attempt_prefix, manifest_key, read_manifest
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, ExpiringLinks, SpoolingStore, checksum_of_hex
 
-_MANIFEST = re.compile(r"^runs/([^/]+)/attempt-(\d+)/manifest\.json$")
 
 
 @dataclass(frozen=True)
@@ -46,8 +44,8 @@ class AttemptRecord:
 
 def attempts(store: EvidenceStore, run_id: str | None = None) -> list[tuple[str, int]]:
     """(run id, attempt) of every bundle with a manifest, in order."""
-    found = {(m.group(1), int(m.group(2))) for key in store.list_keys(f"runs/{run_id}/" if run_id else "runs/")
-             if (m := _MANIFEST.match(key))}
+    keys = store.list_keys(ids.run_path(run_id) + "/" if run_id else ids.RUNS + "/")
+    found = {parsed for key in keys if (parsed := ids.parse_attempt_path(key)) and key == manifest_key(*parsed)}
     return sorted(found)
 
 
@@ -63,7 +61,7 @@ def read_json(store: EvidenceStore, key: str) -> dict[str, Any] | None:
 def record(store: EvidenceStore, run_id: str, attempt: int) -> AttemptRecord:
     """The attempt's manifest date and its verdict."""
     manifest = read_manifest(store, run_id, attempt)
-    verdict = read_json(store, f"runs/{run_id}/attempt-{attempt}/verdict.json") or {}
+    verdict = read_json(store, f"{attempt_prefix(run_id, attempt)}/{VERDICT}") or {}
     state, category = verdict.get("state"), verdict.get("category")
     return AttemptRecord(run_id, attempt, manifest.created_at,
                          str(state) if state else None, str(category) if category else None)
@@ -107,7 +105,7 @@ def _check(store: EvidenceStore, item: ManifestItem, deep: bool) -> str:
     info = store.head(item.key)
     if info.size_bytes != item.size_bytes:
         return f"size is {info.size_bytes} bytes, the manifest says {item.size_bytes}"
-    expected = item.checksum_sha256 or b64_of_hex(item.sha256)
+    expected = item.checksum_sha256 or checksum_of_hex(item.sha256)
     if not deep and info.checksum_sha256:
         stored, wanted = info.checksum_sha256.split("-", 1)[0], expected.split("-", 1)[0]
         if stored != wanted:
@@ -125,15 +123,6 @@ DEFAULT_LINK_SECONDS = 7 * 24 * 3600  # the longest a SigV4 presigned URL may li
 MAX_LINKS = 50
 
 
-@runtime_checkable
-class SpoolingStore(Protocol):
-    """A store that spools writes until its remote side takes them (the S3 store)."""
-
-    last_error: str
-
-    def pending(self, prefix: str = "") -> list[str]: ...
-
-
 def upload_status(store: EvidenceStore, manifest: Manifest, now: datetime | None = None) -> dict[str, Any]:
     """What a report says about a bundle beyond its counts: what is still spooled, and links to the items.
 
@@ -146,7 +135,7 @@ def upload_status(store: EvidenceStore, manifest: Manifest, now: datetime | None
     if isinstance(store, SpoolingStore):
         spooled = [key[len(prefix):] for key in store.pending(prefix)]
         error = store.last_error if spooled else ""
-    seconds = int(getattr(store, "link_expiry_seconds", DEFAULT_LINK_SECONDS))
+    seconds = store.link_expiry_seconds if isinstance(store, ExpiringLinks) else DEFAULT_LINK_SECONDS
     links: dict[str, str] = {}
     for item in manifest.items[:MAX_LINKS]:
         try:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import MISSING, asdict, dataclass
 from typing import Any
 
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, EvidenceStoreError, ReservingStore, StoredItem
-from trainguard.core.backends.workspace import validate_attempt, validate_run_id
+from trainguard.core import ids
 
 MANIFEST_FORMAT = 1
 VERDICT = "verdict.json"
@@ -103,7 +102,7 @@ def _entry(entry: Any, field: str, kind: type) -> dict[str, Any]:
 
 def attempt_prefix(run_id: str, attempt: int) -> str:
     """``runs/{run_id}/attempt-{n}``: where one attempt's evidence lives in a store."""
-    return f"runs/{validate_run_id(run_id)}/attempt-{validate_attempt(attempt)}"
+    return ids.attempt_path(run_id, attempt)
 
 
 def manifest_key(run_id: str, attempt: int) -> str:
@@ -208,13 +207,10 @@ def verify_manifest(store: EvidenceStore, manifest: Manifest) -> list[str]:
     return problems
 
 
-_ATTEMPT_KEY = re.compile(r"^runs/[^/]+/attempt-(\d+)/")
-
-
 def attempts_in_store(store: EvidenceStore, run_id: str) -> list[int]:
     """Every attempt of ``run_id`` that left anything in ``store``, with or without a manifest."""
-    keys = store.list_keys(f"runs/{validate_run_id(run_id)}/")
-    return sorted({int(m.group(1)) for key in keys if (m := _ATTEMPT_KEY.match(key))})
+    keys = store.list_keys(ids.run_path(run_id) + "/")
+    return sorted({found[1] for key in keys if (found := ids.parse_attempt_path(key)) and found[0] == run_id})
 
 
 def unlisted_keys(store: EvidenceStore, manifest: Manifest) -> list[str]:

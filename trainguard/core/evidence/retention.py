@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from trainguard.core.evidence.bundles import AttemptRecord, records
 from trainguard.core.evidence.manifest import VERDICT, Manifest, add_items, attempt_prefix, manifest_key
-from trainguard.core.stores.s3.store import S3Store
-from trainguard.core.stores.base import EvidenceStore
+from trainguard.core.stores.base import EvidenceStore, LifecycleStore, TaggingStore
 
 OUTCOME_TAG = "trainguard-outcome"
 MIN_DAYS = 7
@@ -42,13 +41,6 @@ class Retention:
 
     def days_for(self, attempt: AttemptRecord) -> int:
         return self.failed_days if attempt.failed else self.succeeded_days
-
-
-@runtime_checkable
-class TaggingStore(Protocol):
-    """A store that can tag objects (S3); others keep the outcome only in ``verdict.json``."""
-
-    def tag_prefix(self, prefix: str, tags: dict[str, str]) -> int: ...
 
 
 def lifecycle_rules(prefix: str, retention: Retention) -> list[dict[str, Any]]:
@@ -161,10 +153,9 @@ def _parse(stamp: str, fallback: datetime) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def apply_lifecycle(store: S3Store, retention: Retention) -> list[dict[str, Any]]:
-    """Put the rules for ``store``'s prefix on its bucket (keeping the bucket's other rules); return them as read back."""
+def apply_lifecycle(store: LifecycleStore, retention: Retention) -> list[dict[str, Any]]:
+    """Put the rules for ``store``'s prefix on it (keeping its other rules); return them as read back."""
     ours = lifecycle_rules(store.prefix, retention)
-    existing = store.bucket.get_lifecycle()
-    store.bucket.put_lifecycle(merge_rules(existing, ours))
+    store.put_lifecycle(merge_rules(store.get_lifecycle(), ours))
     ids = {rule["ID"] for rule in ours}
-    return [rule for rule in store.bucket.get_lifecycle() if rule.get("ID") in ids]
+    return [rule for rule in store.get_lifecycle() if rule.get("ID") in ids]

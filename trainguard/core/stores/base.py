@@ -1,24 +1,24 @@
-"""Evidence stores: the small protocol durable evidence goes through, and the local-folder store.
+"""The evidence-store seam: the protocol durable evidence goes through, and every optional capability.
 
 A store holds immutable-once-written objects under "/"-separated keys, like an object store.
-Writes are atomic: a reader sees no object or the whole object, never a part. What goes into a
-store and under which names is ``evidence``'s and ``manifest``'s business; the S3 store lives in
-``s3store`` behind this same protocol.
+Writes are atomic: a reader sees no object or the whole object, never a part. Beside the
+`EvidenceStore` protocol every store implements, a store may offer capabilities, each a small
+protocol here that callers test with ``isinstance``, so no caller names a store class: reserving
+space on a disk that can fill (`ReservingStore`), spooling what its remote side did not take
+(`SpoolingStore`), holding its uploads until an attempt's verdict is kept (`HoldingStore`),
+tagging objects (`TaggingStore`), expiring them by rules (`LifecycleStore`) and expiring links
+(`ExpiringLinks`). The stores themselves live in ``folder`` and ``s3``; what goes into a store
+and under which names is ``trainguard.core.evidence``'s business.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import os
-import tempfile
-from collections.abc import Callable, Iterator
+import base64
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-_CHUNK_BYTES = 1024 * 1024
-_PAGE_BYTES = 4096
 MAX_KEY_LENGTH = 1024
 
 
@@ -112,7 +112,85 @@ class ReservingStore(Protocol):
         ...
 
 
-_OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
+@dataclass(frozen=True)
+class FlushResult:
+    """What one pass over a spool did: keys uploaded, keys still spooled, and why they are."""
+
+    uploaded: tuple[str, ...]
+    pending: tuple[str, ...]
+    error: str = ""
+
+
+@runtime_checkable
+class SpoolingStore(Protocol):
+    """A store that spools writes on local disk until its remote side takes them (the S3 store)."""
+
+    last_error: str  # why writes wait in the spool; "" when none does
+
+    def pending(self, prefix: str = "") -> list[str]:
+        """What (under ``prefix``) still waits in the spool, oldest first."""
+        ...
+
+    def flush(self) -> FlushResult:
+        """Upload everything spooled, oldest first."""
+        ...
+
+    def spool_location(self) -> str:
+        """Where the spool lies on this machine, for a person to keep or inspect."""
+        ...
+
+
+@runtime_checkable
+class HoldingStore(Protocol):
+    """A store that can spool its writes now and send them later (the S3 store)."""
+
+    def hold(self) -> None:
+        """Spool every write from now on without sending it, until `upload_held`."""
+        ...
+
+    def upload_held(self, prefix: str, wait_seconds: float = 0.0) -> FlushResult:
+        """Stop holding and send what waits under ``prefix``."""
+        ...
+
+
+@runtime_checkable
+class TaggingStore(Protocol):
+    """A store that can tag objects (S3); others keep an attempt's outcome only in its verdict."""
+
+    def tag_prefix(self, prefix: str, tags: Mapping[str, str]) -> int:
+        """Tag every object under ``prefix``; return how many were tagged or will be."""
+        ...
+
+
+@runtime_checkable
+class LifecycleStore(Protocol):
+    """A store whose objects expire by rules kept with it (an S3 bucket's lifecycle configuration).
+
+    Rules are in S3's wire form (``ID``, ``Status``, ``Filter``, ``Expiration``, ...), which
+    S3-compatible stores share; ``prefix`` is where this store's keys start among the rules' keys.
+    """
+
+    prefix: str
+
+    def get_lifecycle(self) -> list[dict[str, Any]]:
+        """Every lifecycle rule the store holds, this store's and others'."""
+        ...
+
+    def put_lifecycle(self, rules: list[dict[str, Any]]) -> None:
+        """Replace the store's lifecycle rules with ``rules``."""
+        ...
+
+
+@runtime_checkable
+class ExpiringLinks(Protocol):
+    """A store whose links (`EvidenceStore.link`) expire: reports say for how long they work."""
+
+    link_expiry_seconds: int
+
+
+def checksum_of_hex(digest: str) -> str:
+    """A hex SHA-256 digest as `StoredItem.checksum_sha256` spells it (base64, as S3 does)."""
+    return base64.b64encode(bytes.fromhex(digest)).decode()
 
 
 def validate_key(key: str) -> str:
@@ -138,199 +216,3 @@ def validate_key(key: str) -> str:
                 f"invalid evidence key {key!r}: segment {segment!r} starts with '.', reserved for temporary files"
             )
     return key
-
-
-class LocalEvidenceStore:
-    """Evidence in a local (or mounted) folder: one file per key.
-
-    A full disk must not cost the few small objects that say what happened (the manifest, the
-    verdict): `reserve` allocates space for a key up front in a hidden file beside it, and a
-    write of that key that fails for lack of space shrinks the reserve by what it needs and
-    tries once more. What is left is released when the key's last write is done.
-    """
-
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root).absolute()
-
-    def _path(self, key: str) -> Path:
-        return self.root.joinpath(*validate_key(key).split("/"))
-
-    def put_bytes(self, key: str, data: bytes) -> StoredItem:
-        """Store ``data`` under ``key``: temp file in the same folder, fsync, then ``os.replace``."""
-        data = bytes(data)
-        return self._write(key, lambda: iter((data,)), len(data))
-
-    def put_file(self, key: str, path: Path) -> StoredItem:
-        """Stream the file at ``path`` to ``key`` in chunks, atomically."""
-        try:
-            handle = Path(path).open("rb")
-            size = os.fstat(handle.fileno()).st_size
-        except OSError as exc:
-            raise EvidenceStoreError(f"cannot read {path} for {key!r}: {exc.strerror or exc}") from exc
-
-        def chunks() -> Iterator[bytes]:
-            handle.seek(0)
-            return _chunks(handle)
-
-        with handle:
-            return self._write(key, chunks, size)
-
-    def reserve(self, key: str, size_bytes: int) -> None:
-        """Allocate ``size_bytes`` for later writes of ``key`` (a hidden file beside it)."""
-        path = self._reserve_path(key)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("wb") as handle:
-                try:
-                    os.posix_fallocate(handle.fileno(), 0, size_bytes)
-                except OSError as exc:
-                    if exc.errno in _OUT_OF_SPACE:
-                        raise
-                    handle.write(bytes(size_bytes))  # a file system without fallocate: blocks of zeros
-                handle.flush()
-                os.fsync(handle.fileno())
-        except OSError as exc:
-            _unlink_quietly(str(path))
-            raise EvidenceStoreError(f"cannot reserve {size_bytes} bytes for {key!r} under {self.root}: "
-                                     f"{exc.strerror or exc}") from exc
-
-    def release(self, key: str) -> None:
-        """Delete what is left of ``key``'s reserve."""
-        _unlink_quietly(str(self._reserve_path(key)))
-
-    def _reserve_path(self, key: str) -> Path:
-        target = self._path(key)
-        return target.with_name(f".{target.name}.reserve")
-
-    def _write(self, key: str, chunks: Callable[[], Iterator[bytes]], size_bytes: int) -> StoredItem:
-        try:
-            return self._write_once(key, chunks())
-        except EvidenceStoreError as exc:
-            out_of_space = isinstance(exc.__cause__, OSError) and exc.__cause__.errno in _OUT_OF_SPACE
-            if not (out_of_space and self._draw_on_reserve(key, size_bytes)):
-                raise
-            return self._write_once(key, chunks())
-
-    def _draw_on_reserve(self, key: str, size_bytes: int) -> bool:
-        """Shrink ``key``'s reserve by ``size_bytes`` and a page of slack; whether there was one."""
-        path = self._reserve_path(key)
-        try:
-            left = path.stat().st_size
-            os.truncate(path, max(0, left - size_bytes - _PAGE_BYTES))
-        except OSError:
-            return False
-        return True
-
-    def _write_once(self, key: str, chunks: Iterator[bytes]) -> StoredItem:
-        target = self._path(key)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        except OSError as exc:
-            raise EvidenceStoreError(f"cannot write {key!r} under {self.root}: {exc.strerror or exc}") from exc
-        digest, size = hashlib.sha256(), 0
-        try:
-            with os.fdopen(fd, "wb") as out:
-                for chunk in chunks:
-                    out.write(chunk)
-                    digest.update(chunk)
-                    size += len(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp_name, target)
-        except BaseException as exc:
-            _unlink_quietly(tmp_name)
-            if isinstance(exc, OSError):
-                raise EvidenceStoreError(f"cannot write {key!r} under {self.root}: {exc.strerror or exc}") from exc
-            raise
-        return StoredItem(key, digest.hexdigest(), size)
-
-    def get_bytes(self, key: str) -> bytes:
-        """The object under ``key``; raises `EvidenceNotFound` when there is none."""
-        path = self._path(key)
-        try:
-            return path.read_bytes()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
-            raise EvidenceNotFound(f"no evidence under {key!r} in {self.root}") from exc
-        except OSError as exc:
-            raise EvidenceStoreError(f"cannot read {key!r} in {self.root}: {exc.strerror or exc}") from exc
-
-    def exists(self, key: str) -> bool:
-        """Whether an object (a file, not a folder) exists under ``key``."""
-        return self._path(key).is_file()
-
-    def list_keys(self, prefix: str) -> list[str]:
-        """Sorted keys starting with ``prefix``; in-flight temporary files are never listed."""
-        start = self.root
-        folder_part = prefix.rpartition("/")[0]
-        if folder_part:
-            start = self.root.joinpath(*validate_key(folder_part).split("/"))
-        if not start.is_dir():
-            return []
-        keys: list[str] = []
-        for folder, dirnames, filenames in os.walk(start):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for name in filenames:
-                if name.startswith("."):
-                    continue
-                key = (Path(folder) / name).relative_to(self.root).as_posix()
-                if key.startswith(prefix):
-                    keys.append(key)
-        return sorted(keys)
-
-    def describe(self, key: str = "") -> str:
-        """The folder or file path for ``key`` (the store's root for "")."""
-        key = key.rstrip("/")  # a prefix such as "runs/r1/" names a folder here
-        return str(self._path(key)) if key else str(self.root)
-
-    def head(self, key: str) -> ObjectInfo:
-        """The file's size; a folder keeps no checksum, so verifying means reading."""
-        try:
-            stat = self._path(key).stat()
-        except FileNotFoundError as exc:
-            raise EvidenceNotFound(f"no evidence under {key!r} in {self.root}") from exc
-        except OSError as exc:
-            raise EvidenceStoreError(f"cannot read {key!r} in {self.root}: {exc.strerror or exc}") from exc
-        return ObjectInfo(key, stat.st_size, "")
-
-    def read_chunks(self, key: str) -> Iterator[bytes]:
-        """The file in 1 MiB chunks."""
-        try:
-            handle = self._path(key).open("rb")
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
-            raise EvidenceNotFound(f"no evidence under {key!r} in {self.root}") from exc
-        except OSError as exc:
-            raise EvidenceStoreError(f"cannot read {key!r} in {self.root}: {exc.strerror or exc}") from exc
-        with handle:
-            yield from _chunks(handle)
-
-    def delete(self, key: str) -> None:
-        """Remove the file and the folders it leaves empty (up to the root)."""
-        path = self._path(key)
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as exc:
-            raise EvidenceStoreError(f"cannot delete {key!r} in {self.root}: {exc.strerror or exc}") from exc
-        for folder in path.parents:
-            if folder == self.root or not folder.is_relative_to(self.root):
-                break
-            try:
-                folder.rmdir()
-            except OSError:
-                break  # not empty
-
-    def link(self, key: str, expires_seconds: int) -> str:
-        """A ``file://`` URL: a folder needs no expiry."""
-        return self._path(key).as_uri()
-
-
-def _chunks(handle: BinaryIO) -> Iterator[bytes]:
-    while chunk := handle.read(_CHUNK_BYTES):
-        yield chunk
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

@@ -9,7 +9,7 @@ The container runs `python3 /trainguard/entrypoint/trainguard-entrypoint.pyz -- 
 stdlib-only entrypoint travels as a zipapp in a ConfigMap, so a user's image needs only a Python 3
 (`JobSettings.python` names it, for images where it is not `python3` on the PATH).
 The attempt's log, cores and crash report go to the attempt volume (a PVC by default, hostPath or
-emptyDir allowed) under `ATTEMPTS_MOUNT/<run id>/attempt-<n>`; checkpoints go to a PVC every
+emptyDir allowed) in the attempt's folder under `ATTEMPTS_MOUNT` (`workspace.attempt_dir`); checkpoints go to a PVC every
 attempt of the run shares, under `CHECKPOINTS_MOUNT/<run id>`, so checkpoint paths read the same
 in every attempt.
 """
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from trainguard.core.backends import workspace
 from trainguard.core.backends.base import Launch, container_env
 from trainguard.core.backends.kubernetes.zipapp import ENTRYPOINT_FILE
 from trainguard.core.policy import MAX_MEMORY_FACTOR
@@ -104,7 +105,7 @@ def job_name(run_id: str, attempt: int) -> str:
 
 def workspace_path(run_id: str, attempt: int) -> str:
     """The attempt's folder on the attempt volume, as the containers see it."""
-    return f"{ATTEMPTS_MOUNT}/{run_id}/attempt-{attempt}"
+    return workspace.attempt_dir(ATTEMPTS_MOUNT, run_id, attempt)
 
 
 def checkpoint_path(run_id: str) -> str:

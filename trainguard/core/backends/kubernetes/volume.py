@@ -19,6 +19,7 @@ from typing import Any
 
 from trainguard_entrypoint.files import read_json_object, read_tail_lines
 
+from trainguard.core.backends import workspace
 from trainguard.core.backends.workspace_evidence import CRASH_TAIL_LINES, ENTRYPOINT, EXPECTED_SNAPSHOTS
 from trainguard.core.backends.kubernetes import collector
 from trainguard.core.backends.kubernetes.scene import Collector, Scene, facts_of
@@ -83,7 +84,7 @@ def _no_crash_report(s: Scene) -> str:
 
 
 def _expected(c: Collector, s: Scene, found: set[str], meta: dict[str, Any], tar: bool) -> None:
-    log_name = f"logs/train-{s.run_id}-attempt-{s.attempt}.log"
+    log_name = f"{workspace.LOGS}/{workspace.log_name(s.run_id, s.attempt)}"
     why = "the volume was not read" if not tar else "not on the volume"
     if not any(n.startswith("logs/") for n in found):
         c.absent(log_name, ENTRYPOINT, f"{why}: {meta.get('workspace_absent') or 'the entrypoint wrote no log'}")

@@ -22,6 +22,7 @@ from trainguard.core.backends.local.runner import TAIL_LINES, LocalProcessRunner
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import LogSource, Signals
+from trainguard.core.backends import workspace
 from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
 
 KIND = "local"
@@ -81,6 +82,19 @@ class LocalBackend:
         """Stop the entrypoint (and its process group) a killed flow process left running."""
         result = orphans.stop_leftover(self.workspace(ref).process_path, self.grace_seconds)
         return result.message if result.stopped else None
+
+    def runs(self) -> dict[str, float]:
+        return {run_id: workspace.last_change(self.work_root, run_id) for run_id in workspace.runs_in(self.work_root)}
+
+    def attempts(self, run_id: str) -> list[int]:
+        return workspace.attempts_in(self.work_root, run_id)
+
+    def supervisor_pid(self, run_id: str, attempt: int) -> int | None:
+        """The flow process that runs the attempt, from its `process.json`, if it still lives here."""
+        return orphans.live_supervisor(AttemptWorkspace.at(self.work_root, run_id, attempt).process_path)
+
+    def attempt_folder(self, run_id: str, attempt: int) -> Path:
+        return AttemptWorkspace.at(self.work_root, run_id, attempt).root
 
     def release(self, ref: AttemptRef) -> None:
         """Nothing to clean up: the workspace stays for `trainguard run --resume`."""

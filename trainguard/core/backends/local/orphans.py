@@ -21,6 +21,9 @@ from typing import Any
 
 from trainguard_entrypoint.files import read_json_object
 
+from trainguard.core.backends import processes
+from trainguard.core.backends.processes import process_start_ticks
+
 
 @dataclass(frozen=True)
 class LeftoverStop:
@@ -31,39 +34,14 @@ class LeftoverStop:
     pid: int | None = None
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """When `pid` started, in clock ticks since boot (field 22 of /proc/PID/stat); None if it ended.
-
-    A pid together with its start time names one process for good: a reused pid starts later.
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()
-    if not fields or fields[0] in ("Z", "X"):
-        return None  # ended, only waiting to be reaped
-    return int(fields[19])
-
-
 def _record(path: Path) -> dict[str, Any] | None:
     data = read_json_object(path)
     return data if data is not None and isinstance(data.get("entrypoint_pid"), int) else None
 
 
 def live_supervisor(process_record: Path) -> int | None:
-    """The pid of the process that supervises the attempt, if it still runs on this host; else None.
-
-    The supervisor (the flow process that started the entrypoint) is trusted alive only by its pid
-    together with its start time, so a reused pid never makes a dead run look alive.
-    """
-    record = _record(process_record)
-    if record is None or record.get("host") not in (None, os.uname().nodename):
-        return None
-    pid, ticks = record.get("supervisor_pid"), record.get("supervisor_start_ticks")
-    if not isinstance(pid, int) or not isinstance(ticks, int):
-        return None
-    return pid if process_start_ticks(pid) == ticks else None
+    """The pid of the process that supervises the attempt, if it still runs on this host; else None."""
+    return processes.live_supervisor(_record(process_record))
 
 
 def stop_leftover(
@@ -81,7 +59,7 @@ def stop_leftover(
     if record is None:
         return LeftoverStop(False, f"no process record at {process_record}: the command never started here")
     pid, ticks = int(record["entrypoint_pid"]), record.get("start_ticks")
-    if record.get("host") not in (None, os.uname().nodename):
+    if record.get("host") not in (None, processes.host()):
         return LeftoverStop(False, f"the attempt ran on host {record.get('host')!r}, not here; stop it there", pid)
     if ticks is None or process_start_ticks(pid) != ticks:
         return LeftoverStop(False, f"the attempt's entrypoint (pid {pid}) is no longer running", pid)

@@ -31,7 +31,7 @@ from trainguard_entrypoint.files import read_json_object, write_json_atomic
 from trainguard_entrypoint.redact import redact_argv
 
 from trainguard.core import masking
-from trainguard.core.backends.local.orphans import process_start_ticks
+from trainguard.core.backends import processes
 from trainguard.core.backends.workspace import AttemptWorkspace
 
 COMPLETED = "Completed"
@@ -325,9 +325,8 @@ def _kill_group(pgid: int) -> None:
 
 
 def _write_process_record(workspace: AttemptWorkspace, pid: int, started_at: datetime) -> None:
-    payload = {"format": 1, "entrypoint_pid": pid, "process_group": pid, "host": os.uname().nodename,
-               "start_ticks": process_start_ticks(pid), "supervisor_pid": os.getpid(),
-               "supervisor_start_ticks": process_start_ticks(os.getpid()),
+    payload = {"format": 1, "entrypoint_pid": pid, "process_group": pid,
+               "start_ticks": processes.process_start_ticks(pid), **processes.supervisor_record(),
                "started_at": started_at.isoformat()}
     try:
         write_json_atomic(workspace.process_path, payload)

@@ -32,8 +32,10 @@ from trainguard.core.backends.slurm.client import (
 )
 from trainguard.core.backends.slurm.continuation import JOB_RECORD
 from trainguard.core.backends.slurm.tail import LogTail
+from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import Signals
+from trainguard.core.backends import processes, workspace
 from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
 
 KIND = "slurm"
@@ -117,7 +119,7 @@ class SlurmBackend:
         manifest = slurm_evidence.collect(ws, self.client, store, job_id=self.recorded_job_id(ws),
                                           node_failed=bool(outcome and outcome.reason == "NodeLost"), extra=extra,
                                           reach=reach)
-        return CollectedEvidence(manifest, store.describe(f"runs/{ref.run_id}/attempt-{ref.attempt}"))
+        return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
         log = Path(outcome.log_path) if outcome.log_path else self.workspace(ref).log_path
@@ -152,6 +154,21 @@ class SlurmBackend:
         info = self._final_info(ws, job_id)
         return (f"cancelled Slurm job {job_id}, left {state} without its supervisor; it ended "
                 f"{info.state if info is not None else now or 'out of Slurm memory'}")
+
+    def runs(self) -> dict[str, float]:
+        return {run_id: workspace.last_change(self.shared_folder, run_id)
+                for run_id in workspace.runs_in(self.shared_folder)}
+
+    def attempts(self, run_id: str) -> list[int]:
+        return workspace.attempts_in(self.shared_folder, run_id)
+
+    def supervisor_pid(self, run_id: str, attempt: int) -> int | None:
+        """The flow process following the attempt's job, as its job record names it, if it still lives here."""
+        record = read_json_object(AttemptWorkspace.at(self.shared_folder, run_id, attempt).root / JOB_RECORD)
+        return processes.live_supervisor(record)
+
+    def attempt_folder(self, run_id: str, attempt: int) -> Path:
+        return AttemptWorkspace.at(self.shared_folder, run_id, attempt).root
 
     def release(self, ref: AttemptRef) -> None:
         """Nothing to delete: Slurm ages the job's record out itself; the folder stays for resumes."""
@@ -225,7 +242,8 @@ class SlurmBackend:
         loaded = read_json_object(path) or {}
         previous: dict[str, Any] = loaded if loaded.get("job_id") == job_id else {}
         origin = job_attempt or continuation.job_attempt(previous, ws.attempt)
-        record = {**previous, "job_id": job_id, "job_name": job.job_name(ws.run_id, origin)}
+        record = {**previous, "job_id": job_id, "job_name": job.job_name(ws.run_id, origin),
+                  **processes.supervisor_record()}  # who follows the job now
         if origin != ws.attempt:
             record["job_attempt"] = origin  # continued from the attempt that lost it; its files are linked here
         stamp = datetime.now(UTC).isoformat()

@@ -54,7 +54,7 @@ def find_lost_job(client: SlurmClient, shared_folder: Path, run_id: str, attempt
         SlurmError: squeue could not be asked (the caller decides what that means).
     """
     for earlier in range(attempt - 1, 0, -1):
-        root = Path(shared_folder) / "runs" / run_id / f"attempt-{earlier}"
+        root = AttemptWorkspace.at(Path(shared_folder), run_id, earlier).root
         runner = read_json_object(root / "runner.json")
         if runner is None or runner.get("reason") != job.UNREACHABLE:
             continue

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from trainguard.core.stores.s3.bucket import S3Bucket, S3Error
-from trainguard.core.stores.s3.spool import MAX_PARTS, RangeReader, b64_of_hex
-from trainguard.core.stores.base import EvidenceStoreError
+from trainguard.core.stores.s3.spool import MAX_PARTS, RangeReader
+from trainguard.core.stores.base import EvidenceStoreError, checksum_of_hex
 
 T = TypeVar("T")
 _HASH_READ_BYTES = 256 * 1024
@@ -78,7 +78,7 @@ def send_parts(bucket: S3Bucket, key: str, upload_id: str, source: Path, handle:
 def _send_part(bucket: S3Bucket, key: str, upload_id: str, number: int, source: Path, offset: int, length: int,
                digests: dict[int, str], retrying: Callable[[Callable[[], str]], str]) -> str:
     digest = digests[number] = _range_sha256(source, offset, length)
-    checksum = b64_of_hex(digest)
+    checksum = checksum_of_hex(digest)
 
     def send() -> str:
         with RangeReader(source, offset, length, hashing=False) as body:

@@ -15,8 +15,8 @@ from typing import Protocol, TypeVar
 
 from trainguard.core.stores.s3 import direct
 from trainguard.core.stores.s3.bucket import NoSuchUpload, S3Bucket, S3Error, S3Permanent
-from trainguard.core.stores.s3.spool import TAG, Spool, SpoolEntry, b64_of_hex, same_checksum
-from trainguard.core.stores.base import EvidenceNotFound
+from trainguard.core.stores.s3.spool import TAG, Spool, SpoolEntry, same_checksum
+from trainguard.core.stores.base import EvidenceNotFound, checksum_of_hex
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ class SpoolUploader:
 
     def put_object(self, full: str, body: bytes, digest: str, tags: Mapping[str, str]) -> None:
         """One PUT with the body's SHA-256 for S3 to check."""
-        expected = b64_of_hex(digest)
+        expected = checksum_of_hex(digest)
         stored = self._retrying(lambda: self.bucket.put_object(full, body, expected, tags))
         if stored and not same_checksum(stored, expected):
             raise S3Permanent(f"{self._describe(full)}: S3 stored checksum {stored}, expected "
@@ -75,7 +75,7 @@ class SpoolUploader:
                 self._check()
                 entry = self.spool.update(entry, upload_id="")
                 listed = {}
-            done = {n: (etag, b64_of_hex(entry.part_sha256[n - 1])) for n, (etag, checksum) in listed.items()
+            done = {n: (etag, checksum_of_hex(entry.part_sha256[n - 1])) for n, (etag, checksum) in listed.items()
                     if n <= len(entry.part_sha256) and self._part_matches(entry, n, etag, checksum)}
         if not entry.upload_id:
             upload_id = self._retrying(lambda: self.bucket.create_multipart_upload(entry.key, entry.tags))
@@ -90,7 +90,7 @@ class SpoolUploader:
     def _part_matches(self, entry: SpoolEntry, number: int, etag: str, checksum: str) -> bool:
         """Whether an uploaded part is ours: by its SHA-256, or by its MD5 ETag where S3 lists no checksum."""
         if checksum:
-            return checksum == b64_of_hex(entry.part_sha256[number - 1])
+            return checksum == checksum_of_hex(entry.part_sha256[number - 1])
         offset = (number - 1) * entry.part_bytes
         body = self.spool.read(entry, offset, min(entry.part_bytes, entry.size_bytes - offset))
         return etag.strip('"') == hashlib.md5(body, usedforsecurity=False).hexdigest()
@@ -106,7 +106,7 @@ class SpoolUploader:
         """One part, streamed from the spool file (memory stays small whatever the part size)."""
         offset = (number - 1) * entry.part_bytes
         length = min(entry.part_bytes, entry.size_bytes - offset)
-        checksum = b64_of_hex(entry.part_sha256[number - 1])
+        checksum = checksum_of_hex(entry.part_sha256[number - 1])
 
         def send() -> str:
             with self.spool.open_range(entry, offset, length) as body:

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Protocol
 
-from trainguard.core.stores.base import EvidenceStoreError
+from trainguard.core.stores.base import EvidenceStoreError, checksum_of_hex
 
 MIN_PART_BYTES = 5 * 1024 * 1024  # S3's smallest part but the last
 MAX_PARTS = 10_000  # S3's most parts per upload
@@ -76,11 +76,6 @@ def same_checksum(stored: str, expected: str) -> bool:
     ``base64`` in GetObjectAttributes (and some S3-compatible stores always do): compare the digests.
     """
     return stored.split("-", 1)[0] == expected.split("-", 1)[0]
-
-
-def b64_of_hex(digest: str) -> str:
-    """A hex digest as S3 spells checksums (base64)."""
-    return base64.b64encode(bytes.fromhex(digest)).decode()
 
 
 def part_bytes_for(size_bytes: int, preferred_bytes: int) -> int:

@@ -30,14 +30,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from trainguard.core import retrying
 from trainguard.core.stores.s3 import direct
 from trainguard.core.stores.s3.bucket import S3Bucket, S3Permanent, S3Transient
 from trainguard.core.stores.s3.resume import SpoolUploader
-from trainguard.core.stores.s3.spool import TAG, Spool, SpoolEntry, b64_of_hex, part_bytes_for, s3_checksum, same_checksum
-from trainguard.core.stores.base import EvidenceNotFound, EvidenceStoreError, ObjectInfo, StoredItem, validate_key
+from trainguard.core.stores.s3.spool import TAG, Spool, SpoolEntry, part_bytes_for, s3_checksum, same_checksum
+from trainguard.core.stores.base import (
+    EvidenceNotFound, EvidenceStoreError, FlushResult, ObjectInfo, StoredItem, checksum_of_hex, validate_key,
+)
 
 T = TypeVar("T")
 
@@ -61,15 +63,6 @@ class UploadPolicy:
     budget_seconds: float | None = 300.0
     part_bytes: int = 8 * 1024 * 1024
     concurrency: int = 10
-
-
-@dataclass(frozen=True)
-class FlushResult:
-    """What one pass over the spool did: keys uploaded, keys still spooled, and why they are."""
-
-    uploaded: tuple[str, ...]
-    pending: tuple[str, ...]
-    error: str = ""
 
 
 class BudgetSpent(S3Transient):
@@ -125,7 +118,7 @@ class S3Store:
             self._bounded(lambda: self._uploader.put_object(full, data, digest, {}))
         except EvidenceStoreError as exc:
             return self._spooled_after(exc, key, self.spool.add_bytes(full, data))
-        return StoredItem(key, digest, len(data), b64_of_hex(digest))
+        return StoredItem(key, digest, len(data), checksum_of_hex(digest))
 
     def put_file(self, key: str, path: Path) -> StoredItem:
         """Upload the file (hashing it on the way), or spool a copy of what S3 did not take."""
@@ -178,7 +171,7 @@ class S3Store:
         checksum = s3_checksum(sent.part_sha256, True)
         if sent.error:
             raise sent.error
-        parts = [(n, sent.etags[n], b64_of_hex(digest)) for n, digest in enumerate(sent.part_sha256, 1)]
+        parts = [(n, sent.etags[n], checksum_of_hex(digest)) for n, digest in enumerate(sent.part_sha256, 1)]
         stored = self._retrying(lambda: self.bucket.complete_multipart_upload(full, upload_id, parts))
         if stored and not same_checksum(stored, checksum):
             raise S3Permanent(f"{self.describe(self._short(full))}: S3 stored checksum {stored}, expected {checksum}")
@@ -286,6 +279,18 @@ class S3Store:
                 self._stopped, self.last_error = True, str(exc)
         self.spool.add_tags(full, tags)
         return len(spooled)
+
+    def spool_location(self) -> str:
+        """The spool's folder on this machine."""
+        return str(self.spool.root)
+
+    def get_lifecycle(self) -> list[dict[str, Any]]:
+        """The bucket's lifecycle rules (this prefix's and any others)."""
+        return self.bucket.get_lifecycle()
+
+    def put_lifecycle(self, rules: list[dict[str, Any]]) -> None:
+        """Replace the bucket's lifecycle rules."""
+        self.bucket.put_lifecycle(rules)
 
     def hold(self) -> None:
         """Spool every write from now on without sending it, until `upload_held`."""

@@ -1,0 +1,28 @@
+"""The adapters the default blocks build, from plain values and without Prefect.
+
+`EvidenceFolder.store()` and `LocalProcessBackend.backend()` build through these, and so does the
+command line where it reads a folder or a work root given on it: `trainguard evidence show` must
+answer in a fraction of a second, and importing Prefect's block machinery costs about two. Nothing
+else names a concrete store or backend class outside the blocks.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from trainguard.core.backends.base import Backend
+from trainguard.core.backends.local.backend import LocalBackend
+from trainguard.core.stores.base import EvidenceStore
+from trainguard.core.stores.folder import LocalEvidenceStore
+
+
+def evidence_folder(root: str | Path) -> EvidenceStore:
+    """The evidence store of a folder (relative paths are taken from the working directory)."""
+    return LocalEvidenceStore(Path(root).expanduser().resolve())
+
+
+def local_backend(work_root: str | Path, grace_seconds: float = 10.0, python: str | None = None) -> Backend:
+    """The local-process backend over ``work_root``."""
+    return LocalBackend(work_root=Path(work_root).expanduser().resolve(), grace_seconds=grace_seconds,
+                        python=python or sys.executable)
