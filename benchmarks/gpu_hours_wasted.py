@@ -28,7 +28,7 @@ The policies
                      from the newest checkpoint.
     no-retry         every failure goes to a person.
     trainguard       the real classifier on each attempt's excerpt, then the real retry policy
-                     (trainguard.core.policy.decide) with a budget of 4 attempts like the others.
+                     (trainguard.core.policy.decide_retry) with a budget of 4 attempts like the others.
 
 For each policy: GPU-hours spent on attempts that could not succeed (started while a cause that
 stays was present), GPU-hours of progress lost (work since the last checkpoint, or all of it when
@@ -238,7 +238,7 @@ def trainguard(run: Run, failure: Failure, number: int) -> bool:
     # The run's checkpoints as a listing of its folder shows them, newest first.
     saved = int(round(run.progress / run.checkpoint_hours))
     listing = [f"step-{n * run.checkpoint_hours:.2f}" for n in range(saved, 0, -1)]
-    decision = retry_policy.decide(policy, run.history, listing)
+    decision = retry_policy.decide_retry(policy, run.history, listing)
     return decision.retry
 
 

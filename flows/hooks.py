@@ -100,7 +100,7 @@ def _plan_after_crash(params: dict[str, Any], flow_run: Any, state: Any) -> tupl
         progress=found.get("progress", ()),
     )
     history = [*history_records(params.get("history") or []), summary.record()]
-    summary = summary.with_decision(policy.decide(retry_policy, history, checkpoints))
+    summary = summary.with_decision(policy.decide_retry(retry_policy, history, checkpoints))
     recovery.keep_verdict(params, summary)
     recovery.publish_report([*(AttemptSummary.from_dict(h) for h in params.get("history") or []), summary])
     events.report_attempt(summary)

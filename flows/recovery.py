@@ -87,7 +87,7 @@ def recover_attempt(params: dict[str, Any], run_id: str, why: str) -> dict[str, 
     ref = backend.provision(run_id, attempt)  # finds the attempt's place again; creates nothing new
     # Stop first where the stop leaves evidence behind (a local crash report); collect first where
     # the stop removes it (a deleted Job takes its pods and their logs).
-    evidence_first = getattr(backend, "evidence_first", False)
+    evidence_first = isinstance(backend, StopsOrphans) and backend.evidence_first
     stopped = None if evidence_first else _stop_orphan(backend, ref)
     outcome = AttemptOutcome(exit_code=None, signal=None, reason=ERROR,
                              message=f"the attempt's flow run died before it could report: {why}")
@@ -112,7 +112,7 @@ def keep_verdict(params: dict[str, Any], summary: AttemptSummary) -> None:
         logger.warning("could not keep the verdict of %s attempt %s: %s", summary.run_id, summary.attempt, exc)
         return
     data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
-    problem = manifest.record_verdict(store, summary.run_id, summary.attempt, data, "retry-controller",
+    problem = manifest.write_verdict(store, summary.run_id, summary.attempt, data, "retry-controller",
                                       datetime.now(timezone.utc).isoformat())
     manifest.release_space(store, summary.run_id, summary.attempt)  # set aside by the flow that died
     if problem:

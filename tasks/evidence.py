@@ -52,10 +52,10 @@ def record_verdict(store: EvidenceStore, summary: AttemptSummary, manifest_json:
     try:
         if current is None:
             current = manifest.read_manifest(store, summary.run_id, summary.attempt)
-        updated = retention.record_verdict(store, current, data, summary.succeeded, "flow", now)
+        updated = retention.add_verdict(store, current, data, summary.succeeded, "flow", now)
     except Exception as exc:  # store what can be stored, and say what could not
         get_run_logger().warning("could not keep the verdict with its evidence: %s: %s", type(exc).__name__, exc)
-        problem = manifest.record_verdict(store, summary.run_id, summary.attempt, data, "flow", now)
+        problem = manifest.write_verdict(store, summary.run_id, summary.attempt, data, "flow", now)
         if problem:
             get_run_logger().warning("%s", problem)
         status = {**bundles.upload_status(store, current), "uploading": held} if current else {}

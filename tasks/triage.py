@@ -23,4 +23,4 @@ def decide_retry(
     retry_policy: policy.RetryPolicy, history: list[policy.AttemptRecord], checkpoints: list[str]
 ) -> policy.RetryDecision:
     """Apply the retry policy to the run's attempts so far."""
-    return policy.decide(retry_policy, history, checkpoints)
+    return policy.decide_retry(retry_policy, history, checkpoints)

@@ -13,7 +13,7 @@ from trainguard.core.policy import (
     RetryDecision,
     RetryPolicy,
     backoff_seconds,
-    decide,
+    decide_retry,
 )
 from trainguard.core.taxonomy import Category
 
@@ -25,7 +25,7 @@ def failed(attempt: int, category: Category, retryable: bool = True, fingerprint
 
 
 def test_a_retryable_failure_is_retried_from_the_newest_checkpoint_after_the_fixed_delay():
-    decision = decide(RetryPolicy(delay_seconds=5), [failed(1, Category.NCCL_ERROR)], CKPTS)
+    decision = decide_retry(RetryPolicy(delay_seconds=5), [failed(1, Category.NCCL_ERROR)], CKPTS)
     assert decision.retry and decision.next_attempt == 2
     assert decision.delay_seconds == 5
     assert decision.resume_from == "ckpt/step-30.json"
@@ -37,21 +37,21 @@ def test_a_retryable_failure_is_retried_from_the_newest_checkpoint_after_the_fix
     [Category.CODE_ERROR, Category.CONFIG_ERROR, Category.DATA_ERROR, Category.CUDA_OOM, Category.DIVERGENCE],
 )
 def test_a_non_retryable_failure_is_never_retried(category):
-    decision = decide(RetryPolicy(), [failed(1, category, retryable=False)], CKPTS)
+    decision = decide_retry(RetryPolicy(), [failed(1, category, retryable=False)], CKPTS)
     assert not decision.retry
     assert f"{category.value} is not retryable" in decision.reason
 
 
 def test_the_budget_stops_the_run_after_max_attempts():
     history = [failed(1, Category.PREEMPTED), failed(2, Category.NCCL_ERROR), failed(3, Category.TRANSIENT_IO)]
-    assert decide(RetryPolicy(), history[:2], CKPTS).retry
-    decision = decide(RetryPolicy(), history, CKPTS)
+    assert decide_retry(RetryPolicy(), history[:2], CKPTS).retry
+    decision = decide_retry(RetryPolicy(), history, CKPTS)
     assert not decision.retry and "budget spent: 3 of 3" in decision.reason
 
 
 def test_the_same_signature_twice_in_a_row_trips_the_circuit_breaker():
     history = [failed(1, Category.NCCL_ERROR, fingerprint="same"), failed(2, Category.NCCL_ERROR, fingerprint="same")]
-    decision = decide(RetryPolicy(max_attempts=5), history, CKPTS)
+    decision = decide_retry(RetryPolicy(max_attempts=5), history, CKPTS)
     assert not decision.retry and "same failure signature repeated 2 times" in decision.reason
 
 
@@ -61,19 +61,19 @@ def test_a_signature_that_returns_only_after_more_new_checkpoints_than_last_time
     # Attempt 1 saved 2 checkpoints, attempt 2 six more: an intermittent fault, not a repeat.
     longer = [failed(1, newest_checkpoint="ckpt/step-20.json", **nccl),
               failed(2, resumed_from="ckpt/step-20.json", newest_checkpoint="ckpt/step-80.json", **nccl)]
-    assert decide(RetryPolicy(max_attempts=5), longer, ckpts).retry
+    assert decide_retry(RetryPolicy(max_attempts=5), longer, ckpts).retry
     # The same failure after as much training each time (a leak, a timer) trips the breaker.
     as_long = [failed(1, newest_checkpoint="ckpt/step-10.json", **nccl),
                failed(2, resumed_from="ckpt/step-10.json", newest_checkpoint="ckpt/step-20.json", **nccl)]
-    decision = decide(RetryPolicy(max_attempts=5), as_long, ckpts)
+    decision = decide_retry(RetryPolicy(max_attempts=5), as_long, ckpts)
     assert not decision.retry and "same failure signature repeated 2 times" in decision.reason
     # Checkpoints that cannot be counted (the older ones pruned) leave the breaker as it was.
-    assert not decide(RetryPolicy(max_attempts=5), longer, ckpts[:3]).retry
+    assert not decide_retry(RetryPolicy(max_attempts=5), longer, ckpts[:3]).retry
 
 
 def test_a_breaker_limit_of_zero_turns_the_signature_breaker_off():
     history = [failed(n, Category.NCCL_ERROR, fingerprint="same") for n in (1, 2)]
-    assert decide(RetryPolicy(max_attempts=5, same_signature_limit=0), history, CKPTS).retry
+    assert decide_retry(RetryPolicy(max_attempts=5, same_signature_limit=0), history, CKPTS).retry
 
 
 def test_two_attempts_in_a_row_stuck_at_one_checkpoint_stop_the_run_and_one_does_not():
@@ -82,20 +82,20 @@ def test_two_attempts_in_a_row_stuck_at_one_checkpoint_stop_the_run_and_one_does
     # fault often comes that soon, so it is retried.
     once = [failed(1, Category.TRANSIENT_IO, newest_checkpoint="ckpt/step-30.json"),
             failed(2, Category.NCCL_ERROR, **stuck)]
-    assert decide(RetryPolicy(max_attempts=5), once, CKPTS).retry
+    assert decide_retry(RetryPolicy(max_attempts=5), once, CKPTS).retry
     # A second one stuck at the same checkpoint: the run cannot get past it.
     twice = [*once, failed(3, Category.TRANSIENT_IO, **stuck)]
-    decision = decide(RetryPolicy(max_attempts=5), twice, CKPTS)
+    decision = decide_retry(RetryPolicy(max_attempts=5), twice, CKPTS)
     assert not decision.retry
     assert decision.reason == ("circuit breaker: attempts 2 and 3 both resumed from "
                                "ckpt/step-30.json and made no checkpoint progress before failing "
                                "(transient_io)")
-    assert decide(RetryPolicy(max_attempts=5, require_checkpoint_progress=False), twice, CKPTS).retry
+    assert decide_retry(RetryPolicy(max_attempts=5, require_checkpoint_progress=False), twice, CKPTS).retry
     # Stuck at different checkpoints is progress between them.
     moved_on = [*once[:1], failed(2, Category.NCCL_ERROR, resumed_from="ckpt/step-20.json",
                                   newest_checkpoint="ckpt/step-20.json"),
                 failed(3, Category.NCCL_ERROR, **stuck)]
-    assert decide(RetryPolicy(max_attempts=5), moved_on, CKPTS).retry
+    assert decide_retry(RetryPolicy(max_attempts=5), moved_on, CKPTS).retry
 
 
 def test_a_hardware_fault_on_a_node_left_behind_does_not_count_as_the_run_being_stuck():
@@ -103,40 +103,40 @@ def test_a_hardware_fault_on_a_node_left_behind_does_not_count_as_the_run_being_
     history = [failed(1, Category.NCCL_ERROR, newest_checkpoint="ckpt/step-30.json", node="a"),
                failed(2, Category.GPU_FAULT, node="b", **stuck),
                failed(3, Category.NCCL_ERROR, node="c", **stuck)]
-    assert decide(RetryPolicy(max_attempts=5), history, CKPTS).retry
+    assert decide_retry(RetryPolicy(max_attempts=5), history, CKPTS).retry
 
 
 def test_a_preemption_without_progress_is_still_retried_because_the_platform_caused_it():
     last = failed(2, Category.PREEMPTED, resumed_from="ckpt/step-30.json", newest_checkpoint="ckpt/step-30.json")
-    assert decide(RetryPolicy(), [failed(1, Category.NCCL_ERROR), last], CKPTS).retry
+    assert decide_retry(RetryPolicy(), [failed(1, Category.NCCL_ERROR), last], CKPTS).retry
 
 
 def test_a_corrupted_checkpoint_resumes_from_the_one_before_it():
     last = failed(2, Category.CHECKPOINT_CORRUPTED, resumed_from="ckpt/step-30.json", newest_checkpoint="ckpt/step-30.json")
-    decision = decide(RetryPolicy(require_checkpoint_progress=False), [failed(1, Category.PREEMPTED), last], CKPTS)
+    decision = decide_retry(RetryPolicy(require_checkpoint_progress=False), [failed(1, Category.PREEMPTED), last], CKPTS)
     assert decision.retry and decision.resume_from == "ckpt/step-20.json"
     assert "before the unreadable ckpt/step-30.json" in decision.reason
 
 
 def test_a_corrupted_only_checkpoint_restarts_from_scratch():
-    decision = decide(RetryPolicy(), [failed(1, Category.CHECKPOINT_CORRUPTED)], ("ckpt/step-10.json",))
+    decision = decide_retry(RetryPolicy(), [failed(1, Category.CHECKPOINT_CORRUPTED)], ("ckpt/step-10.json",))
     assert decision.retry and decision.resume_from is None and "from scratch" in decision.reason
 
 
 def test_a_user_override_makes_a_category_non_retryable_and_says_so():
     policy = RetryPolicy(overrides={Category.NCCL_ERROR: CategoryOverride(retryable=False)})
-    decision = decide(policy, [failed(1, Category.NCCL_ERROR)], CKPTS)
+    decision = decide_retry(policy, [failed(1, Category.NCCL_ERROR)], CKPTS)
     assert not decision.retry and "not retryable" in decision.reason
 
 
 def test_a_user_override_can_make_a_default_non_retryable_category_retryable():
     policy = RetryPolicy(overrides={Category.CUDA_OOM: CategoryOverride(retryable=True)})
-    assert decide(policy, [failed(1, Category.CUDA_OOM, retryable=False)], CKPTS).retry
+    assert decide_retry(policy, [failed(1, Category.CUDA_OOM, retryable=False)], CKPTS).retry
 
 
 def test_native_crash_is_retried_once_by_default():
-    assert decide(RetryPolicy(), [failed(1, Category.NATIVE_CRASH)], CKPTS).retry
-    decision = decide(RetryPolicy(), [failed(1, Category.NATIVE_CRASH), failed(2, Category.NATIVE_CRASH)], CKPTS)
+    assert decide_retry(RetryPolicy(), [failed(1, Category.NATIVE_CRASH)], CKPTS).retry
+    decision = decide_retry(RetryPolicy(), [failed(1, Category.NATIVE_CRASH), failed(2, Category.NATIVE_CRASH)], CKPTS)
     assert not decision.retry and "2 of 2" in decision.reason
 
 
@@ -150,12 +150,12 @@ def test_unschedulable_waits_longer_by_default():
 
 
 def test_gpu_faults_ask_the_next_attempt_to_avoid_the_node():
-    decision = decide(RetryPolicy(), [failed(1, Category.GPU_FAULT, node="gpu-node-7")], CKPTS)
+    decision = decide_retry(RetryPolicy(), [failed(1, Category.GPU_FAULT, node="gpu-node-7")], CKPTS)
     assert decision.avoid_nodes == ("gpu-node-7",)
 
 
 def test_success_is_never_retried():
-    decision = decide(RetryPolicy(), [AttemptRecord(1, None, False)], CKPTS)
+    decision = decide_retry(RetryPolicy(), [AttemptRecord(1, None, False)], CKPTS)
     assert not decision.retry and "succeeded" in decision.reason
 
 
@@ -166,7 +166,7 @@ def test_an_impossible_policy_is_refused(kwargs):
 
 
 def test_a_decision_survives_its_round_trip_through_json_ready_data():
-    decision = decide(RetryPolicy(), [failed(1, Category.GPU_FAULT, node="n1")], CKPTS)
+    decision = decide_retry(RetryPolicy(), [failed(1, Category.GPU_FAULT, node="n1")], CKPTS)
     assert RetryDecision.from_dict(decision.to_dict()) == decision
 
 
@@ -174,26 +174,26 @@ def test_a_gpu_fault_repeating_on_a_different_node_does_not_trip_the_breakers():
     history = [failed(1, Category.GPU_FAULT, node="n1"), failed(2, Category.GPU_FAULT, node="n2")]
     history = [replace(r, fingerprint="same", resumed_from="ckpt-1", newest_checkpoint="ckpt-1")
                for r in history]
-    assert decide(RetryPolicy(max_attempts=4), history, CKPTS).retry
+    assert decide_retry(RetryPolicy(max_attempts=4), history, CKPTS).retry
     on_one_node = [replace(r, node="n1") for r in history]
-    assert not decide(RetryPolicy(max_attempts=4), on_one_node, CKPTS).retry
+    assert not decide_retry(RetryPolicy(max_attempts=4), on_one_node, CKPTS).retry
 
 
 def test_host_oom_memory_is_raised_only_when_opted_in_compounding_up_to_the_cap():
     retried = {Category.HOST_OOM: CategoryOverride(retryable=True)}
     oom = failed(1, Category.HOST_OOM, retryable=False)
-    assert decide(RetryPolicy(overrides=retried), [oom]).memory_factor == 1.0  # off by default
+    assert decide_retry(RetryPolicy(overrides=retried), [oom]).memory_factor == 1.0  # off by default
     policy = RetryPolicy(max_attempts=5, overrides=retried, host_oom_memory_factor=1.5,
                          same_signature_limit=0, require_checkpoint_progress=False)
-    first = decide(policy, [oom])
+    first = decide_retry(policy, [oom])
     assert first.memory_factor == 1.5 and "memory request and limit raised to 1.5x" in first.reason
-    later = decide(policy, [oom, failed(2, Category.HOST_OOM, False, memory_factor=1.5)])
+    later = decide_retry(policy, [oom, failed(2, Category.HOST_OOM, False, memory_factor=1.5)])
     assert later.memory_factor == 2.25
-    capped = decide(policy, [failed(3, Category.HOST_OOM, False, memory_factor=3.5)])
+    capped = decide_retry(policy, [failed(3, Category.HOST_OOM, False, memory_factor=3.5)])
     assert capped.memory_factor == 4.0
-    stays = decide(policy, [failed(4, Category.HOST_OOM, False, memory_factor=4.0)])
+    stays = decide_retry(policy, [failed(4, Category.HOST_OOM, False, memory_factor=4.0)])
     assert stays.memory_factor == 4.0 and "the cap of 4x" in stays.reason
-    other = decide(policy, [failed(2, Category.NCCL_ERROR, memory_factor=1.5)])  # a raised limit is kept
+    other = decide_retry(policy, [failed(2, Category.NCCL_ERROR, memory_factor=1.5)])  # a raised limit is kept
     assert other.memory_factor == 1.5 and RetryDecision.from_dict(other.to_dict()) == other
     assert RetryDecision.from_dict({"retry": True, "reason": "old"}).memory_factor == 1.0
 

@@ -16,7 +16,7 @@ from trainguard.core.evidence.manifest import (
     MissingItem,
     attempt_prefix,
     read_manifest,
-    record_verdict,
+    write_verdict,
     release_space,
     reserve_space,
     storage_failures,
@@ -248,7 +248,7 @@ def test_a_full_disk_still_takes_the_manifest_and_verdict_it_set_space_aside_for
     manifest = store_manifest(store, Manifest("r1", 1, "2026-01-01T00:00:00+00:00", (), (
         MissingItem("crash-tail.txt", "local-workspace", "could not collect: EvidenceStoreError: no space"),)), "flow")
 
-    assert record_verdict(store, "r1", 1, b'{"category": "code_error"}' * 500, "flow", "2026-01-01T00:00:01+00:00") is None
+    assert write_verdict(store, "r1", 1, b'{"category": "code_error"}' * 500, "flow", "2026-01-01T00:00:01+00:00") is None
     kept = read_manifest(store, "r1", 1)
     assert [item.name for item in kept.items] == ["verdict.json"] and kept.missing == manifest.missing
     assert storage_failures(kept) == ["evidence crash-tail.txt: EvidenceStoreError: no space"]
@@ -263,7 +263,7 @@ def test_without_space_set_aside_a_lost_manifest_and_verdict_are_reported_not_ra
     assert "No space left on device" in (reserve_space(store, "r1", 1) or "")
     manifest = store_manifest(store, Manifest("r1", 1, "2026-01-01T00:00:00+00:00", (), ()), "flow")
 
-    problem = record_verdict(store, "r1", 1, b"{}" * 5000, "flow", "2026-01-01T00:00:01+00:00")
+    problem = write_verdict(store, "r1", 1, b"{}" * 5000, "flow", "2026-01-01T00:00:01+00:00")
     assert [item.name for item in manifest.missing] == ["manifest.json"]
     assert storage_failures(manifest)[0].startswith("evidence manifest.json: could not store the manifest")
     assert problem is not None and problem.startswith("verdict.json could not be stored") and "No space" in problem

@@ -158,7 +158,7 @@ def _pod(name: str, node: str, state: dict[str, Any], conditions: list[dict[str,
 def test_evidence_is_read_from_the_pod_the_attempt_ended_on_not_from_its_replacement(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from trainguard.core.backends.kubernetes.backend import outcome_of
+    from trainguard.core.backends.kubernetes.backend import outcome_of_ending
     from trainguard.core.backends.kubernetes.scene import Scene, facts_of
     from trainguard.core.backends.kubernetes.supervise import Ending
 
@@ -166,7 +166,7 @@ def test_evidence_is_read_from_the_pod_the_attempt_ended_on_not_from_its_replace
     ended = _pod("tg-r-a1-aaaaa", "gpu-node-1", {"terminated": {"exitCode": 143, "message": "disrupted"}},
                  [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}])
     newer = _pod("tg-r-a1-bbbbb", "gpu-node-2", {"running": {}}, [])
-    outcome = outcome_of(Ending(job=None, pod=ended, why="disrupted"))
+    outcome = outcome_of_ending(Ending(job=None, pod=ended, why="disrupted"))
     assert outcome.instance == "tg-r-a1-aaaaa"
     scene = Scene(namespace="ns", job_name="tg-r-a1", run_id="r", attempt=1, spool=tmp_path, pods=[ended, newer],
                   supervised_pod=outcome.instance)

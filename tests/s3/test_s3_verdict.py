@@ -38,7 +38,7 @@ def test_the_verdict_of_an_attempt_is_spooled_with_its_manifest_and_tags_when_s3
     assert store.pending() == []
     s3.proxy.down()  # the server is gone between collection and the verdict
 
-    updated = retention.record_verdict(store, manifest, VERDICT, False, "flow", STAMP)
+    updated = retention.add_verdict(store, manifest, VERDICT, False, "flow", STAMP)
 
     assert "verdict.json" in {item.name for item in updated.items}
     assert store.pending() == [PREFIX + "verdict.json", PREFIX + "manifest.json",
@@ -64,7 +64,7 @@ def test_once_s3_has_failed_the_verdict_step_spools_without_calling_s3(make_stor
     assert store.pending()[-1] == PREFIX + "manifest.json"
     calls_before = len(s3.proxy.requests)
 
-    retention.record_verdict(store, manifest, VERDICT, True, "flow", STAMP)
+    retention.add_verdict(store, manifest, VERDICT, True, "flow", STAMP)
 
     assert len(s3.proxy.requests) == calls_before
     assert store.pending()[-3:] == [PREFIX + "verdict.json", PREFIX + "manifest.json",

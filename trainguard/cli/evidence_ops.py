@@ -112,7 +112,7 @@ def list_runs(
     """Recent runs, each with its attempts and the verdict of its last attempt."""
     store = open_store(root, block)
     try:
-        runs: dict[str, list[bundles.AttemptRecord]] = {}
+        runs: dict[str, list[bundles.BundleRecord]] = {}
         for found in bundles.records(store):
             runs.setdefault(found.run_id, []).append(found)
     except EvidenceStoreError as exc:

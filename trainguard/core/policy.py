@@ -153,7 +153,7 @@ def backoff_seconds(policy: RetryPolicy, failed_attempt: int, category: Category
     return float(min(base * 2 ** (failed_attempt - 1), max(policy.max_delay_seconds, base)))
 
 
-def decide(
+def decide_retry(
     policy: RetryPolicy, history: Sequence[AttemptRecord], checkpoints: Sequence[str] = ()
 ) -> RetryDecision:
     """Decide whether the run gets another attempt after the last one in `history`.

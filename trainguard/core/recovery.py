@@ -14,16 +14,15 @@ from dataclasses import replace
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from trainguard_entrypoint.files import read_json_object
 
-from trainguard.core import masking, triage
+from trainguard.core import triage
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backends import workspace
 from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef, Backend, Supervises
 from trainguard.core.evidence.manifest import (
-    VERDICT, attempt_prefix, attempts_in_store, read_manifest, record_verdict, release_space, storage_failures,
+    VERDICT, attempt_prefix, attempts_in_store, read_manifest, write_verdict, release_space, storage_failures,
 )
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
 from trainguard.core.taxonomy import INFO, Category
@@ -83,22 +82,17 @@ def _resumed_from(ref: AttemptRef) -> str | None:
     return str(value) if value else None
 
 
-def _diagnosis_fields(
+def _diagnosis(
     backend: Backend, ref: AttemptRef, outcome: AttemptOutcome, stopped: Mapping[str, str] | None,
     rules: triage.RuleSet | None,
-) -> dict[str, Any]:
-    if stopped is not None:
-        category = Category(stopped["category"])
-        return {"category": category.value, "retryable": INFO[category].retryable,
-                "rule_id": stopped["rule_id"], "signature": stopped["signature"],
-                "remediation": stopped["remediation"], "fingerprint": stopped["rule_id"]}
-    diagnosis = triage.classify(backend.signals(ref, outcome), rules=rules)
-    if diagnosis is None:
-        return {}
-    return {"category": diagnosis.category.value, "retryable": diagnosis.retryable, "rule_id": diagnosis.rule_id,
-            "signature": masking.for_people(diagnosis.signature) if diagnosis.signature else None,
-            "line_number": diagnosis.line_number, "remediation": diagnosis.remediation,
-            "fingerprint": diagnosis.fingerprint}
+) -> triage.Diagnosis | None:
+    """Triage's verdict on the attempt, or the stop's own when a stop signal ended it."""
+    if stopped is None:
+        return triage.classify(backend.signals(ref, outcome), rules=rules)
+    category = Category(stopped["category"])
+    return triage.Diagnosis(category=category, retryable=INFO[category].retryable, rule_id=stopped["rule_id"],
+                            signature=stopped["signature"], line_number=None, rank=None,
+                            remediation=stopped["remediation"], fingerprint=stopped["rule_id"], strength="verdict")
 
 
 def settle(
@@ -126,15 +120,13 @@ def settle(
     checkpoints = backend.checkpoints(run_id)
     summary = AttemptSummary(
         run_id=run_id, attempt=attempt, max_attempts=max_attempts,
-        state="Cancelled" if stopped is not None else "Crashed",
-        exit_code=outcome.exit_code, termination_reason=outcome.reason, duration_seconds=outcome.duration_seconds,
-        gpus=gpus, resumed_from=_resumed_from(ref), newest_checkpoint=checkpoints[0] if checkpoints else None,
-        evidence=store.describe(attempt_prefix(run_id, attempt)), evidence_items=len(manifest.items),
-        evidence_missing=len(manifest.missing), decision={"retry": False, "reason": next_step},
-        **_diagnosis_fields(backend, ref, outcome, stopped, rules),
-    )
+        state="Cancelled" if stopped is not None else "Crashed", gpus=gpus, resumed_from=_resumed_from(ref),
+        newest_checkpoint=checkpoints[0] if checkpoints else None, decision={"retry": False, "reason": next_step},
+        **outcome.summary_fields(),
+    ).with_evidence({"location": store.describe(attempt_prefix(run_id, attempt)), "items": len(manifest.items),
+                     "missing": len(manifest.missing)}).with_diagnosis(_diagnosis(backend, ref, outcome, stopped, rules))
     data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
-    problem = record_verdict(store, run_id, attempt, data, "cli", datetime.now(UTC).isoformat())
+    problem = write_verdict(store, run_id, attempt, data, "cli", datetime.now(UTC).isoformat())
     release_space(store, run_id, attempt)  # set aside by the process that was lost
     return summary.with_storage_problems(*storage_failures(manifest), problem)
 
@@ -155,5 +147,5 @@ def retry_not_made(store: EvidenceStore, summary: AttemptSummary, why: str) -> A
     decision = {**summary.decision, "retry": False, "reason": why, "planned": planned}
     changed = replace(summary, decision=decision)
     data = json.dumps(changed.to_dict(), indent=2).encode("utf-8")
-    problem = record_verdict(store, summary.run_id, summary.attempt, data, "cli", datetime.now(UTC).isoformat())
+    problem = write_verdict(store, summary.run_id, summary.attempt, data, "cli", datetime.now(UTC).isoformat())
     return changed.with_storage_problems(problem)

@@ -218,12 +218,13 @@ class StopsOrphans(Protocol):
     """A backend that can stop an attempt whose supervising flow process died without a word.
 
     Optional beside `Backend`: the retry controller and the crash hook call it, so no training keeps
-    running unsupervised next to the next attempt, on the same checkpoints. An optional class
-    attribute `evidence_first` says when: absent or False stops first and then collects what the
-    stop left (a local process or a Slurm job writes its crash report as it ends); True collects
-    first, because stopping removes what evidence is read from (deleting a Job deletes its pods and
-    their logs).
+    running unsupervised next to the next attempt, on the same checkpoints. `evidence_first` says
+    when: False stops first and then collects what the stop left (a local process or a Slurm job
+    writes its crash report as it ends); True collects first, because stopping removes what
+    evidence is read from (deleting a Job deletes its pods and their logs).
     """
+
+    evidence_first: bool
 
     def stop_orphan(self, ref: AttemptRef) -> str | None:
         """Stop whatever still runs for `ref`; say what was stopped, or None when nothing ran."""

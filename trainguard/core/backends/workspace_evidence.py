@@ -101,7 +101,7 @@ def _usable(entry: Path) -> bool:
         return False
 
 
-class Collector:
+class BundleWriter:
     """Copies items under one attempt prefix and keeps the manifest's two lists."""
 
     def __init__(self, store: EvidenceStore, prefix: str, now: Callable[[], datetime]) -> None:
@@ -154,7 +154,7 @@ def _no_crash_report_reason(runner: dict[str, Any] | None, write_failures: Seque
     return f"the entrypoint wrote no crash report; runner: {runner_says}"
 
 
-def _put_masked_copy(c: Collector, name: str, path: Path, masker: masking.Masker) -> None:
+def _put_masked_copy(c: BundleWriter, name: str, path: Path, masker: masking.Masker) -> None:
     """Store ``path`` with every secret masked (the raw log stays on the attempt's volume).
 
     Whole lines are masked about 1 MiB at a time: the masker's rules never reach across a line
@@ -168,7 +168,7 @@ def _put_masked_copy(c: Collector, name: str, path: Path, masker: masking.Masker
         c.put_file(name, Path(masked.name), ENTRYPOINT)
 
 
-def _collect_log(c: Collector, ws: AttemptWorkspace, why_absent: str, masker: masking.Masker) -> None:
+def _collect_log(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, masker: masking.Masker) -> None:
     name = f"logs/{ws.log_path.name}"
     if not ws.log_path.is_file():
         c.absent(name, ENTRYPOINT, f"no log file at {ws.log_path}: {why_absent}")
@@ -183,7 +183,7 @@ def _collect_log(c: Collector, ws: AttemptWorkspace, why_absent: str, masker: ma
     c.guarded("crash-tail.txt", WORKSPACE, tail)
 
 
-def _collect_snapshots(c: Collector, ws: AttemptWorkspace, why_absent: str) -> None:
+def _collect_snapshots(c: BundleWriter, ws: AttemptWorkspace, why_absent: str) -> None:
     found: set[str] = set()
     if ws.snapshot_dir.is_dir():
         for relative, path in _files(ws.snapshot_dir):
@@ -206,7 +206,7 @@ def _failure_of(what: str, write_failures: Sequence[str]) -> str | None:
 
 
 def _collect_reports(
-    c: Collector, ws: AttemptWorkspace, runner: dict[str, Any] | None, write_failures: Sequence[str]
+    c: BundleWriter, ws: AttemptWorkspace, runner: dict[str, Any] | None, write_failures: Sequence[str]
 ) -> None:
     if ws.crash_report_path.is_file():
         copy = partial(c.put_file, "crash-report.json", ws.crash_report_path, ENTRYPOINT)
@@ -222,7 +222,7 @@ def _collect_reports(
         c.absent("runner.json", RUNNER, why)
 
 
-def _collect_coredumps(c: Collector, ws: AttemptWorkspace, crash: dict[str, Any] | None) -> None:
+def _collect_coredumps(c: BundleWriter, ws: AttemptWorkspace, crash: dict[str, Any] | None) -> None:
     cores = list(_files(ws.coredumps_dir)) if ws.coredumps_dir.is_dir() else []
     for relative, path in cores:
         name = f"coredumps/{relative}"
@@ -241,7 +241,7 @@ def _tree_size(path: Path) -> int:
     return sum(p.stat().st_size for _, p in _files(path))
 
 
-def _collect_checkpoints(c: Collector, ws: AttemptWorkspace, limit_bytes: int) -> None:
+def _collect_checkpoints(c: BundleWriter, ws: AttemptWorkspace, limit_bytes: int) -> None:
     def listing() -> None:
         payload = list_checkpoints(ws.checkpoint_dir)
         c.put_bytes("checkpoints.json", (json.dumps(payload, indent=2) + "\n").encode("utf-8"), WORKSPACE)
@@ -267,12 +267,12 @@ def _collect_checkpoints(c: Collector, ws: AttemptWorkspace, limit_bytes: int) -
     c.guarded(name, WORKSPACE, copy)
 
 
-def _collect_extra(c: Collector, extra: Mapping[str, bytes] | None) -> None:
+def _collect_extra(c: BundleWriter, extra: Mapping[str, bytes] | None) -> None:
     for name, data in (extra or {}).items():
         c.guarded(str(name), FLOW, partial(_put_extra, c, name, data))
 
 
-def _put_extra(c: Collector, name: str, data: bytes) -> None:
+def _put_extra(c: BundleWriter, name: str, data: bytes) -> None:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"extra[{name!r}] must be bytes, got {type(data).__name__}")
     c.put_bytes(name, bytes(data), FLOW)
@@ -305,7 +305,7 @@ def collect_local_evidence(
             each, so the manifest says why those files are absent.
     """
     masker = masker or masking.current()
-    c = Collector(store, attempt_prefix(workspace.run_id, workspace.attempt), now)
+    c = BundleWriter(store, attempt_prefix(workspace.run_id, workspace.attempt), now)
     crash = read_json_object(workspace.crash_report_path)
     runner = read_json_object(workspace.runner_report_path)
     why_absent = (

@@ -22,7 +22,7 @@ from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, Expirin
 
 
 @dataclass(frozen=True)
-class AttemptRecord:
+class BundleRecord:
     """One attempt's bundle in a store, with what its verdict says (None when it has none yet)."""
 
     run_id: str
@@ -58,16 +58,16 @@ def read_json(store: EvidenceStore, key: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def record(store: EvidenceStore, run_id: str, attempt: int) -> AttemptRecord:
+def record(store: EvidenceStore, run_id: str, attempt: int) -> BundleRecord:
     """The attempt's manifest date and its verdict."""
     manifest = read_manifest(store, run_id, attempt)
     verdict = read_json(store, f"{attempt_prefix(run_id, attempt)}/{VERDICT}") or {}
     state, category = verdict.get("state"), verdict.get("category")
-    return AttemptRecord(run_id, attempt, manifest.created_at,
+    return BundleRecord(run_id, attempt, manifest.created_at,
                          str(state) if state else None, str(category) if category else None)
 
 
-def records(store: EvidenceStore) -> Iterator[AttemptRecord]:
+def records(store: EvidenceStore) -> Iterator[BundleRecord]:
     """Every attempt in the store; one whose manifest cannot be read is skipped."""
     for run_id, attempt in attempts(store):
         try:

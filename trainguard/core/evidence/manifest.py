@@ -162,7 +162,7 @@ def storage_failures(manifest: Manifest) -> list[str]:
     return [f"evidence {item.name}: {item.reason.removeprefix('could not collect: ')}" for item in failed]
 
 
-def record_verdict(
+def write_verdict(
     store: EvidenceStore, run_id: str, attempt: int, data: bytes, source: str, collected_at: str
 ) -> str | None:
     """Keep ``verdict.json`` beside the attempt's evidence and list it in the manifest; never raise.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from trainguard.core.evidence.bundles import AttemptRecord, records
+from trainguard.core.evidence.bundles import BundleRecord, records
 from trainguard.core.evidence.manifest import VERDICT, Manifest, add_items, attempt_prefix, manifest_key
 from trainguard.core.stores.base import EvidenceStore, LifecycleStore, TaggingStore
 
@@ -39,7 +39,7 @@ class Retention:
                 raise RetentionError(f"{name}={days}: evidence is kept at least {MIN_DAYS} days (a training "
                                      f"cycle plus two retry windows); use {MIN_DAYS} or more")
 
-    def days_for(self, attempt: AttemptRecord) -> int:
+    def days_for(self, attempt: BundleRecord) -> int:
         return self.failed_days if attempt.failed else self.succeeded_days
 
 
@@ -75,7 +75,7 @@ def mark_outcome(store: EvidenceStore, run_id: str, attempt: int, succeeded: boo
     return store.tag_prefix(attempt_prefix(run_id, attempt) + "/", {OUTCOME_TAG: "succeeded" if succeeded else "failed"})
 
 
-def record_verdict(store: EvidenceStore, manifest: Manifest, verdict: bytes, succeeded: bool, source: str,
+def add_verdict(store: EvidenceStore, manifest: Manifest, verdict: bytes, succeeded: bool, source: str,
                    recorded_at: str) -> Manifest:
     """Keep an attempt's verdict beside its evidence, list it in ``manifest``, and tag the attempt with its outcome.
 
@@ -93,12 +93,12 @@ def record_verdict(store: EvidenceStore, manifest: Manifest, verdict: bytes, suc
 class PruneDecision:
     """One attempt and whether prune deletes it, with why."""
 
-    attempt: AttemptRecord
+    attempt: BundleRecord
     delete: bool
     reason: str
 
 
-def plan_prune(attempts: Iterable[AttemptRecord], retention: Retention, now: datetime) -> list[PruneDecision]:
+def plan_prune(attempts: Iterable[BundleRecord], retention: Retention, now: datetime) -> list[PruneDecision]:
     """Which attempts are past their retention; a run's newest failure is always kept."""
     listed = list(attempts)
     newest_failure = _newest_failures(listed)
@@ -116,7 +116,7 @@ def plan_prune(attempts: Iterable[AttemptRecord], retention: Retention, now: dat
     return decisions
 
 
-def _newest_failures(attempts: list[AttemptRecord]) -> dict[str, int]:
+def _newest_failures(attempts: list[BundleRecord]) -> dict[str, int]:
     """run id -> its newest attempt judged failed; a run with none: its newest attempt never judged.
 
     An attempt without a verdict (lost, or its verdict still spooled) must not stand in for the

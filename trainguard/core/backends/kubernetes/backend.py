@@ -122,7 +122,7 @@ class KubernetesBackend:
                         stall_seconds=launch.stall_seconds, deadline_seconds=launch.deadline_seconds)
         ending = Supervisor(self.api, self.namespace, launch.run_id, launch.attempt, limits, on_line=on_line,
                             created=created).run()
-        return outcome_of(ending)
+        return outcome_of_ending(ending)
 
     def collect_evidence(
         self, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None,
@@ -255,7 +255,7 @@ def _say(on_line: LineSink | None, message: str) -> None:
         print(f"trainguard: {message}", flush=True)
 
 
-def outcome_of(ending: Ending) -> AttemptOutcome:
+def outcome_of_ending(ending: Ending) -> AttemptOutcome:
     """The seam's outcome from where the supervisor stopped."""
     pod, job = ending.pod or {}, ending.job or {}
     terminated = container_state(pod).get("terminated") or {}

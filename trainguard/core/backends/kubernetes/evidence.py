@@ -32,7 +32,7 @@ from trainguard.core.backends.kubernetes.describe import describe_pod
 from trainguard.core.backends.kubernetes.errors import Forbidden, KubeError, NotFound
 from trainguard.core.backends.kubernetes.scene import (
     KUBERNETES,
-    Collector,
+    ClusterWriter,
     ClusterFacts,
     Scene,
     event_key,
@@ -64,7 +64,7 @@ def _gone(kind: str, name: str, exc: KubeError) -> str:
     return f"API error: {exc}"
 
 
-def _collect_job(c: Collector, s: Scene) -> None:
+def _collect_job(c: ClusterWriter, s: Scene) -> None:
     try:
         s.job = c.api.read_job(s.namespace, s.job_name)
     except KubeError as exc:
@@ -73,7 +73,7 @@ def _collect_job(c: Collector, s: Scene) -> None:
     c.put_bytes("kubernetes/job.json", _json_bytes(scrub(s.job)), KUBERNETES)
 
 
-def _list_events(c: Collector, s: Scene, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
+def _list_events(c: ClusterWriter, s: Scene, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
     selector = f"involvedObject.kind={kind},involvedObject.name={name}"
     try:
         items = list(c.api.list_events(namespace, field_selector=selector).get("items") or ())
@@ -90,7 +90,7 @@ def _list_events(c: Collector, s: Scene, namespace: str, kind: str, name: str) -
     return items
 
 
-def _collect_pods(c: Collector, s: Scene) -> None:
+def _collect_pods(c: ClusterWriter, s: Scene) -> None:
     job_events = _list_events(c, s, s.namespace, "Job", s.job_name)
     created = {str(e.get("message", "")).removeprefix("Created pod: ") for e in job_events
                if e.get("reason") == "SuccessfulCreate"}
@@ -125,7 +125,7 @@ def _containers(pod: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any] | N
     return found
 
 
-def _collect_pod(c: Collector, s: Scene, pod: dict[str, Any]) -> None:
+def _collect_pod(c: ClusterWriter, s: Scene, pod: dict[str, Any]) -> None:
     name = str(pod["metadata"]["name"])
     c.put_bytes(f"kubernetes/pods/{name}.json", _json_bytes(scrub(pod)), KUBERNETES)
     _list_events(c, s, s.namespace, "Pod", name)
@@ -135,7 +135,7 @@ def _collect_pod(c: Collector, s: Scene, pod: dict[str, Any]) -> None:
         _collect_logs(c, s, name, container, status)
 
 
-def _collect_logs(c: Collector, s: Scene, pod: str, container: str, status: Mapping[str, Any] | None) -> None:
+def _collect_logs(c: ClusterWriter, s: Scene, pod: str, container: str, status: Mapping[str, Any] | None) -> None:
     base = f"kubernetes/pods/{pod}/logs/{container}"
     for previous, name in ((False, f"{base}.log"), (True, f"{base}.previous.log")):
         restarts = int((status or {}).get("restartCount") or 0)
@@ -156,7 +156,7 @@ def _collect_logs(c: Collector, s: Scene, pod: str, container: str, status: Mapp
         s.logs[(pod, container, previous)] = spool
 
 
-def _collect_nodes(c: Collector, s: Scene) -> None:
+def _collect_nodes(c: ClusterWriter, s: Scene) -> None:
     for node in sorted(s.nodes):
         try:
             obj = c.api.read_node(node)
@@ -175,7 +175,7 @@ def _collect_nodes(c: Collector, s: Scene) -> None:
         _list_events(c, s, NODE_EVENTS_NAMESPACE, "Node", node)
 
 
-def _collect_events_and_describe(c: Collector, s: Scene) -> None:
+def _collect_events_and_describe(c: ClusterWriter, s: Scene) -> None:
     events = s.sorted_events()
     c.put_bytes("kubernetes/events.json", _json_bytes(events), KUBERNETES)
     for pod in s.pods:
@@ -186,7 +186,7 @@ def _collect_events_and_describe(c: Collector, s: Scene) -> None:
         c.put_bytes(f"kubernetes/pods/{meta.get('name')}/describe.txt", text.encode("utf-8"), KUBERNETES)
 
 
-def _collect_termination_message(c: Collector, s: Scene, facts: ClusterFacts) -> None:
+def _collect_termination_message(c: ClusterWriter, s: Scene, facts: ClusterFacts) -> None:
     if facts.termination_message:
         c.put_bytes("termination-message.txt", facts.termination_message.encode("utf-8"), KUBERNETES)
     elif facts.pod_name is None:
@@ -197,17 +197,17 @@ def _collect_termination_message(c: Collector, s: Scene, facts: ClusterFacts) ->
                  f"container {facts.container} of pod {facts.pod_name} has no termination message: {why}")
 
 
-def _collect_volume(c: Collector, s: Scene, budget_bytes: int, timeout_seconds: float) -> None:
+def _collect_volume(c: ClusterWriter, s: Scene, budget_bytes: int, timeout_seconds: float) -> None:
     store_volume_files(c, s, budget_bytes=budget_bytes, start_timeout_seconds=timeout_seconds)
 
 
-def _put_extra(c: Collector, name: str, data: object) -> None:
+def _put_extra(c: ClusterWriter, name: str, data: object) -> None:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"extra[{name!r}] must be bytes, got {type(data).__name__}")
     c.put_bytes(name, bytes(data), FLOW)
 
 
-def _keep_for_triage(c: Collector, s: Scene, facts: ClusterFacts, log_dir: Path | None) -> ClusterFacts:
+def _keep_for_triage(c: ClusterWriter, s: Scene, facts: ClusterFacts, log_dir: Path | None) -> ClusterFacts:
     """Store the triage facts; with ``log_dir``, also keep them and the attempt's log there."""
     if log_dir is not None:
         try:
@@ -253,7 +253,7 @@ def collect_kubernetes_evidence(
             the termination message and the node, even when a newer pod replaced it (after a
             disruption the Job ignored). The newest pod when None or gone.
     """
-    c = Collector(api, store, attempt_prefix(run_id, attempt), now)
+    c = ClusterWriter(api, store, attempt_prefix(run_id, attempt), now)
     with tempfile.TemporaryDirectory(prefix="trainguard-kube-evidence-") as tmp:
         s = Scene(namespace=namespace, job_name=job_name, run_id=run_id, attempt=attempt, spool=Path(tmp),
                   supervised_pod=pod)

@@ -1,7 +1,7 @@
 """The crime scene of one Kubernetes attempt as collection gathers it, and what triage reads from it.
 
 `Scene` holds what the API answered (the Job, its pods, events, nodes, the spooled logs);
-`Collector` puts items into the store and keeps the manifest's two lists; `ClusterFacts` is the
+`ClusterWriter` puts items into the store and keeps the manifest's two lists; `ClusterFacts` is the
 small value triage needs (reason, exit code, conditions, events, the log as a local file), built
 by `facts_of`. Also here: `scrub` (no secret leaves in a stored object). Which items are
 collected, and in what order, is ``evidence``'s business; reading the API is ``api``'s.
@@ -57,7 +57,7 @@ class BreakerApi(KubeApi):
         return result
 
 
-class Collector(workspace_evidence.Collector):
+class ClusterWriter(workspace_evidence.BundleWriter):
     """The shared evidence collector, talking to the cluster through an API that stops after repeated failures."""
 
     def __init__(self, api: KubeApi, store: EvidenceStore, prefix: str, now: Callable[[], datetime]) -> None:

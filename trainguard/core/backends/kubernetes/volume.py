@@ -22,7 +22,7 @@ from trainguard_entrypoint.files import read_json_object, read_tail_lines
 from trainguard.core.backends import workspace
 from trainguard.core.backends.workspace_evidence import CRASH_TAIL_LINES, ENTRYPOINT, EXPECTED_SNAPSHOTS
 from trainguard.core.backends.kubernetes import collector
-from trainguard.core.backends.kubernetes.scene import Collector, Scene, facts_of
+from trainguard.core.backends.kubernetes.scene import ClusterWriter, Scene, facts_of
 from trainguard.core.stores.base import EvidenceStoreError, validate_key
 
 VOLUME = "kubernetes-volume"
@@ -50,7 +50,7 @@ def _item_name(member: str) -> str | None:
         return None
 
 
-def _unpack(c: Collector, s: Scene, tar_path: Path) -> set[str]:
+def _unpack(c: ClusterWriter, s: Scene, tar_path: Path) -> set[str]:
     found: set[str] = set()
     with tarfile.open(tar_path, "r:gz") as tar:
         for index, member in enumerate(tar):
@@ -83,7 +83,7 @@ def _no_crash_report(s: Scene) -> str:
     return f"the entrypoint wrote no crash report ({ended})"
 
 
-def _expected(c: Collector, s: Scene, found: set[str], meta: dict[str, Any], tar: bool) -> None:
+def _expected(c: ClusterWriter, s: Scene, found: set[str], meta: dict[str, Any], tar: bool) -> None:
     log_name = f"{workspace.LOGS}/{workspace.log_name(s.run_id, s.attempt)}"
     why = "the volume was not read" if not tar else "not on the volume"
     if not any(n.startswith("logs/") for n in found):
@@ -99,7 +99,7 @@ def _expected(c: Collector, s: Scene, found: set[str], meta: dict[str, Any], tar
         c.absent("coredumps", ENTRYPOINT, f"{why}: {reason}")
 
 
-def _checkpoints(c: Collector, meta: dict[str, Any]) -> None:
+def _checkpoints(c: ClusterWriter, meta: dict[str, Any]) -> None:
     listing = meta.get("checkpoints")
     if not isinstance(listing, dict):
         c.absent("checkpoints.json", VOLUME, "the checkpoint folder was not listed (no checkpoint volume named)")
@@ -115,7 +115,7 @@ def _checkpoints(c: Collector, meta: dict[str, Any]) -> None:
              f"not copied through the cluster: it stays on the checkpoint volume at {listing.get('dir')}")
 
 
-def _crash_tail(c: Collector, s: Scene) -> None:
+def _crash_tail(c: ClusterWriter, s: Scene) -> None:
     source = s.volume_log[1] if s.volume_log else None
     if source is None:
         facts = facts_of(s)
@@ -127,7 +127,7 @@ def _crash_tail(c: Collector, s: Scene) -> None:
     c.put_bytes("crash-tail.txt", ("\n".join(lines) + "\n" if lines else "").encode("utf-8"), VOLUME)
 
 
-def store_volume_files(c: Collector, s: Scene, *, budget_bytes: int, start_timeout_seconds: float) -> None:
+def store_volume_files(c: ClusterWriter, s: Scene, *, budget_bytes: int, start_timeout_seconds: float) -> None:
     """Read the attempt's folder through a collector pod and store its files; record what is missing."""
     found: set[str] = set()
     meta: dict[str, Any] = {}

@@ -55,7 +55,7 @@ class LocalBackend:
         runner = LocalProcessRunner(python=self.python, grace_seconds=self.grace_seconds, on_line=on_line)
         result = runner.run(list(launch.command), workspace=ws, env=user_env,
                             deadline_seconds=launch.deadline_seconds, stall_seconds=launch.stall_seconds)
-        return outcome_of(result)
+        return outcome_of_process(result)
 
     def collect_evidence(
         self, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None,
@@ -100,7 +100,7 @@ class LocalBackend:
         """Nothing to clean up: the workspace stays for `trainguard run --resume`."""
 
 
-def outcome_of(result: ProcessOutcome) -> AttemptOutcome:
+def outcome_of_process(result: ProcessOutcome) -> AttemptOutcome:
     """The seam's outcome from the local runner's."""
     return AttemptOutcome(
         exit_code=result.exit_code, signal=result.signal, reason=result.reason, message=result.message,

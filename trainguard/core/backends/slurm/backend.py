@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from trainguard_entrypoint.files import read_json_object, write_json_atomic
 
@@ -77,6 +77,7 @@ class SlurmBackend:
     odd_answers_limit: int = 5
     orphan_grace_seconds: float = 60.0
     kind: str = KIND
+    evidence_first: ClassVar[bool] = False  # scancel lets the job write its crash report: collect after the stop
 
     def workspace(self, ref: AttemptRef) -> AttemptWorkspace:
         """The attempt's folders on the shared filesystem, recreated if need be."""
