@@ -24,5 +24,6 @@ def evidence_folder(root: str | Path) -> EvidenceStore:
 
 def local_backend(work_root: str | Path, grace_seconds: float = 10.0, python: str | None = None) -> Backend:
     """The local-process backend over ``work_root``."""
-    return LocalBackend(work_root=Path(work_root).expanduser().resolve(), grace_seconds=grace_seconds,
-                        python=python or sys.executable)
+    backend: Backend = LocalBackend(work_root=Path(work_root).expanduser().resolve(),
+                                    grace_seconds=grace_seconds, python=python or sys.executable)
+    return backend

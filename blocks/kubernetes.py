@@ -14,7 +14,6 @@ from typing import Any, Literal
 from prefect.blocks.core import Block
 from prefect_kubernetes.credentials import KubernetesCredentials
 from pydantic import Field
-from pydantic.json_schema import GenerateJsonSchema
 
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import KubeError
@@ -99,19 +98,15 @@ class KubernetesJobBackend(Block):
                                    description="On the flow's machine; a temporary folder when empty.")
 
     @classmethod
-    def model_json_schema(
-        cls, by_alias: bool = True, ref_template: str = "#/definitions/{model}",
-        schema_generator: type[GenerateJsonSchema] = GenerateJsonSchema,
-        mode: Literal["validation", "serialization"] = "validation",
-    ) -> dict[str, Any]:
+    def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The block's JSON schema, built once per class and arguments and handed out as a copy.
 
         `Block.save` asks for the whole schema again for each of the ~40 fields (to see which hold
         secrets); built afresh each time, saving this block took 8-11 s on a busy machine.
         """
-        key = (cls, by_alias, ref_template, schema_generator, mode)
+        key = (cls, args, tuple(sorted(kwargs.items())))
         if key not in _SCHEMAS:
-            _SCHEMAS[key] = super().model_json_schema(by_alias, ref_template, schema_generator, mode)
+            _SCHEMAS[key] = super().model_json_schema(*args, **kwargs)
         return copy.deepcopy(_SCHEMAS[key])
 
     def connect(self) -> KubeApi:

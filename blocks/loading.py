@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from prefect.blocks.core import Block
 
@@ -48,7 +48,7 @@ def _load(reference: str, default_slug: str, field: str) -> Block:
             module, cls = OWN_TYPES[slug]
             block: Block = getattr(importlib.import_module(module), cls).load(name)
             return block
-        return Block.load(ref)  # another library's block type: Prefect finds its class
+        return cast(Block, Block.load(ref))  # another library's block type: Prefect finds its class
     except ValueError as exc:
         raise BlockReferenceError(
             f"{field} {reference!r}: no such block ({exc}); save one, or pass 'block-type-slug/name' "

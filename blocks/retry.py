@@ -5,6 +5,8 @@ A run spec's own `retry` section wins over the block; with neither, the taxonomy
 
 from __future__ import annotations
 
+from typing import cast
+
 from prefect.blocks.core import Block
 from pydantic import Field
 
@@ -34,5 +36,5 @@ def resolve_policy(spec: TrainingSpec, block_name: str | None) -> CorePolicy:
     if spec.retry is not None:
         return spec.retry.to_policy()
     if block_name:
-        return RetryPolicy.load(block_name).policy()
+        return cast(RetryPolicy, RetryPolicy.load(block_name)).policy()
     return RetrySpec().to_policy()

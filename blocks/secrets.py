@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from typing import Any, cast
 
 from trainguard.core import masking
 
@@ -45,7 +46,7 @@ def _secret_block(name: str, block_name: str) -> str:
     from prefect.blocks.system import Secret
 
     try:
-        value = Secret.load(block_name).get()
+        value = cast(Secret[Any], Secret.load(block_name)).get()
     except ValueError as exc:
         raise SecretEnvError(
             f"secret_env.{name}: no Prefect Secret block named {block_name!r} ({exc}); "

@@ -9,8 +9,10 @@ work pool instead of a long-running process, use `prefect deploy` with `prefect.
 from __future__ import annotations
 
 import argparse
+from typing import cast
 
 from prefect import serve
+from prefect.deployments.runner import RunnerDeployment
 
 from flows.attempt import train_attempt
 from flows.controller import retry_controller
@@ -20,9 +22,9 @@ ATTEMPT_DEPLOYMENT = "train-attempt/local"
 CONTROLLER_DEPLOYMENT = "retry-controller/local"
 
 
-def deployments(tags: list[str]) -> list:
+def deployments(tags: list[str]) -> list[RunnerDeployment]:
     """The deployments this module serves."""
-    return [
+    made = [
         train_attempt.to_deployment(
             name="local", tags=tags, description="One training attempt; failed attempts schedule the next."
         ),
@@ -33,6 +35,7 @@ def deployments(tags: list[str]) -> list:
             name="local", tags=tags, description="Recovers a dead attempt and schedules its successor once.",
         ),
     ]
+    return [cast(RunnerDeployment, deployment) for deployment in made]  # called synchronously: never coroutines
 
 
 def main() -> None:

@@ -10,9 +10,11 @@ import importlib
 import inspect
 import pkgutil
 from dataclasses import dataclass, field
+from typing import cast
 from uuid import UUID
 
 from prefect import get_client
+from prefect.deployments.runner import RunnerDeployment
 from prefect.blocks.core import Block
 from prefect.exceptions import ObjectNotFound
 
@@ -67,11 +69,11 @@ def ensure_controller(name: str = CONTROLLER) -> tuple[str, UUID]:
     from `prefect deploy --all`.
     """
     if name == CONTROLLER:
-        deployment_id = retry_controller.to_deployment(
+        deployment = cast(RunnerDeployment, retry_controller.to_deployment(
             name=CONTROLLER.split("/", 1)[1], tags=["trainguard"],
             description="Recovers a dead attempt and schedules its successor once.",
-        ).apply()
-        return name, deployment_id
+        ))
+        return name, cast(UUID, deployment.apply())
     with get_client(sync_client=True) as client:
         try:
             return name, client.read_deployment_by_name(name).id

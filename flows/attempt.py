@@ -11,7 +11,8 @@ from typing import Any
 
 from prefect import flow
 from prefect.runtime import flow_run as current_run
-from prefect.states import Failed, State
+from prefect.client.schemas.objects import State
+from prefect.states import Failed
 
 from blocks import backend_reference, load_backend, load_evidence, resolve_policy
 from flows import events

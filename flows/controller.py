@@ -24,7 +24,8 @@ from prefect import flow, get_client, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import FlowRun
 from prefect.exceptions import ObjectNotFound
-from prefect.states import Completed, Failed, State
+from prefect.client.schemas.objects import State
+from prefect.states import Completed, Failed
 
 from flows.attempt import train_attempt
 from flows.continuation import RUN_FLOW, continue_run

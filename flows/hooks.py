@@ -113,7 +113,7 @@ def _run_seconds(flow_run: Any) -> float:
     if start is None:
         return 0.0
     end = getattr(flow_run, "end_time", None) or datetime.now(timezone.utc)
-    return max(0.0, (end - start).total_seconds())
+    return max(0.0, float((end - start).total_seconds()))
 
 
 RESCHEDULED = ("its flow process was stopped and Prefect started the same flow run again "

@@ -9,10 +9,10 @@ and a test. `NotebookRun` shows itself as the run report when it is a cell's las
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from prefect.artifacts import Artifact
-from prefect.states import State
+from prefect.client.schemas.objects import State
 
 from flows.run import training_run
 from tasks.report import artifact_key
@@ -23,12 +23,12 @@ from trainguard.core.spec import TrainingSpec, parse_spec
 
 def state_result(state: State) -> Any:
     """A final state's result (or its exception), also inside a running event loop."""
-    return state.result(raise_on_failure=False, _sync=True)  # type: ignore[call-arg]  # async_dispatch's switch
+    return state.result(raise_on_failure=False, _sync=True)  # type: ignore[call-overload]  # async_dispatch's switch
 
 
 def run_report(run_id: str) -> str:
     """The run's report artifact (Markdown), or '' if none was published."""
-    artifact = Artifact.get(f"{artifact_key(run_id)}-report", _sync=True)  # type: ignore[call-arg]
+    artifact = cast(Artifact | None, Artifact.get(f"{artifact_key(run_id)}-report", _sync=True))  # type: ignore[call-arg]
     return str(artifact.data) if artifact is not None else ""
 
 

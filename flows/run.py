@@ -12,7 +12,8 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger, tags
-from prefect.states import Completed, Failed, State
+from prefect.client.schemas.objects import State
+from prefect.states import Completed, Failed
 
 from flows import uploads
 from flows.attempt import spec_name, train_attempt

@@ -11,6 +11,7 @@ raised at once.
 from __future__ import annotations
 
 from collections.abc import Callable
+import time
 from typing import Any
 
 import httpx
@@ -52,8 +53,7 @@ def schedule_run(
         logger.warning("scheduling %s failed (%s: %s); trying again in %.0f s, same key",
                        idempotency_key, type(exc).__name__, str(exc)[:200], delay)
 
-    extra = {"sleep": sleep} if sleep is not None else {}
-    return call_with_retries(call, is_transient_api_error, on_retry=note, **extra)
+    return call_with_retries(call, is_transient_api_error, on_retry=note, sleep=sleep or time.sleep)
 
 
 __all__ = ["is_transient_api_error", "schedule_run"]

@@ -10,11 +10,10 @@ import argparse
 import inspect
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
-import click
 import typer
 
 from trainguard.cli.typer_app import app
@@ -77,7 +76,7 @@ def classify_command(
         _show_explanation(explanation)
 
 
-def classify_click_command() -> click.Command:
+def classify_click_command() -> Callable[..., Any]:
     """This command on its own, for ``trainguard classify``: no other command module is loaded."""
     alone = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     alone.command("classify")(classify_command)

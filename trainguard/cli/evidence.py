@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 from pathlib import Path
 
 import typer
@@ -140,7 +141,7 @@ def _seconds(value: object) -> str:
     return f"{value:.1f}s" if isinstance(value, int | float) and not isinstance(value, bool) else "?s"
 
 
-def _json(store: EvidenceStore, key: str) -> dict | None:
+def _json(store: EvidenceStore, key: str) -> dict[str, Any] | None:
     try:
         data = json.loads(store.get_bytes(key))
     except (EvidenceNotFound, ValueError):

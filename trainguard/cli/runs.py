@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import typer
 
@@ -108,7 +108,7 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
     except (RuntimeError, OSError) as exc:
         fail(f"could not run on the Prefect API ({exc}); check PREFECT_API_URL or `prefect server start`", code=1)
     history = state.result(raise_on_failure=False)
-    summaries = [AttemptSummary.from_dict(item) for item in history] if isinstance(history, list) else []
+    summaries: list[AttemptSummary] = [AttemptSummary.from_dict(item) for item in history] if isinstance(history, list) else []
     console.print()
     console.print(attempts_table(summaries, title=f"trainguard run {run_id}"))
     say(f"{state.name}: {state.message}")
@@ -127,6 +127,7 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
 
 
 def _submit(spec: TrainingSpec, deployment: str, backend: str | None, evidence: str | None, retry_policy: str | None) -> None:
+    from prefect.client.schemas.objects import FlowRun
     from prefect.deployments import run_deployment
     from prefect.exceptions import PrefectException
 
@@ -136,8 +137,9 @@ def _submit(spec: TrainingSpec, deployment: str, backend: str | None, evidence: 
     parameters = {"spec": spec.model_dump(mode="json"), "run_id": run_id, "backend_block": backend,
                   "evidence_block": evidence, "retry_policy_block": retry_policy}
     try:
-        flow_run = run_deployment(deployment, parameters={k: v for k, v in parameters.items() if v is not None},
-                                  timeout=0, tags=lineage_tags(run_id, 1, None))
+        flow_run = cast(FlowRun, run_deployment(
+            deployment, parameters={k: v for k, v in parameters.items() if v is not None}, timeout=0,
+            tags=lineage_tags(run_id, 1, None)))
     except (PrefectException, RuntimeError, OSError, ValueError) as exc:
         fail(f"--deployment {deployment}: could not submit ({exc}); check the name (flow/deployment) and PREFECT_API_URL")
     say(f"submitted run {run_id}: attempt 1 is flow run {flow_run.name} ({flow_run.id})")

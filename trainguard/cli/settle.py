@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
@@ -19,6 +19,11 @@ from trainguard.cli.output import attempts_table, console, fail, say
 from trainguard.core import recovery
 from trainguard.core.attempt import LINEAGE_TAG, AttemptSummary
 from trainguard.core.spec import TrainingSpec
+from trainguard.core.backends.base import Backend, StopsOrphans
+from trainguard.core.stores.base import EvidenceStore
+
+if TYPE_CHECKING:
+    from trainguard.core import triage
 
 STOPS = {
     signal.SIGTERM: ("preempted", "trainguard.stop.sigterm", "trainguard run received SIGTERM"),
@@ -30,9 +35,8 @@ def resume_command(spec_file: Path | None, run_id: str) -> str:
     return f"trainguard run {spec_file or 'SPEC'} --resume {run_id}"
 
 
-def _context(spec: TrainingSpec, blocks: dict[str, Any]) -> tuple[Any, Any, int, Any]:
+def _context(spec: TrainingSpec, blocks: dict[str, Any]) -> tuple[Backend, EvidenceStore, int, triage.RuleSet | None]:
     from blocks import load_backend, load_evidence, resolve_policy
-    from trainguard.core import triage
 
     rules = blocks.get("rules")
     policy = resolve_policy(spec, blocks.get("retry_policy"))
@@ -44,7 +48,7 @@ def stopped(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], signum: int
     """Record the interrupted attempt, print the table and exit 128+signum."""
     for ignored in STOPS:  # a second Ctrl-C must not cut the verdict short
         signal.signal(ignored, signal.SIG_IGN)
-    category, rule_id, signature = STOPS.get(signum, STOPS[signal.SIGTERM])
+    category, rule_id, signature = STOPS.get(signal.Signals(signum), STOPS[signal.SIGTERM])
     how = resume_command(spec_file, run_id)
     backend, store, max_attempts, rules = _context(spec, blocks)
     attempts = recovery.attempts_of(backend, store, run_id)
@@ -100,15 +104,13 @@ def check_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any]) -> lis
 
 def plan_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], spec_file: Path | None) -> dict[str, Any]:
     """Settle what the lost run left, and say where it continues: {"attempt", "resume_from", "history"}."""
-    from trainguard.core.backends.base import StopsOrphans
-
     attempts = check_resume(spec, run_id, blocks)
     backend, store, max_attempts, rules = _context(spec, blocks)
     history: list[AttemptSummary] = []
     for attempt in attempts:
         found = recovery.verdict(store, run_id, attempt)
         if found is None and isinstance(backend, StopsOrphans):  # nothing of it may run beside the next attempt
-            if stopped_note := backend.stop_orphan(backend.provision(run_id, attempt)):
+            if stopped_note := backend.stop_orphan(cast(Backend, backend).provision(run_id, attempt)):
                 say(f"attempt {attempt}: {stopped_note}")
         if found is None:  # the attempt the lost process never judged: collect and classify it now
             found = recovery.settle(backend, store, run_id, attempt, max_attempts=max_attempts, gpus=spec.gpus,

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 NCCL_TIMEOUT = (
     "[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
@@ -46,14 +47,15 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def load_state(path: str) -> dict:
+def load_state(path: str) -> dict[str, Any]:
     if not path:
         return {"step": 0, "w": 0.0, "b": 0.0}
     with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+        state: dict[str, Any] = json.load(fh)
+    return state
 
 
-def save_checkpoint(folder: Path, state: dict) -> Path:
+def save_checkpoint(folder: Path, state: dict[str, Any]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step-{state['step']:06d}.json"
     tmp = folder / f".{final.name}.tmp"

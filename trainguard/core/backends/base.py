@@ -179,7 +179,10 @@ class CollectedEvidence:
 class Backend(Protocol):
     """Where training attempts run. Implementations are adapters over one external system each."""
 
-    kind: str
+    @property
+    def kind(self) -> str:
+        """The backend's kind ("local", "kubernetes", "slurm"), as `AttemptRef.backend` names it."""
+        ...
 
     def provision(self, run_id: str, attempt: int) -> AttemptRef:
         """Prepare the attempt's place (folders, volumes) and say how to find it again."""
@@ -224,7 +227,10 @@ class StopsOrphans(Protocol):
     evidence is read from (deleting a Job deletes its pods and their logs).
     """
 
-    evidence_first: bool
+    @property
+    def evidence_first(self) -> bool:
+        """Whether evidence must be collected before the stop (True) or after it (False)."""
+        ...
 
     def stop_orphan(self, ref: AttemptRef) -> str | None:
         """Stop whatever still runs for `ref`; say what was stopped, or None when nothing ran."""

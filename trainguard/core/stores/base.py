@@ -125,7 +125,10 @@ class FlushResult:
 class SpoolingStore(Protocol):
     """A store that spools writes on local disk until its remote side takes them (the S3 store)."""
 
-    last_error: str  # why writes wait in the spool; "" when none does
+    @property
+    def last_error(self) -> str:
+        """Why writes wait in the spool; "" when none does."""
+        ...
 
     def pending(self, prefix: str = "") -> list[str]:
         """What (under ``prefix``) still waits in the spool, oldest first."""
@@ -170,7 +173,10 @@ class LifecycleStore(Protocol):
     S3-compatible stores share; ``prefix`` is where this store's keys start among the rules' keys.
     """
 
-    prefix: str
+    @property
+    def prefix(self) -> str:
+        """Where this store's keys start among the rules' keys ("" or ending in "/")."""
+        ...
 
     def get_lifecycle(self) -> list[dict[str, Any]]:
         """Every lifecycle rule the store holds, this store's and others'."""
@@ -185,7 +191,10 @@ class LifecycleStore(Protocol):
 class ExpiringLinks(Protocol):
     """A store whose links (`EvidenceStore.link`) expire: reports say for how long they work."""
 
-    link_expiry_seconds: int
+    @property
+    def link_expiry_seconds(self) -> int:
+        """How long a link works, in seconds."""
+        ...
 
 
 def checksum_of_hex(digest: str) -> str:
