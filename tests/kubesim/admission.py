@@ -12,6 +12,7 @@ import re
 import uuid
 from typing import Any
 
+from kubesim import services
 from kubesim.errors import Invalid
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -132,6 +133,8 @@ def default(resource: str, obj: dict[str, Any]) -> None:
         labels["kubernetes.io/metadata.name"] = obj["metadata"].get("name", "")
     elif resource == "secrets":
         obj.setdefault("type", "Opaque")
+    elif resource == "services":
+        services.default(obj)
 
 
 def _containers_causes(spec: dict[str, Any], path: str) -> list[Cause]:
@@ -174,7 +177,9 @@ def validate(resource: str, obj: dict[str, Any]) -> None:
     name = (obj.get("metadata") or {}).get("name") or ""
     causes: list[Cause] = []
     pattern = _LABEL if resource == "namespaces" else _SUBDOMAIN
-    if name and (not pattern.match(name) or len(name) > 253):
+    if resource == "services":
+        causes += services.causes(obj)
+    elif name and (not pattern.match(name) or len(name) > 253):
         causes.append(("FieldValueInvalid", "metadata.name", f'Invalid value: "{name}": '
                        + _DNS_MSG))
     if resource == "pods":
@@ -188,6 +193,8 @@ def validate(resource: str, obj: dict[str, Any]) -> None:
 def validate_update(resource: str, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Refuse changes to fields the apiserver keeps immutable."""
     name = old["metadata"]["name"]
+    if resource == "services" and services.update_causes(old, new):
+        raise Invalid.of(resource, name, services.update_causes(old, new))
     if resource == "jobs":
         old_t = (old.get("spec") or {}).get("template")
         new_t = (new.get("spec") or {}).get("template")

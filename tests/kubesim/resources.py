@@ -54,6 +54,8 @@ RESOURCES: dict[str, ResourceInfo] = {
                      "PersistentVolumeClaim", short_names=("pvc",), subresources=("status",)),
         ResourceInfo("jobs", "job", "Job", group="batch", categories=("all",),
                      subresources=("status",)),
+        ResourceInfo("services", "service", "Service", short_names=("svc",),
+                     categories=("all",), subresources=("status",)),
         ResourceInfo("leases", "lease", "Lease", group="coordination.k8s.io"),
     )
 }

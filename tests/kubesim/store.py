@@ -74,6 +74,13 @@ class Store:
         """The stored object itself, or None: for read-only checks on hot paths; never change it."""
         return self._objects.get((resource, namespace, name))
 
+    def view(self, resource: str, namespace: str | None = None
+             ) -> builtins.list[dict[str, Any]]:
+        """The stored objects themselves, unsorted: for read-only scans by controllers that run
+        on every change (a deep copy of every pod each time would cost a good part of a core)."""
+        return [o for k, o in self._objects.items()
+                if k[0] == resource and (namespace is None or k[1] == namespace)]
+
     def list(self, resource: str, namespace: str | None = None, *,
              label_selector: str | None = None,
              field_selector: str | None = None) -> list[dict[str, Any]]:
