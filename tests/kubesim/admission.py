@@ -100,8 +100,10 @@ def default_job(job: dict[str, Any]) -> None:
     uid = meta.setdefault("uid", str(uuid.uuid4()))
     spec = job.setdefault("spec", {})
     spec.setdefault("parallelism", 1)
-    spec.setdefault("completions", 1)
-    spec.setdefault("backoffLimit", 6)
+    if spec.get("completionMode") != "Indexed":  # an Indexed Job must say (validation)
+        spec.setdefault("completions", 1)
+    # With a limit per index the global one steps aside (pkg/apis/batch/v1/defaults.go).
+    spec.setdefault("backoffLimit", 2147483647 if "backoffLimitPerIndex" in spec else 6)
     spec.setdefault("completionMode", "NonIndexed")
     spec.setdefault("suspend", False)
     spec.setdefault("manualSelector", False)
@@ -169,6 +171,33 @@ def _job_causes(job: dict[str, Any]) -> list[Cause]:
         causes.append(("FieldValueInvalid", "spec.backoffLimit",
                        f"Invalid value: {spec['backoffLimit']}: must be greater than or equal "
                        "to 0"))
+    return causes + _indexed_causes(spec)
+
+
+def _indexed_causes(spec: dict[str, Any]) -> list[Cause]:
+    """The Indexed-only fields' checks (pkg/apis/batch/validation ValidateJobSpec, 1.32)."""
+    causes: list[Cause] = []
+    indexed = spec.get("completionMode") == "Indexed"
+    per_index, most = spec.get("backoffLimitPerIndex"), spec.get("maxFailedIndexes")
+    if indexed and spec.get("completions") is None:
+        causes.append(("FieldValueRequired", "spec.completions",
+                       "Required value: when completion mode is Indexed"))
+    for field, value in (("backoffLimitPerIndex", per_index), ("maxFailedIndexes", most)):
+        if value is not None and not indexed:
+            causes.append(("FieldValueInvalid", f"spec.{field}",
+                           f"Invalid value: {value}: requires indexed completion mode"))
+    if most is not None and per_index is None:
+        causes.append(("FieldValueRequired", "spec.backoffLimitPerIndex",
+                       "Required value: when maxFailedIndexes is specified"))
+    if indexed and most is not None and spec.get("completions") is not None and (
+            int(most) > int(spec["completions"])):
+        causes.append(("FieldValueInvalid", "spec.maxFailedIndexes",
+                       f"Invalid value: {most}: must be less than or equal to completions"))
+    for i, rule in enumerate((spec.get("podFailurePolicy") or {}).get("rules") or []):
+        if rule.get("action") == "FailIndex" and per_index is None:
+            causes.append(("FieldValueInvalid", f"spec.podFailurePolicy.rules[{i}].action",
+                           'Invalid value: "FailIndex": requires the backoffLimitPerIndex to '
+                           "be set"))
     return causes
 
 
