@@ -51,6 +51,13 @@ def pod(name: str, args: list[str], *, labels: dict[str, str] | None = None,
 SLEEPER = "import time; time.sleep(120)"
 
 
+@pytest.fixture(autouse=True)
+def _stop_pods(core: client.CoreV1Api, ns: str) -> Any:
+    """Sleeping pods would outlive the test by minutes: they go with it."""
+    yield
+    core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+
+
 def phase(core: client.CoreV1Api, ns: str, name: str, wanted: str) -> client.V1Pod | None:
     found = core.read_namespaced_pod(name, ns)
     return found if found.status.phase == wanted else None
