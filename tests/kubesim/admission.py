@@ -12,7 +12,7 @@ import re
 import uuid
 from typing import Any
 
-from kubesim import services
+from kubesim import kubeflow, services
 from kubesim.errors import Invalid
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -137,6 +137,8 @@ def default(resource: str, obj: dict[str, Any]) -> None:
         obj.setdefault("type", "Opaque")
     elif resource == "services":
         services.default(obj)
+    elif resource == "pytorchjobs":
+        kubeflow.default(obj)
 
 
 def _containers_causes(spec: dict[str, Any], path: str) -> list[Cause]:
@@ -204,6 +206,9 @@ def _indexed_causes(spec: dict[str, Any]) -> list[Cause]:
 def validate(resource: str, obj: dict[str, Any]) -> None:
     """Raise Invalid (422) listing every cause, as the apiserver does."""
     name = (obj.get("metadata") or {}).get("name") or ""
+    if resource == "pytorchjobs":
+        kubeflow.validate(obj)  # a validating webhook: refusals are 403s in its own words
+        return
     causes: list[Cause] = []
     pattern = _LABEL if resource == "namespaces" else _SUBDOMAIN
     if resource == "services":

@@ -1,12 +1,13 @@
 """Wiring of the node-side controllers, and the node/pod faults the control API calls.
 
 What belongs here: `start(store, config)` (node objects, one kubelet per node, the pod IP
-pool and cluster DNS they share, scheduler, job controller, node lifecycle) and the
-fault entry points `oom_kill`, `evict`, `preempt`, `partition`, `crash`, `heal`,
-`delete_node`. Each raises kubesim.errors.NotFound with a one-line message naming what was not
-found, which the control API answers as 404.
+pool and cluster DNS they share, scheduler, job controller, PyTorchJob controller, node
+lifecycle) and the fault entry points `oom_kill`, `evict`, `preempt`, `partition`, `crash`,
+`heal`, `delete_node`. Each raises kubesim.errors.NotFound with a one-line message naming
+what was not found, which the control API answers as 404.
 
-What does not: the behaviour itself (kubelet.py, scheduler.py, jobs.py, nodes.py).
+What does not: the behaviour itself (kubelet.py, scheduler.py, jobs.py, pytorchjob.py,
+nodes.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kubesim.jobs import JobController
 from kubesim.kubelet import Kubelet, PodWorker
 from kubesim.network import PodIps
 from kubesim.nodes import NodeLifecycle, node_object
+from kubesim.pytorchjob import PyTorchJobController
 from kubesim.scheduler import Scheduler, preempt_victim
 from kubesim.store import AlreadyExists, Store
 
@@ -63,6 +65,8 @@ def start(store: Store, config: SimConfig) -> list[asyncio.Task[None]]:
     cluster.tasks["scheduler"] = asyncio.ensure_future(Scheduler(store).run())
     cluster.tasks["job-controller"] = asyncio.ensure_future(
         JobController(store, config.time_scale).run())
+    cluster.tasks["pytorchjob-controller"] = asyncio.ensure_future(
+        PyTorchJobController(store).run())
     cluster.tasks["cluster-dns"] = asyncio.ensure_future(cluster.dns.run())
     cluster.tasks["node-lifecycle"] = asyncio.ensure_future(
         NodeLifecycle(store, config, cluster.kubelets).run())

@@ -29,7 +29,7 @@ Change = tuple[str, str, dict[str, Any]]  # (event_type, resource, obj)
 
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 # Kinds whose spec changes bump metadata.generation (pods only gained it in 1.33).
-_GENERATION_KINDS = {"jobs", "nodes", "persistentvolumeclaims"}
+_GENERATION_KINDS = {"jobs", "nodes", "persistentvolumeclaims", "pytorchjobs"}
 
 
 def timestamp(at: float | None = None) -> str:
