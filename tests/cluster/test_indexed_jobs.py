@@ -71,6 +71,19 @@ def test_index_sets_render_as_the_job_status_interval_strings(given: list[int],
     assert indexes.parse(text, 10) == set(given)
 
 
+@pytest.mark.parametrize(("rules", "succeeded", "matched"), [
+    ([{"succeededIndexes": "0"}], {0}, "Matched rules at index 0"),
+    ([{"succeededIndexes": "0-2"}], {0, 2}, None),  # every listed index must succeed
+    ([{"succeededIndexes": "0-2", "succeededCount": 2}], {0, 2}, "Matched rules at index 0"),
+    ([{"succeededIndexes": "1"}, {"succeededCount": 2}], {0, 2}, "Matched rules at index 1"),
+    ([{"succeededCount": 3}], {0, 2}, None),
+])
+def test_success_policy_rules_match_as_the_job_success_policy_documents(
+        rules: list[dict[str, Any]], succeeded: set[int], matched: str | None) -> None:
+    job = {"spec": {"completions": 4, "successPolicy": {"rules": rules}}}
+    assert indexes.success_policy(job, succeeded) == matched
+
+
 def test_each_indexed_pod_carries_its_index_and_the_job_lists_completed_indexes(
         core: client.CoreV1Api, batch: client.BatchV1Api, ns: str) -> None:
     """Completion mode Indexed: the index in the annotation and label, JOB_COMPLETION_INDEX,

@@ -54,13 +54,17 @@ def hostname(pod: dict[str, Any]) -> str:
 
 def records(store: Store) -> list[Record]:
     """What cluster DNS answers now, from headless Services and their endpoints."""
-    found = []
-    for svc in store.view("services"):
-        if not services.headless(svc):
-            continue
+    found: list[Record] = []
+    headless = [s for s in store.view("services") if services.headless(s)]
+    if not headless:
+        return found
+    by_namespace: dict[str, list[dict[str, Any]]] = {}
+    for pod in store.view("pods"):  # one pass: the store holds every test's objects at once
+        by_namespace.setdefault(pod["metadata"]["namespace"], []).append(pod)
+    for svc in headless:
         name, ns = svc["metadata"]["name"], svc["metadata"]["namespace"]
         base = f"{name}.{ns}"
-        for pod in services.endpoints(svc, store.view("pods", ns)):
+        for pod in services.endpoints(svc, by_namespace.get(ns, [])):
             ip = pod["status"]["podIP"]
             found.append(Record(ns, ip, (base, f"{base}.svc", f"{base}.svc.{CLUSTER_DOMAIN}"),
                                 (name,)))
@@ -120,6 +124,8 @@ class ClusterDns:
 
     def refresh(self) -> None:
         """Bring every written file up to date with the current records."""
+        if not self._written:
+            return
         zone = records(self.store)
         live = set()
         for pod in self.store.view("pods"):
