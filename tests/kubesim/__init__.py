@@ -16,6 +16,13 @@ configuration values re-exported here::
         sim.outage(2.0)                                # connections refused for 2 s
         sim.requests(verb="get", name="train-x7k2p")   # the request log
 
+Multi-node attempts: give as many nodes as pods (`nodes=[kubesim.Node("node-1"),
+kubesim.Node("node-2")]`). Every pod gets its own 127.x.y.z IP, and when Debian's libnss-wrapper
+is installed its processes resolve cluster DNS names (headless Services and
+`<hostname>.<subdomain>` of their pods) through a hosts file kubesim keeps current; nodes carry
+a PodDNSUnavailable warning event otherwise. Indexed Jobs, Services and Kubeflow PyTorchJobs
+(kubeflow.org/v1) are served and controlled as on a cluster.
+
 By hand: `PYTHONPATH=tests python -m kubesim serve --port 0 --kubeconfig OUT --root DIR`.
 Limits: no protobuf bodies (kubectl's imperative `create configmap/secret` generators send
 them), no OpenAPI schemas (`kubectl explain`), server-side apply is a strategic merge.

@@ -12,6 +12,7 @@ import re
 import uuid
 from typing import Any
 
+from kubesim import kubeflow, services
 from kubesim.errors import Invalid
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -99,8 +100,10 @@ def default_job(job: dict[str, Any]) -> None:
     uid = meta.setdefault("uid", str(uuid.uuid4()))
     spec = job.setdefault("spec", {})
     spec.setdefault("parallelism", 1)
-    spec.setdefault("completions", 1)
-    spec.setdefault("backoffLimit", 6)
+    if spec.get("completionMode") != "Indexed":  # an Indexed Job must say (validation)
+        spec.setdefault("completions", 1)
+    # With a limit per index the global one steps aside (pkg/apis/batch/v1/defaults.go).
+    spec.setdefault("backoffLimit", 2147483647 if "backoffLimitPerIndex" in spec else 6)
     spec.setdefault("completionMode", "NonIndexed")
     spec.setdefault("suspend", False)
     spec.setdefault("manualSelector", False)
@@ -132,6 +135,10 @@ def default(resource: str, obj: dict[str, Any]) -> None:
         labels["kubernetes.io/metadata.name"] = obj["metadata"].get("name", "")
     elif resource == "secrets":
         obj.setdefault("type", "Opaque")
+    elif resource == "services":
+        services.default(obj)
+    elif resource == "pytorchjobs":
+        kubeflow.default(obj)
 
 
 def _containers_causes(spec: dict[str, Any], path: str) -> list[Cause]:
@@ -166,15 +173,47 @@ def _job_causes(job: dict[str, Any]) -> list[Cause]:
         causes.append(("FieldValueInvalid", "spec.backoffLimit",
                        f"Invalid value: {spec['backoffLimit']}: must be greater than or equal "
                        "to 0"))
+    return causes + _indexed_causes(spec)
+
+
+def _indexed_causes(spec: dict[str, Any]) -> list[Cause]:
+    """The Indexed-only fields' checks (pkg/apis/batch/validation ValidateJobSpec, 1.32)."""
+    causes: list[Cause] = []
+    indexed = spec.get("completionMode") == "Indexed"
+    per_index, most = spec.get("backoffLimitPerIndex"), spec.get("maxFailedIndexes")
+    if indexed and spec.get("completions") is None:
+        causes.append(("FieldValueRequired", "spec.completions",
+                       "Required value: when completion mode is Indexed"))
+    for field, value in (("backoffLimitPerIndex", per_index), ("maxFailedIndexes", most)):
+        if value is not None and not indexed:
+            causes.append(("FieldValueInvalid", f"spec.{field}",
+                           f"Invalid value: {value}: requires indexed completion mode"))
+    if most is not None and per_index is None:
+        causes.append(("FieldValueRequired", "spec.backoffLimitPerIndex",
+                       "Required value: when maxFailedIndexes is specified"))
+    if indexed and most is not None and spec.get("completions") is not None and (
+            int(most) > int(spec["completions"])):
+        causes.append(("FieldValueInvalid", "spec.maxFailedIndexes",
+                       f"Invalid value: {most}: must be less than or equal to completions"))
+    for i, rule in enumerate((spec.get("podFailurePolicy") or {}).get("rules") or []):
+        if rule.get("action") == "FailIndex" and per_index is None:
+            causes.append(("FieldValueInvalid", f"spec.podFailurePolicy.rules[{i}].action",
+                           'Invalid value: "FailIndex": requires the backoffLimitPerIndex to '
+                           "be set"))
     return causes
 
 
 def validate(resource: str, obj: dict[str, Any]) -> None:
     """Raise Invalid (422) listing every cause, as the apiserver does."""
     name = (obj.get("metadata") or {}).get("name") or ""
+    if resource == "pytorchjobs":
+        kubeflow.validate(obj)  # a validating webhook: refusals are 403s in its own words
+        return
     causes: list[Cause] = []
     pattern = _LABEL if resource == "namespaces" else _SUBDOMAIN
-    if name and (not pattern.match(name) or len(name) > 253):
+    if resource == "services":
+        causes += services.causes(obj)
+    elif name and (not pattern.match(name) or len(name) > 253):
         causes.append(("FieldValueInvalid", "metadata.name", f'Invalid value: "{name}": '
                        + _DNS_MSG))
     if resource == "pods":
@@ -188,6 +227,8 @@ def validate(resource: str, obj: dict[str, Any]) -> None:
 def validate_update(resource: str, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Refuse changes to fields the apiserver keeps immutable."""
     name = old["metadata"]["name"]
+    if resource == "services" and services.update_causes(old, new):
+        raise Invalid.of(resource, name, services.update_causes(old, new))
     if resource == "jobs":
         old_t = (old.get("spec") or {}).get("template")
         new_t = (new.get("spec") or {}).get("template")

@@ -1,11 +1,13 @@
 """Wiring of the node-side controllers, and the node/pod faults the control API calls.
 
-What belongs here: `start(store, config)` (node objects, one kubelet per node, scheduler,
-job controller, node lifecycle) and the fault entry points `oom_kill`, `evict`, `preempt`,
-`partition`, `crash`, `heal`, `delete_node`. Each raises kubesim.errors.NotFound with a one-line message
-naming what was not found, which the control API answers as 404.
+What belongs here: `start(store, config)` (node objects, one kubelet per node, the pod IP
+pool and cluster DNS they share, scheduler, job controller, PyTorchJob controller, node
+lifecycle) and the fault entry points `oom_kill`, `evict`, `preempt`, `partition`, `crash`,
+`heal`, `delete_node`. Each raises kubesim.errors.NotFound with a one-line message naming
+what was not found, which the control API answers as 404.
 
-What does not: the behaviour itself (kubelet.py, scheduler.py, jobs.py, nodes.py).
+What does not: the behaviour itself (kubelet.py, scheduler.py, jobs.py, pytorchjob.py,
+nodes.py).
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from typing import Any
 
 from kubesim import mounts, runtime
 from kubesim.config import SimConfig
+from kubesim.dns import ClusterDns
 from kubesim.errors import NotFound
 from kubesim.jobs import JobController
 from kubesim.kubelet import Kubelet, PodWorker
+from kubesim.network import PodIps
 from kubesim.nodes import NodeLifecycle, node_object
+from kubesim.pytorchjob import PyTorchJobController
 from kubesim.scheduler import Scheduler, preempt_victim
 from kubesim.store import AlreadyExists, Store
 
@@ -34,6 +39,8 @@ class Cluster:
     store: Store
     config: SimConfig
     memory: runtime.MemoryControl
+    ips: PodIps
+    dns: ClusterDns
     kubelets: dict[str, Kubelet] = field(default_factory=dict)
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     background: set[asyncio.Future[Any]] = field(default_factory=set)
@@ -45,26 +52,30 @@ _clusters: dict[int, Cluster] = {}
 def start(store: Store, config: SimConfig) -> list[asyncio.Task[None]]:
     """Register the nodes and start every node-side controller as an asyncio task."""
     memory = runtime.MemoryControl.detect()
-    cluster = Cluster(store, config, memory)
+    cluster = Cluster(store, config, memory, PodIps(), ClusterDns(store, config.root))
     _clusters[id(store)] = cluster
     for index, spec in enumerate(config.nodes, start=1):
         try:
             store.create("nodes", node_object(spec, index))
         except AlreadyExists:
             pass
-        kubelet = Kubelet(store, spec, config, memory, index)
+        kubelet = Kubelet(store, spec, config, memory, index, ips=cluster.ips, dns=cluster.dns)
         cluster.kubelets[spec.name] = kubelet
         cluster.tasks[f"kubelet/{spec.name}"] = asyncio.ensure_future(kubelet.run())
     cluster.tasks["scheduler"] = asyncio.ensure_future(Scheduler(store).run())
     cluster.tasks["job-controller"] = asyncio.ensure_future(
         JobController(store, config.time_scale).run())
+    cluster.tasks["pytorchjob-controller"] = asyncio.ensure_future(
+        PyTorchJobController(store).run())
+    cluster.tasks["cluster-dns"] = asyncio.ensure_future(cluster.dns.run())
     cluster.tasks["node-lifecycle"] = asyncio.ensure_future(
         NodeLifecycle(store, config, cluster.kubelets).run())
-    _announce_fallbacks(store, config, memory)
+    _announce_fallbacks(store, config, memory, cluster.dns)
     return list(cluster.tasks.values())
 
 
-def _announce_fallbacks(store: Store, config: SimConfig, memory: runtime.MemoryControl) -> None:
+def _announce_fallbacks(store: Store, config: SimConfig, memory: runtime.MemoryControl,
+                        dns: ClusterDns) -> None:
     """Warning events on each Node, so a test can see (and skip on) a less faithful node."""
     fallbacks = []
     if memory.mode == "watchdog":
@@ -73,6 +84,9 @@ def _announce_fallbacks(store: Store, config: SimConfig, memory: runtime.MemoryC
     if not mounts.available():
         fallbacks.append(("MountsRewritten", "no mount namespaces: volumes are reached through "
                           "KUBESIM_MOUNT_* and rewritten paths, not at their mountPath"))
+    if dns.library is None:
+        fallbacks.append(("PodDNSUnavailable", "libnss_wrapper.so not found (Debian package "
+                          "libnss-wrapper): pod and Service names do not resolve in containers"))
     for spec in config.nodes:
         node = store.get("nodes", None, spec.name) or {}
         for reason, message in fallbacks:
@@ -94,6 +108,7 @@ async def shutdown(store: Store | None = None) -> None:
         if reaping:
             await asyncio.wait(reaping, timeout=5)
         cluster.memory.close()
+        cluster.ips.close()
         _clusters.pop(key, None)
     mounts.remove_targets()
 

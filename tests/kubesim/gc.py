@@ -20,7 +20,8 @@ from kubesim.store import Store
 log = logging.getLogger(__name__)
 
 # Kinds that own or are owned in this cluster; events are never owners of anything.
-OWNED_KINDS = ("jobs", "pods", "configmaps", "secrets", "persistentvolumeclaims", "leases")
+OWNED_KINDS = ("jobs", "pods", "configmaps", "secrets", "persistentvolumeclaims", "leases",
+               "services", "pytorchjobs")
 # Cluster-scoped kinds own namespaced objects too: a Node owns its Lease in kube-node-lease.
 CLUSTER_OWNER_KINDS = ("nodes", "namespaces")
 _DEBOUNCE_SECONDS = 0.02

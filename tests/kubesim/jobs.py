@@ -2,25 +2,29 @@
 
 What belongs here: creating pods from the template (ownerReference, job-tracking finalizer,
 `SuccessfulCreate`), recreation back-off, counting terminal pods once (the finalizer goes
-when counted), backoffLimit (OnFailure restarts included), podFailurePolicy
-(FailJob/Ignore/Count on exit codes and pod conditions), activeDeadlineSeconds, the two-step
-FailureTarget -> Failed and SuccessCriteriaMet -> Complete conditions, suspend, and deleting a
-finished Job after ttlSecondsAfterFinished. Texts follow pkg/controller/job.
+when counted), backoffLimit (OnFailure restarts included), what podFailurePolicy actions do
+(FailJob/FailIndex/Ignore/Count), activeDeadlineSeconds, Indexed Jobs (a pod per pending index,
+completedIndexes, backoffLimitPerIndex with failedIndexes and maxFailedIndexes, successPolicy),
+the two-step FailureTarget -> Failed and SuccessCriteriaMet -> Complete conditions, suspend, and
+deleting a finished Job after ttlSecondsAfterFinished. Texts follow pkg/controller/job.
 
-What does not: running pods (kubelet.py) or cascading deletes (gc.py).
+What does not: index arithmetic (indexes.py), matching failure policy rules (podfailure.py),
+running pods (kubelet.py) or cascading deletes (gc.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import time
 from datetime import datetime
 from typing import Any
 
-from kubesim import admission
+from kubesim import admission, indexes
 from kubesim.deletion import delete_object
 from kubesim.errors import ApiError
+from kubesim.podfailure import match_pod_failure_policy
 from kubesim.store import Store, timestamp
 
 COMPONENT = "job-controller"
@@ -31,8 +35,11 @@ _TICK_SECONDS = 0.1
 MESSAGES = {
     "BackoffLimitExceeded": "Job has reached the specified backoff limit",
     "DeadlineExceeded": "Job was active longer than specified deadline",
+    "MaxFailedIndexesExceeded": "Job has exceeded the specified maximal number of failed indexes",
+    "FailedIndexes": "Job has failed indexes",
 }
 _TERMINAL = ("Succeeded", "Failed")
+_SUCCESS = ("CompletionsReached", "SuccessPolicy")
 
 
 def _epoch(stamp: str) -> float:
@@ -53,41 +60,6 @@ def _add_condition(status: dict[str, Any], ctype: str, reason: str, message: str
     conds.append({"type": ctype, "status": value, "reason": reason, "message": message,
                   "lastProbeTime": now, "lastTransitionTime": now})
     status["conditions"] = conds
-
-
-def match_pod_failure_policy(job: dict[str, Any], pod: dict[str, Any]) -> tuple[str, str] | None:
-    """(action, FailJob message) of the first rule matching a failed pod, or None."""
-    rules = (job["spec"].get("podFailurePolicy") or {}).get("rules") or []
-    meta = pod["metadata"]
-    where = f"{meta['namespace']}/{meta['name']}"
-    for index, rule in enumerate(rules):
-        on_codes = rule.get("onExitCodes")
-        if on_codes:
-            hit = _exit_code_match(pod, on_codes)
-            if hit is not None:
-                return rule["action"], (f"Container {hit[0]} for pod {where} failed with exit "
-                                        f"code {hit[1]} matching FailJob rule at index {index}")
-        for pattern in rule.get("onPodConditions") or []:
-            for cond in pod.get("status", {}).get("conditions") or []:
-                if cond["type"] == pattern["type"] and cond["status"] == pattern.get("status", "True"):
-                    return rule["action"], (f"Pod {where} has condition {cond['type']} "
-                                            f"matching FailJob rule at index {index}")
-    return None
-
-
-def _exit_code_match(pod: dict[str, Any], rule: dict[str, Any]) -> tuple[str, int] | None:
-    status = pod.get("status", {})
-    for statuses in (status.get("containerStatuses"), status.get("initContainerStatuses")):
-        for cs in statuses or []:
-            if rule.get("containerName") and cs["name"] != rule["containerName"]:
-                continue
-            code = ((cs.get("state") or {}).get("terminated") or {}).get("exitCode")
-            if code is None or code == 0:
-                continue
-            inside = code in rule.get("values", [])
-            if inside == (rule.get("operator", "In") == "In"):
-                return cs["name"], int(code)
-    return None
 
 
 class JobController:
@@ -187,20 +159,41 @@ class JobController:
                status: dict[str, Any]) -> list[dict[str, Any]]:
         """Count terminal pods once, dropping their tracking finalizer; returns new failures."""
         failed: list[dict[str, Any]] = []
+        indexed, per_index = indexes.indexed(job), indexes.per_index(job)
+        completions = int(job["spec"].get("completions") or 1)
+        done = indexes.parse(status.get("completedIndexes"), completions)
+        lost = indexes.parse(status.get("failedIndexes"), completions)
         for pod in pods:
-            phase = pod["status"].get("phase")
+            phase, index = pod["status"].get("phase"), indexes.of(pod)
             if phase not in _TERMINAL or TRACKING not in (pod["metadata"].get("finalizers") or []):
                 continue
-            if phase == "Succeeded":
+            valid = index is not None and index < completions
+            if phase == "Succeeded" and indexed:
+                done.update([index] if valid else [])  # one success per index counts
+            elif phase == "Succeeded":
                 status["succeeded"] = int(status.get("succeeded", 0)) + 1
             else:
                 match = match_pod_failure_policy(job, pod)
-                if match is None or match[0] != "Ignore":
+                counted = match is None or match[0] != "Ignore"
+                if counted:
                     status["failed"] = int(status.get("failed", 0)) + 1
                     failed.append(pod)
+                if counted and not per_index:  # indexes back off one by one (_create_indexed)
                     self._not_before[job["metadata"]["uid"]] = time.time() + self._backoff(
                         int(status["failed"]))
+                action = match[0] if match else None
+                # Pods terminated for a failing Job count, but fail no index (syncJob).
+                ending = _condition(job, "FailureTarget") is not None
+                if per_index and valid and not ending and indexes.fails_index(job, pod, action,
+                                                                              counted):
+                    lost.add(int(index or 0))
             self._strip_finalizer(pod)
+        if indexed:
+            status["succeeded"], status["completedIndexes"] = len(done), indexes.render(done)
+            if not done:
+                status.pop("completedIndexes")  # omitempty
+        if per_index:
+            status["failedIndexes"] = indexes.render(lost)
         return failed
 
     def _backoff(self, failures: int) -> float:
@@ -219,9 +212,10 @@ class JobController:
 
     def _verdict(self, job: dict[str, Any], pods: list[dict[str, Any]], status: dict[str, Any],
                  newly_failed: list[dict[str, Any]]) -> tuple[str, str] | None:
-        target = _condition(job, "FailureTarget")
-        if target is not None:
-            return target["reason"], target["message"]
+        for interim in ("SuccessCriteriaMet", "FailureTarget"):
+            target = _condition(job, interim)
+            if target is not None:
+                return target["reason"], target["message"]
         for pod in newly_failed:
             match = match_pod_failure_policy(job, pod)
             if match is not None and match[0] == "FailJob":
@@ -234,7 +228,24 @@ class JobController:
         if deadline is not None and "startTime" in status and (
                 time.time() - _epoch(status["startTime"]) >= int(deadline)):
             return "DeadlineExceeded", MESSAGES["DeadlineExceeded"]
-        return None
+        return self._index_verdict(job, status)
+
+    def _index_verdict(self, job: dict[str, Any], status: dict[str, Any]
+                       ) -> tuple[str, str] | None:
+        """Failed indexes end a Job once every index is done, or at once past
+        maxFailedIndexes; a matched successPolicy rule ends it well (syncJob, 1.32)."""
+        if not indexes.indexed(job):
+            return None
+        completions = int(job["spec"]["completions"])
+        lost = len(indexes.parse(status.get("failedIndexes"), completions))
+        most = job["spec"].get("maxFailedIndexes")
+        if indexes.per_index(job) and most is not None and lost > int(most):
+            return "MaxFailedIndexesExceeded", MESSAGES["MaxFailedIndexesExceeded"]
+        if indexes.per_index(job) and lost and lost + int(status["succeeded"]) >= completions:
+            return "FailedIndexes", MESSAGES["FailedIndexes"]
+        matched = indexes.success_policy(
+            job, indexes.parse(status.get("completedIndexes"), completions))
+        return ("SuccessPolicy", matched) if matched else None
 
     def _past_limit_on_failure(self, job: dict[str, Any], pods: list[dict[str, Any]],
                                limit: int) -> bool:
@@ -250,19 +261,46 @@ class JobController:
     def _create(self, job: dict[str, Any], active: list[dict[str, Any]],
                 pods: list[dict[str, Any]], status: dict[str, Any]) -> None:
         spec = job["spec"]
-        replace_terminating = spec.get("podReplacementPolicy") != "Failed"
-        busy = len(active) + (0 if replace_terminating else len(
-            [p for p in pods if p["metadata"].get("deletionTimestamp")
-             and p["status"].get("phase") not in _TERMINAL]))
+        # podReplacementPolicy Failed: a terminating pod still holds its place (and index).
+        live = active if spec.get("podReplacementPolicy") != "Failed" else [
+            p for p in pods if p["status"].get("phase") not in _TERMINAL]
         wanted = min(int(spec.get("parallelism", 1)),
                      int(spec.get("completions") or 1) - int(status.get("succeeded", 0)))
-        if busy >= wanted or time.time() < self._not_before.get(job["metadata"]["uid"], 0):
+        if len(live) >= wanted:
             return
-        for _ in range(wanted - busy):
+        if not indexes.per_index(job) and time.time() < self._not_before.get(
+                job["metadata"]["uid"], 0):
+            return
+        if indexes.indexed(job):
+            return self._create_indexed(job, live, pods, status, wanted - len(live))
+        for _ in range(wanted - len(live)):
             self._create_pod(job)
 
-    def _create_pod(self, job: dict[str, Any]) -> None:
-        meta, template = job["metadata"], job["spec"]["template"]
+    def _create_indexed(self, job: dict[str, Any], busy: list[dict[str, Any]],
+                        pods: list[dict[str, Any]], status: dict[str, Any], count: int) -> None:
+        """A pod for each of the lowest pending indexes. With a limit per index, each index waits
+        out its own back-off from its last failed pod, whose failure counts carry over."""
+        completions = int(job["spec"]["completions"])
+        chosen = indexes.pending(
+            job, {i for i in map(indexes.of, busy) if i is not None},
+            indexes.parse(status.get("completedIndexes"), completions),
+            indexes.parse(status.get("failedIndexes"), completions), count)
+        for index in chosen:
+            failures = [p for p in pods if indexes.of(p) == index
+                        and p["status"].get("phase") == "Failed"]
+            last = max(failures, key=indexes.finished_at, default=None)
+            if last is not None and indexes.per_index(job):
+                tries = indexes.absolute_failures(last) + 1
+                ready = indexes.finished_at(last) + self._backoff(tries)
+                if time.time() < ready:
+                    self._due.append(ready)
+                    continue
+            match = match_pod_failure_policy(job, last) if last is not None else None
+            self._create_pod(job, index, last, match is None or match[0] != "Ignore")
+
+    def _create_pod(self, job: dict[str, Any], index: int | None = None,
+                    replaced: dict[str, Any] | None = None, counted: bool = True) -> None:
+        meta, template = job["metadata"], copy.deepcopy(job["spec"]["template"])
         owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
                  "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
         pod: dict[str, Any] = {
@@ -270,8 +308,15 @@ class JobController:
             "metadata": {**template.get("metadata", {}), "generateName": f"{meta['name']}-",
                          "namespace": meta["namespace"], "finalizers": [TRACKING],
                          "ownerReferences": [owner]},
-            "spec": dict(template.get("spec", {}))}
+            "spec": template.get("spec", {})}
         pod["metadata"].pop("name", None)
+        if index is not None:
+            extra = indexes.template(job, index, replaced, counted)
+            pod["metadata"]["generateName"] = extra["generateName"]
+            for key in ("annotations", "labels"):
+                pod["metadata"][key] = {**(pod["metadata"].get(key) or {}), **extra[key]}
+            pod["spec"]["hostname"] = extra["hostname"]
+            indexes.add_index_env(pod["spec"])
         admission.default("pods", pod)
         created = self.store.create("pods", pod)
         self.store.record_event(job, "SuccessfulCreate",
@@ -305,7 +350,7 @@ class JobController:
                 verdict: tuple[str, str] | None) -> None:
         if verdict is not None:
             reason, message = verdict
-            success = reason == "CompletionsReached"
+            success = reason in _SUCCESS
             first, final = ("SuccessCriteriaMet", "Complete") if success else (
                 "FailureTarget", "Failed")
             if not any(c["type"] == first for c in status.get("conditions") or []):
@@ -333,11 +378,8 @@ class JobController:
         status.setdefault("failed", 0)
         status.setdefault("succeeded", 0)
         status["uncountedTerminatedPods"] = {}
-
-        def put(obj: dict[str, Any]) -> None:
-            obj["status"] = status
-
-        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], put)
+        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"],
+                          lambda obj: obj.update(status=status))
 
     def _release(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
         """A finished Job still drops the tracking finalizer of pods that end later."""

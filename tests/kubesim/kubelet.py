@@ -2,7 +2,7 @@
 
 What belongs here: the per-node sync loop (pods bound to this node get a pod worker; deleted
 pods lose their files), the kubelet's events, IP and GPU allocation, and killing everything
-on a node crash. Messages follow pkg/kubelet of Kubernetes 1.32.
+on a node crash. Pod IPs come from the cluster-wide pool (network.py). Messages follow pkg/kubelet of Kubernetes 1.32.
 
 What does not: one pod's lifecycle (podworker.py), its reported status (podstatus.py),
 processes (runtime.py), heartbeats and node conditions (nodes.py).
@@ -17,6 +17,8 @@ from typing import Any
 
 from kubesim import runtime
 from kubesim.config import NodeSpec, SimConfig
+from kubesim.dns import ClusterDns
+from kubesim.network import PodIps
 from kubesim.podworker import PodWorker, finalize_deletion, involved, pod_dir
 from kubesim.store import Store
 
@@ -31,8 +33,10 @@ class Kubelet:
     """Runs the pods bound to one node."""
 
     def __init__(self, store: Store, node: NodeSpec, config: SimConfig,
-                 memory: runtime.MemoryControl, index: int) -> None:
+                 memory: runtime.MemoryControl, index: int, *, ips: PodIps,
+                 dns: ClusterDns) -> None:
         self.store, self.node, self.config, self.memory = store, node, config, memory
+        self.ips, self.dns = ips, dns  # shared by every node: pod IPs are cluster-wide
         self.name = node.name
         self.index = index
         self.connected = True  # False while partitioned: status writes are lost
@@ -40,7 +44,6 @@ class Kubelet:
         self.workers: dict[str, PodWorker] = {}
         self.reaping: set[asyncio.Future[runtime.Exit]] = set()
         self.missed_deletions: list[dict[str, Any]] = []
-        self._next_ip = 2
 
     def scaled(self, seconds: float) -> float:
         return seconds * self.config.time_scale
@@ -54,8 +57,7 @@ class Kubelet:
         return 0.0 if seconds <= 0 else max(self.scaled(seconds), MIN_TERMINATION_GRACE_SECONDS)
 
     def allocate_ip(self) -> str:
-        self._next_ip += 1
-        return f"10.244.{self.index}.{self._next_ip % 250 + 2}"
+        return self.ips.allocate(self.store.view("pods"))
 
     def free_gpus(self) -> list[int]:
         used = {g for w in self.workers.values() if not w.finished for g in w.gpus}

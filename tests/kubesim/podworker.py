@@ -288,14 +288,16 @@ class PodWorker:
         podstatus.pulled(self, c, image)
         container_dir = self.dir / c.name
         container_dir.mkdir(parents=True, exist_ok=True)
+        hosts = kubelet.dns.write(pod, self.ip)  # before the first lookup can happen
         namespaced = mounts.available()
         try:
             folders = workload.prepare_volumes(kubelet.store, pod, self.dir, kubelet.config.root)
             binds = workload.mount_map(spec, folders, container_dir)
             if namespaced:  # the path can only be bound in a mount namespace of its own
                 serviceaccount.bind(binds, kubelet.store, pod, kubelet.config.root, self.dir)
+            extra = {**kubelet.dns.env(pod, hosts), **self._extra_env(binds)}
             env = workload.build_env(
-                kubelet.store, pod, spec, self._extra_env(binds),
+                kubelet.store, pod, spec, extra,
                 path_prefix=workload.host_python_path(kubelet.config.root, image_runtime))
             if not namespaced:
                 env = {k: workload.rewrite(v, binds) for k, v in env.items()}

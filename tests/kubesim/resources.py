@@ -54,12 +54,17 @@ RESOURCES: dict[str, ResourceInfo] = {
                      "PersistentVolumeClaim", short_names=("pvc",), subresources=("status",)),
         ResourceInfo("jobs", "job", "Job", group="batch", categories=("all",),
                      subresources=("status",)),
+        ResourceInfo("services", "service", "Service", short_names=("svc",),
+                     categories=("all",), subresources=("status",)),
         ResourceInfo("leases", "lease", "Lease", group="coordination.k8s.io"),
+        # The Kubeflow training operator's CRD (kubeflow.org_pytorchjobs.yaml, v1.9).
+        ResourceInfo("pytorchjobs", "pytorchjob", "PyTorchJob", group="kubeflow.org",
+                     subresources=("status",)),
     )
 }
 
 # Group/version pairs served under /apis, in discovery order.
-GROUPS: dict[str, str] = {"batch": "v1", "coordination.k8s.io": "v1"}
+GROUPS: dict[str, str] = {"batch": "v1", "coordination.k8s.io": "v1", "kubeflow.org": "v1"}
 
 
 def info(resource: str) -> ResourceInfo:

@@ -2,11 +2,13 @@
 
 What belongs here: fit (node Ready and schedulable, nodeSelector, NoSchedule/NoExecute taints
 against tolerations, cpu/memory/nvidia.com/gpu/pods requests against allocatable minus the
-non-terminal pods already there), binding with the `Scheduled` event, and the
+non-terminal pods already there, then required pod anti-affinity), the choice among fitting
+nodes (preferred pod anti-affinity, then name order), binding with the `Scheduled` event, and the
 `Unschedulable` condition plus `FailedScheduling` event in the scheduler's own words
 (pkg/scheduler/framework/types.go FitError.Error, 1.32), and victim handling for preemption.
 
-What does not: running pods (kubelet.py) or node health (nodes.py).
+What does not: running pods (kubelet.py), node health (nodes.py), the affinity rules themselves
+(affinity.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections import Counter
 from decimal import Decimal
 from typing import Any
 
-from kubesim import workload
+from kubesim import affinity, workload
 from kubesim.store import Store, timestamp
 
 COMPONENT = "default-scheduler"
@@ -54,11 +56,13 @@ def _used(pods: list[dict[str, Any]], node_name: str) -> dict[str, Decimal]:
     return used
 
 
-def failures(pod: dict[str, Any], node: dict[str, Any], pods: list[dict[str, Any]]) -> list[str]:
+def failures(pod: dict[str, Any], node: dict[str, Any], pods: list[dict[str, Any]],
+             nodes: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """Why the pod does not fit the node, in FailedScheduling words; empty when it fits.
 
     Filters run in the default plugin order (NodeUnschedulable, TaintToleration,
-    NodeAffinity, NodeResourcesFit) and stop at the first that fails, as the scheduler's do.
+    NodeAffinity, NodeResourcesFit, InterPodAffinity) and stop at the first that fails, as the
+    scheduler's do. `nodes` (by name) places the other pods in their topology domains.
     """
     spec = node.get("spec") or {}
     if spec.get("unschedulable"):
@@ -68,40 +72,32 @@ def failures(pod: dict[str, Any], node: dict[str, Any], pods: list[dict[str, Any
             return [f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"]
     labels = node["metadata"].get("labels") or {}
     selector = pod["spec"].get("nodeSelector") or {}
-    if any(labels.get(k) != v for k, v in selector.items()) or not _affinity_fits(pod, labels):
+    if any(labels.get(k) != v for k, v in selector.items()) or not affinity.node_affinity_fits(
+            pod, node):
         return ["node(s) didn't match Pod's node affinity/selector"]
     alloc, used = _allocatable(node), _used(pods, node["metadata"]["name"])
     wanted = {**workload.requests_of(pod), "pods": Decimal(1)}
-    return [_TOO_MANY_PODS if key == "pods" else f"Insufficient {key}"
-            for key, amount in sorted(wanted.items())
-            if amount > 0 and used.get(key, Decimal(0)) + amount > alloc.get(key, Decimal(0))]
-
-
-def _affinity_fits(pod: dict[str, Any], labels: dict[str, str]) -> bool:
-    """requiredDuringSchedulingIgnoredDuringExecution: terms ORed, each term's expressions ANDed."""
-    required = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    terms = required.get("nodeSelectorTerms") or []
-    return not terms or any(all(_expression_fits(e, labels) for e in term.get("matchExpressions") or [])
-                            for term in terms)
-
-
-def _expression_fits(expression: dict[str, Any], labels: dict[str, str]) -> bool:
-    key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
-    present = key in labels
-    return {"In": present and labels.get(key) in values, "NotIn": not present or labels.get(key) not in values,
-            "Exists": present, "DoesNotExist": not present}.get(operator, False)
+    short = [_TOO_MANY_PODS if key == "pods" else f"Insufficient {key}"
+             for key, amount in sorted(wanted.items())
+             if amount > 0 and used.get(key, Decimal(0)) + amount > alloc.get(key, Decimal(0))]
+    if short:
+        return short
+    anti = affinity.anti_affinity_failure(pod, node, pods,
+                                          nodes or {node["metadata"]["name"]: node})
+    return [anti] if anti else []
 
 
 def _resolvable(reason: str) -> bool:
-    """Whether evicting pods could cure this reason (so preemption is worth trying)."""
-    return reason.startswith("Insufficient ") or reason == _TOO_MANY_PODS
+    """Whether evicting pods could cure this reason (so preemption is worth trying): the
+    plugins' Unschedulable (not UnschedulableAndUnresolvable) statuses."""
+    return reason.startswith("Insufficient ") or reason in (
+        _TOO_MANY_PODS, affinity.ANTI_AFFINITY, affinity.EXISTING_ANTI_AFFINITY)
 
 
-def find_victims(pod: dict[str, Any], node: dict[str, Any],
-                 pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def find_victims(pod: dict[str, Any], node: dict[str, Any], pods: list[dict[str, Any]],
+                 nodes: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Lower-priority pods whose removal lets the pod fit the node; empty when none does."""
-    if not all(_resolvable(r) for r in failures(pod, node, pods)):
+    if not all(_resolvable(r) for r in failures(pod, node, pods, nodes)):
         return []
     priority = pod["spec"].get("priority") or 0
     name = node["metadata"]["name"]
@@ -115,7 +111,7 @@ def find_victims(pod: dict[str, Any], node: dict[str, Any],
     for candidate in candidates:
         victims.append(candidate)
         gone = {v["metadata"]["uid"] for v in victims}
-        if not failures(pod, node, [p for p in pods if p["metadata"]["uid"] not in gone]):
+        if not failures(pod, node, [p for p in pods if p["metadata"]["uid"] not in gone], nodes):
             return victims
     return []
 
@@ -163,28 +159,30 @@ class Scheduler:
                           and p["spec"].get("schedulerName", COMPONENT) == COMPONENT),
                          key=lambda p: (-(p["spec"].get("priority") or 0),
                                         p["metadata"]["creationTimestamp"]))
+        by_name = {n["metadata"]["name"]: n for n in all_nodes}
         for pod in pending:
-            reasons = {n["metadata"]["name"]: failures(pod, n, pods) for n in nodes}
+            reasons = {n["metadata"]["name"]: failures(pod, n, pods, by_name) for n in nodes}
             for node in all_nodes:
                 if not _ready(node):
                     reasons[node["metadata"]["name"]] = [_not_ready_reason(node)]
-            fitting = sorted(name for name, rs in reasons.items() if not rs)
+            fitting = sorted((name for name, rs in reasons.items() if not rs), key=lambda name: (
+                -affinity.preference(pod, by_name[name], pods, by_name), name))
             if fitting:
-                pod["spec"]["nodeName"] = fitting[0]
+                pod["spec"]["nodeName"] = fitting[0]  # the next pending pod sees it placed
                 self._bind(pod, fitting[0])
                 continue
             self._unschedulable(pod, fit_error(len(all_nodes), reasons))
             if not pod.get("status", {}).get("nominatedNodeName"):
-                self._preempt(pod, nodes, pods)
+                self._preempt(pod, nodes, pods, by_name)
 
     def _preempt(self, pod: dict[str, Any], nodes: list[dict[str, Any]],
-                 pods: list[dict[str, Any]]) -> None:
+                 pods: list[dict[str, Any]], by_name: dict[str, dict[str, Any]]) -> None:
         """Default preemption: on the first node where removing lower-priority pods (lowest
         first) makes room, delete them and nominate the node for the preemptor."""
         if pod["spec"].get("preemptionPolicy") == "Never":
             return
         for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
-            victims = find_victims(pod, node, pods)
+            victims = find_victims(pod, node, pods, by_name)
             if not victims:
                 continue
             meta = pod["metadata"]

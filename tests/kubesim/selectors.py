@@ -108,6 +108,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "nodes": _COMMON + ("spec.unschedulable",),
     "namespaces": _COMMON + ("status.phase",),
     "secrets": _COMMON + ("type",),
+    "services": _COMMON + ("spec.clusterIP", "spec.type"),
 }
 
 

@@ -29,7 +29,7 @@ Change = tuple[str, str, dict[str, Any]]  # (event_type, resource, obj)
 
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 # Kinds whose spec changes bump metadata.generation (pods only gained it in 1.33).
-_GENERATION_KINDS = {"jobs", "nodes", "persistentvolumeclaims"}
+_GENERATION_KINDS = {"jobs", "nodes", "persistentvolumeclaims", "pytorchjobs"}
 
 
 def timestamp(at: float | None = None) -> str:
@@ -73,6 +73,13 @@ class Store:
     def peek(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         """The stored object itself, or None: for read-only checks on hot paths; never change it."""
         return self._objects.get((resource, namespace, name))
+
+    def view(self, resource: str, namespace: str | None = None
+             ) -> builtins.list[dict[str, Any]]:
+        """The stored objects themselves, unsorted: for read-only scans by controllers that run
+        on every change (a deep copy of every pod each time would cost a good part of a core)."""
+        return [o for k, o in self._objects.items()
+                if k[0] == resource and (namespace is None or k[1] == namespace)]
 
     def list(self, resource: str, namespace: str | None = None, *,
              label_selector: str | None = None,

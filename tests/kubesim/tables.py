@@ -1,7 +1,8 @@
 """Server-side printing (`as=Table`): ports of the apiserver's printers for the kinds kubectl lists.
 
 Ported from kubernetes/pkg/printers/internalversion/printers.go (1.32): printPod, printJob,
-printEvent, printNode, and the Name/Age default. Content negotiation belongs to the server.
+printEvent, printNode, printService, and the Name/Age default; PyTorchJob rows follow its CRD's
+additionalPrinterColumns (State, Age) as the apiextensions table convertor renders them. Content negotiation belongs to the server.
 """
 
 from __future__ import annotations
@@ -206,6 +207,26 @@ def _node_cells(node: dict[str, Any]) -> list[Any]:
             info.get("kernelVersion", "<unknown>"), info.get("containerRuntimeVersion", "")]
 
 
+def _service_cells(svc: dict[str, Any]) -> list[Any]:
+    meta, spec = svc["metadata"], svc.get("spec") or {}
+    kind = spec.get("type", "ClusterIP")
+    external = ",".join(spec.get("externalIPs") or []) or "<none>"
+    if kind == "ExternalName":
+        external = spec.get("externalName") or "<none>"
+    ports = ",".join(
+        (f"{p['port']}:{p['nodePort']}/{p.get('protocol', 'TCP')}" if p.get("nodePort")
+         else f"{p['port']}/{p.get('protocol', 'TCP')}") for p in spec.get("ports") or [])
+    selector = ",".join(f"{k}={v}" for k, v in sorted((spec.get("selector") or {}).items()))
+    return [meta["name"], kind, spec.get("clusterIP") or "<none>", external, ports or "<none>",
+            since(meta.get("creationTimestamp")), selector or "<none>"]
+
+
+def _pytorchjob_cells(job: dict[str, Any]) -> list[Any]:
+    conditions = (job.get("status") or {}).get("conditions") or []
+    state = conditions[-1]["type"] if conditions else None  # `.status.conditions[-1:].type`
+    return [job["metadata"]["name"], state, since(job["metadata"].get("creationTimestamp"))]
+
+
 _S, _I, _D = "string", "integer", "date"
 PRINTERS: dict[str, tuple[list[Column], Any]] = {
     "pods": ([("Name", _S, 0), ("Ready", _S, 0), ("Status", _S, 0), ("Restarts", _S, 0),
@@ -221,6 +242,10 @@ PRINTERS: dict[str, tuple[list[Column], Any]] = {
                ("Version", _S, 0), ("Internal-IP", _S, 1), ("External-IP", _S, 1),
                ("OS-Image", _S, 1), ("Kernel-Version", _S, 1), ("Container-Runtime", _S, 1)],
               _node_cells),
+    "services": ([("Name", _S, 0), ("Type", _S, 0), ("Cluster-IP", _S, 0),
+                  ("External-IP", _S, 0), ("Port(s)", _S, 0), ("Age", _S, 0),
+                  ("Selector", _S, 1)], _service_cells),
+    "pytorchjobs": ([("Name", _S, 0), ("State", _S, 0), ("Age", _D, 0)], _pytorchjob_cells),
 }
 _DEFAULT: tuple[list[Column], Any] = (
     [("Name", _S, 0), ("Age", _S, 0)],

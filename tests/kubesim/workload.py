@@ -30,6 +30,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from kubesim.dns import hostname
 from kubesim.store import Store
 
 _SUFFIXES: dict[str, Decimal | int] = {
@@ -185,7 +186,7 @@ def build_env(store: Store, pod: Mapping[str, Any], container: Mapping[str, Any]
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     if path_prefix is not None:
         env["PATH"] = f"{path_prefix}:{env['PATH']}"
-    env.update({"HOME": "/root", "HOSTNAME": pod["metadata"]["name"], **extra})
+    env.update({"HOME": "/root", "HOSTNAME": hostname(pod), **extra})
     for source in container.get("envFrom") or []:
         env.update(_env_from(store, ns, source))
     for item in container.get("env") or []:
