@@ -1,6 +1,6 @@
 """trainguard's time per attempt on Slurm against a bare `sbatch --wait` of the same command.
 
-Starts the tests' throwaway single-node Slurm (tests/slurm/cluster.py, with slurmdbd over MariaDB for
+Starts the tests' throwaway single-node Slurm (tests/services/slurm_cluster.py, with slurmdbd over MariaDB for
 accounting: needs slurm-wlm, munge, slurmdbd, slurm-wlm-mysql-plugin and mariadb-server-core, as
 `./dev test` installs them), then, interleaved and after one warm-up each:
 
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from slurm.cluster import SlurmCluster  # noqa: E402
+from services.slurm_cluster import SlurmCluster  # noqa: E402
 
 from trainguard.core.backends.base import Launch  # noqa: E402
 from trainguard.core.backends.slurm.client import TERMINAL_STATES, SlurmClient  # noqa: E402

@@ -1,6 +1,6 @@
 """Fixtures shared by more than one test folder: one real Prefect server for the whole session.
 
-Flow tests of every backend (tests/flows, tests/slurm) run real flows against the same server,
+Flow tests of every backend (tests/flows, tests/backends/slurm) run real flows against the same server,
 which takes ~10 s to start on 2 cores; each folder's conftest adds its own blocks and services.
 """
 
@@ -43,15 +43,15 @@ def small_disk(tmp_path: Path):
 # A folder whose tests share an expensive service for the session runs on one worker, so the
 # service starts once; every other file is a group of its own. The longest groups go first, so that
 # no long group is left to run alone at the end.
-_ONE_WORKER_FOLDERS = ("scale", "slurm")
-_LONGEST_FIRST = ("tests/scale", "tests/slurm", "tests/flows", "tests/s3", "tests/cluster", "tests/kube")
+_ONE_WORKER_FOLDERS = ("tests/scale/", "tests/backends/slurm/")
+_LONGEST_FIRST = ("tests/scale", "tests/backends/slurm", "tests/flows", "tests/stores", "tests/cluster",
+                  "tests/backends/kubernetes")
 
 
 def _group(item: pytest.Item) -> str:
-    parts = item.path.relative_to(_ROOT).parts
-    if len(parts) > 2 and parts[1] in _ONE_WORKER_FOLDERS:
-        return "/".join(parts[:2])
-    return "/".join(parts)
+    path = item.path.relative_to(_ROOT).as_posix()
+    folder = next((f for f in _ONE_WORKER_FOLDERS if path.startswith(f)), None)
+    return folder.rstrip("/") if folder else path
 
 
 def _rank(group: str) -> int:

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from conftest import seeded_pod, shape
+from cluster_helpers import seeded_pod, shape
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from waiting import wait_for

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import read_log, seeded_pod, write_cri_log
+from cluster_helpers import read_log, seeded_pod, write_cri_log
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 import urllib3
-from conftest import seeded_pod
+from cluster_helpers import seeded_pod
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from kubernetes_asyncio import client as aclient

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import seeded_pod
+from cluster_helpers import seeded_pod
 from kubernetes import client, watch
 
 import kubesim.fixture

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from processes import alive
 from kubernetes import client, config
 
 import kubesim
@@ -18,15 +20,6 @@ from waiting import wait_for
 _PIDFILE_SCRIPT = ("import os, sys, time\n"
                    "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
                    "time.sleep(120)\n")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return status != "Z"
 
 
 def test_a_started_cluster_serves_its_kubeconfig_and_exits_cleanly(tmp_path: Path) -> None:
@@ -48,8 +41,8 @@ def test_stopping_the_cluster_ends_its_container_processes(tmp_path: Path) -> No
                 "command": [sys.executable, "-c", _PIDFILE_SCRIPT, str(pidfile)]}]}})
         wait_for(lambda: pidfile.exists() and pidfile.read_text(), 15, "the container to start")
         pid = int(pidfile.read_text())
-        assert _alive(pid)
-    wait_for(lambda: not _alive(pid), 5, f"container process {pid} to end with the cluster")
+        assert alive(pid)
+    wait_for(lambda: not alive(pid), 5, f"container process {pid} to end with the cluster")
 
 
 def test_a_temporary_root_is_removed_at_the_end() -> None:

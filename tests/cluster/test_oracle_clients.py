@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import read_log, shape
+from cluster_helpers import read_log, shape
 from kubernetes import client, watch
 from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig

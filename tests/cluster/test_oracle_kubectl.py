@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import kubectl
+from cluster_helpers import kubectl
 from kubernetes import client
 from waiting import wait_for
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import kubectl, read_log
+from cluster_helpers import kubectl, read_log
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from waiting import wait_for

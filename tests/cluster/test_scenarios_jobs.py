@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 import kubesim
-from conftest import shape
+from cluster_helpers import shape
 from waiting import wait_for
 from kubernetes import client, watch
 

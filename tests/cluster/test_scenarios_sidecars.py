@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conftest import read_log
+from cluster_helpers import read_log
 from kubernetes import client
 from waiting import wait_for
 

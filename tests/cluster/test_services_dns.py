@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 import pytest
-from conftest import kubectl, read_log, shape
+from cluster_helpers import kubectl, read_log, shape
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from waiting import wait_for

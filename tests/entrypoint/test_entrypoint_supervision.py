@@ -12,19 +12,11 @@ import os
 import signal
 import subprocess
 import sys
+from processes import alive
 from pathlib import Path
 
 from entrypoint_harness import entrypoint_argv, entrypoint_env, py
 from waiting import wait_for
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie has ended: it only waits to be reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
 
 
 def _report(workspace: Path) -> dict | None:

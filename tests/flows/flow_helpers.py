@@ -39,15 +39,6 @@ def parent_pid(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie has ended: it only waits to be reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
-
-
 def read_run(flow_run_id: Any) -> Any:
     with get_client(sync_client=True) as client:
         return client.read_flow_run(flow_run_id)

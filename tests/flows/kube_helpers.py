@@ -8,10 +8,7 @@ events, OOM kills and evictions, the Prefect server, the flows.
 from __future__ import annotations
 
 import json
-import sys
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +17,7 @@ import kubesim.fixture
 from blocks import EvidenceFolder, KubernetesJobBackend
 from trainguard.demo import SCRIPT
 
-NODES = [kubesim.Node("gpu-node-1", gpus=2, cpu="8", memory="16Gi"),
-         kubesim.Node("gpu-node-2", gpus=2, cpu="8", memory="16Gi")]
 GPU_FAULT = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus."
-
-
-@contextmanager
-def cluster(root: Path) -> Iterator[kubesim.fixture.Sim]:
-    with kubesim.run(root=root, nodes=NODES, images={"python:*": kubesim.HostPython(sys.executable)},
-                     time_scale=0.02) as sim:
-        yield sim
 
 
 def kube_blocks(sim: kubesim.fixture.Sim, tmp_path: Path, **fields: Any) -> dict[str, Any]:

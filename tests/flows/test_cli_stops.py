@@ -17,6 +17,8 @@ import threading
 from pathlib import Path
 
 import pytest
+
+from processes import alive
 import yaml
 from flow_helpers import tiny_spec
 from waiting import wait_for
@@ -84,7 +86,7 @@ def test_a_stopped_run_records_the_attempt_prints_the_table_and_says_how_to_resu
         cli.send_signal(signum)
     out, err = cli.communicate(timeout=120)
     for pid in [*servers, entrypoint, *training]:
-        wait_for(lambda: not _alive(pid), 30, f"{_cmdline(pid) or pid} to end with the CLI")
+        wait_for(lambda: not alive(pid), 30, f"{_cmdline(pid) or pid} to end with the CLI")
 
     assert cli.returncode == code, out[-3000:] + err[-3000:]
     table = out[out.index("trainguard run stopped-"):]
@@ -161,14 +163,6 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in "ZX"
-
-
 def test_kill_9_of_the_cli_leaves_nothing_running_and_resume_continues_the_run(tmp_path):
     slow_spec(tmp_path, "killed")
     cli = start(tmp_path, "run", "run.yaml", api_url=None)
@@ -179,8 +173,8 @@ def test_kill_9_of_the_cli_leaves_nothing_running_and_resume_continues_the_run(t
     os.kill(cli.pid, signal.SIGKILL)
     cli.communicate(timeout=30)
 
-    wait_for(lambda: not _alive(server), 30, "the temporary server to stop with the CLI")
-    wait_for(lambda: not _alive(entrypoint), 30, "the entrypoint to stop the command and exit")
+    wait_for(lambda: not alive(server), 30, "the temporary server to stop with the CLI")
+    wait_for(lambda: not alive(entrypoint), 30, "the entrypoint to stop the command and exit")
     run_dir = next((tmp_path / "trainguard-data/work/runs").iterdir())
     report = json.loads((run_dir / "attempt-1/crash-report.json").read_text())
     assert report["supervisor_lost"] is True

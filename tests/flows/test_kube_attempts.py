@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
 
 import pytest
 
-from kube_helpers import GPU_FAULT, cluster, evidence_names, inline, kept, kube_blocks, pod_of, tiny
+from simfixtures import sim_fixture
+from kube_helpers import GPU_FAULT, evidence_names, inline, kept, kube_blocks, pod_of, tiny
 from flows.run import training_run
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.reports.attempt import render_attempt
@@ -23,10 +23,7 @@ from trainguard.core.spec import parse_spec
 from waiting import wait_for
 
 
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with cluster(tmp_path_factory.mktemp("kubesim")) as running:
-        yield running
+sim = sim_fixture()
 
 
 @pytest.fixture

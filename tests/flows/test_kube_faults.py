@@ -11,14 +11,14 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from kube_helpers import cluster, evidence_names, kept, kube_blocks, pod_of, tiny
+from simfixtures import sim_fixture
+from kube_helpers import evidence_names, kept, kube_blocks, pod_of, tiny
 from flows.attempt import train_attempt
 from trainguard.core.spec import parse_spec
 from waiting import wait_for
@@ -26,10 +26,7 @@ from waiting import wait_for
 RBAC = Path(__file__).resolve().parents[2] / "deployments" / "kubernetes" / "rbac.yaml"
 
 
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with cluster(tmp_path_factory.mktemp("kubesim")) as running:
-        yield running
+sim = sim_fixture()
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ import kubesim
 import pytest
 from kubernetes.client import ApiException
 from flow_helpers import PREFECT, ROOT, attempt_dir, read_run, subprocess_env
-from kube_helpers import NODES, pod_of, tiny
+from kube_helpers import pod_of, tiny
+from simfixtures import sim_fixture
 from prefect.deployments import run_deployment
 from runs import attempt_runs
 from services.prefect_server import managed_process
@@ -32,12 +33,8 @@ from trainguard.core.backends.kubernetes.api import KubeApi
 POOL, NAMESPACE = "trainguard-kubernetes", "trainguard"  # the pool prefect.yaml names; the template's namespace
 
 
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    images = {"python:*": kubesim.HostPython(sys.executable),  # the training image
-              "prefecthq/prefect:*": kubesim.HostPython(sys.executable)}  # the flow pod's, the worker's default
-    with kubesim.run(root=tmp_path_factory.mktemp("kubesim"), nodes=NODES, images=images, time_scale=0.02) as running:
-        yield running
+# the flow pod's image, the worker's default, runs on this host's Python like the training image
+sim = sim_fixture(images={"prefecthq/prefect:*": kubesim.HostPython(sys.executable)})
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ from pathlib import Path
 from uuid import UUID
 
 import pytest
-from flow_helpers import alive, attempt_dir, attempt_runs, deployment_exists, parent_pid, read_run, tiny_spec
+from processes import alive
+from flow_helpers import attempt_dir, attempt_runs, deployment_exists, parent_pid, read_run, tiny_spec
 from prefect import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter,

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from prefect.artifacts import Artifact
 
 from flow_helpers import attempt_dir, attempt_runs, tiny_spec
-from kube_helpers import cluster, kube_blocks
+from simfixtures import sim_fixture
+from kube_helpers import kube_blocks
 
 from flows.run import training_run
 from trainguard.core.evidence.manifest import read_manifest, verify_manifest
@@ -23,10 +23,7 @@ from trainguard.core.spec import parse_spec
 from trainguard.core.stores.folder import LocalEvidenceStore
 
 
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with cluster(tmp_path_factory.mktemp("kubesim")) as running:
-        yield running
+sim = sim_fixture()
 
 
 @pytest.fixture(params=["local", "kubernetes"])

@@ -68,7 +68,8 @@ def _save() -> None:
             {"created": sorted(map(str, _created)), "used": sorted(map(str, _used))}))
 
 
-def _alive(pid: int) -> bool:
+def other_server_alive(pid: int) -> bool:
+    """Whether ``pid`` is another kubesim server that still runs (state files name their owner's pid)."""
     return pid != os.getpid() and Path(f"/proc/{pid}").exists()
 
 
@@ -83,7 +84,7 @@ def remove_targets(*, only_dead: bool = False) -> None:
             continue
         with contextlib.suppress(OSError, ValueError):
             record = json.loads(entry.read_text())
-            if _alive(int(entry.stem)):
+            if other_server_alive(int(entry.stem)):
                 protected.update(Path(p) for p in record["used"])
             else:
                 candidates.update(Path(p) for p in record["created"])

@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from kubesim.mounts import other_server_alive
+
 log = logging.getLogger("kubesim.network")
 
 REGISTRY = Path("/tmp/kubesim-pod-ips")
@@ -34,10 +36,6 @@ def nss_wrapper() -> str | None:
         for found in sorted(glob.glob(pattern)):
             return found
     return None
-
-
-def _alive(pid: int) -> bool:
-    return pid != os.getpid() and Path(f"/proc/{pid}").exists()
 
 
 def claim_block() -> int:
@@ -55,7 +53,7 @@ def claim_block() -> int:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             with contextlib.suppress(OSError, ValueError):
-                if not _alive(int(path.read_text() or "0")):
+                if not other_server_alive(int(path.read_text() or "0")):
                     path.write_text(str(os.getpid()))
                     return block
             continue

@@ -4,7 +4,7 @@ Nothing system-wide is read or written: the configuration, munge key and socket,
 and log files and the accounting database live under the folder given, and every command reaches
 this cluster through `SLURM_CONF`. The node is this machine, tracked with `proctrack/linuxproc` and
 `task/none` (no cgroups needed), as root. Jobs and steps are accounted by slurmdbd over MariaDB
-(tests/slurm/accounting.py), so `sacct` answers; job completion records also go to `jobcomp/filetxt`.
+(tests/services/slurm_accounting.py), so `sacct` answers; job completion records also go to `jobcomp/filetxt`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm import accounting
+from services import slurm_accounting as accounting
 
 DAEMONS = ("mariadbd", "munged", "slurmdbd", "slurmctld", "slurmd")  # in starting order
 

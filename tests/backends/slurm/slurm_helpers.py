@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from runs import tiny_spec  # noqa: F401  (re-exported for the tests here)
-from slurm.cluster import SlurmCluster
+from services.slurm_cluster import SlurmCluster
 from waiting import wait_for
 
 from blocks import EvidenceFolder, SlurmBackend

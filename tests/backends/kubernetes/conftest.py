@@ -6,28 +6,18 @@ test machines); everything else is the real `kubernetes` client over HTTP agains
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 import kubesim
+from simfixtures import sim_fixture
 import kubesim.fixture
 from trainguard.core.backends.kubernetes.api import KubeApi, RetrySettings
 
 
-@pytest.fixture(scope="session")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubesim.fixture.Sim]:
-    with kubesim.run(
-        root=tmp_path_factory.mktemp("kubesim"),
-        nodes=[kubesim.Node("gpu-node-1", gpus=2, cpu="8", memory="16Gi"),
-               kubesim.Node("gpu-node-2", gpus=2, cpu="8", memory="16Gi")],
-        images={"python:*": kubesim.HostPython(sys.executable),
-                "ghcr.io/acme/train:*": kubesim.HostPython(sys.executable)},
-        time_scale=0.02,
-    ) as running:
-        yield running
+sim = sim_fixture(scope="session")
 
 
 @pytest.fixture(scope="session")

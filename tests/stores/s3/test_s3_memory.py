@@ -76,7 +76,7 @@ def moto_process():
 
 @pytest.mark.timeout(600)
 def test_a_1_gib_item_uploads_with_peak_rss_under_128_mib(moto_process, tmp_path) -> None:
-    env = {**os.environ, **CREDENTIALS, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, **CREDENTIALS, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     urllib.request.urlopen(urllib.request.Request(f"{moto_process}/big", method="PUT")).close()
     source = tmp_path / "core.1"
     with source.open("wb") as out:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from processes import alive
+
 from trainguard.core.backends.local import orphans
 from waiting import wait_for
 
@@ -29,10 +31,6 @@ while True:
     time.sleep(0.05)
 """
 POLITE = "import sys, time; print('ready', flush=True); time.sleep(600)"
-
-
-def _alive(pid: int) -> bool:
-    return orphans.process_start_ticks(pid) is not None
 
 
 @pytest.fixture
@@ -86,7 +84,7 @@ def test_a_leftover_ignoring_sigterm_gets_sigkill_to_its_whole_group_after_the_g
     assert result.stopped and "SIGKILL after the grace period" in result.message
     assert marker.read_text() == "term", "SIGTERM comes first, SIGKILL only after the grace period"
     assert proc.wait(10) == -9
-    wait_for(lambda: not _alive(grandchild_pid), 10, "the leftover's own child to be killed with its group")
+    wait_for(lambda: not alive(grandchild_pid), 10, "the leftover's own child to be killed with its group")
 
 
 def test_a_reused_pid_is_left_alone(tmp_path, leftovers):
@@ -96,7 +94,7 @@ def test_a_reused_pid_is_left_alone(tmp_path, leftovers):
     # the record names this pid, but a process that started earlier: the one it named has ended
     result = orphans.stop_leftover(_record(tmp_path, proc.pid, start_ticks=ticks - 1), grace_seconds=0)
     assert not result.stopped and "no longer running" in result.message
-    assert proc.poll() is None and _alive(proc.pid)
+    assert proc.poll() is None and alive(proc.pid)
 
 
 def test_a_record_without_a_start_time_is_not_trusted(tmp_path, leftovers):

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from processes import alive
+
 from trainguard.core.backends.local.runner import LocalProcessRunner, ProcessOutcome
 from trainguard.core.backends.workspace import AttemptWorkspace
 from waiting import wait_for
@@ -24,20 +26,9 @@ def _py(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a killed child nobody has reaped yet is a zombie: dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _gone(pid: int, timeout: float = 5.0) -> bool:
     """Wait until ``pid`` is dead (SIGKILL is delivered asynchronously); fail after ``timeout``."""
-    return wait_for(lambda: not _alive(pid), timeout, f"process {pid} to end")
+    return wait_for(lambda: not alive(pid), timeout, f"process {pid} to end")
 
 
 def _wait_for_file(path: Path, timeout: float = 30) -> str:

@@ -29,7 +29,7 @@ from trainguard.core.backends.slurm.job import job_name
 from trainguard.core.spec import parse_spec
 from trainguard.core.stores.folder import LocalEvidenceStore
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 _FLOW = """
 import json, sys
 from flows.attempt import train_attempt

@@ -1,6 +1,6 @@
 """A real single-node Slurm for the session, and per-test Slurm backend and evidence blocks.
 
-The cluster (tests/slurm/cluster.py) runs MariaDB, munged, slurmdbd, slurmctld and slurmd on
+The cluster (tests/services/slurm_cluster.py) runs MariaDB, munged, slurmdbd, slurmctld and slurmd on
 loopback from a throwaway folder; `./dev test` installs their OS packages. It starts in the
 background as soon as collection shows a test here will run, so its ~10 s of start-up overlap the
 Prefect server's (tests/conftest.py) and earlier tests. Nothing here is mocked: jobs are real
@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm.cluster import SlurmCluster, missing_binaries
+from services.slurm_cluster import SlurmCluster, missing_binaries
 from slurm_helpers import save_slurm_blocks
 from waiting import wait_for
 
-_HERE = Path(__file__).resolve().parent
 
 
 class _Starting:
@@ -59,7 +58,7 @@ _starting: _Starting | None = None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the cluster now if a test of this folder is selected and Slurm is installed.
+    """Start the cluster now if a selected test needs it (this folder's unit tests do not) and Slurm is installed.
 
     Under pytest-xdist every worker collects every test, but only one runs this folder (see
     tests/conftest.py): there the cluster starts when the first test asks for it.
@@ -67,7 +66,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     global _starting
     if hasattr(session.config, "workerinput"):
         return
-    if _starting is None and not missing_binaries() and any(_HERE in Path(item.path).parents for item in session.items):
+    if _starting is None and not missing_binaries() and any("slurm_cluster" in getattr(item, "fixturenames", ()) for item in session.items):
         _starting = _Starting()
 
 

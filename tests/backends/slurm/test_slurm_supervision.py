@@ -2,7 +2,7 @@
 
 The commands' answers are scripted through `SlurmClient`'s injected runner and the clock is a
 counter moved by the injected sleep, so minutes of silence take no time. The real cluster's side
-of the same behaviour is tested in tests/slurm.
+of the same behaviour is tested against a real Slurm beside this file.
 """
 
 from __future__ import annotations

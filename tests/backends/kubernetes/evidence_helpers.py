@@ -17,7 +17,7 @@ from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.evidence.manifest import Manifest
 from trainguard.core.stores.folder import LocalEvidenceStore
 
-REPO = str(Path(__file__).resolve().parents[2])
+REPO = str(Path(__file__).resolve().parents[3])
 WORKSPACE = "/trainguard/attempt"
 CHECKPOINTS = "/trainguard/checkpoints"
 IMAGE = "python:3.11"
