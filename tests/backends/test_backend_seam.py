@@ -3,14 +3,24 @@ the local backend hands triage."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+
 import pytest
 
-from trainguard.core import triage
+from trainguard.core import recovery, triage
 from trainguard.core.attempt import AttemptSummary, next_parameters
-from trainguard.core.backends.base import AttemptOutcome, Backend, Launch, StopsOrphans, container_env
+from trainguard.core.backends.base import AttemptOutcome, Backend, Launch, StopsOrphans, Supervises, container_env
+from trainguard.core.backends.local.runner import _write_process_record
 from trainguard.core.backends.local.backend import LocalBackend
+from trainguard.core.backends.slurm import continuation
 from trainguard.core.backends.slurm.backend import SlurmBackend
+from trainguard.core.backends.workspace import AttemptWorkspace
 from trainguard.core.policy import RetryDecision
+from trainguard.core.stores.folder import LocalEvidenceStore
 from trainguard.core.triage.signals import Signals
 
 
@@ -103,3 +113,26 @@ def test_a_log_cut_short_by_a_full_disk_is_triaged_with_the_runners_tail_read_af
     diagnosis = triage.classify(backend.signals(ref, outcome))
     assert (diagnosis.category.value, diagnosis.line_number) == ("code_error", 4), diagnosis
     assert triage.classify(Signals(exit_code=1, reason="Error", log=outcome.log_tail)).category.value == "unknown"
+
+
+def test_local_and_slurm_say_which_attempts_a_run_has_and_who_supervises_them(tmp_path) -> None:
+    """Both keep attempt folders on this machine (Slurm's on the shared filesystem) and record their
+    supervisor there; a record of a process that has ended never makes an attempt look supervised."""
+    local, slurm = LocalBackend(work_root=tmp_path / "work"), SlurmBackend(shared_folder=tmp_path / "shared")
+    _write_process_record(AttemptWorkspace.create(local.work_root, "r-a", 2), 4242, datetime.now(UTC))
+    continuation.write_job_record(AttemptWorkspace.create(slurm.shared_folder, "r-b", 1), "77", adopted=False)
+    AttemptWorkspace.create(slurm.shared_folder, "r-b", 3)  # a folder without a record: nobody follows it
+    store = LocalEvidenceStore(tmp_path / "evidence")
+    store.put_bytes("runs/r-b/attempt-4/manifest.json", b"{}")
+    for backend, run_id, attempts in ((local, "r-a", [2]), (slurm, "r-b", [1, 3])):
+        assert isinstance(backend, Supervises)
+        assert backend.attempts(run_id) == attempts and run_id in backend.runs()
+        assert recovery.live_supervisor(backend, run_id, attempts[0]) == os.getpid()  # this process wrote it
+        assert recovery.live_supervisor(backend, run_id, attempts[-1] if len(attempts) > 1 else 9) is None
+    assert recovery.attempts_of(slurm, store, "r-b") == [1, 3, 4]
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = AttemptWorkspace.at(slurm.shared_folder, "r-b", 1).root / continuation.JOB_RECORD
+    data = json.loads(record.read_text())
+    record.write_text(json.dumps({**data, "supervisor_pid": int(ended.stdout)}))
+    assert slurm.supervisor_pid("r-b", 1) is None

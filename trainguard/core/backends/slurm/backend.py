@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from trainguard_entrypoint.files import read_json_object, write_json_atomic
 
@@ -117,7 +117,7 @@ class SlurmBackend:
         lost = outcome is not None and outcome.reason == job.UNREACHABLE
         reach = slurm_evidence.Reach(controller=not lost, settle_seconds=0.0 if lost else 10.0,
                                      clock=self.clock, sleep=self.sleep)
-        manifest = slurm_evidence.collect(ws, self.client, store, job_id=self.recorded_job_id(ws),
+        manifest = slurm_evidence.collect(ws, self.client, store, job_id=continuation.recorded_job_id(ws),
                                           node_failed=bool(outcome and outcome.reason == "NodeLost"), extra=extra,
                                           reach=reach)
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
@@ -141,7 +141,7 @@ class SlurmBackend:
         job's `scontrol show job` is kept as it ends, for the evidence collected next.
         """
         ws = self.workspace(ref)
-        job_id = self.recorded_job_id(ws)
+        job_id = continuation.recorded_job_id(ws)
         if job_id is None:
             comment = job.job_comment(ref.run_id, ref.attempt, str(self.shared_folder))
             job_id = next((found for found, _ in self.client.find(ref.name, comment)), None)
@@ -176,16 +176,11 @@ class SlurmBackend:
 
     # --- submission and adoption -------------------------------------------------------------
 
-    def recorded_job_id(self, ws: AttemptWorkspace) -> str | None:
-        """The job id this attempt's folder records, if a job was submitted for it."""
-        job_id = (read_json_object(ws.root / JOB_RECORD) or {}).get("job_id")
-        return job_id if isinstance(job_id, str) and job_id.isdigit() else None
-
     def _adoptable(self, ws: AttemptWorkspace, launch: Launch) -> str | None:
         record = read_json_object(ws.root / JOB_RECORD)
         origin = continuation.job_attempt(record, launch.attempt)  # a continued job keeps its first name
         name = job.job_name(launch.run_id, origin)
-        recorded = self.recorded_job_id(ws)
+        recorded = continuation.recorded_job_id(ws)
         if recorded is not None:
             try:
                 if self.client.show_job(recorded).fields.get("JobName") == name:
@@ -199,13 +194,13 @@ class SlurmBackend:
     def _submit_or_adopt(self, ws: AttemptWorkspace, launch: Launch) -> str:
         adopted = self._adoptable(ws, launch)
         if adopted is not None:
-            self._record(ws, adopted, adopted=True)
+            continuation.write_job_record(ws, adopted, adopted=True)
             return adopted
         lost = continuation.find_lost_job(self.client, self.shared_folder, launch.run_id, launch.attempt)
         if lost is not None:  # the job an attempt lost with the controller trains on: follow it, don't restart
             origin = AttemptWorkspace.create(self.shared_folder, launch.run_id, lost.job_attempt)
             continuation.link_job_files(ws, origin, lost.job_id)
-            self._record(ws, lost.job_id, adopted=True, job_attempt=lost.job_attempt)
+            continuation.write_job_record(ws, lost.job_id, adopted=True, origin_attempt=lost.job_attempt)
             return lost.job_id
         continuation.cancel_earlier_jobs(self.client, self.shared_folder, launch.run_id, launch.attempt)
         script = ws.root / "slurm-batch.sh"
@@ -219,7 +214,7 @@ class SlurmBackend:
         env = container_env(launch, workspace=str(ws.root), checkpoint_dir=str(ws.checkpoint_dir),
                             base=self._base_env())
         job_id = self.client.submit(str(script), options, env)
-        self._record(ws, job_id, adopted=False, options=options)
+        continuation.write_job_record(ws, job_id, adopted=False, options=options)
         return job_id
 
     def _base_env(self) -> dict[str, str]:
@@ -236,23 +231,6 @@ class SlurmBackend:
             return []
         avoid = [node for node in launch.avoid_nodes if node in nodes]
         return avoid if nodes - set(avoid) else []  # else the job waits for the node to come back
-
-    def _record(self, ws: AttemptWorkspace, job_id: str, *, adopted: bool, options: list[str] | None = None,
-                job_attempt: int | None = None) -> None:
-        path = ws.root / JOB_RECORD
-        loaded = read_json_object(path) or {}
-        previous: dict[str, Any] = loaded if loaded.get("job_id") == job_id else {}
-        origin = job_attempt or continuation.job_attempt(previous, ws.attempt)
-        record = {**previous, "job_id": job_id, "job_name": job.job_name(ws.run_id, origin),
-                  **processes.supervisor_record()}  # who follows the job now
-        if origin != ws.attempt:
-            record["job_attempt"] = origin  # continued from the attempt that lost it; its files are linked here
-        stamp = datetime.now(UTC).isoformat()
-        if adopted:
-            record["adopted_at"] = [*previous.get("adopted_at", []), stamp]
-        else:
-            record.update(submitted_at=stamp, sbatch_options=options or [])
-        write_json_atomic(path, record)
 
     # --- supervision --------------------------------------------------------------------------
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainguard_entrypoint.files import read_json_object
+from trainguard_entrypoint.files import read_json_object, write_json_atomic
 
+from trainguard.core.backends import processes
 from trainguard.core.backends.slurm import job
 from trainguard.core.backends.slurm.client import SlurmClient
 from trainguard.core.backends.workspace import AttemptWorkspace
@@ -92,3 +94,32 @@ def cancel_earlier_jobs(client: SlurmClient, shared_folder: Path, run_id: str, a
         comment = job.job_comment(run_id, earlier, str(shared_folder))
         for job_id, _ in client.find(job.job_name(run_id, earlier), comment):
             client.cancel(job_id)
+
+
+def recorded_job_id(ws: AttemptWorkspace) -> str | None:
+    """The job id this attempt's folder records, if a job was submitted for it."""
+    job_id = (read_json_object(ws.root / JOB_RECORD) or {}).get("job_id")
+    return job_id if isinstance(job_id, str) and job_id.isdigit() else None
+
+
+def write_job_record(ws: AttemptWorkspace, job_id: str, *, adopted: bool, options: list[str] | None = None,
+                     origin_attempt: int | None = None) -> None:
+    """Record in the attempt's folder which job it follows, who follows it now, and how it came to.
+
+    A continued job keeps the name of the attempt it was submitted for (``origin_attempt``), whose
+    files are linked here; an adopted one gains an ``adopted_at`` stamp, a submitted one its options.
+    """
+    path = ws.root / JOB_RECORD
+    loaded = read_json_object(path) or {}
+    previous: dict[str, Any] = loaded if loaded.get("job_id") == job_id else {}
+    origin = origin_attempt or job_attempt(previous, ws.attempt)
+    record = {**previous, "job_id": job_id, "job_name": job.job_name(ws.run_id, origin),
+              **processes.supervisor_record()}  # who follows the job now
+    if origin != ws.attempt:
+        record["job_attempt"] = origin  # continued from the attempt that lost it; its files are linked here
+    stamp = datetime.now(UTC).isoformat()
+    if adopted:
+        record["adopted_at"] = [*previous.get("adopted_at", []), stamp]
+    else:
+        record.update(submitted_at=stamp, sbatch_options=options or [])
+    write_json_atomic(path, record)
