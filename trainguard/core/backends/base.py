@@ -204,7 +204,15 @@ class Backend(Protocol):
         ...
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
-        """What triage reads: exit code, reason, conditions, events and the log."""
+        """What triage reads: exit code, reason, conditions, events and the log.
+
+        Valid once `collect_evidence` has run for ``ref``, in this process or an earlier one: a
+        backend whose platform deletes what the attempt left reads what collection kept (the
+        Kubernetes backend, its pod's status, events and log, kept on this machine beside the
+        evidence). Before that, or where collection could not keep it, it says what ``outcome``
+        alone says. Each call gives a fresh log source, so two readers (triage, the progress
+        chart) never share a stream.
+        """
         ...
 
     def checkpoints(self, run_id: str) -> list[str]:
