@@ -1,0 +1,8 @@
+"""The Slurm backend: a training attempt as a batch job on an HPC cluster.
+
+`client` is the one module that runs Slurm's commands (sbatch, squeue, scontrol, sacct, scancel)
+and its error tree; `job` describes the job (options, batch script, how it ended) as pure
+functions; `backend` submits, adopts and follows it behind the seam; `tail` streams its log;
+`evidence` freezes what Slurm knows; `continuation` keeps the job record and continues a job an
+earlier attempt lost track of.
+"""
