@@ -17,8 +17,9 @@ cost of a long log grows neither with the number of rules nor with the lines tha
   around a candidate line, from the block in hand and a ring buffer of the previous block's last
   lines.
 
-What is kept is bounded: the first match of each rule on each rank, plus the last non-empty line
-for the fallback verdict.
+What is kept is bounded: the first match of each rule on each rank, the last non-empty line for
+the fallback verdict, and the log's last ``TAIL_BYTES`` of whole lines, where a launcher's closing
+report (torchrun's failure report) is read.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ SATURATION = 64
 HINT_SATURATION = 8
 MAX_REMEMBERED = 1 << 14
 MAX_REMEMBERED_SHAPE = 4 << 10
+TAIL_BYTES = 256 << 10
 _BLANK = b" \t\r\n"
 
 
@@ -74,6 +76,8 @@ class ScanResult:
     hits: tuple[Hit, ...]
     last_line: Line | None
     last_line_number: int | None
+    tail: tuple[bytes, ...] = ()  # the log's last whole lines, raw
+    tail_start: int = 1  # the line number of tail[0]
 
 
 def patterns_of(rules: Sequence[Rule]) -> list[Pattern]:
@@ -358,8 +362,10 @@ class _Collector:
     def scan(self, engine: ReEngine | HyperscanEngine, source: LogSource) -> ScanResult:
         last: tuple[bytes, int] | None = None
         without = self.noisy.database if self.noisy is not None else lambda: None
+        tail = _Tail()
         for buf, start, stop, answer in ahead(engine, blocks(source), without):
             self.block(engine, buf, start, stop, answer)
+            tail.add(buf, start, stop)
             end = stop
             while end > start and buf[end - 1] in _BLANK:
                 end -= 1
@@ -367,10 +373,38 @@ class _Collector:
                 idx = buf.rfind(b"\n", start, end) + 1 or start
                 number = self.base - buf.count(b"\n", idx, stop) + 1
                 last = (buf[idx:min(end, idx + MAX_LINE_BYTES)], number)
-        hits = sorted(self.hits.values(), key=lambda h: (h.line_number, h.rule))
+        hits = tuple(sorted(self.hits.values(), key=lambda h: (h.line_number, h.rule)))
+        lines, first = tail.lines(self.base)
         if last is None:
-            return ScanResult(tuple(hits), None, None)
-        return ScanResult(tuple(hits), read_line(last[0]), last[1])
+            return ScanResult(hits, None, None, lines, first)
+        return ScanResult(hits, read_line(last[0]), last[1], lines, first)
+
+
+class _Tail:
+    """The last TAIL_BYTES of a log, cut to whole lines, kept as the blocks go by."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.cut = False  # whether bytes before self.data were dropped
+
+    def add(self, buf: bytes, start: int, stop: int) -> None:
+        piece = buf[max(start, stop - TAIL_BYTES):stop]
+        self.cut = self.cut or stop - start > len(piece)
+        joined = self.data + piece
+        if len(joined) > TAIL_BYTES:
+            joined, self.cut = joined[-TAIL_BYTES:], True
+        self.data = joined
+
+    def lines(self, newlines: int) -> tuple[tuple[bytes, ...], int]:
+        """The tail's whole lines and the number of the first, given the log's newline count."""
+        data = self.data
+        if self.cut:  # the first line may be a part of one
+            data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+        lines = data.split(b"\n")
+        total = newlines + (0 if lines[-1] == b"" else 1)
+        if lines[-1] == b"":
+            lines.pop()
+        return tuple(lines), total - len(lines) + 1
 
 
 class Scanner:
