@@ -18,8 +18,7 @@ cost of a long log grows neither with the number of rules nor with the lines tha
   lines.
 
 What is kept is bounded: the first match of each rule on each rank, the last non-empty line for
-the fallback verdict, and the log's last ``TAIL_BYTES`` of whole lines, where a launcher's closing
-report (torchrun's failure report) is read.
+the fallback verdict, and the last ``TAIL_BYTES`` of whole lines (torchrun's failure report).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from trainguard.core.triage.engines import (
 from trainguard.core.triage.lines import Line, read_line
 from trainguard.core.triage.lineshapes import MASK
 from trainguard.core.triage.noisy import LiteralLines, Shapes, lines_of, shape_at
-from trainguard.core.triage.pipeline import Answer, Block, ahead, chunks
+from trainguard.core.triage.pipeline import Answer, Block, Tail, ahead, chunks
 from trainguard.core.triage.shapes import RuleChecks, widened
 from trainguard.core.triage.rules import Rule, RuleSet
 from trainguard.core.triage.signals import LogSource
@@ -362,7 +361,7 @@ class _Collector:
     def scan(self, engine: ReEngine | HyperscanEngine, source: LogSource) -> ScanResult:
         last: tuple[bytes, int] | None = None
         without = self.noisy.database if self.noisy is not None else lambda: None
-        tail = _Tail()
+        tail = Tail(TAIL_BYTES)
         for buf, start, stop, answer in ahead(engine, blocks(source), without):
             self.block(engine, buf, start, stop, answer)
             tail.add(buf, start, stop)
@@ -378,33 +377,6 @@ class _Collector:
         if last is None:
             return ScanResult(hits, None, None, lines, first)
         return ScanResult(hits, read_line(last[0]), last[1], lines, first)
-
-
-class _Tail:
-    """The last TAIL_BYTES of a log, cut to whole lines, kept as the blocks go by."""
-
-    def __init__(self) -> None:
-        self.data = b""
-        self.cut = False  # whether bytes before self.data were dropped
-
-    def add(self, buf: bytes, start: int, stop: int) -> None:
-        piece = buf[max(start, stop - TAIL_BYTES):stop]
-        self.cut = self.cut or stop - start > len(piece)
-        joined = self.data + piece
-        if len(joined) > TAIL_BYTES:
-            joined, self.cut = joined[-TAIL_BYTES:], True
-        self.data = joined
-
-    def lines(self, newlines: int) -> tuple[tuple[bytes, ...], int]:
-        """The tail's whole lines and the number of the first, given the log's newline count."""
-        data = self.data
-        if self.cut:  # the first line may be a part of one
-            data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
-        lines = data.split(b"\n")
-        total = newlines + (0 if lines[-1] == b"" else 1)
-        if lines[-1] == b"":
-            lines.pop()
-        return tuple(lines), total - len(lines) + 1
 
 
 class Scanner:
