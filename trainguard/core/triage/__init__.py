@@ -1,8 +1,10 @@
 """Failure triage: which taxonomy category a failed training attempt belongs to, and why.
 
-The public interface is ``Signals`` in, ``Diagnosis`` out, through ``classify``; the rules that
-decide are data (``rules.yaml``, layered with a user's file by ``load_rules``). Pure Python, no
-Prefect: the flow's task and the ``trainguard classify`` command both call this.
+The public interface is ``Signals`` in, ``Diagnosis`` out, through ``classify`` (the root-cause
+rank, the ranks passed over as victims and why); torchelastic's error files are read with
+``parse_error_file`` into ``Signals.error_files``. The rules that decide are data
+(``rules.yaml``, layered with a user's file by ``load_rules``). Pure Python, no Prefect: the
+flow's task and the ``trainguard classify`` command both call this.
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ from trainguard.core.triage.rules import (
     shipped_rules_text,
 )
 from trainguard.core.triage.engines import hyperscan_available
+from trainguard.core.triage.errorfile import ErrorFile, local_rank_of, parse_error_file
 from trainguard.core.triage.explain import Evidence, Explanation
 from trainguard.core.triage.explain import explain as _explain
-from trainguard.core.triage.signals import Diagnosis, Signals
+from trainguard.core.triage.signals import Diagnosis, Signals, Victim
 
 __all__ = [
-    "Diagnosis", "Evidence", "Explanation", "RuleFileError", "RuleSet", "Signals", "classify",
-    "explain", "hyperscan_available", "load_rules",
+    "Diagnosis", "ErrorFile", "Evidence", "Explanation", "RuleFileError", "RuleSet", "Signals",
+    "Victim", "classify", "explain", "hyperscan_available", "load_rules", "local_rank_of",
+    "parse_error_file",
 ]
 
 
