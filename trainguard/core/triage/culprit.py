@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from trainguard.core.triage.lines import trim
+from trainguard.core.triage.lines import signature_of
 from trainguard.core.triage.rules import Rule, RuleSet
 from trainguard.core.triage.signals import Victim
 from trainguard.core.triage.torchrun import AgentReport, WorkerFailure
@@ -118,7 +118,7 @@ def choose(candidates: Sequence[Candidate], rules: RuleSet, report: AgentReport,
            and not (some_victim and c.rank is None and rules.rules[c.rule].wrapper)]
     undetermined = not own
     winner, decided_by, tied = order(own or candidates, rules)
-    failed_at = None if undetermined or winner.rank is None else times.get(winner.rank)
+    failed_at = None if winner.rank is None else times.get(winner.rank)
     return Choice(winner, victims, undetermined, decided_by, tied, failed_at)
 
 
@@ -209,7 +209,7 @@ def _victims(candidates: Sequence[Candidate], rules: RuleSet, report: AgentRepor
         if rule.victim or _on_line(best, lines):
             victim_rule = rule if rule.victim else _victim_rule_on(best, candidates, rules)
             found[rank] = Victim(rank, f"its own error only reports a lost peer: "
-                                       f"{trim(best.signature)}", victim_rule.id)
+                                       f"{signature_of(best.signature)}", victim_rule.id)
     return tuple(found[r] for r in sorted(found, key=lambda r: -1 if r is None else r))
 
 

@@ -25,23 +25,17 @@ from trainguard.core.triage.culprit import (
 )
 from trainguard.core.triage.errorfile import ErrorFile, local_rank_of
 from trainguard.core.triage.fingerprint import fingerprint
-from trainguard.core.triage.lines import trim
+from trainguard.core.triage.lines import signature_of, trim
 from trainguard.core.triage.rules import STRENGTHS, Rule, RuleSet, mapping_get, strength_name
 from trainguard.core.triage.scan import Scanner, ScanResult
 from trainguard.core.triage.signals import Diagnosis, Signals
 from trainguard.core.triage.torchrun import AgentReport, read_report
 
 __all__ = ["Candidate", "Gathered", "choice_of", "conclude", "decide", "describe_exit", "gather",
-           "rank_of", "signature_of"]
+           "rank_of"]
 
 # Categories whose default says "retry once": a repeat of the same root cause is not retried.
 RETRY_ONCE = frozenset({Category.NATIVE_CRASH, Category.UNKNOWN})
-# A source location that leads a message ("[/pytorch/third_party/gloo/.../pair.cc:553] ") or a
-# glog stamp ("E1202 06:49:01.931000 12191 torch/.../api.py:1002] "): where, not what happened.
-_WHERE = re.compile(r"(?:^|(?<=: ))\[[^\]\s]+\.(?:cc|cpp|cu|h|hpp|c):\d+\] ?"
-                    r"|^\[?[IWEF]\d{3,4} [\d:.]+ (?:\d+ )?[\w/.-]+:\d+\] ?")
-
-
 @dataclass(frozen=True)
 class Gathered:
     """Every candidate, the scan of the log, and what torchrun's report says of the ranks."""
@@ -148,11 +142,6 @@ def _from_error_file(error: ErrorFile, rank: int | None, number: int, rules: Rul
 def _closing(rules: RuleSet) -> tuple[re.Pattern[str], ...]:
     """The patterns of victim rules that name the process whose loss they report."""
     return tuple(p for r in rules.rules if r.victim for p in r.log_res if "pid" in p.groupindex)
-
-
-def signature_of(text: str) -> str:
-    """The words of an evidence line that say what happened, without where in the source."""
-    return trim(_WHERE.sub("", text, count=2))
 
 
 def _diagnosis(rule: Rule, choice: Choice, previous: Sequence[Diagnosis]) -> Diagnosis:

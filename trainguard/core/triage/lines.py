@@ -41,6 +41,10 @@ _RANK_IN_TEXT = re.compile(r"\[(?:Rank|rank) ?(\d+)\]|\brank[:= ]\s*(\d+)\b|\blo
 _ISO_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
 # glog and c10 stamps: "E0626 06:24:44.903881" or torch's unpadded "[E626 06:24:44.903881913".
 _GLOG_TIME = re.compile(r"(?:^|\[)[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?")
+# A source location that leads a message ("[/pytorch/third_party/gloo/.../pair.cc:553] ") or a
+# glog stamp ("E1202 06:49:01.931000 12191 torch/.../api.py:1002] "): where, not what happened.
+_WHERE = re.compile(r"(?:^|(?<=: ))\[[^\]\s]+\.(?:cc|cpp|cu|h|hpp|c):\d+\] ?"
+                    r"|^\[?[IWEF]\d{3,4} [\d:.]+ (?:\d+ )?[\w/.-]+:\d+\] ?")
 
 
 @dataclass(frozen=True)
@@ -115,3 +119,8 @@ def trim(text: str) -> str:
     if len(text) <= MAX_SIGNATURE_CHARS:
         return text
     return text[: MAX_SIGNATURE_CHARS - 1] + "…"
+
+
+def signature_of(text: str) -> str:
+    """The words of an evidence line that say what happened, without where in the source."""
+    return trim(_WHERE.sub("", text, count=2))

@@ -68,9 +68,10 @@ class Diagnosis:
     failure was a peer's loss. ``culprit_undetermined`` says only such losses were in the
     evidence (a hang or desync whose origin the evidence does not show): the category is then
     the communication failure's and ``rank`` is None. ``decided_by`` says what chose the winner
-    among the strongest evidence (``strength`` when nothing else was as strong, ``timestamp``,
-    ``line``, ``rule order``). ``failed_at`` is when the root cause failed, in seconds since the
-    epoch, when the evidence says (an error file, torchrun's failure report).
+    among the strongest evidence of different answers (``strength`` when nothing else was as
+    strong, ``timestamp``, ``line``, ``rule order``; across parts also ``part order``).
+    ``failed_at`` is when the failure it names happened, in seconds since the epoch, when the
+    evidence says (an error file, torchrun's failure report).
     """
 
     category: Category
@@ -91,7 +92,8 @@ class Diagnosis:
     def weak(self) -> bool:
         """Whether only hint-strength evidence, a guess or nothing decided, or rule order broke a
         tie between categories: a weak call to check by hand."""
-        return self.strength in ("hint", "guess", "none") or self.decided_by == "rule order"
+        return (self.strength in ("hint", "guess", "none")
+                or self.decided_by in ("rule order", "part order"))
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict; the category is its taxonomy id."""
