@@ -113,9 +113,20 @@ def choose(candidates: Sequence[Candidate], rules: RuleSet, report: AgentReport,
 
     # An abort that names no rank, beside victims' errors, is most likely a victim's teardown
     # (the watchdog takes its process down), not a failure of its own; a ranked one is its rank's.
-    some_victim = len(passed) > 0 or bool(on_victim_line)
-    own = [c for c in candidates if not is_victim(c)
-           and not (some_victim and c.rank is None and rules.rules[c.rule].wrapper)]
+    # So is what else its line says no more strongly than the victims do: "terminate called after
+    # throwing an instance of 'c10::DistBackendError'" names a class whose message, on the next
+    # line, is the victim's; "... 'std::bad_alloc'" says more.
+    worst = max((c.strength for c in candidates if is_victim(c)), default=None)
+    wrapped = {(c.origin, c.line_number) for c in candidates
+               if c.rank is None and c.line_number is not None and rules.rules[c.rule].wrapper}
+
+    def is_teardown(c: Candidate) -> bool:
+        if worst is None or c.rank is not None:
+            return False
+        return rules.rules[c.rule].wrapper or (
+            (c.origin, c.line_number) in wrapped and c.strength <= worst)
+
+    own = [c for c in candidates if not is_victim(c) and not is_teardown(c)]
     undetermined = not own
     winner, decided_by, tied = order(own or candidates, rules)
     failed_at = None if winner.rank is None else times.get(winner.rank)
