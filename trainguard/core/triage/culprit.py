@@ -128,20 +128,26 @@ def choose(candidates: Sequence[Candidate], rules: RuleSet, report: AgentReport,
 
     own = [c for c in candidates if not is_victim(c) and not is_teardown(c)]
     undetermined = not own
-    winner, decided_by, tied = order(own or candidates, rules)
+    # With only victims, a reading of their lines as the lost peer's outranks an equal one as
+    # an error of their own ("Gloo ... failed" is also an uncaught RuntimeError).
+    winner, decided_by, tied = order(own or candidates, rules, prefer_victim_rules=undetermined)
     failed_at = None if winner.rank is None else times.get(winner.rank)
     return Choice(winner, victims, undetermined, decided_by, tied, failed_at)
 
 
-def order(candidates: Sequence[Candidate], rules: RuleSet) -> tuple[Candidate, str, int]:
+def order(candidates: Sequence[Candidate], rules: RuleSet,
+          prefer_victim_rules: bool = False) -> tuple[Candidate, str, int]:
     """The strongest candidate; among equals the earliest failing rank when each carries a time,
-    else the earliest line (a log line before an error file before a platform signal), then the
-    earlier rule. Also what decided between it and the first equal that gives another answer
-    (another category or rank), and how many equals there were."""
+    else the earliest line (a log line before an error file before a platform signal), then
+    (``prefer_victim_rules``) a victim rule's reading of a line, then the earlier rule. Also what
+    decided between it and the first equal that gives another answer (another category or
+    rank), and how many equals there were."""
     top = max(c.strength for c in candidates)
     group = [c for c in candidates if c.strength == top]
     timed = len(group) > 1 and all(c.timestamp is not None for c in group)
-    ranked = sorted(group, key=lambda c: (c.timestamp if timed else (0, 0, 0.0), _place(c), c.rule))
+    ranked = sorted(group, key=lambda c: (
+        c.timestamp if timed else (0, 0, 0.0), _place(c),
+        prefer_victim_rules and not rules.rules[c.rule].victim, c.rule))
     winner = ranked[0]
     if len(ranked) == 1:
         return winner, "strength", 1
@@ -152,6 +158,9 @@ def order(candidates: Sequence[Candidate], rules: RuleSet) -> tuple[Candidate, s
         return winner, "timestamp", len(group)
     if _place(rival) != _place(winner):
         return winner, "line", len(group)
+    lost_peer = rules.rules[winner.rule].victim and not rules.rules[rival.rule].victim
+    if prefer_victim_rules and lost_peer:
+        return winner, "victim reading", len(group)
     if rules.rules[rival.rule].category is not category:
         return winner, "rule order", len(group)
     return winner, "strength", len(group)  # the same answer whichever of them is taken

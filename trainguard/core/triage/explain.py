@@ -116,4 +116,6 @@ def _tie(choice: Choice) -> str:
                 "rule order: a weak call")
     if choice.decided_by == "line":
         return f"of {n} equally strong candidates it is on the earliest log line"
+    if choice.decided_by == "victim reading":
+        return f"of {n} equally strong readings of its line, the lost peer's is taken"
     return f"its {n - 1} equally strong rivals say the same"

@@ -69,7 +69,8 @@ class Diagnosis:
     evidence (a hang or desync whose origin the evidence does not show): the category is then
     the communication failure's and ``rank`` is None. ``decided_by`` says what chose the winner
     among the strongest evidence of different answers (``strength`` when nothing else was as
-    strong, ``timestamp``, ``line``, ``rule order``; across parts also ``part order``).
+    strong, ``timestamp``, ``line``, ``rule order``; ``victim reading`` when, with only victims,
+    a line's reading as a lost peer beat an equal one; across parts also ``part order``).
     ``failed_at`` is when the failure it names happened, in seconds since the epoch, when the
     evidence says (an error file, torchrun's failure report).
     """
