@@ -140,3 +140,17 @@ def test_an_unranked_abort_beside_watchdog_timeouts_is_their_teardown_not_a_cras
 def test_a_single_processs_watchdog_timeout_alone_leaves_the_culprit_undetermined() -> None:
     d = triage.classify(triage.Signals(exit_code=1, log=WATCHDOG.format(r=5)[len("[rank5]:"):]))
     assert d is not None and d.category is Category.NCCL_ERROR and d.culprit_undetermined
+
+
+@pytest.mark.parametrize("extra,complaint", [
+    ("    victim: true\n    pid_group: 2\n", "has no group 2"),
+    ("    pid_group: 1\n", "victim: true"),
+    ("    victim: true\n    pid_group: first\n", "expected the number"),
+])
+def test_a_pid_group_names_a_group_of_a_victim_rules_patterns(
+        tmp_path: Path, extra: str, complaint: str) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - id: site.killer\n    category: unknown\n"
+                     "    log: ['killing worker (\\d+)']\n" + extra)
+    with pytest.raises(RuleFileError, match=complaint):
+        triage.load_rules(rules)

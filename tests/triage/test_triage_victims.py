@@ -12,6 +12,7 @@ desynchronised collective) it is undetermined, and where every rank failed the s
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from trainguard.core.triage.torchrun import read_report
 RECORDED = Path(__file__).parent / "recorded" / "two_nodes.jsonl"
 ROWS = [json.loads(line) for line in RECORDED.read_text().splitlines() if line.strip()]
 NAMED = [row for row in ROWS if row["rank"] is not None]
-CLOSING = (r"Sending process (?P<pid>\d+) closing signal SIG\w+",)
+CLOSING = ((re.compile(r"Sending process (\d+) closing signal SIG\w+"), 1),)
 
 
 def files_of(part: dict[str, Any]) -> tuple[triage.ErrorFile, ...]:
@@ -82,7 +83,7 @@ def test_alone_the_healthy_node_shows_only_victims_and_the_failing_node_its_culp
 def test_the_healthy_nodes_report_names_an_innocent_rank_as_its_root_cause() -> None:
     row = next(r for r in NAMED if r["fault"] == "shape" and r["rank"] == 2)
     healthy = next(p for p in row["parts"] if p["index"] == 0)
-    report = read_report(healthy["log"].splitlines(), 1, [__import__("re").compile(CLOSING[0])])
+    report = read_report(healthy["log"].splitlines(), 1, CLOSING)
     roots = [f for f in report.failures if f.root_cause]
     assert len(roots) == 1 and roots[0].rank in (0, 1)
     assert "Connection closed by peer" in roots[0].message

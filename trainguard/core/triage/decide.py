@@ -139,9 +139,11 @@ def _from_error_file(error: ErrorFile, rank: int | None, number: int, rules: Rul
 
 
 @lru_cache(maxsize=16)
-def _closing(rules: RuleSet) -> tuple[re.Pattern[str], ...]:
-    """The patterns of victim rules that name the process whose loss they report."""
-    return tuple(p for r in rules.rules if r.victim for p in r.log_res if "pid" in p.groupindex)
+def _closing(rules: RuleSet) -> tuple[tuple[re.Pattern[str], int], ...]:
+    """The patterns of victim rules that name the process whose loss they report, each with
+    the group that names it."""
+    return tuple((p, r.pid_group) for r in rules.rules
+                 if r.victim and r.pid_group is not None for p in r.log_res)
 
 
 def _diagnosis(rule: Rule, choice: Choice, previous: Sequence[Diagnosis]) -> Diagnosis:

@@ -89,15 +89,16 @@ class _Entry:
 
 
 def read_report(lines: Sequence[str | bytes], first_line: int,
-                closing: Iterable[re.Pattern[str]] = ()) -> AgentReport:
+                closing: Iterable[tuple[re.Pattern[str], int]] = ()) -> AgentReport:
     """Read torchrun's failure reports and closing signals out of the lines of a log's tail.
 
     Args:
         lines: Raw log lines (prefixes are stripped here), in order.
         first_line: The line number of ``lines[0]`` in the whole log.
-        closing: Patterns of the agent's closing-signal line, each with a ``pid`` group.
+        closing: Patterns of the agent's closing-signal line, each with the number of its
+            group that names the process.
     """
-    patterns = [p for p in closing if "pid" in p.groupindex]
+    patterns = list(closing)
     closed: dict[int, str] = {}
     entries: list[_Entry] = []
     section: bool | None = None  # True: root cause, False: other failures, None: outside
@@ -105,11 +106,11 @@ def read_report(lines: Sequence[str | bytes], first_line: int,
     in_traceback = False
     for offset, raw in enumerate(lines):
         text = read_line(raw).text
-        for pattern in patterns:
+        for pattern, group in patterns:
             m = pattern.search(text)
-            if m:
+            if m and m.group(group) and m.group(group).isdigit():
                 signal = re.search(r"SIG[A-Z]+", text[m.start():])
-                closed[int(m.group("pid"))] = signal.group(0) if signal else "a signal"
+                closed[int(m.group(group))] = signal.group(0) if signal else "a signal"
         if text.startswith("Root Cause"):
             section, entry = True, None
             continue
