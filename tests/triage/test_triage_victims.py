@@ -144,3 +144,16 @@ def test_a_sigkilled_rank_leaves_no_error_file() -> None:
     node = next(p for p in row["parts"] if p["index"] == 0)
     assert node["agent_error"] is None
     assert 1 not in {f["rank"] for f in node["error_files"]}
+
+
+def test_an_older_report_without_time_or_host_is_read_too() -> None:
+    # x-001 (a public issue): torchrun's report as torch 2.0 printed it, cut at its last field.
+    corpus = Path(__file__).parent / "corpus" / "issues.jsonl"
+    row = next(json.loads(line) for line in corpus.read_text().splitlines()
+               if json.loads(line)["id"] == "x-001")
+    report = read_report(row["log"].splitlines(), 1, CLOSING)
+    [failure] = report.failures
+    assert (failure.rank, failure.local_rank, failure.exitcode, failure.pid) == (0, 0, -9, 8180)
+    assert failure.root_cause and failure.at is None and failure.signalled
+    assert failure.message == "Signal 9 (SIGKILL) received by PID 8180"
+    assert report.closed == {} and report.closed_by_agent(failure) is None

@@ -98,49 +98,51 @@ def read_report(lines: Sequence[str | bytes], first_line: int,
         closing: Patterns of the agent's closing-signal line, each with the number of its
             group that names the process.
     """
-    patterns = list(closing)
+    texts = [read_line(raw).text for raw in lines]
+    entries = _entries(texts, first_line)
+    failures = tuple(w for w in (_failure(e) for e in entries) if w is not None)
+    return AgentReport(failures, _closed(texts, list(closing)))
+
+
+def _closed(texts: Sequence[str], closing: list[tuple[re.Pattern[str], int]]) -> dict[int, str]:
+    """The pids the agent sent a closing signal, and the signal."""
     closed: dict[int, str] = {}
-    entries: list[_Entry] = []
-    section: bool | None = None  # True: root cause, False: other failures, None: outside
-    entry: _Entry | None = None
-    in_traceback = False
-    for offset, raw in enumerate(lines):
-        text = read_line(raw).text
-        for pattern, group in patterns:
+    for text in texts:
+        for pattern, group in closing:
             m = pattern.search(text)
             if m and m.group(group) and m.group(group).isdigit():
                 signal = re.search(r"SIG[A-Z]+", text[m.start():])
                 closed[int(m.group(group))] = signal.group(0) if signal else "a signal"
-        if text.startswith("Root Cause"):
-            section, entry = True, None
+    return closed
+
+
+def _entries(texts: Sequence[str], first_line: int) -> list[_Entry]:
+    """The report's entries, each with its fields and the lines it spans."""
+    entries: list[_Entry] = []
+    section: bool | None = None  # True: root cause, False: other failures, None: outside
+    entry: _Entry | None = None
+    in_traceback = False
+    for offset, text in enumerate(texts):
+        if text.startswith(("Root Cause", "Failures:")):
+            section, entry = text.startswith("Root Cause"), None
+        elif section is None:
             continue
-        if text.startswith("Failures:"):
-            section, entry = False, None
-            continue
-        if section is None:
-            continue
-        if _RULE.match(text) or text.startswith("<NO_OTHER_FAILURES>"):
+        elif _RULE.match(text) or text.startswith("<NO_OTHER_FAILURES>"):
             entry, in_traceback = None, False
             if text.startswith("="):  # the report's closing border
                 section = None
-            continue
-        m = _ENTRY.match(text)
-        if m:
-            entry = _Entry(section, first_line + offset, first_line + offset)
+        elif _ENTRY.match(text):
+            entry, in_traceback = _Entry(section, first_line + offset, first_line + offset), False
             entries.append(entry)
-            in_traceback = False
-            continue
-        if entry is None:
-            continue
-        entry.last_line = first_line + offset
-        f = _FIELD.match(text)
-        if f and not in_traceback:
-            entry.fields[f.group(1)] = f.group(2).strip()
-            in_traceback = f.group(1) == "traceback"
-        elif in_traceback and text:
-            entry.more.append(text)
-    failures = tuple(w for w in (_failure(e) for e in entries) if w is not None)
-    return AgentReport(failures, closed)
+        elif entry is not None:
+            entry.last_line = first_line + offset
+            f = _FIELD.match(text)
+            if f and not in_traceback:
+                entry.fields[f.group(1)] = f.group(2).strip()
+                in_traceback = f.group(1) == "traceback"
+            elif in_traceback and text:
+                entry.more.append(text)
+    return entries
 
 
 def _failure(entry: _Entry) -> WorkerFailure | None:
