@@ -19,8 +19,11 @@ import typer
 from trainguard.cli.typer_app import app
 from trainguard.core import masking, triage
 
-_EMPTY = {k: None for k in ("category", "retryable", "rule_id", "signature", "line_number",
-                            "rank", "remediation", "fingerprint", "strength", "weak")}
+_EMPTY: dict[str, Any] = {
+    k: None for k in ("category", "retryable", "rule_id", "signature", "line_number", "rank",
+                      "remediation", "fingerprint", "strength", "weak", "culprit_undetermined",
+                      "decided_by", "failed_at")}
+_EMPTY["victims"] = []
 
 
 class InputError(ValueError):
@@ -43,6 +46,9 @@ def classify_command(
     explain: bool = typer.Option(
         False, "--explain", help="Also list every rule that matched, its strength and line, "
                                  "and why the winner won."),
+    error_file: list[str] | None = typer.Option(
+        None, "--error-file", help="A torchelastic error file (TORCHELASTIC_ERROR_FILE, or a "
+                                   "rank's error.json under torchrun's --log-dir); repeatable."),
 ) -> None:
     """Say which failure category an attempt belongs to and whether a retry can help."""
     try:
@@ -60,6 +66,7 @@ def classify_command(
         signals = triage.Signals(
             exit_code=_int_option("--exit-code", exit_code), reason=reason,
             events=_read_events(events) if events else (), log=_log_source(log),
+            error_files=_read_error_files(error_file or []),
         )
         explanation = triage.explain(signals, rules=ruleset, engine=engine)
     except (InputError, triage.RuleFileError) as exc:
@@ -110,6 +117,8 @@ def run_alone(argv: list[str]) -> None:
             parser.add_argument(name, nargs="?", default=info.default)
         elif param.annotation in (bool, "bool"):
             parser.add_argument(*info.param_decls, dest=name, action="store_true")
+        elif str(param.annotation).startswith("list["):
+            parser.add_argument(*info.param_decls, dest=name, action="append")
         else:
             parser.add_argument(*info.param_decls, dest=name, default=info.default)
     try:
@@ -146,6 +155,42 @@ def _log_source(log: str | None) -> Path | BinaryIO | None:
     if not path.is_file():
         raise InputError(f"LOG: {log}: no such file; give a log file or - for stdin")
     return path
+
+
+def _read_error_files(paths: list[str]) -> tuple[triage.ErrorFile, ...]:
+    found = []
+    for path in paths:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise InputError(f"--error-file: cannot read {path}: {exc.strerror}") from None
+        parsed = triage.parse_error_file(data, source=path)
+        if parsed is not None:  # empty: the rank was killed by a signal and wrote nothing
+            found.append(parsed)
+    return tuple(found)
+
+
+def _error_files_value(data: Any, where: str) -> tuple[triage.ErrorFile, ...]:
+    """A record's ``error_files``: each the file's content, or {"content", "rank", "source"}."""
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        raise InputError(f"{where}: error_files: expected a list of error file contents or null")
+    found = []
+    for item in data:
+        if isinstance(item, str):
+            parsed = triage.parse_error_file(item)
+        elif isinstance(item, dict) and isinstance(item.get("content"), str):
+            rank = item.get("rank")
+            parsed = triage.parse_error_file(
+                item["content"], rank=rank if isinstance(rank, int) else None,
+                source=item.get("source") if isinstance(item.get("source"), str) else None)
+        else:
+            raise InputError(f"{where}: error_files: each entry is a file's content or an "
+                             "object with 'content' (and 'rank', 'source')")
+        if parsed is not None:
+            found.append(parsed)
+    return tuple(found)
 
 
 def _read_events(path: str) -> tuple[Mapping[str, Any], ...] | str:
@@ -225,7 +270,8 @@ def _signals(record: dict[str, Any], where: str) -> triage.Signals:
     if not isinstance(conditions, list) or not all(isinstance(c, dict) for c in conditions):
         raise InputError(f"{where}: conditions: expected a list of condition objects or null")
     return triage.Signals(exit_code=code, reason=reason, conditions=tuple(conditions),
-                          events=_events_value(record.get("events"), where), log=log)
+                          events=_events_value(record.get("events"), where), log=log,
+                          error_files=_error_files_value(record.get("error_files"), where))
 
 
 def _show(diagnosis: triage.Diagnosis | None) -> None:
@@ -246,9 +292,14 @@ def _show(diagnosis: triage.Diagnosis | None) -> None:
     table.add_row("category", Text.assemble((diagnosis.category.value, "bold"), " (", verdict, ")"))
     table.add_row("evidence", Text(masking.for_people(f"{where}: {diagnosis.signature}")))
     table.add_row("rule", Text(diagnosis.rule_id))
+    if diagnosis.culprit_undetermined:
+        table.add_row("culprit", Text("undetermined: every failing rank only lost a peer",
+                                      "yellow"))
     if diagnosis.weak:
         table.add_row("confidence", Text(
             "weak call: no decisive rule matched" if diagnosis.strength == "none"
+            else f"weak call: decided by {diagnosis.decided_by}"
+            if diagnosis.decided_by in ("rule order", "part order")
             else "weak call: only hint-strength evidence", "yellow"))
     table.add_row("fix", Text(diagnosis.remediation))
     table.add_row("fingerprint", Text(diagnosis.fingerprint))
@@ -264,12 +315,26 @@ def _show_explanation(explanation: triage.Explanation) -> None:
         console.print(Text("evidence, strongest first:", "bold"))
     for e in explanation.evidence:
         where = f"line {e.line_number}" if e.line_number else "platform signal"
+        if e.origin is not None:
+            where = f"{e.origin} {where}"
         if e.rank is not None:
             where += f", rank {e.rank}"
+        if e.victim:
+            where += " (victim)"
         # Log text can hold "[...]" that rich would read as markup: pass it as plain Text.
         console.print(Text.assemble(
             "  ", (f"{e.strength:<11}", "bold"), f" {e.rule_id} -> {e.category}, {where}: ",
             masking.for_people(e.text)))
+    diagnosis = explanation.diagnosis
+    if diagnosis is not None and (diagnosis.victims or diagnosis.culprit_undetermined):
+        culprit = ("undetermined (only ranks that lost a peer are in the evidence)"
+                   if diagnosis.culprit_undetermined else
+                   "unknown rank" if diagnosis.rank is None else f"rank {diagnosis.rank}")
+        console.print(Text.assemble(("culprit: ", "bold"), culprit))
+        for v in diagnosis.victims:
+            who = "lines naming no rank" if v.rank is None else f"rank {v.rank}"
+            console.print(Text.assemble("  passed over: ", (who, "bold"), f" ({v.rule_id}): ",
+                                        masking.for_people(v.reason)))
     console.print(Text.assemble(("why: ", "bold"), masking.for_people(explanation.reason)))
 
 

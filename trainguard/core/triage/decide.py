@@ -1,9 +1,13 @@
 """From signals to one diagnosis: which rules hold, which evidence is the root cause.
 
 Rules whose platform matchers (exit code, reason, conditions, events) fail are left out of the
-log scan; every surviving piece of evidence becomes a candidate with its rule's strength. The
-strongest class wins; inside it the earliest failing rank wins when every candidate carries a
-timestamp, otherwise the earliest log line (before platform signals), then the rule order.
+log scan; every surviving piece of evidence, in the log and in torchelastic's error files, becomes
+a candidate with its rule's strength, given the rank and time torchrun's failure report says it
+belongs to. A rank that only lost a peer (a ``victim`` rule's evidence, or its agent's closing
+signal) is passed over while a failure of another rank is in the evidence (``culprit``); among
+the rest the strongest class wins, inside it the earliest failing rank when every candidate
+carries a timestamp, otherwise the earliest log line (before error files, before platform
+signals), then the rule order.
 """
 
 from __future__ import annotations
@@ -11,29 +15,35 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from trainguard.core.taxonomy import INFO, Category
+from trainguard.core.triage.culprit import (
+    Candidate, Choice, attribute, choose, failure_times, stamp,
+)
+from trainguard.core.triage.errorfile import ErrorFile, local_rank_of
 from trainguard.core.triage.fingerprint import fingerprint
-from trainguard.core.triage.lines import trim
+from trainguard.core.triage.lines import signature_of, trim
 from trainguard.core.triage.rules import STRENGTHS, Rule, RuleSet, mapping_get, strength_name
 from trainguard.core.triage.scan import Scanner, ScanResult
 from trainguard.core.triage.signals import Diagnosis, Signals
+from trainguard.core.triage.torchrun import AgentReport, read_report
+
+__all__ = ["Candidate", "Gathered", "choice_of", "conclude", "decide", "describe_exit", "gather",
+           "rank_of"]
 
 # Categories whose default says "retry once": a repeat of the same root cause is not retried.
 RETRY_ONCE = frozenset({Category.NATIVE_CRASH, Category.UNKNOWN})
-
-
 @dataclass(frozen=True)
-class Candidate:
-    rule: int
-    strength: int
-    signature: str
-    line_number: int | None
-    rank: int | None
-    timestamp: tuple[int, int, float] | None
+class Gathered:
+    """Every candidate, the scan of the log, and what torchrun's report says of the ranks."""
+
+    candidates: list[Candidate]
+    last: ScanResult | None
+    report: AgentReport = field(default_factory=AgentReport)
+    times: Mapping[int, float] = field(default_factory=dict)
 
 
 @lru_cache(maxsize=16)
@@ -45,27 +55,32 @@ def scanner_for(rules: RuleSet, engine: str = "auto") -> Scanner:
 def decide(signals: Signals, rules: RuleSet, previous: Sequence[Diagnosis],
            engine: str = "auto") -> Diagnosis | None:
     """Classify one attempt; None when it succeeded (exit code 0, nothing saying otherwise)."""
-    candidates, last = gather(signals, rules, engine)
-    return conclude(signals, rules, previous, candidates, last)
+    return conclude(signals, rules, previous, gather(signals, rules, engine))
 
 
 def conclude(signals: Signals, rules: RuleSet, previous: Sequence[Diagnosis],
-             candidates: list[Candidate], last: ScanResult | None) -> Diagnosis | None:
+             gathered: Gathered) -> Diagnosis | None:
     """The diagnosis from already gathered evidence (see ``decide``)."""
+    choice = choice_of(signals, gathered, rules)
+    if choice is None:
+        if signals.exit_code == 0:
+            return None
+        return _fallback(signals, gathered.last, previous)
+    return _diagnosis(rules.rules[choice.winner.rule], choice, previous)
+
+
+def choice_of(signals: Signals, gathered: Gathered, rules: RuleSet) -> Choice | None:
+    """The root cause among the gathered candidates; None when there is none to choose."""
+    candidates = gathered.candidates
     if signals.exit_code == 0:
         candidates = [c for c in candidates if c.strength >= STRENGTHS["verdict"]]
-        if not candidates:
-            return None
     if not candidates:
-        return _fallback(signals, last, previous)
-    winner = pick(candidates)
-    rule = rules.rules[winner.rule]
-    return _diagnosis(rule, winner, previous)
+        return None
+    return choose(candidates, rules, gathered.report, gathered.times)
 
 
-def gather(signals: Signals, rules: RuleSet,
-           engine: str = "auto") -> tuple[list[Candidate], ScanResult | None]:
-    """Every piece of evidence some rule accepts, and the scan of the log (None without one)."""
+def gather(signals: Signals, rules: RuleSet, engine: str = "auto") -> Gathered:
+    """Every piece of evidence some rule accepts, with ranks and times as the report says."""
     candidates: list[Candidate] = []
     active: set[int] = set()
     for index, rule in enumerate(rules.rules):
@@ -77,28 +92,63 @@ def gather(signals: Signals, rules: RuleSet,
         else:
             candidates.append(Candidate(index, rule.strength, evidence, None, None, None))
     last = None
+    report = AgentReport()
     if signals.log is not None:
-        result = scanner_for(rules, engine).scan(signals.log, active)
+        last = scanner_for(rules, engine).scan(signals.log, active)
         candidates.extend(
             Candidate(h.rule, rules.rules[h.rule].strength, h.line.text, h.line_number,
-                      h.line.rank, h.line.timestamp) for h in result.hits
+                      h.line.rank, h.line.timestamp) for h in last.hits
         )
-        last = result
-    return candidates, last
+        report = read_report(last.tail, last.tail_start, _closing(rules))
+    error_times: dict[int, float] = {}
+    for number, error in enumerate(signals.error_files):
+        rank = rank_of(error, report)
+        if rank is not None and error.timestamp is not None:
+            error_times.setdefault(rank, error.timestamp)
+        candidates.extend(_from_error_file(error, rank, number, rules, active, engine))
+    times = failure_times(report, error_times)
+    return Gathered(attribute(candidates, report, times), last, report, times)
 
 
-def pick(candidates: Sequence[Candidate]) -> Candidate:
-    """The root cause among the candidates (see the module docstring for the order)."""
-    top = max(c.strength for c in candidates)
-    group = [c for c in candidates if c.strength == top]
-    if len(group) > 1 and all(c.timestamp is not None for c in group):
-        return min(group, key=lambda c: (c.timestamp, c.line_number or 0, c.rule))
-    # A log line says more than an exit code of the same strength, so it is preferred.
-    return min(group, key=lambda c: (c.line_number is None, c.line_number or 0, c.rule))
+def rank_of(error: ErrorFile, report: AgentReport) -> int | None:
+    """The global rank an error file belongs to: as given, as the report names its path, the
+    report's root cause for the agent's copy, or by its log-dir path's local rank."""
+    if error.rank is not None:
+        return error.rank
+    if error.source:
+        named = [f.rank for f in report.failures if f.error_file == error.source]
+        if named:
+            return named[0]
+    if error.agent_copy:
+        roots = [f.rank for f in report.failures if f.root_cause]
+        if len(roots) == 1:
+            return roots[0]
+    local = local_rank_of(error.source) if error.source else None
+    matches = [f.rank for f in report.failures if local is not None and f.local_rank == local]
+    return matches[0] if len(matches) == 1 else None
 
 
-def _diagnosis(rule: Rule, c: Candidate, previous: Sequence[Diagnosis]) -> Diagnosis:
-    signature = trim(c.signature)
+def _from_error_file(error: ErrorFile, rank: int | None, number: int, rules: RuleSet,
+                     active: set[int], engine: str) -> list[Candidate]:
+    origin = error.source or f"error file {number + 1}"
+    when = stamp(error.timestamp) if error.timestamp is not None else None
+    result = scanner_for(rules, engine).scan(error.text.encode("utf-8", "replace"), active)
+    return [Candidate(h.rule, rules.rules[h.rule].strength, h.line.text, h.line_number,
+                      rank if rank is not None else h.line.rank, when, origin)
+            for h in result.hits]
+
+
+@lru_cache(maxsize=16)
+def _closing(rules: RuleSet) -> tuple[tuple[re.Pattern[str], int], ...]:
+    """The patterns of victim rules that name the process whose loss they report, each with
+    the group that names it."""
+    return tuple((p, r.pid_group) for r in rules.rules
+                 if r.victim and r.pid_group is not None for p in r.log_res)
+
+
+def _diagnosis(rule: Rule, choice: Choice, previous: Sequence[Diagnosis]) -> Diagnosis:
+    c = choice.winner
+    signature = signature_of(c.signature)
     fp = fingerprint(rule.category, rule.id, signature)
     retryable = INFO[rule.category].retryable if rule.retryable is None else rule.retryable
     remediation = INFO[rule.category].remediation
@@ -106,10 +156,21 @@ def _diagnosis(rule: Rule, c: Candidate, previous: Sequence[Diagnosis]) -> Diagn
         why = f" ({rule.description.rstrip('.')})" if rule.description else ""
         remediation = (f"Weak call: only hint-strength evidence or weaker names this{why}; "
                        f"check the evidence line. {remediation}")
+    elif choice.decided_by == "rule order":
+        remediation = ("Weak call: evidence of another category was as strong and only the "
+                       f"rules' order chose; check the evidence. {remediation}")
+    if choice.undetermined:
+        remediation = ("Culprit undetermined: every failing rank in the evidence only lost a "
+                       "peer (a hang, a desync or a failure outside these logs); look for the "
+                       f"rank that stopped first. {remediation}")
     return Diagnosis(
         category=rule.category, retryable=retryable and not _repeat(rule.category, fp, previous),
-        rule_id=rule.id, signature=signature, line_number=c.line_number, rank=c.rank,
+        rule_id=rule.id, signature=signature,
+        line_number=c.line_number if c.origin is None else None,
+        rank=None if choice.undetermined else c.rank,
         remediation=remediation, fingerprint=fp, strength=strength_name(rule.strength),
+        victims=choice.victims, culprit_undetermined=choice.undetermined,
+        decided_by=choice.decided_by, failed_at=choice.failed_at,
     )
 
 

@@ -18,9 +18,12 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)
 # CRI log format: RFC3339Nano timestamp, stream, partial/full tag.
 _CRI = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) (?:stdout|stderr) [FP] ")
 # One prefix layer at a time; they stack in any order ("[80746] [rank0]:[E321 ...]").
+# torchrun's ``--tee`` prefix ``[default<local rank>]:`` names a rank on its node only: it is kept
+# apart and used only when no global ``[rankN]:`` names the line.
+_LOCAL = re.compile(r"^\[default(\d+)\]:")
 _PREFIXES = (
     re.compile(r"^\[(?:rank|Rank|RANK) ?(\d+)\]:? ?"),
-    re.compile(r"^\[default(\d+)\]:"),
+    _LOCAL,
     re.compile(r"^\[(?:\d+),(\d+)\]<(?:stdout|stderr)>: ?"),
     re.compile(r"^(\d+): (?=\S)"),  # srun --label
     re.compile(r"^\[\d+\] (?=\[)"),  # a pid in brackets before another prefix
@@ -38,6 +41,10 @@ _RANK_IN_TEXT = re.compile(r"\[(?:Rank|rank) ?(\d+)\]|\brank[:= ]\s*(\d+)\b|\blo
 _ISO_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
 # glog and c10 stamps: "E0626 06:24:44.903881" or torch's unpadded "[E626 06:24:44.903881913".
 _GLOG_TIME = re.compile(r"(?:^|\[)[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?")
+# A source location that leads a message ("[/pytorch/third_party/gloo/.../pair.cc:553] ") or a
+# glog stamp ("E1202 06:49:01.931000 12191 torch/.../api.py:1002] "): where, not what happened.
+_WHERE = re.compile(r"(?:^|(?<=: ))\[[^\]\s]+\.(?:cc|cpp|cu|h|hpp|c):\d+\] ?"
+                    r"|^\[?[IWEF]\d{3,4} [\d:.]+ (?:\d+ )?[\w/.-]+:\d+\] ?")
 
 
 @dataclass(frozen=True)
@@ -63,21 +70,26 @@ def read_line(raw: bytes | str) -> Line:
     if cri:
         stamp = _timestamp(cri.group(1))
         text = text[cri.end():]
-    rank = None
+    rank = local = None
     changed = True
     while changed:
         changed = False
         for prefix in _PREFIXES:
             m = prefix.match(text)
             if m:
-                if m.groups() and m.group(1) is not None and rank is None:
-                    rank = int(m.group(1))
+                if m.groups() and m.group(1) is not None:
+                    if prefix is _LOCAL:
+                        local = int(m.group(1)) if local is None else local
+                    elif rank is None:
+                        rank = int(m.group(1))
                 text = text[m.end():]
                 changed = True
     if rank is None:
         m = _RANK_IN_TEXT.search(text)
         if m:
             rank = int(next(g for g in m.groups() if g is not None))
+    if rank is None:
+        rank = local
     return Line(text.strip(), rank, stamp or _timestamp(text))
 
 
@@ -107,3 +119,8 @@ def trim(text: str) -> str:
     if len(text) <= MAX_SIGNATURE_CHARS:
         return text
     return text[: MAX_SIGNATURE_CHARS - 1] + "…"
+
+
+def signature_of(text: str) -> str:
+    """The words of an evidence line that say what happened, without where in the source."""
+    return trim(_WHERE.sub("", text, count=2))

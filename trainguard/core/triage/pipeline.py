@@ -5,6 +5,7 @@ second thread while this thread reads the lines of the current one: a long log u
 and at most two whole blocks (plus the one coming off the disk) are held at once. On a long noisy
 log the engine scans with a database without the patterns the log keeps reporting (their lines are
 found here, ``noisy``): its pass then needs the interpreter only as it ends, not at every chunk.
+What the blocks leave behind, the log's last whole lines (``Tail``), is kept here too.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from trainguard.core.triage.engines import Chunk, HyperscanEngine, ReEngine
 
-__all__ = ["Answer", "Block", "CHUNK_BYTES", "Without", "ahead", "chunks"]
+__all__ = ["Answer", "Block", "CHUNK_BYTES", "Tail", "Without", "ahead", "chunks"]
 
 CHUNK_BYTES = 256 << 10
 
@@ -46,6 +47,34 @@ def chunks(buf: bytes, start: int, stop: int) -> list[Chunk]:
         out.append((start, end))
         start = end
     return out
+
+
+class Tail:
+    """The last ``size`` bytes of a log, cut to whole lines, kept as the blocks go by."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.data = b""
+        self.cut = False  # whether bytes before self.data were dropped
+
+    def add(self, buf: bytes, start: int, stop: int) -> None:
+        piece = buf[max(start, stop - self.size):stop]
+        self.cut = self.cut or stop - start > len(piece)
+        joined = self.data + piece
+        if len(joined) > self.size:
+            joined, self.cut = joined[-self.size:], True
+        self.data = joined
+
+    def lines(self, newlines: int) -> tuple[tuple[bytes, ...], int]:
+        """The tail's whole lines and the number of the first, given the log's newline count."""
+        data = self.data
+        if self.cut:  # the first line may be a part of one
+            data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+        lines = data.split(b"\n")
+        total = newlines + (0 if lines[-1] == b"" else 1)
+        if lines[-1] == b"":
+            lines.pop()
+        return tuple(lines), total - len(lines) + 1
 
 
 def ahead(engine: ReEngine | HyperscanEngine, source: Iterator[Block],

@@ -3,8 +3,14 @@
 A rule names a category and the evidence that proves it: exit codes or signals, termination
 reasons, pod conditions, events and log regexes. Every matcher kind a rule lists must hold (AND);
 within one kind any entry may match (OR). ``strength`` ranks the evidence: a root cause
-(``cause``) beats a consequence (``consequence``) wherever each appears in the log. How the log is
-scanned belongs in ``scan``; how matches become a verdict belongs in ``decide``.
+(``cause``) beats a consequence (``consequence``) wherever each appears in the log. ``victim``
+marks evidence that a rank lost a peer (a closed connection, a collective timeout, its launcher's
+closing signal): such a rank is never the root cause while another failure is in the evidence. A
+victim rule's ``pid_group`` says which group of its patterns names the process whose loss it
+reports.
+``wrapper`` marks evidence that only wraps a cause reported beside it (an abort after an uncaught
+C++ exception): it never outranks a victim's evidence. How the log is scanned belongs in
+``scan``; how matches become a verdict belongs in ``decide``.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ STRENGTHS: dict[str, int] = {
 _KEYS = {
     "id", "category", "strength", "retryable", "description", "log", "log_not", "context",
     "context_lines", "warnings", "ignore_case", "exit_codes", "signals", "reasons",
-    "conditions", "events", "disabled",
+    "conditions", "events", "disabled", "victim", "wrapper", "pid_group",
 }
 _ID = re.compile(r"^[a-z0-9_][a-z0-9_.-]*$")
 
@@ -75,6 +81,9 @@ class Rule:
     reasons: frozenset[str] = frozenset()
     conditions: tuple[ConditionMatcher, ...] = ()
     events: tuple[EventMatcher, ...] = ()
+    victim: bool = False
+    wrapper: bool = False
+    pid_group: int | None = None
 
     # Compiled on first use: a scan confirms lines for only the few rules it finds candidates
     # for, and compiling all of the shipped patterns costs most of a tenth of a second.
@@ -212,6 +221,8 @@ def _parse_rule(raw: _Located, source: str, where: str, check_patterns: bool = T
         exit_codes=_exit_codes(raw, fail),
         reasons=frozenset(s.lower() for s in _strings(raw, "reasons", fail)),
         conditions=_conditions(raw, fail), events=_events(raw, fail, source, where),
+        victim=bool(raw.get("victim", False)), wrapper=bool(raw.get("wrapper", False)),
+        pid_group=_pid_group(raw, fail, patterns["log"] if check_patterns else ()),
     )
     if not (rule.log or rule.has_platform_matchers) and not raw.get("disabled", False):
         raise fail("log", "a rule needs at least one matcher: log, exit_codes, signals, "
@@ -228,13 +239,26 @@ def _scalars(raw: _Located, fail: Any) -> tuple[Category, int, int]:
     strength = raw.get("strength", "cause")
     if strength not in STRENGTHS:
         raise fail("strength", f"{strength!r}; expected one of: {', '.join(STRENGTHS)}")
-    for key in ("retryable", "warnings", "ignore_case", "disabled"):
+    for key in ("retryable", "warnings", "ignore_case", "disabled", "victim", "wrapper"):
         if key in raw and not isinstance(raw[key], bool):
             raise fail(key, "expected true or false")
     context_lines = raw.get("context_lines", 40)
     if not isinstance(context_lines, int) or isinstance(context_lines, bool) or context_lines < 0:
         raise fail("context_lines", "expected a non-negative whole number of lines")
     return Category(category), STRENGTHS[strength], context_lines
+
+
+def _pid_group(raw: _Located, fail: Any, patterns: tuple[str, ...]) -> int | None:
+    value = raw.get("pid_group")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or not raw.get("victim"):
+        raise fail("pid_group", "expected the number (1, 2, ...) of the log patterns' group that "
+                                "names the lost process, on a rule with victim: true")
+    for pattern in patterns:
+        if re.compile(pattern).groups < value:
+            raise fail("pid_group", f"{pattern!r} has no group {value}")
+    return int(value)
 
 
 def _description(raw: _Located, fail: Any) -> str:

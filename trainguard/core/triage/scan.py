@@ -17,8 +17,8 @@ cost of a long log grows neither with the number of rules nor with the lines tha
   around a candidate line, from the block in hand and a ring buffer of the previous block's last
   lines.
 
-What is kept is bounded: the first match of each rule on each rank, plus the last non-empty line
-for the fallback verdict.
+What is kept is bounded: the first match of each rule on each rank, the last non-empty line for
+the fallback verdict, and the last ``TAIL_BYTES`` of whole lines (torchrun's failure report).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from trainguard.core.triage.engines import (
 from trainguard.core.triage.lines import Line, read_line
 from trainguard.core.triage.lineshapes import MASK
 from trainguard.core.triage.noisy import LiteralLines, Shapes, lines_of, shape_at
-from trainguard.core.triage.pipeline import Answer, Block, ahead, chunks
+from trainguard.core.triage.pipeline import Answer, Block, Tail, ahead, chunks
 from trainguard.core.triage.shapes import RuleChecks, widened
 from trainguard.core.triage.rules import Rule, RuleSet
 from trainguard.core.triage.signals import LogSource
@@ -57,6 +57,7 @@ SATURATION = 64
 HINT_SATURATION = 8
 MAX_REMEMBERED = 1 << 14
 MAX_REMEMBERED_SHAPE = 4 << 10
+TAIL_BYTES = 256 << 10
 _BLANK = b" \t\r\n"
 
 
@@ -74,6 +75,8 @@ class ScanResult:
     hits: tuple[Hit, ...]
     last_line: Line | None
     last_line_number: int | None
+    tail: tuple[bytes, ...] = ()  # the log's last whole lines, raw
+    tail_start: int = 1  # the line number of tail[0]
 
 
 def patterns_of(rules: Sequence[Rule]) -> list[Pattern]:
@@ -358,8 +361,10 @@ class _Collector:
     def scan(self, engine: ReEngine | HyperscanEngine, source: LogSource) -> ScanResult:
         last: tuple[bytes, int] | None = None
         without = self.noisy.database if self.noisy is not None else lambda: None
+        tail = Tail(TAIL_BYTES)
         for buf, start, stop, answer in ahead(engine, blocks(source), without):
             self.block(engine, buf, start, stop, answer)
+            tail.add(buf, start, stop)
             end = stop
             while end > start and buf[end - 1] in _BLANK:
                 end -= 1
@@ -367,10 +372,11 @@ class _Collector:
                 idx = buf.rfind(b"\n", start, end) + 1 or start
                 number = self.base - buf.count(b"\n", idx, stop) + 1
                 last = (buf[idx:min(end, idx + MAX_LINE_BYTES)], number)
-        hits = sorted(self.hits.values(), key=lambda h: (h.line_number, h.rule))
+        hits = tuple(sorted(self.hits.values(), key=lambda h: (h.line_number, h.rule)))
+        lines, first = tail.lines(self.base)
         if last is None:
-            return ScanResult(tuple(hits), None, None)
-        return ScanResult(tuple(hits), read_line(last[0]), last[1])
+            return ScanResult(hits, None, None, lines, first)
+        return ScanResult(hits, read_line(last[0]), last[1], lines, first)
 
 
 class Scanner:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from trainguard.core.taxonomy import Category
+from trainguard.core.triage.errorfile import ErrorFile
 
 LogSource = bytes | str | os.PathLike[str] | BinaryIO | None
 
@@ -28,6 +29,8 @@ class Signals:
         conditions: Pod conditions in Kubernetes wire form.
         events: Kubernetes Event objects in wire form, or ``kubectl get events`` text.
         log: The attempt's log as bytes or text, or a path or binary stream read in bounded memory.
+        error_files: torchelastic error files of the attempt's ranks (``errorfile``): each is
+            evidence of the rank it names, at the time it records.
     """
 
     exit_code: int | None = None
@@ -35,11 +38,42 @@ class Signals:
     conditions: tuple[Mapping[str, Any], ...] = ()
     events: tuple[Mapping[str, Any], ...] | str = ()
     log: LogSource = None
+    error_files: tuple[ErrorFile, ...] = ()
+
+
+@dataclass(frozen=True)
+class Victim:
+    """A rank passed over as the root cause, and why: its own failure was a peer's loss.
+
+    Attributes:
+        rank: The rank (None: lines that name no rank).
+        reason: Why it was passed over, for a person.
+        rule_id: The rule whose evidence made it a victim (``torchrun.closing_signal`` when its
+            agent killed it).
+    """
+
+    rank: int | None
+    reason: str
+    rule_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "reason": self.reason, "rule_id": self.rule_id}
 
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """The verdict on one failed attempt and the evidence that decided it."""
+    """The verdict on one failed attempt and the evidence that decided it.
+
+    ``rank`` is the root cause's rank; ``victims`` are the ranks passed over because their own
+    failure was a peer's loss. ``culprit_undetermined`` says only such losses were in the
+    evidence (a hang or desync whose origin the evidence does not show): the category is then
+    the communication failure's and ``rank`` is None. ``decided_by`` says what chose the winner
+    among the strongest evidence of different answers (``strength`` when nothing else was as
+    strong, ``timestamp``, ``line``, ``rule order``; ``victim reading`` when, with only victims,
+    a line's reading as a lost peer beat an equal one; across parts also ``part order``).
+    ``failed_at`` is when the failure it names happened, in seconds since the epoch, when the
+    evidence says (an error file, torchrun's failure report).
+    """
 
     category: Category
     retryable: bool
@@ -50,12 +84,17 @@ class Diagnosis:
     remediation: str
     fingerprint: str
     strength: str = "cause"
+    victims: tuple[Victim, ...] = ()
+    culprit_undetermined: bool = False
+    decided_by: str = "strength"
+    failed_at: float | None = None
 
     @property
     def weak(self) -> bool:
-        """Whether only hint-strength evidence, a guess or nothing decided: a weak call to check
-        by hand."""
-        return self.strength in ("hint", "guess", "none")
+        """Whether only hint-strength evidence, a guess or nothing decided, or rule order broke a
+        tie between categories: a weak call to check by hand."""
+        return (self.strength in ("hint", "guess", "none")
+                or self.decided_by in ("rule order", "part order"))
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict; the category is its taxonomy id."""
@@ -70,4 +109,8 @@ class Diagnosis:
             "fingerprint": self.fingerprint,
             "strength": self.strength,
             "weak": self.weak,
+            "victims": [v.to_dict() for v in self.victims],
+            "culprit_undetermined": self.culprit_undetermined,
+            "decided_by": self.decided_by,
+            "failed_at": self.failed_at,
         }
