@@ -84,7 +84,8 @@ def train_attempt(
     retry_policy = resolve_policy(spec, retry_policy_block)
     held = afterupload.hold(store)  # S3 gets the evidence after the verdict: judging never waits on it
     launch = launch_for(
-        spec.command, run_id=run_id, attempt=attempt, env=spec.env, gpus=spec.gpus, workdir=spec.workdir,
+        spec.command, run_id=run_id, attempt=attempt, env=spec.env, gpus=spec.gpus, nodes=spec.nodes,
+        processes_per_node=spec.nprocs, workdir=spec.workdir,
         deadline_seconds=spec.deadline_seconds, stall_seconds=spec.stall_seconds, resume_from=resume_from,
         avoid_nodes=avoid_nodes or (), memory_factor=memory_factor,
     )
@@ -104,7 +105,7 @@ def train_attempt(
     summary = AttemptSummary(
         run_id=run_id, attempt=attempt, max_attempts=retry_policy.max_attempts,
         state="Completed" if outcome.succeeded else "Failed", flow_run_id=str(current_run.id),
-        flow_run_name=current_run.name, gpus=spec.gpus, memory_factor=memory_factor, resumed_from=resume_from,
+        flow_run_name=current_run.name, gpus=spec.total_gpus, memory_factor=memory_factor, resumed_from=resume_from,
         newest_checkpoint=checkpoints[0] if checkpoints else None, storage_problems=outcome.storage_problems,
         progress=read_progress(backend, ref, outcome), **outcome.summary_fields(),
     ).with_evidence(evidence if isinstance(evidence, dict) else None, unreserved).with_diagnosis(

@@ -94,7 +94,7 @@ def _plan_after_crash(params: dict[str, Any], flow_run: Any, state: Any) -> tupl
         state="Crashed", flow_run_id=str(flow_run.id), flow_run_name=flow_run.name,
         category=category.value, retryable=INFO[category].retryable, rule_id="flow.crashed",
         signature=why, remediation=INFO[category].remediation, fingerprint="crashed:terminated",
-        duration_seconds=_run_seconds(flow_run), gpus=spec.gpus,
+        duration_seconds=_run_seconds(flow_run), gpus=spec.total_gpus,
         resumed_from=params.get("resume_from"), newest_checkpoint=checkpoints[0] if checkpoints else None,
         evidence=found.get("location"), evidence_items=found.get("items", 0), evidence_missing=found.get("missing", 0),
         progress=found.get("progress", ()),

@@ -168,7 +168,10 @@ def _guard(problems: list[str], step: str, action: Callable[[], T]) -> T | None:
 
 def _before(options: Options, env: Mapping[str, str], problems: list[str]) -> CorePolicy | None:
     snap = options.workspace / "snapshot"
-    for folder in (options.workspace / "logs", options.workspace / "coredumps", snap):
+    folders = [options.workspace / "logs", options.workspace / "coredumps", snap]
+    if env.get("TORCHELASTIC_ERROR_FILE"):  # torchelastic writes it but makes no folder for it
+        folders.append(Path(env["TORCHELASTIC_ERROR_FILE"]).parent)
+    for folder in folders:
         _guard(problems, f"create {folder}", lambda: folder.mkdir(parents=True, exist_ok=True))
     policy = _guard(problems, "enable core dumps", enable_core_dumps)
     _guard(problems, "snapshot/env.json", lambda: snapshot_environment(snap / "env.json", env))

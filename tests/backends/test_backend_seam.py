@@ -13,7 +13,9 @@ import pytest
 
 from trainguard.core import recovery, triage
 from trainguard.core.attempt import AttemptSummary, next_parameters
-from trainguard.core.backends.base import AttemptOutcome, Backend, Launch, StopsOrphans, Supervises, container_env
+from trainguard.core.backends.base import (
+    AttemptOutcome, Backend, Launch, Rendezvous, StopsOrphans, Supervises, container_env,
+)
 from trainguard.core.backends.local.runner import _write_process_record
 from trainguard.core.backends.local.backend import LocalBackend
 from trainguard.core.backends.slurm import continuation
@@ -37,7 +39,24 @@ def test_container_env_adds_trainguards_variables_over_the_users() -> None:
     assert env == {
         "PATH": "/bin", "WANDB_PROJECT": "x", "TRAINGUARD_RUN_ID": "r-1", "TRAINGUARD_ATTEMPT": "2",
         "TRAINGUARD_WORKSPACE": "/ws", "TRAINGUARD_RESUME_FROM": "/ck/step-5.pt", "TRAINGUARD_CHECKPOINT_DIR": "/ck",
+        "PET_LOG_DIR": "/ws/ranks", "PET_TEE": "3", "TORCHELASTIC_ERROR_FILE": "/ws/torchelastic/error.json",
+        "PET_NNODES": "1", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": "29500", "PET_MAX_RESTARTS": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+        "NNODES": "1", "NODE_RANK": "0", "WORLD_SIZE": "1",
     }
+
+
+def test_every_node_gets_the_rendezvous_and_the_user_cannot_move_it_but_may_keep_the_console_plain() -> None:
+    launch = _launch(nodes=4, processes_per_node=8,
+                     env={"MASTER_PORT": "1", "PET_TEE": "0", "PET_LOG_DIR": "/mine", "WANDB_PROJECT": "x"})
+    env = container_env(launch, workspace="/ws", checkpoint_dir=None,
+                        rendezvous=Rendezvous(master_addr="tg-r-1-a2-0.tg-r-1-a2", master_port=29400, node_rank=3))
+    assert {k: env[k] for k in ("PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR",
+                                "MASTER_PORT", "NODE_RANK", "WORLD_SIZE", "PET_MAX_RESTARTS")} == {
+        "PET_NNODES": "4", "PET_NODE_RANK": "3", "PET_NPROC_PER_NODE": "8",
+        "PET_MASTER_ADDR": "tg-r-1-a2-0.tg-r-1-a2", "MASTER_PORT": "29400", "NODE_RANK": "3", "WORLD_SIZE": "32",
+        "PET_MAX_RESTARTS": "0"}
+    assert (env["PET_TEE"], env["PET_LOG_DIR"]) == ("0", "/mine")  # where the logs go stays the user's choice
 
 
 def test_a_fresh_start_resumes_from_nothing_and_keeps_the_workdir() -> None:

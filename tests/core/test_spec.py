@@ -79,3 +79,28 @@ def test_a_yaml_syntax_error_names_the_line(tmp_path):
 def test_a_missing_spec_file_says_what_to_pass(tmp_path):
     with pytest.raises(SpecError, match="no such file"):
         load_spec(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("command, env, named", [
+    (["torchrun", "--max-restarts", "3", "train.py"], {}, "command: --max-restarts 3"),
+    (["python", "-m", "torch.distributed.run", "--max_restarts=1", "train.py"], {}, "command: --max-restarts 1"),
+    (["torchrun", "train.py"], {"PET_MAX_RESTARTS": "2"}, "env: PET_MAX_RESTARTS 2"),
+])
+def test_restarts_inside_the_job_are_refused_in_one_line_as_a_backoff_limit_would_be(command, env, named) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_spec({"name": "ddp", "command": command, "env": env})
+    message = str(caught.value)
+    assert message.startswith(f"spec: {named}: trainguard alone retries") and "\n" not in message
+
+
+def test_a_scripts_own_max_restarts_argument_is_the_scripts_and_torchruns_nproc_is_taken() -> None:
+    spec = parse_spec({"name": "ddp", "command": ["torchrun", "--nproc-per-node", "2", "train.py", "--max-restarts", "9"]})
+    assert (spec.nodes, spec.nprocs, spec.total_gpus) == (1, 2, 0)
+    assert parse_spec({"name": "ddp", "command": ["torchrun", "t.py"], "gpus": 8, "nodes": 4}).nprocs == 8
+    assert parse_spec({"name": "ddp", "command": ["torchrun", "t.py"], "gpus": 8, "nodes": 4}).total_gpus == 32
+
+
+def test_torchruns_own_node_count_must_agree_with_the_specs() -> None:
+    with pytest.raises(SpecError, match=r"^spec: command: --nnodes 2 disagrees with nodes: 1; .* or set nodes: 2$"):
+        parse_spec({"name": "ddp", "command": ["torchrun", "--nnodes", "2", "t.py"]})
+    assert parse_spec({"name": "ddp", "command": ["torchrun", "--nnodes=2", "t.py"], "nodes": 2}).nodes == 2

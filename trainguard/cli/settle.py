@@ -58,7 +58,7 @@ def stopped(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], signum: int
         last = recovery.verdict(store, run_id, attempts[-1])
         if last is None:  # the attempt that was running: the stop is how it ended
             last = recovery.settle(
-                backend, store, run_id, attempts[-1], max_attempts=max_attempts, gpus=spec.gpus,
+                backend, store, run_id, attempts[-1], max_attempts=max_attempts, gpus=spec.total_gpus,
                 next_step=f"stopped, not retried here; resume with `{how}`", rules=rules,
                 stopped={"category": category, "rule_id": rule_id, "signature": signature,
                          "remediation": f"resume with `{how}`"},
@@ -113,7 +113,7 @@ def plan_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], spec_fi
             if stopped_note := backend.stop_orphan(cast(Backend, backend).provision(run_id, attempt)):
                 say(f"attempt {attempt}: {stopped_note}")
         if found is None:  # the attempt the lost process never judged: collect and classify it now
-            found = recovery.settle(backend, store, run_id, attempt, max_attempts=max_attempts, gpus=spec.gpus,
+            found = recovery.settle(backend, store, run_id, attempt, max_attempts=max_attempts, gpus=spec.total_gpus,
                                     next_step=f"continued by `{resume_command(spec_file, run_id)}`", rules=rules)
         history.append(found)
     if closed := close_lost_flow_runs(run_id):

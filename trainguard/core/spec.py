@@ -24,6 +24,7 @@ _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_BLOCK = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
+MAX_NODES = 1000
 MAX_SPEC_BYTES = 256 * 1024
 """A spec travels as a flow-run parameter of every attempt, beside the attempts' history; Prefect's
 server refuses parameters over 512 KiB in all (``PREFECT_SERVER_API_MAX_PARAMETER_SIZE``), so the
@@ -121,12 +122,37 @@ class TrainingSpec(BaseModel):
         "Prefect Secret block, or 'env:NAME' for a variable of the worker's environment.",
     )
     workdir: str | None = None
-    gpus: int = Field(default=0, ge=0, strict=True)
+    gpus: int = Field(default=0, ge=0, strict=True, description="GPUs per node.")
+    nodes: int = Field(default=1, ge=1, le=MAX_NODES, strict=True,
+                       description="Nodes of one attempt: N pods of an Indexed Job, or a Slurm job on N nodes.")
+    processes_per_node: int | None = Field(
+        default=None, ge=1, le=1024, strict=True,
+        description="Processes per node (torchrun's nproc_per_node); empty = gpus, or 1 without GPUs.")
     deadline_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     stall_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     retry: RetrySpec | None = None
     backend: str | None = Field(default=None, description="A saved backend block as slug/name, e.g. "
                                 "trainguard-kubernetes-job-backend/gpu-cluster; the CLI's --backend wins.")
+
+    @model_validator(mode="after")
+    def _trainguard_alone_retries(self) -> TrainingSpec:
+        if (problem := in_job_restarts(self.command, self.env)) is not None:
+            raise ValueError(problem)
+        if self.processes_per_node is None:  # torchrun's own --nproc-per-node says it, where given
+            self.processes_per_node = launcher_nprocs(self.command)
+        if (problem := launcher_disagrees(self.command, self.nodes, self.nprocs)) is not None:
+            raise ValueError(problem)
+        return self
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs one attempt holds on all its nodes: what GPU-seconds count."""
+        return self.gpus * self.nodes
+
+    @property
+    def nprocs(self) -> int:
+        """Processes per node: the spec's (or torchrun's --nproc-per-node), else one per GPU, else one."""
+        return self.processes_per_node or self.gpus or 1
 
     @field_validator("name")
     @classmethod
@@ -213,6 +239,56 @@ def _secret_argument(argv: list[str]) -> int | None:
     return None
 
 
+_TORCHRUN = re.compile(r"(?:^|/)torchrun$|^torch\.distributed\.(?:run|launch)$")
+
+
+def _launcher_options(command: list[str]) -> dict[str, str]:
+    """torchrun's own options in a command (``torchrun ...`` or ``python -m torch.distributed.run ...``),
+    by their underscore names; {} when the command does not start torchrun."""
+    start = next((i + 1 for i, word in enumerate(command[:4]) if _TORCHRUN.search(word)), None)
+    if start is None:
+        return {}
+    options: dict[str, str] = {}
+    words = command[start:]
+    for i, word in enumerate(words):
+        if not word.startswith("--"):
+            if i == 0 or not words[i - 1].startswith("--") or "=" in words[i - 1]:
+                break  # the training script: what follows is its own arguments
+            continue
+        name, eq, value = word[2:].partition("=")
+        options[name.replace("-", "_")] = value if eq else (words[i + 1] if i + 1 < len(words) else "")
+    return options
+
+
+def in_job_restarts(command: list[str], env: dict[str, str]) -> str | None:
+    """Why the spec asks the launcher to restart ranks itself, in one line; None when it does not."""
+    value = _launcher_options(command).get("max_restarts", env.get("PET_MAX_RESTARTS"))
+    where = "command: --max-restarts" if "max_restarts" in _launcher_options(command) else "env: PET_MAX_RESTARTS"
+    if value is None or value.strip() in ("", "0"):
+        return None
+    return (f"{where} {value}: trainguard alone retries an attempt, from its last checkpoint and off a failed "
+            "node; restarts inside the job would hide failures from it and repeat them on the same node, as a "
+            "Job's backoffLimit would; drop it (or set it to 0) and set retry.max_attempts instead")
+
+
+def launcher_nprocs(command: list[str]) -> int | None:
+    """torchrun's --nproc-per-node in the command, when it is a number."""
+    given = _launcher_options(command).get("nproc_per_node", "")
+    return int(given) if given.isdigit() and int(given) > 0 else None
+
+
+def launcher_disagrees(command: list[str], nodes: int, nprocs: int) -> str | None:
+    """Why torchrun's own --nnodes/--nproc-per-node contradict the spec's, in one line; None when they agree."""
+    options = _launcher_options(command)
+    for name, field, wanted in (("nnodes", "nodes", nodes), ("nproc_per_node", "processes_per_node", nprocs)):
+        given = options.get(name)
+        if given is not None and given.isdigit() and int(given) != wanted:
+            flag = "--" + name.replace("_", "-")
+            return (f"command: {flag} {given} disagrees with {field}: {wanted}; leave {flag} out (trainguard passes "
+                    f"it to torchrun as PET_{name.upper()}) or set {field}: {given}")
+    return None
+
+
 def _check_variable_name(name: str) -> None:
     if not name or "=" in name or "\0" in name:
         raise ValueError(f"{name!r} is not a variable name: names cannot be empty or hold '=' or NUL; use e.g. WANDB_PROJECT")
@@ -276,4 +352,6 @@ def describe_validation_error(exc: ValidationError, source: str) -> str:
     elif message.startswith("Value error, "):
         message = message.removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    if not first["loc"] and re.match(r"[a-z_]+: ", message):  # a check across fields names its field itself
+        return f"{source}: {message}{more}"
     return f"{source}: {location}: {message}{more}"

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from trainguard.core.backends import workspace as workspace_files
 from trainguard.core.evidence.manifest import Manifest
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import Signals
@@ -42,7 +43,10 @@ class Launch:
         env: The user's variables for the command (the spec's `env`, secrets already resolved);
             `container_env` adds trainguard's own.
         workdir: The command's working directory, where the backend can honour one.
-        gpus: GPUs the attempt holds (for placement and for GPU-seconds).
+        gpus: GPUs each node of the attempt holds (for placement; GPU-seconds count them on every node).
+        nodes: Nodes of the attempt (pods of an Indexed Job, nodes of a Slurm job); the ranks of all of
+            them fail together, and the culprit is found among them.
+        processes_per_node: Ranks each node runs (torchrun's nproc_per_node).
         deadline_seconds: Wall time after which the attempt is stopped.
         stall_seconds: Silence on the log after which the attempt is stopped.
         resume_from: The checkpoint to resume from, as the backend listed it; None = from scratch.
@@ -56,6 +60,8 @@ class Launch:
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: str | None = None
     gpus: int = 0
+    nodes: int = 1
+    processes_per_node: int = 1
     deadline_seconds: float | None = None
     stall_seconds: float | None = None
     resume_from: str | None = None
@@ -274,21 +280,56 @@ class Supervises(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where an attempt's ranks meet: the first node's address and port, and this node's rank."""
+
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    node_rank: int = 0
+
+
+def rendezvous_env(launch: Launch, rendezvous: Rendezvous) -> dict[str, str]:
+    """The variables that let one command run on 1 node or 64: torchrun's own (`PET_*`, which its
+    command-line options override) and the plain ones other launchers read.
+
+    torchrun is told never to restart ranks itself (`PET_MAX_RESTARTS=0`): trainguard alone retries.
+    A backend whose nodes learn their rank at run time (a pod's completion index, Slurm's node id)
+    overrides `NODE_RANK` and `PET_NODE_RANK` there.
+    """
+    nodes, nprocs = str(launch.nodes), str(launch.processes_per_node)
+    port, rank = str(rendezvous.master_port), str(rendezvous.node_rank)
+    return {
+        "PET_NNODES": nodes, "PET_NODE_RANK": rank, "PET_NPROC_PER_NODE": nprocs,
+        "PET_MASTER_ADDR": rendezvous.master_addr, "PET_MASTER_PORT": port, "PET_MAX_RESTARTS": "0",
+        "MASTER_ADDR": rendezvous.master_addr, "MASTER_PORT": port, "NNODES": nodes, "NODE_RANK": rank,
+        "WORLD_SIZE": str(launch.nodes * launch.processes_per_node),
+    }
+
+
 def container_env(
-    launch: Launch, *, workspace: str, checkpoint_dir: str | None, base: Mapping[str, str] | None = None
+    launch: Launch, *, workspace: str, checkpoint_dir: str | None, base: Mapping[str, str] | None = None,
+    rendezvous: Rendezvous | None = None,
 ) -> dict[str, str]:
     """The training container's environment, for every backend: the user's variables plus trainguard's.
+
+    Beside trainguard's own (`TRAINGUARD_*`), the rendezvous (`rendezvous_env`), and where every
+    node's torchrun keeps its ranks' logs and its root-cause error: `PET_LOG_DIR` with `PET_TEE=3`
+    (each rank's stdout and stderr in a file of its own on the attempt's folder, and still on the
+    console, each line prefixed with its rank) and `TORCHELASTIC_ERROR_FILE`. The user's variables
+    win over the logging ones (set `PET_TEE=0` to keep the console unprefixed), never over the rendezvous.
 
     Args:
         launch: The attempt being launched (its `env` holds the user's variables).
         workspace: The attempt's folder as the container sees it.
         checkpoint_dir: The run's checkpoint folder as the container sees it.
         base: Variables underneath everything (the local backend passes its own environment).
+        rendezvous: Where the ranks meet; the first node on loopback when None.
 
     Raises:
         ValueError: A variable name or value cannot be passed to a process (one line naming it).
     """
-    env = dict(base or {})
+    env = {**dict(base or {}), **workspace_files.torchrun_env(workspace)}
     for name, value in launch.env.items():
         if not isinstance(name, str) or not name or "=" in name or "\0" in name:
             raise ValueError(f"env[{name!r}]: not a valid variable name; use letters, digits and '_'")
@@ -301,6 +342,7 @@ def container_env(
         TRAINGUARD_WORKSPACE=workspace,
         TRAINGUARD_RESUME_FROM=launch.resume_from or "",
     )
+    env.update(rendezvous_env(launch, rendezvous or Rendezvous()))
     if checkpoint_dir:
         env["TRAINGUARD_CHECKPOINT_DIR"] = checkpoint_dir
     if launch.workdir:
@@ -311,11 +353,13 @@ def container_env(
 def launch_for(
     spec_command: Sequence[str], *, run_id: str, attempt: int, env: Mapping[str, str], gpus: int,
     deadline_seconds: float | None, stall_seconds: float | None, workdir: str | None,
-    resume_from: str | None, avoid_nodes: Sequence[str] = (), memory_factor: float = 1.0,
+    resume_from: str | None, avoid_nodes: Sequence[str] = (), memory_factor: float = 1.0, nodes: int = 1,
+    processes_per_node: int = 1,
 ) -> Launch:
     """A `Launch` from a spec's fields and the attempt's lineage (keeps the flow body short)."""
     return Launch(
         run_id=run_id, attempt=attempt, command=tuple(spec_command), env=dict(env), workdir=workdir,
-        gpus=gpus, deadline_seconds=deadline_seconds, stall_seconds=stall_seconds, resume_from=resume_from,
-        avoid_nodes=tuple(avoid_nodes), memory_factor=memory_factor,
+        gpus=gpus, nodes=nodes, processes_per_node=processes_per_node, deadline_seconds=deadline_seconds,
+        stall_seconds=stall_seconds, resume_from=resume_from, avoid_nodes=tuple(avoid_nodes),
+        memory_factor=memory_factor,
     )

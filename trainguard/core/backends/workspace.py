@@ -16,6 +16,8 @@ from pathlib import Path
 from trainguard.core import ids
 
 LOGS, COREDUMPS, SNAPSHOT = "logs", "coredumps", "snapshot"
+RANKS, TORCHELASTIC = "ranks", "torchelastic"  # torchrun's per-rank logs, and its agent's root-cause error
+TORCHELASTIC_ERROR = "error.json"
 CRASH_REPORT, PROCESS_RECORD, RUNNER_REPORT = "crash-report.json", "process.json", "runner.json"
 
 
@@ -26,6 +28,13 @@ class WorkspaceError(ValueError):
 def log_name(run_id: str, attempt: int) -> str:
     """The training log's file name, ``train-{run id}-attempt-{n}.log`` (in ``logs/``)."""
     return f"train-{ids.validate_run_id(run_id)}-{ids.attempt_name(attempt)}.log"
+
+
+def torchrun_env(workspace: str) -> dict[str, str]:
+    """Where torchrun keeps each rank's log (`PET_LOG_DIR`, teed: `PET_TEE=3`) and its root-cause error
+    (`TORCHELASTIC_ERROR_FILE`), in the attempt's folder as the container sees it (``workspace``)."""
+    return {"PET_LOG_DIR": posixpath.join(workspace, RANKS), "PET_TEE": "3",
+            "TORCHELASTIC_ERROR_FILE": posixpath.join(workspace, TORCHELASTIC, TORCHELASTIC_ERROR)}
 
 
 def attempt_dir(root: str, run_id: str, attempt: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +18,9 @@ from typing import ClassVar
 
 from trainguard.core.backends import workspace_evidence
 from trainguard.core.backends.local import orphans
-from trainguard.core.backends.base import AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, container_env
+from trainguard.core.backends.base import (
+    START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, Rendezvous, container_env,
+)
 from trainguard.core.backends.local.runner import TAIL_LINES, LocalProcessRunner, ProcessOutcome
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
@@ -48,8 +51,12 @@ class LocalBackend:
                           checkpoint_dir=str(ws.checkpoint_dir))
 
     def run(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None = None) -> AttemptOutcome:
+        if launch.nodes > 1:
+            return AttemptOutcome(None, None, START_ERROR, f"nodes: {launch.nodes}: the local backend runs one node; "
+                                  "run multi-node attempts on a Kubernetes or Slurm backend, or set nodes: 1")
         ws = self.workspace(ref)
-        user_env = container_env(launch, workspace=str(ws.root), checkpoint_dir=str(ws.checkpoint_dir))
+        user_env = container_env(launch, workspace=str(ws.root), checkpoint_dir=str(ws.checkpoint_dir),
+                                 rendezvous=Rendezvous(master_port=free_port()))
         if launch.workdir:
             user_env["TRAINGUARD_WORKDIR"] = os.path.abspath(launch.workdir)
         runner = LocalProcessRunner(python=self.python, grace_seconds=self.grace_seconds, on_line=on_line)
@@ -98,6 +105,13 @@ class LocalBackend:
 
     def release(self, ref: AttemptRef) -> None:
         """Nothing to clean up: the workspace stays for `trainguard run --resume`."""
+
+
+def free_port() -> int:
+    """A TCP port on loopback nobody listens on now, for the ranks' rendezvous (attempts side by side never share one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def outcome_of_process(result: ProcessOutcome) -> AttemptOutcome:
