@@ -12,6 +12,7 @@ import typer
 from trainguard.cli.typer_app import app
 from trainguard.cli.output import attempts_table, console, fail, plain, say
 from trainguard.core.attempt import AttemptSummary
+from trainguard.core.reports import attempt as attempt_report
 from trainguard.core.spec import RetrySpec, SpecError, TrainingSpec, load_spec, parse_spec
 
 
@@ -112,6 +113,10 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
     console.print()
     console.print(attempts_table(summaries, title=f"trainguard run {run_id}"))
     say(f"{state.name}: {state.message}")
+    if summaries and not summaries[-1].succeeded and (sure := attempt_report.certainty(summaries[-1])):
+        culprit = attempt_report.rank_cell(summaries[-1])
+        on = f"; culprit rank {culprit}" if culprit not in ("-", "?") else ""
+        say(plain(f"attempt {summaries[-1].attempt}: {sure}{on}", "yellow" if summaries[-1].weak else ""))
     for summary in summaries:  # the last word: a full disk is the user's to fix before the next run
         for problem in summary.storage_problems[:_STORAGE_LINES]:
             say(plain(f"storage failed in attempt {summary.attempt}:", "bold red"), " ", problem)

@@ -9,6 +9,7 @@ same way. No Prefect here: the flows wrap these values in states.
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -57,6 +58,17 @@ class AttemptSummary:
     memory_factor: float = 1.0  # the attempt's memory request and limit scale (host_oom policy)
     progress: Sequence[tuple[int, float | None]] = ()  # (step, loss) points from the log, thinned
     decision: Mapping[str, Any] = field(default_factory=dict)
+    # how sure the call is: triage's strength of the deciding evidence, what broke a tie, and whether
+    # a person should check it by hand (a fallback rule, a tie broken by rule order)
+    strength: str = ""
+    decided_by: str = ""
+    weak: bool = False
+    # the culprit among the ranks (and, on several nodes, the pods): {index, pod, node, rank,
+    # first_error_at, rule_id, margin_seconds}; the ranks passed over as its victims; and whether only
+    # victims were found (a hang or desync whose origin the evidence does not show)
+    root_cause: Mapping[str, Any] | None = None
+    victims: Sequence[Mapping[str, Any]] = ()
+    culprit_undetermined: bool = False
 
     @property
     def gpu_seconds(self) -> float:
@@ -87,10 +99,17 @@ class AttemptSummary:
         """This summary with triage's verdict; its signature is a log line, so it is masked for people here."""
         if diagnosis is None:
             return self
+        root_cause = None if diagnosis.culprit_undetermined else {
+            "index": 0, "pod": None, "node": self.node, "rank": diagnosis.rank, "rule_id": diagnosis.rule_id,
+            "first_error_at": _iso(diagnosis.failed_at), "margin_seconds": None}
         return _replace(
             self, category=diagnosis.category.value, retryable=diagnosis.retryable, rule_id=diagnosis.rule_id,
             signature=masking.for_people(diagnosis.signature) if diagnosis.signature else None,
             line_number=diagnosis.line_number, remediation=diagnosis.remediation, fingerprint=diagnosis.fingerprint,
+            strength=diagnosis.strength, decided_by=diagnosis.decided_by, weak=diagnosis.weak,
+            root_cause=root_cause, culprit_undetermined=diagnosis.culprit_undetermined,
+            victims=tuple({"index": 0, "pod": None, "rank": v.rank, "reason": masking.for_people(v.reason),
+                           "rule_id": v.rule_id} for v in diagnosis.victims),
         )
 
     def with_evidence(self, evidence: Mapping[str, Any] | None, unreserved: str | None = None) -> AttemptSummary:
@@ -138,6 +157,8 @@ class AttemptSummary:
         data["decision"] = dict(self.decision)
         data["progress"] = [list(point) for point in self.progress]
         data["storage_problems"] = list(self.storage_problems)
+        data["root_cause"] = dict(self.root_cause) if self.root_cause is not None else None
+        data["victims"] = [dict(v) for v in self.victims]
         data["gpu_seconds"] = self.gpu_seconds
         return data
 
@@ -148,7 +169,17 @@ class AttemptSummary:
         values["progress"] = _progress(values.get("progress"))
         problems = values.get("storage_problems")
         values["storage_problems"] = tuple(str(p) for p in problems) if isinstance(problems, list | tuple) else ()
+        root = values.get("root_cause")
+        values["root_cause"] = dict(root) if isinstance(root, Mapping) else None
+        victims = values.get("victims")
+        values["victims"] = tuple(dict(v) for v in victims if isinstance(v, Mapping)) \
+            if isinstance(victims, list | tuple) else ()
         return cls(**values)
+
+
+def _iso(stamp: float | None) -> str | None:
+    """Seconds since the epoch as ISO-8601 UTC (None stays None)."""
+    return datetime.fromtimestamp(stamp, UTC).isoformat() if stamp is not None else None
 
 
 def _progress(points: Any) -> tuple[tuple[int, float | None], ...]:

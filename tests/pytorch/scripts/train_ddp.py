@@ -56,7 +56,31 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--timeout-seconds", type=float, default=60.0,
                         help="the collectives' timeout (the rendezvous keeps the default)")
     parser.add_argument("--workdir", default=".")
+    parser.add_argument("--fault-attempts", type=int, default=0,
+                        help="meet the fault only in attempts up to this one (TRAINGUARD_ATTEMPT); 0 = in every run")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="rank 0 saves the model to TRAINGUARD_CHECKPOINT_DIR every N steps (0 = never)")
     return parser.parse_args()
+
+
+def load_resume(model: torch.nn.Module) -> int:
+    """The step to start from: the checkpoint trainguard names in TRAINGUARD_RESUME_FROM, loaded, else 0."""
+    path = os.environ.get("TRAINGUARD_RESUME_FROM")
+    if not path:
+        return 0
+    state = torch.load(path)
+    model.load_state_dict(state["model"])
+    print(f"resumed from {path} at step {state['step']}", flush=True)
+    return int(state["step"])
+
+
+def save_checkpoint(model: torch.nn.Module, step: int) -> None:
+    """Rank 0 writes step-NNNNNN.pt atomically (a temporary name, then a rename), as a real run should."""
+    folder = Path(os.environ["TRAINGUARD_CHECKPOINT_DIR"])
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".step-{step:06d}.pt.tmp"
+    torch.save({"model": model.state_dict(), "step": step}, tmp)
+    tmp.rename(folder / f"step-{step:06d}.pt")
 
 
 def resume(model: torch.nn.Module, workdir: Path, rank: int, faulty: bool) -> None:
@@ -104,14 +128,16 @@ def main() -> None:
     torch.manual_seed(rank)
     model = DistributedDataParallel(torch.nn.Linear(16, 4), process_group=group)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    faulty = rank == args.fault_rank
+    attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "1"))
+    faulty = rank == args.fault_rank and (args.fault_attempts == 0 or attempt <= args.fault_attempts)
+    first = load_resume(model.module)
     if args.fault == "checkpoint":
         resume(model.module, workdir, rank, faulty)
     loader_fault = args.fault if faulty and args.fault.startswith("loader_") else "none"
     loader = DataLoader(Samples(loader_fault), batch_size=8, num_workers=1 if loader_fault
                         != "none" else 0)
     batches = iter(loader)
-    for step in range(args.steps):
+    for step in range(first, args.steps):
         x, y = next(batches)
         if faulty and step == args.fault_step:
             x = meet(args.fault, x, workdir)
@@ -125,6 +151,8 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
         optimizer.step()
         print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if args.checkpoint_every and rank == 0 and (step + 1) % args.checkpoint_every == 0:
+            save_checkpoint(model.module, step + 1)
         time.sleep(0.05)
     dist.barrier(group=group)
     dist.destroy_process_group()

@@ -24,6 +24,8 @@ TABLE_COLUMNS = (
     "flow run",
     "state",
     "category",
+    "rule",
+    "rank",
     "signature",
     "duration",
     "resumed from",
@@ -38,12 +40,47 @@ def table_row(summary: AttemptSummary) -> dict[str, str]:
         "attempt": f"{summary.attempt}/{budget(summary)}",
         "flow run": plain(summary.flow_run_name or summary.flow_run_id or "-"),
         "state": summary.state,
-        "category": summary.category or "-",
-        "signature": _shorten(plain(_signature(summary)), 90) or "-",
+        "category": (summary.category or "-") + (" (weak)" if summary.weak else ""),
+        "rule": summary.rule_id or "-",
+        "rank": rank_cell(summary),
+        "signature": _shorten(words_first(plain(_signature(summary))), 90) or "-",
         "duration": f"{summary.duration_seconds:.1f}s",
         "resumed from": PurePath(summary.resumed_from).name if summary.resumed_from else "(start)",
         "evidence": _evidence_cell(summary),
     }
+
+
+def rank_cell(summary: AttemptSummary) -> str:
+    """The culprit's rank (with its pod's index on several nodes), "?" when only victims were found."""
+    if summary.culprit_undetermined:
+        return "?"
+    root = summary.root_cause or {}
+    rank = root.get("rank")
+    if rank is None:
+        return "-"
+    index = root.get("index")
+    return f"{rank} (node {index})" if isinstance(index, int) and index > 0 else str(rank)
+
+
+def certainty(summary: AttemptSummary) -> str:
+    """How sure the call is, for a person: a weak one says to check the deciding line by hand."""
+    if not summary.category:
+        return ""
+    if summary.weak:
+        how = f"decided by {summary.decided_by}" if summary.decided_by in ("rule order", "part order") \
+            else f"only {summary.strength or 'weak'}-strength evidence"
+        return f"weak call ({how}): check the deciding log line and the evidence by hand"
+    if summary.culprit_undetermined:
+        return "the category is sure; which rank started it is not (every rank only lost a peer)"
+    return f"{summary.strength or 'cause'}-strength evidence"
+
+
+_PATHS = re.compile(r"(?<!\S)\[?[\w.+-]*(?:/[\w.+-]+)+\.(?:py|pyx|cc|cpp|cu|c|h|hpp)(?::\d+)?\]?[,:]?(?=\s|$)")
+
+
+def words_first(text: str) -> str:
+    """A log line without its source paths (`pair.cc:534]`, `/…/torch/…/x.py:12`), so a cut keeps what happened."""
+    return " ".join(_PATHS.sub(" ", text).split()) or text
 
 
 def storage_line(summary: AttemptSummary) -> str:
@@ -92,6 +129,7 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
         f"| category | {_cell(summary.category or '-')} |",
         f"| retryable | {'yes' if summary.retryable else 'no'} |",
         f"| rule | {_cell(summary.rule_id or '-')} |",
+        *_culprit_rows(summary),
         f"| remediation | {_cell(summary.remediation or '-')} |",
         f"| exit code | {exit_code} ({_cell(summary.termination_reason or '-')}) |",
         f"| node | {_node(summary)} |",
@@ -121,6 +159,29 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
     lines += _links(summary)
     lines += ["", "## All attempts of this run", "", render_table([*earlier, summary])]
     return "\n".join(lines)
+
+
+def _culprit_rows(summary: AttemptSummary) -> list[str]:
+    """Who started it, whom it took down with it, and how sure the call is."""
+    rows = []
+    root = summary.root_cause or {}
+    if summary.culprit_undetermined:
+        rows.append("| root cause | undetermined: every rank's own error was a peer's loss (a hang or desync) |")
+    elif root.get("rank") is not None:
+        where = " ".join(f"{label} {_cell(str(root[key]))}" for key, label in
+                         (("index", "node index"), ("pod", "pod"), ("node", "on")) if root.get(key) not in (None, ""))
+        when = f", first error {_cell(str(root['first_error_at']))}" if root.get("first_error_at") else ""
+        lead = f", {root['margin_seconds']:.1f} s before the next" \
+            if isinstance(root.get("margin_seconds"), int | float) else ""
+        rows.append(f"| root cause | rank {root['rank']} ({where}{when}{lead}) |")
+    if summary.victims:
+        shown = [f"rank {_cell(str(v.get('rank', '?')))} ({_cell(str(v.get('reason', '')))})"
+                 for v in summary.victims[:8]]
+        more = f"; and {len(summary.victims) - 8} more" if len(summary.victims) > 8 else ""
+        rows.append(f"| passed over | {'; '.join(shown)}{more} |")
+    if sure := certainty(summary):
+        rows.append(f"| how sure | {_cell(sure)} |")
+    return rows
 
 
 def _node(summary: AttemptSummary) -> str:

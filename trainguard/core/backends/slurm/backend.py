@@ -35,7 +35,7 @@ from trainguard.core.backends.slurm.tail import LogTail
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import Signals
-from trainguard.core.backends import processes, workspace
+from trainguard.core.backends import processes, torchrun, workspace
 from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
 
 KIND = "slurm"
@@ -127,7 +127,14 @@ class SlurmBackend:
         return Signals(
             exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
             events=outcome.events, log=log if log.exists() else (outcome.log_tail or None),
+            error_files=torchrun.nodes_error_files(self._node_folders(ref)),
         )
+
+    def _node_folders(self, ref: AttemptRef) -> list[tuple[int, Path]]:
+        """Each task's folder with its index: the attempt's own for task 0, `tasks/N` for the others."""
+        root = self.workspace(ref).root
+        others = [(int(p.name), p) for p in (root / "tasks").glob("*") if p.name.isdigit()]
+        return [(0, root), *sorted(others)]
 
     def checkpoints(self, run_id: str) -> list[str]:
         folder = run_checkpoint_dir(self.shared_folder, run_id)

@@ -1,0 +1,78 @@
+"""What torchrun leaves in an attempt's folder, as triage reads it: the agent's root-cause error
+file and each rank's own, under the places `workspace.torchrun_env` points torchrun at.
+
+The files are the job's: each is read only if it is a regular file (never through a link) and at
+most `MAX_ERROR_FILE_BYTES` of it; what cannot be read is left out, since the log says the same in
+more words. A local rank becomes a global one with the node's rank and processes per node.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from trainguard_entrypoint.files import read_json_object
+
+from trainguard.core.backends import workspace
+from trainguard.core.triage.errorfile import ErrorFile, local_rank_of, parse_error_file
+
+MAX_ERROR_FILE_BYTES = 1024 * 1024  # a traceback; anything larger is not one
+MAX_RANK_FILES = 4096  # ranks' folders read at the most on one node
+
+
+def error_files(folder: Path, *, node_rank: int = 0, processes_per_node: int = 1) -> tuple[ErrorFile, ...]:
+    """The error files torchrun wrote in one node's attempt folder: the agent's copy first, then each rank's.
+
+    Args:
+        folder: The node's attempt folder (the container's `TRAINGUARD_WORKSPACE`, as seen here).
+        node_rank: The node's rank, to turn a local rank into a global one.
+        processes_per_node: Ranks per node, likewise.
+    """
+    found: list[ErrorFile] = []
+    agent = _parsed(folder / workspace.TORCHELASTIC / workspace.TORCHELASTIC_ERROR, None)
+    if agent is not None:
+        found.append(agent)
+    ranks_dir = folder / workspace.RANKS
+    for count, path in enumerate(sorted(ranks_dir.glob(f"*/attempt_*/*/{workspace.TORCHELASTIC_ERROR}"))):
+        if count >= MAX_RANK_FILES:
+            break
+        local = local_rank_of(str(path))
+        rank = None if local is None else node_rank * processes_per_node + local
+        if (parsed := _parsed(path, rank)) is not None:
+            found.append(parsed)
+    return tuple(found)
+
+
+def nodes_error_files(folders: list[tuple[int, Path]]) -> tuple[ErrorFile, ...]:
+    """The error files of several nodes' folders, each node's ranks made global with its own
+    processes per node (`PET_NPROC_PER_NODE` as its environment snapshot recorded it)."""
+    found: list[ErrorFile] = []
+    for node_rank, folder in folders:
+        found.extend(error_files(folder, node_rank=node_rank, processes_per_node=_nprocs(folder)))
+    return tuple(found)
+
+
+def _nprocs(folder: Path) -> int:
+    env = read_json_object(folder / workspace.SNAPSHOT / "env.json") or {}
+    variables = env.get("variables") if isinstance(env.get("variables"), dict) else env
+    value = variables.get("PET_NPROC_PER_NODE") if isinstance(variables, dict) else None
+    return int(value) if isinstance(value, str) and value.isdigit() and int(value) > 0 else 1
+
+
+def _parsed(path: Path, rank: int | None) -> ErrorFile | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None  # absent, a link, or unreadable
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None  # a FIFO or a device planted where the file should be
+        data = os.read(fd, MAX_ERROR_FILE_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_ERROR_FILE_BYTES:
+        return None
+    return parse_error_file(data, rank=rank, source=str(path))
