@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 FAULTS = ("none", "shape", "type", "nonfinite", "data", "checkpoint", "sigkill", "memory",
-          "hang", "desync", "loader_segfault", "loader_bug")
+          "hang", "desync", "loader_segfault", "loader_bug", "loader_hang")
 
 
 class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -42,6 +42,8 @@ class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if index == 9 and self.fault == "loader_segfault":
             ctypes.string_at(0)  # a native library dereferencing NULL
+        if index == 9 and self.fault == "loader_hang":
+            time.sleep(3600)  # a worker stuck on a dead network filesystem
         if index == 9 and self.fault == "loader_bug":
             index = self.labels[index + 1000]  # a lookup with a key that is not there
         return torch.randn(16), torch.tensor(self.labels[index])
