@@ -108,7 +108,7 @@ def train_attempt(
         flow_run_name=current_run.name, gpus=spec.total_gpus, memory_factor=memory_factor, resumed_from=resume_from,
         newest_checkpoint=checkpoints[0] if checkpoints else None, storage_problems=outcome.storage_problems,
         progress=read_progress(backend, ref, outcome), **outcome.summary_fields(),
-    ).with_evidence(evidence if isinstance(evidence, dict) else None, unreserved).with_diagnosis(
+    ).with_evidence(evidence if isinstance(evidence, dict) else None, unreserved).with_judgement(
         classify_failure(backend, ref, outcome, rules_file))
     decision = decide_retry(retry_policy, [*history_records(history or []), summary.record()], checkpoints)
     summary = _keep_verdict(store, summary.with_decision(decision), evidence, held)

@@ -5,17 +5,18 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from trainguard.core import policy, triage
+from trainguard.core import judging, policy, triage
+from trainguard.core.attempt import Judgement
 from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend
 
 
 @task(name="classify_failure", cache_policy=NO_CACHE)
 def classify_failure(
     backend: Backend, ref: AttemptRef, outcome: AttemptOutcome, rules_file: str | None = None
-) -> triage.Diagnosis | None:
-    """Classify the attempt from every signal the backend has (exit code, reason, conditions, events, log)."""
-    signals = backend.signals(ref, outcome)
-    return triage.classify(signals, rules=triage.load_rules(rules_file) if rules_file else None)
+) -> Judgement:
+    """Classify the attempt from every signal the backend has (exit code, reason, conditions, events,
+    log, error files), across its nodes when it ran on several."""
+    return judging.judge(backend, ref, outcome, triage.load_rules(rules_file) if rules_file else None)
 
 
 @task(name="decide_retry", cache_policy=NO_CACHE)

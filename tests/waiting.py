@@ -13,13 +13,15 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_for(probe: Callable[[], T | None], timeout: float = 20.0, what: str = "", interval: float = 0.05) -> T:
+def wait_for(probe: Callable[[], T | None], timeout: float = 20.0, what: str | Callable[[], str] = "",
+             interval: float = 0.05) -> T:
     """Call `probe` until it returns something truthy and return that; fail after `timeout` seconds.
 
     Args:
         probe: Reads the state; returns a truthy value once the state holds.
         timeout: Seconds before the wait fails.
-        what: Words naming the awaited state, for the failure message.
+        what: Words naming the awaited state, for the failure message (or a callable giving them then,
+            to say what the state was instead).
         interval: Seconds between probes (kept small: a probe is cheap, a slow test is not).
     """
     deadline = time.monotonic() + timeout
@@ -28,5 +30,6 @@ def wait_for(probe: Callable[[], T | None], timeout: float = 20.0, what: str = "
         if found:
             return found
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what or probe}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {said or probe}")
         time.sleep(interval)

@@ -17,9 +17,26 @@ from typing import Any
 from trainguard.core import masking
 from trainguard.core.policy import AttemptRecord, RetryDecision
 from trainguard.core.taxonomy import Category
+from trainguard.core.triage.parts import Verdict
 from trainguard.core.triage.signals import Diagnosis
 
 LINEAGE_TAG = "trainguard-run"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Triage's verdict on one attempt: its diagnosis, and on several nodes the culprit across them.
+
+    Attributes:
+        diagnosis: The verdict (None: the attempt succeeded).
+        across: The root cause across the attempt's nodes and the victims passed over, for an
+            attempt of two or more nodes.
+        nodes: node index -> (pod or task name, machine), to say where the culprit and victims were.
+    """
+
+    diagnosis: Diagnosis | None
+    across: Verdict | None = None
+    nodes: Mapping[int, tuple[str | None, str | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,25 @@ class AttemptSummary:
 
     def with_decision(self, decision: RetryDecision) -> AttemptSummary:
         return _replace(self, decision=decision.to_dict())
+
+    def with_judgement(self, judgement: Judgement) -> AttemptSummary:
+        """This summary with triage's verdict: one node's, or the culprit across nodes (`Judgement`)."""
+        judged = self.with_diagnosis(judgement.diagnosis)
+        if judgement.across is None:
+            return judged
+        root, where = judgement.across.root_cause, judgement.nodes
+
+        def place(index: int | None) -> tuple[str | None, str | None]:
+            return where.get(index, (None, None)) if index is not None else (None, None)
+
+        pod, node = place(root.index)
+        root_cause = None if root.index is None else {
+            "index": root.index, "pod": pod, "node": node, "rank": root.rank, "rule_id": root.rule_id,
+            "first_error_at": _iso(root.first_error_at), "margin_seconds": root.margin_seconds}
+        victims = tuple({"index": v.index, "pod": place(v.index)[0], "rank": v.rank,
+                         "reason": masking.for_people(v.reason), "rule_id": v.rule_id} for v in judgement.across.victims)
+        return _replace(judged, root_cause=root_cause, victims=victims, culprit_undetermined=root.index is None,
+                        node=node or judged.node)
 
     def with_diagnosis(self, diagnosis: Diagnosis | None) -> AttemptSummary:
         """This summary with triage's verdict; its signature is a log line, so it is masked for people here."""

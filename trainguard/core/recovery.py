@@ -17,8 +17,8 @@ from pathlib import Path
 
 from trainguard_entrypoint.files import read_json_object
 
-from trainguard.core import triage
-from trainguard.core.attempt import AttemptSummary
+from trainguard.core import judging, triage
+from trainguard.core.attempt import AttemptSummary, Judgement
 from trainguard.core.backends import workspace
 from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef, Backend, Supervises
 from trainguard.core.evidence.manifest import (
@@ -82,17 +82,17 @@ def _resumed_from(ref: AttemptRef) -> str | None:
     return str(value) if value else None
 
 
-def _diagnosis(
+def _judgement(
     backend: Backend, ref: AttemptRef, outcome: AttemptOutcome, stopped: Mapping[str, str] | None,
     rules: triage.RuleSet | None,
-) -> triage.Diagnosis | None:
+) -> Judgement:
     """Triage's verdict on the attempt, or the stop's own when a stop signal ended it."""
     if stopped is None:
-        return triage.classify(backend.signals(ref, outcome), rules=rules)
+        return judging.judge(backend, ref, outcome, rules)
     category = Category(stopped["category"])
-    return triage.Diagnosis(category=category, retryable=INFO[category].retryable, rule_id=stopped["rule_id"],
+    return Judgement(triage.Diagnosis(category=category, retryable=INFO[category].retryable, rule_id=stopped["rule_id"],
                             signature=stopped["signature"], line_number=None, rank=None,
-                            remediation=stopped["remediation"], fingerprint=stopped["rule_id"], strength="verdict")
+                            remediation=stopped["remediation"], fingerprint=stopped["rule_id"], strength="verdict"))
 
 
 def settle(
@@ -124,7 +124,7 @@ def settle(
         newest_checkpoint=checkpoints[0] if checkpoints else None, decision={"retry": False, "reason": next_step},
         **outcome.summary_fields(),
     ).with_evidence({"location": store.describe(attempt_prefix(run_id, attempt)), "items": len(manifest.items),
-                     "missing": len(manifest.missing)}).with_diagnosis(_diagnosis(backend, ref, outcome, stopped, rules))
+                     "missing": len(manifest.missing)}).with_judgement(_judgement(backend, ref, outcome, stopped, rules))
     data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
     problem = write_verdict(store, run_id, attempt, data, "cli", datetime.now(UTC).isoformat())
     release_space(store, run_id, attempt)  # set aside by the process that was lost

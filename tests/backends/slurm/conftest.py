@@ -99,7 +99,8 @@ def _resume_if_set_down(cluster: SlurmCluster) -> None:
 def slurm_node_up(slurm_cluster):
     """The node is idle before the test and brought back after it, whatever the test did to it."""
     _resume_if_set_down(slurm_cluster)
-    wait_for(lambda: slurm_cluster.node_state() == "idle", timeout=60, what="the Slurm node to be idle", interval=0.2)
+    wait_for(lambda: slurm_cluster.node_state() == "idle", timeout=60, interval=0.2,
+             what=lambda: f"the Slurm node to be idle (it is {slurm_cluster.node_state()!r})")
     yield slurm_cluster
     _resume_if_set_down(slurm_cluster)
 

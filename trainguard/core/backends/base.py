@@ -251,6 +251,42 @@ class StopsOrphans(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class NodeEvidence:
+    """What triage reads of one node of a multi-node attempt, and who the node is.
+
+    Attributes:
+        index: The node's index (its pod's completion index, its Slurm node id): the node rank.
+        signals: The node's own signals (its pod's exit code, reason, conditions, events, log, error files).
+        node: The machine it ran on, where known.
+        instance: The backend's name for it (a pod), where it has one.
+        ranks: The global ranks its processes held.
+        first_error_at: When it first failed, in seconds since the epoch, when the platform says
+            (a container's finish time).
+    """
+
+    index: int
+    signals: Signals
+    node: str | None = None
+    instance: str | None = None
+    ranks: range | None = None
+    first_error_at: float | None = None
+
+
+@runtime_checkable
+class SeesNodes(Protocol):
+    """A backend that runs one attempt on several nodes and can hand triage each node's signals.
+
+    Optional beside `Backend`: with two or more nodes, triage finds the culprit across them (the
+    node whose ranks failed on their own, not the ones that only lost a peer); `signals` still
+    gives the attempt's signals as one. Valid when `signals` is.
+    """
+
+    def node_signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> list[NodeEvidence]:
+        """One entry per node of the attempt, by index; one or none for a single-node attempt."""
+        ...
+
+
 @runtime_checkable
 class Supervises(Protocol):
     """A backend that keeps a place per attempt where its supervisor is recorded (a folder it can read).

@@ -22,16 +22,16 @@ from typing import ClassVar
 from trainguard_entrypoint.files import read_json_object, write_json_atomic
 
 from trainguard.core.backends import workspace_evidence
-from trainguard.core.backends.slurm import continuation, job
+from trainguard.core.backends.slurm import continuation, job, nodes
 from trainguard.core.backends.slurm import evidence as slurm_evidence
 from trainguard.core.backends.base import (
-    CANCELLED, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, container_env,
+    CANCELLED, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, NodeEvidence, container_env,
 )
 from trainguard.core.backends.slurm.client import (
     TERMINAL_STATES, JobInfo, JobNotFound, SlurmClient, SlurmError, SlurmUnavailable, iso_time,
 )
 from trainguard.core.backends.slurm.continuation import JOB_RECORD
-from trainguard.core.backends.slurm.tail import LogTail
+from trainguard.core.backends.slurm.tail import LogTail, tail_bytes
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import Signals
@@ -127,14 +127,16 @@ class SlurmBackend:
         return Signals(
             exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
             events=outcome.events, log=log if log.exists() else (outcome.log_tail or None),
-            error_files=torchrun.nodes_error_files(self._node_folders(ref)),
+            error_files=torchrun.nodes_error_files(nodes.node_folders(self.workspace(ref).root)),
         )
 
-    def _node_folders(self, ref: AttemptRef) -> list[tuple[int, Path]]:
-        """Each task's folder with its index: the attempt's own for task 0, `tasks/N` for the others."""
-        root = self.workspace(ref).root
-        others = [(int(p.name), p) for p in (root / "tasks").glob("*") if p.name.isdigit()]
-        return [(0, root), *sorted(others)]
+    def node_signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> list[NodeEvidence]:
+        """Each node's signals, for an attempt of one task per node (the spec's `nodes`); [] otherwise."""
+        ws = self.workspace(ref)
+        record = read_json_object(ws.root / continuation.JOB_RECORD) or {}
+        if "--ntasks-per-node=1" not in record.get("sbatch_options", []):
+            return []
+        return nodes.node_evidence(ws, outcome.reason, lambda: self._hostnames(nodes.node_list(ws.root)))
 
     def checkpoints(self, run_id: str) -> list[str]:
         folder = run_checkpoint_dir(self.shared_folder, run_id)
@@ -320,7 +322,7 @@ class SlurmBackend:
         state = info.state if info is not None else "UNKNOWN"
         signalled = (ws.root / job.SIGNAL_MARKER).exists()
         reason = job.termination(state, exit_code, signalled=signalled, stopped_for=stopped_for,
-                                       memory_exceeded=job.memory_killed(_tail_bytes(ws.root / f"slurm-{job_id}.err")))
+                                       memory_exceeded=job.memory_killed(tail_bytes(ws.root / f"slurm-{job_id}.err")))
         nodes = self._hostnames(info.node_list) if info is not None and info.node_list else []
         node = self._failed_node(ws, nodes) if reason == "NodeLost" else (nodes[0] if nodes else None)
         message = job.ended_message(job_id, info, exit_code, sig, stopped_for, signalled)
@@ -392,12 +394,3 @@ class _Watch:
 
     answered: float
     odd: int = 0
-
-
-def _tail_bytes(path: Path, limit: int = 256 * 1024) -> bytes:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - limit))
-            return handle.read()
-    except OSError:
-        return b""

@@ -288,6 +288,9 @@ class SlurmClient:
 
     def nodes(self, partition: str | None) -> list[tuple[str, str]]:
         """(node, state) of every node in `partition` (the default one when None)."""
+        if partition is None:  # sinfo alone lists every partition's nodes; sbatch alone uses the default one's
+            listed = self._run("sinfo", "--noheader", "--format=%P").split()
+            partition = next((p.rstrip("*") for p in listed if p.endswith("*")), None)
         argv = ["sinfo", "--noheader", "--Node", "--format=%N|%T"]
         out = self._run(*argv, *([f"--partition={partition}"] if partition else []))
         pairs = (line.partition("|") for line in out.splitlines() if "|" in line)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainguard.core.backends import workspace
 from trainguard.core.backends.base import CANCELLED, COMPLETED, ERROR, Launch
 from trainguard.core.backends.slurm.client import JobInfo
 
@@ -41,10 +42,28 @@ _MEMORY_KILLED = re.compile(
 # Options trainguard sets itself; a user's extra option must not silently change them.
 _OWNED = ("--job-name", "-J", "--comment", "--output", "-o", "--error", "-e", "--requeue", "--no-requeue",
           "--parsable", "--export", "--wrap", "--chdir", "-D", "--signal", "--time", "-t", "--exclude", "-x")
+TASKS = "tasks"  # task N's folder is tasks/N under the attempt's own (task 0's)
+# Each task's folder, and torchrun's logs and error file in it (moved with it where they were
+# trainguard's defaults); the node rank is Slurm's node id, so each node's torchrun agent knows its place.
 _TASK_WRAPPER = (
-    'if [ "${SLURM_PROCID:-0}" != 0 ]; then '
-    'TRAINGUARD_WORKSPACE="$TRAINGUARD_WORKSPACE/tasks/$SLURM_PROCID"; export TRAINGUARD_WORKSPACE; fi; exec "$@"'
+    'if [ "${SLURM_PROCID:-0}" != 0 ]; then base="$TRAINGUARD_WORKSPACE"; '
+    f'TRAINGUARD_WORKSPACE="$base/{TASKS}/$SLURM_PROCID"; '
+    f'[ "$PET_LOG_DIR" = "$base/{workspace.RANKS}" ] && PET_LOG_DIR="$TRAINGUARD_WORKSPACE/{workspace.RANKS}"; '
+    f'[ "$TORCHELASTIC_ERROR_FILE" = "$base/{workspace.TORCHELASTIC}/{workspace.TORCHELASTIC_ERROR}" ] && '
+    f'TORCHELASTIC_ERROR_FILE="$TRAINGUARD_WORKSPACE/{workspace.TORCHELASTIC}/{workspace.TORCHELASTIC_ERROR}"; '
+    'export TRAINGUARD_WORKSPACE PET_LOG_DIR TORCHELASTIC_ERROR_FILE; fi; '
+    'NODE_RANK="${SLURM_NODEID:-0}"; PET_NODE_RANK="$NODE_RANK"; export NODE_RANK PET_NODE_RANK; exec "$@"'
 )
+# The rendezvous: the first node of the allocation (by its NodeAddr, which the other nodes reach it by)
+# and a port of the job's own, so two jobs sharing a node never meet on one.
+_RENDEZVOUS = [
+    'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | head -n 1)',
+    'addr=$(scontrol show node "$first" 2>/dev/null | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
+    'if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ] && [ -n "${addr:-$first}" ]; then '
+    'MASTER_ADDR="${addr:-$first}"; PET_MASTER_ADDR="$MASTER_ADDR"; export MASTER_ADDR PET_MASTER_ADDR; fi',
+    'MASTER_PORT=$((20000 + ${SLURM_JOB_ID:-0} % 20000)); PET_MASTER_PORT="$MASTER_PORT"; '
+    'export MASTER_PORT PET_MASTER_PORT',
+]
 
 
 @dataclass(frozen=True)
@@ -95,15 +114,20 @@ def time_limit_minutes(deadline_seconds: float | None) -> int | None:
     return None if deadline_seconds is None else max(1, math.ceil(deadline_seconds / 60))
 
 
-def _gpu_options(settings: JobSettings, gpus: int) -> list[str]:
-    per_node = settings.gpus_per_node if settings.gpus_per_node is not None else math.ceil(gpus / settings.nodes)
+def _gpu_options(settings: JobSettings, gpus: int, nodes: int | None = None) -> list[str]:
+    """GPU options; ``nodes`` set: the spec's nodes, each holding ``gpus`` (else the block's, sharing them)."""
+    if nodes is not None:
+        per_node, count = gpus, nodes
+    else:
+        count = settings.nodes
+        per_node = settings.gpus_per_node if settings.gpus_per_node is not None else math.ceil(gpus / count)
     if per_node <= 0:
         return []
     if settings.gpu_option == "gres":
         kind = f"gpu:{settings.gpu_type}" if settings.gpu_type else "gpu"
         return [f"--gres={kind}:{per_node}"]
     kind = f"{settings.gpu_type}:" if settings.gpu_type else ""
-    return [f"--gpus={kind}{per_node * settings.nodes}"]
+    return [f"--gpus={kind}{per_node * count}"]
 
 
 def sbatch_options(
@@ -117,8 +141,10 @@ def sbatch_options(
         "--no-requeue",  # the flow alone owns retries
         f"--output={workspace}/slurm-%j.out", f"--error={workspace}/slurm-%j.err",
         f"--chdir={launch.workdir or workspace}", "--export=ALL",
-        f"--nodes={settings.nodes}", f"--ntasks-per-node={settings.ntasks_per_node}",
     ]
+    multi = launch.nodes > 1  # the spec's nodes: one torchrun agent per node; else the block's shape
+    options += ([f"--nodes={launch.nodes}", "--ntasks-per-node=1"] if multi
+                else [f"--nodes={settings.nodes}", f"--ntasks-per-node={settings.ntasks_per_node}"])
     limit = time_limit_minutes(launch.deadline_seconds)
     if limit is not None:
         options.append(f"--time={limit}")
@@ -128,7 +154,7 @@ def sbatch_options(
     for flag, value in (("--partition", settings.partition), ("--account", settings.account), ("--qos", settings.qos)):
         if value:
             options.append(f"{flag}={value}")
-    options += _gpu_options(settings, launch.gpus)
+    options += _gpu_options(settings, launch.gpus, launch.nodes if multi else None)
     if settings.cpus_per_task:
         options.append(f"--cpus-per-task={settings.cpus_per_task}")
     if settings.memory_mb:
@@ -158,6 +184,7 @@ def batch_script(*, python: str, entrypoint: str, command: Sequence[str], worksp
         "step=",
         "trap 'date -u +%Y-%m-%dT%H:%M:%SZ >> \"$marker\"; [ -n \"$step\" ] && { scancel --signal=TERM \"$SLURM_JOB_ID\" "
         "2>/dev/null || kill -TERM \"$step\" 2>/dev/null; }' TERM",
+        *_RENDEZVOUS,
         " ".join(shlex.quote(a) for a in argv) + " &",
         "step=$!",
         "while :; do",

@@ -64,3 +64,13 @@ class LogTail:
         except Exception as exc:  # a broken display must not stop the supervision
             self.problem = f"on_line failed, live output stopped: {type(exc).__name__}: {exc}"
             self._on_line = None
+
+
+def tail_bytes(path: Path, limit: int = 256 * 1024) -> bytes:
+    """The last ``limit`` bytes of a file (b"" when it cannot be read)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - limit))
+            return handle.read()
+    except OSError:
+        return b""

@@ -1,0 +1,58 @@
+"""The nodes of a Slurm attempt as triage reads them: each task's folder, its log, exit and error files.
+
+Task 0 writes into the attempt's own folder, task N into `tasks/N` (the batch script's wrapper
+moves `TRAINGUARD_WORKSPACE` there); with one task per node, the task's index is its node id,
+which is the node rank torchrun's agent there was given. Reading only: what the job's folders
+hold is the job's, so files are read bounded and never through a link (`backends.torchrun`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from trainguard_entrypoint.files import read_json_object
+
+from trainguard.core.backends import torchrun, workspace
+from trainguard.core.backends.base import NodeEvidence
+from trainguard.core.backends.slurm import job
+from trainguard.core.backends.workspace import AttemptWorkspace
+from trainguard.core.triage.signals import Signals
+
+
+def node_folders(root: Path) -> list[tuple[int, Path]]:
+    """Each task's folder with its index: the attempt's own for task 0, `tasks/N` for the others."""
+    others = [(int(p.name), p) for p in (root / job.TASKS).glob("*") if p.name.isdigit()]
+    return [(0, root), *sorted(others)]
+
+
+def node_list(root: Path) -> str:
+    """The job's NodeList as `scontrol show job` said at its end (kept in the attempt's folder)."""
+    try:
+        text = (root / "slurm" / "scontrol-show-job.txt").read_text("utf-8", "replace")
+    except OSError:
+        return ""
+    return next((word.removeprefix("NodeList=") for word in text.split() if word.startswith("NodeList=")), "")
+
+
+def node_evidence(ws: AttemptWorkspace, reason: str, hostnames: Callable[[], list[str]]) -> list[NodeEvidence]:
+    """One entry per task of a one-task-per-node job: its own log, exit status and error files, on its host.
+
+    Args:
+        ws: The attempt's folders (task 0's).
+        reason: How the job ended, as the backend's outcome says; it is task 0's, for the others say
+            only what their own folders do.
+        hostnames: The job's hosts in node-id order (asked only when there are several tasks).
+    """
+    folders = node_folders(ws.root)
+    hosts = hostnames() if len(folders) > 1 else []
+    found = []
+    for index, folder in folders:
+        crash = read_json_object(folder / workspace.CRASH_REPORT) or {}
+        code = crash.get("exit_code") if isinstance(crash.get("exit_code"), int) else None
+        log = folder / workspace.LOGS / workspace.log_name(ws.run_id, ws.attempt)
+        signals = Signals(exit_code=code, reason=reason if index == 0 else None, log=log if log.is_file() else None,
+                          error_files=torchrun.nodes_error_files([(index, folder)]))
+        found.append(NodeEvidence(index, signals, node=hosts[index] if index < len(hosts) else None,
+                                  instance=f"task {index}"))
+    return found
