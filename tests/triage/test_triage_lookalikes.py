@@ -1,0 +1,71 @@
+"""Lines that look like a failure of one kind and are another, or none: the broad rules' edges.
+
+Each row is a real-shaped line that a rule's wording nearly matches: a healthy run's first loss
+scale overflows, a pod's spec listing its default tolerations, a per-minute API quota, a Go
+client's own deadline. The expected category is what the taxonomy says; ``None`` means the line
+alone names no failure, so an exit code of 1 leaves the attempt unknown.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.core import triage
+from trainguard.core.taxonomy import Category
+
+CASES = [
+    # (id, log, exit code, expected category or None for the unknown fallback)
+    ("a_first_loss_scale_overflow_is_routine",
+     "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0", 1, None),
+    ("deepspeed_halving_from_65536_is_routine",
+     "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768",
+     1, None),
+    ("a_loss_scale_below_one_is_divergence",
+     "| WARNING: overflow detected, setting loss scale to: 0.0001220703125", 1,
+     Category.DIVERGENCE),
+    ("deepspeed_at_its_floor_is_divergence",
+     "[deepscale] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1, reducing to 1", 1,
+     Category.DIVERGENCE),
+    ("a_pods_default_tolerations_are_spec",
+     "Tolerations:     node.kubernetes.io/not-ready:NoExecute op=Exists for 300s\n"
+     "                 node.kubernetes.io/unreachable:NoExecute op=Exists for 300s\n"
+     "  Warning  FailedScheduling  2m  default-scheduler  0/3 nodes are available: "
+     "3 Insufficient cpu.", None, Category.UNSCHEDULABLE),
+    ("a_nodes_own_unreachable_taint_is_a_lost_node",
+     "Taints:             node.kubernetes.io/unreachable:NoExecute", None,
+     Category.NODE_FAILURE),
+    ("docker_saying_oomkilled_false_is_no_memory_evidence",
+     '        "OOMKilled": false,\n        "ExitCode": 137,', 137, Category.UNKNOWN),
+    ("a_retried_read_timeout_warning_is_no_timeout",
+     "WARNING:urllib3.connectionpool:Retrying (Retry(total=4)) after connection broken by "
+     "'ReadTimeoutError(\"HTTPSConnectionPool(host='s3.amazonaws.com', port=443): Read timed "
+     "out.\")': /bucket/shard-7.tar", 1, None),
+    ("a_per_minute_api_quota_is_throttling",
+     "google.api_core.exceptions.TooManyRequests: 429 Quota exceeded for quota metric 'Read "
+     "requests' and limit 'Read requests per minute' of service 'storage.googleapis.com'", 1,
+     Category.TRANSIENT_IO),
+    ("a_disk_quota_is_the_filesystem",
+     "OSError: [Errno 122] Disk quota exceeded: '/home/u/ckpt/step_400.pt'", 1,
+     Category.CONFIG_ERROR),
+    ("a_named_compute_quota_is_unschedulable",
+     "Quota limit 'TPUV6EPreemptiblePerProjectPerRegionForTPUAPI' has been exceeded. Limit: 0 "
+     "in region us-east5.", 1, Category.UNSCHEDULABLE),
+    ("a_go_clients_deadline_is_a_request_timing_out",
+     "Error from server (InternalError): Internal error occurred: failed calling webhook "
+     "\"validator.trainingoperator.kubeflow.org\": rpc error: code = DeadlineExceeded desc = "
+     "context deadline exceeded", None, Category.TRANSIENT_IO),
+    ("a_launchers_non_zero_exit_is_not_a_bug",
+     "RuntimeError: Step 1 exited with non-zero status 1", 1, None),
+]
+
+
+@pytest.mark.parametrize(("log", "exit_code", "expected"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_a_lookalike_line_gets_the_category_the_taxonomy_gives_it(
+        log: str, exit_code: int | None, expected: Category | None) -> None:
+    diagnosis = triage.classify(triage.Signals(exit_code=exit_code, log=log))
+    assert diagnosis is not None
+    if expected is None:
+        assert diagnosis.rule_id == "fallback.unknown", diagnosis
+    else:
+        assert diagnosis.category is expected, diagnosis
