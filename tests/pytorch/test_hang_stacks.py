@@ -44,8 +44,11 @@ def _waits(dump: str) -> bool:
 
 
 def _dump(pid: int, *extra: str) -> str:
-    return subprocess.run([PY_SPY, "dump", "--pid", str(pid), *extra], capture_output=True, text=True,
-                          timeout=60).stdout
+    """py-spy's dump of a live process; on a loaded machine py-spy can fail to stop it in time, so
+    it is asked again until the dump holds a thread."""
+    return wait_for(lambda: (lambda out: out if "Thread " in out else None)(subprocess.run(
+        [PY_SPY, "dump", "--pid", str(pid), *extra], capture_output=True, text=True, timeout=60).stdout),
+        timeout=120, what=f"a py-spy dump of {pid}", interval=0.2)
 
 
 @pytest.fixture
