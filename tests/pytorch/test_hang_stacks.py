@@ -20,6 +20,7 @@ import pytest
 from processes import alive
 from trainguard.core.backends.local.backend import free_port
 from trainguard.core.triage import hangs
+from trainguard_entrypoint import stacks
 from waiting import wait_for
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
@@ -53,11 +54,17 @@ def _dump(pid: int, *extra: str) -> str:
 
 @pytest.fixture
 def hung(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[int, int]]:
-    """A 3-rank job whose rank 1 meets `request.param` at step 2: yields rank -> pid once rank 1 is stuck."""
+    """A 3-rank job whose rank 1 meets `request.param` at step 2: yields rank -> pid once rank 1 is stuck.
+
+    Its Python processes run the faulthandler site the entrypoint installs (stacks.faulthandler_site),
+    so the fallback can be asked too; the agent's pid is under key -1.
+    """
+    env = {**os.environ, **stacks.faulthandler_site(tmp_path, os.environ)}
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(free_port()),
             str(SCRIPT), "--fault", request.param, "--fault-rank", "1", "--fault-step", "2",
             "--timeout-seconds", "600", "--steps", "6", "--workdir", str(tmp_path)]
-    agent = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    agent = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                             env=env)
     ranks: dict[int, int] = {}
     try:
         ranks = wait_for(lambda: (lambda found: found if len(found) == 3 else None)(_ranks(agent.pid)),
@@ -66,7 +73,7 @@ def hung(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[int, i
         wait_for(lambda: stuck in _dump(ranks[1]), timeout=120, what="rank 1 to be stuck", interval=0.5)
         wait_for(lambda: all(_waits(_dump(ranks[r])) for r in (0, 2)), timeout=120,
                  what="ranks 0 and 2 to wait for rank 1 in a collective", interval=0.5)
-        yield ranks
+        yield {**ranks, -1: agent.pid}
     finally:
         for pid in ranks.values():  # torchrun starts each worker in a session of its own
             with contextlib.suppress(ProcessLookupError):
@@ -78,23 +85,25 @@ def hung(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[int, i
 
 @pytest.mark.parametrize("hung", ["hang"], indirect=True)
 def test_a_rank_sleeping_in_the_training_loop_is_the_odd_one_out_with_its_frame(hung: dict[int, int]) -> None:
-    stacks = [hangs.RankStacks(rank, hangs.parse_py_spy(_dump(pid)), pid=pid, source="py-spy")
-              for rank, pid in sorted(hung.items())]
-    verdict = hangs.odd_ones_out(stacks)
+    hung = {r: p for r, p in hung.items() if r >= 0}
+    taken = [hangs.RankStacks(rank, hangs.parse_py_spy(_dump(pid)), pid=pid, source="py-spy")
+             for rank, pid in sorted(hung.items())]
+    verdict = hangs.odd_ones_out(taken)
     assert (verdict.kind, verdict.culprits) == ("hang", (1,))
     assert verdict.frame.startswith("meet (train_ddp.py:")
     assert [row.state for row in verdict.rows] == ["waits in a collective", "elsewhere", "waits in a collective"]
 
     native = [hangs.RankStacks(rank, hangs.parse_py_spy(_dump(pid, "--native")), pid=pid, source="py-spy --native")
-              for rank, pid in sorted(hung.items())]
+              for rank, pid in sorted(hung.items()) if rank >= 0]
     assert hangs.odd_ones_out(native).culprits == (1,)
     assert any("c10d::" in f.function for t in native[0].threads for f in t.frames)  # the native frames were read
 
 
 @pytest.mark.parametrize("hung", ["loader_hang"], indirect=True)
 def test_a_rank_waiting_on_a_stuck_data_loader_worker_is_named_with_the_loaders_frame(hung: dict[int, int]) -> None:
-    stacks = [hangs.RankStacks(rank, hangs.parse_py_spy(_dump(pid)), pid=pid) for rank, pid in sorted(hung.items())]
-    verdict = hangs.odd_ones_out(stacks)
+    taken = [hangs.RankStacks(rank, hangs.parse_py_spy(_dump(pid)), pid=pid) for rank, pid in sorted(hung.items())
+             if rank >= 0]
+    verdict = hangs.odd_ones_out(taken)
     assert verdict.culprits == (1,) and verdict.kind == "hang"
     assert "dataloader" in verdict.frame.lower() or "__next__" in verdict.frame
 
@@ -118,3 +127,23 @@ def test_too_few_stacks_or_everyone_in_one_place_names_nobody() -> None:
                                   hangs.RankStacks(2, absent="py-spy: Permission denied (no ptrace)")])
     assert verdict.kind == "undetermined" and verdict.culprits == ()
     assert verdict.rows[2].state == "no stack" and "Permission denied" in verdict.rows[2].differs
+
+
+@pytest.mark.parametrize("hung", ["hang"], indirect=True)
+def test_the_entrypoints_sweep_finds_every_rank_under_the_agent_and_keeps_each_stack(hung, tmp_path) -> None:
+    index = stacks.capture(hung[-1], tmp_path, budget_seconds=60, why="stall")
+    assert sorted(index["ranks"]) == ["0", "1", "2"]
+    assert {entry["source"] for entry in index["ranks"].values()} <= {"py-spy", "py-spy --native"}
+    read = [hangs.RankStacks(int(rank), hangs.parse_py_spy((tmp_path / "stacks" / entry["file"]).read_text()))
+            for rank, entry in index["ranks"].items()]
+    assert hangs.odd_ones_out(read).culprits == (1,)
+
+
+@pytest.mark.parametrize("hung", ["hang"], indirect=True)
+def test_without_py_spy_the_faulthandler_each_rank_runs_gives_the_stacks(hung, tmp_path) -> None:
+    index = stacks.capture(hung[-1], tmp_path, budget_seconds=60, py_spy="/nonexistent/py-spy", why="stall")
+    assert {entry["source"] for entry in index["ranks"].values()} == {"faulthandler"}
+    read = [hangs.RankStacks(int(rank), hangs.parse_faulthandler((tmp_path / "stacks" / entry["file"]).read_text()))
+            for rank, entry in index["ranks"].items()]
+    verdict = hangs.odd_ones_out(read)
+    assert verdict.culprits == (1,) and verdict.frame.startswith("meet (train_ddp.py:")

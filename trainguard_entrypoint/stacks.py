@@ -1,0 +1,211 @@
+"""Every rank's stack, taken while the ranks are alive, before a hung attempt is ended.
+
+The entrypoint runs next to the processes it supervises (in the pod, on the Slurm node, as the
+local child), so it can see them: `ranks` finds the command's processes that carry a torch rank
+(`RANK` in their environment; the command itself when none does). `capture` asks `py-spy dump`
+for each one's Python stack (and its native frames where ptrace allows it), within one time
+budget for the whole sweep; where py-spy is missing or may not attach, it falls back to Python's
+`faulthandler`, which `faulthandler_site` installed in every Python process of the command (a
+`sitecustomize` that dumps all threads into the attempt's folder on SIGUSR2, chaining to any
+handler and `sitecustomize` of the user's). A rank whose stack cannot be had is recorded as
+absent, with the reason. Everything lands in ``stacks/`` of the attempt's folder: one file per
+rank and an ``index.json`` that says what each is. Comparing the stacks is triage's business.
+
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+STACKS = "stacks"
+INDEX = "index.json"
+DUMP_SIGNAL = signal.SIGUSR2
+_SITE = """# Installed by trainguard's entrypoint: dump every thread's stack to a file of this process's
+# own in the attempt's folder when trainguard asks (SIGUSR2), so a hang can be told apart. Chains to
+# the user's own sitecustomize, and to any SIGUSR2 handler installed later, untouched.
+import os as _os, sys as _sys
+try:
+    import faulthandler as _fh, signal as _sig
+    _dir = _os.environ.get("TRAINGUARD_STACKS_DIR")
+    if _dir:
+        _file = open(_os.path.join(_dir, "faulthandler-%d.txt" % _os.getpid()), "a", buffering=1)
+        _fh.register(_sig.SIGUSR2, file=_file, all_threads=True, chain=True)
+except Exception:
+    pass
+_here = _os.path.dirname(_os.path.abspath(__file__))
+if _sys.modules.get("sitecustomize") is not None and _here in _sys.path:
+    _index = _sys.path.index(_here)
+    del _sys.path[_index]
+    del _sys.modules["sitecustomize"]
+    try:
+        import sitecustomize  # the user's own, if there is one further down the path
+    except ImportError:
+        pass
+    finally:
+        _sys.path.insert(_index, _here)
+"""
+
+
+def faulthandler_site(workspace: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """The variables that make every Python process of the command dump its threads on `DUMP_SIGNAL`.
+
+    Writes ``stacks/site/sitecustomize.py`` into the attempt's folder and puts that folder first
+    on ``PYTHONPATH`` (the user's ``PYTHONPATH`` and ``sitecustomize`` stay in effect).
+    """
+    site = workspace / STACKS / "site"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(_SITE, encoding="utf-8")
+    path = env.get("PYTHONPATH", "")
+    return {"PYTHONPATH": f"{site}{os.pathsep}{path}" if path else str(site),
+            "TRAINGUARD_STACKS_DIR": str(workspace / STACKS)}
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def ranks(root: int, limit: int = 4096) -> dict[int, int]:
+    """rank -> pid of the command's processes that carry a torch rank; {0: root} when none does.
+
+    A rank's own children (DataLoader workers) inherit its `RANK`: the one nearest the root wins.
+    """
+    found: dict[int, int] = {}
+    queue, seen = [root], 0
+    while queue and seen < limit:
+        pid = queue.pop(0)
+        seen += 1
+        rank = _environ(pid).get("RANK", "")
+        if rank.isdigit() and int(rank) not in found:
+            found[int(rank)] = pid
+        queue += _children(pid)
+    return found or {0: root}
+
+
+def _py_spy(pid: int, native: bool, timeout: float, py_spy: str) -> tuple[str, str]:
+    """(dump, "") or ("", why not)."""
+    argv = [py_spy, "dump", "--pid", str(pid), *(["--native"] if native else [])]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        return "", f"py-spy did not answer within {timeout:.0f}s"
+    except OSError as exc:
+        return "", f"py-spy could not run: {exc.strerror or exc}"
+    if done.returncode == 0 and "Thread " in done.stdout:
+        return done.stdout, ""
+    why = (done.stderr or done.stdout).strip().splitlines()
+    return "", f"py-spy failed: {why[-1] if why else f'exit {done.returncode}'}"
+
+
+def _faulthandler(pid: int, folder: Path, timeout: float, clock: Callable[[], float]) -> tuple[str, str]:
+    """Ask the process for its stack through the sitecustomize's handler; read what it wrote."""
+    path = folder / f"faulthandler-{pid}.txt"
+    if not path.exists():
+        return "", "no faulthandler file: the process does not run Python's faulthandler handler"
+    before = path.stat().st_size
+    try:
+        os.kill(pid, DUMP_SIGNAL)
+    except OSError as exc:
+        return "", f"could not signal it: {exc.strerror or exc}"
+    deadline = clock() + timeout
+    while clock() < deadline:
+        size = path.stat().st_size
+        if size > before:
+            time.sleep(0.05)  # the dump is written in a few calls
+            with path.open("rb") as handle:
+                handle.seek(before)
+                return handle.read().decode(errors="replace"), ""
+        time.sleep(0.02)
+    return "", f"faulthandler wrote nothing within {timeout:.0f}s"
+
+
+def capture(root: int, workspace: Path, *, budget_seconds: float = 30.0, native: bool = True, why: str = "",
+            py_spy: str | None = None, clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """Take every rank's stack into ``stacks/`` of the attempt's folder; return the index written.
+
+    Args:
+        root: The command's pid.
+        workspace: The attempt's folder.
+        budget_seconds: The whole sweep's time bound (ranks are asked in parallel).
+        native: Also ask for native frames (needs ptrace; without it the Python stack is kept).
+        why: What triggered the capture (stall, deadline, a peer timeout, by hand).
+        py_spy: The py-spy binary; found beside this interpreter or on PATH when None.
+    """
+    folder = workspace / STACKS
+    folder.mkdir(parents=True, exist_ok=True)
+    started, deadline = time.time(), clock() + budget_seconds
+    tool = py_spy or _find_py_spy()
+    found = ranks(root)
+
+    def one(item: tuple[int, int]) -> tuple[int, dict[str, Any]]:
+        rank, pid = item
+        left = max(1.0, deadline - clock())
+        text, reasons, source = "", [], ""
+        if tool:
+            for attempt_native in ((True, False) if native else (False,)):
+                text, reason = _py_spy(pid, attempt_native, left, tool)
+                if text:
+                    source = "py-spy --native" if attempt_native else "py-spy"
+                    break
+                reasons.append(reason)
+        else:
+            reasons.append("py-spy is not installed beside the entrypoint or on PATH")
+        if not text:
+            text, reason = _faulthandler(pid, folder, max(1.0, deadline - clock()), clock)
+            source = "faulthandler" if text else ""
+            if reason:
+                reasons.append(reason)
+        entry: dict[str, Any] = {"pid": pid, "source": source}
+        if text:
+            name = f"rank-{rank}.txt"
+            (folder / name).write_text(text, encoding="utf-8", errors="replace")
+            entry["file"] = name
+        else:
+            entry["absent"] = "; ".join(reasons)
+        return rank, entry
+
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(found)))) as pool:
+        results = dict(pool.map(one, sorted(found.items())))
+    index = {"format": 1, "why": why, "started_at": started, "seconds": round(time.time() - started, 3),
+             "ranks": {str(rank): entry for rank, entry in sorted(results.items())}}
+    tmp = folder / f".{INDEX}.tmp"
+    tmp.write_text(json.dumps(index, indent=2), encoding="utf-8")
+    os.replace(tmp, folder / INDEX)
+    return index
+
+
+def _find_py_spy() -> str | None:
+    """py-spy next to this interpreter (a virtualenv's bin) or on PATH; None when neither has it."""
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("py-spy")
