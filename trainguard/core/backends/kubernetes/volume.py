@@ -50,8 +50,18 @@ def _item_name(member: str) -> str | None:
         return None
 
 
+def _log_item(s: Scene) -> str:
+    """The entrypoint's log, by the name the entrypoint gives it: the one log triage reads.
+
+    Other files a job leaves under ``logs/`` (metrics, a framework's own log) are kept as evidence
+    but never decide the verdict, whatever order the volume lists them in.
+    """
+    return f"{workspace.LOGS}/{workspace.log_name(s.run_id, s.attempt)}"
+
+
 def _unpack(c: ClusterWriter, s: Scene, tar_path: Path) -> set[str]:
     found: set[str] = set()
+    log_item = _log_item(s)
     with tarfile.open(tar_path, "r:gz") as tar:
         for index, member in enumerate(tar):
             name = _item_name(member.name)
@@ -66,7 +76,7 @@ def _unpack(c: ClusterWriter, s: Scene, tar_path: Path) -> set[str]:
                 shutil.copyfileobj(source, out, 1024 * 1024)
             c.put_file(name, spool, ENTRYPOINT)
             found.add(name)
-            if name.startswith("logs/") and s.volume_log is None:
+            if name == log_item:
                 s.volume_log = (name, spool)
             if name == "crash-report.json":
                 s.crash_report = spool
@@ -84,9 +94,9 @@ def _no_crash_report(s: Scene) -> str:
 
 
 def _expected(c: ClusterWriter, s: Scene, found: set[str], meta: dict[str, Any], tar: bool) -> None:
-    log_name = f"{workspace.LOGS}/{workspace.log_name(s.run_id, s.attempt)}"
+    log_name = _log_item(s)
     why = "the volume was not read" if not tar else "not on the volume"
-    if not any(n.startswith("logs/") for n in found):
+    if log_name not in found:
         c.absent(log_name, ENTRYPOINT, f"{why}: {meta.get('workspace_absent') or 'the entrypoint wrote no log'}")
     if "crash-report.json" not in found:
         c.absent("crash-report.json", ENTRYPOINT, f"{why}: {_no_crash_report(s)}")
