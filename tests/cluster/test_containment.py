@@ -16,7 +16,7 @@ Oracles, from Kubernetes' documentation and source:
 
 from __future__ import annotations
 
-import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +54,53 @@ def _cri_records(sim: kubesim.fixture.Sim, ns: str, name: str) -> list[str]:
     found = sorted(Path(sim.root).rglob(f"pods/{ns}_{name}_*/train/0.log"))
     assert found, f"no CRI log of {ns}/{name} under {sim.root}"
     return logs.records(found[0].read_bytes().decode(errors="replace"))
+
+
+@pytest.mark.parametrize(("sub_path", "message"), [
+    ("../other-run", "must not contain '..'"), ("runs/../../etc", "must not contain '..'"),
+    ("/etc", "must be a relative path"),
+])
+def test_a_sub_path_that_is_absolute_or_climbs_is_refused(core: client.CoreV1Api, ns: str, sub_path: str,
+                                                          message: str) -> None:
+    body = _mounting("climb", "print(1)", sub_path)
+    with pytest.raises(ApiException) as refused:
+        core.create_namespaced_pod(ns, body)
+    assert refused.value.status == 422
+    assert f'spec.containers[0].volumeMounts[0].subPath: Invalid value: "{sub_path}": {message}' in json.loads(
+        refused.value.body)["message"]
+
+
+def test_a_sub_path_mount_shows_the_container_only_that_folder_of_the_volume(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str) -> None:
+    volume = Path(sim.root) / "pvc" / ns / "shared"
+    (volume / "runs" / "a").mkdir(parents=True)
+    (volume / "runs" / "a" / "raw.log").write_text("other run's secret")
+    code = ("import os\nopen('/mnt/mine/written', 'w').write('x')\n"
+            "print(sorted(os.listdir('/mnt/mine')), os.path.exists('/mnt/a/raw.log'))")
+    core.create_namespaced_pod(ns, _mounting("narrow", code, "runs/b/attempt-1"))
+    phase(core, ns, "narrow", "Succeeded")
+    assert pod_log(core, ns, "narrow") == "['written'] False\n"
+    assert (volume / "runs" / "b" / "attempt-1" / "written").read_text() == "x"  # the kubelet made the folder
+
+
+def test_a_sub_path_a_symlink_leads_out_of_the_volume_fails_the_container(
+        sim: kubesim.fixture.Sim, core: client.CoreV1Api, ns: str, tmp_path: Path) -> None:
+    volume = Path(sim.root) / "pvc" / ns / "shared"
+    (volume / "runs").mkdir(parents=True)
+    (tmp_path / "host-secret").write_text("host")
+    (volume / "runs" / "b").symlink_to(tmp_path)  # planted by another pod that mounts the whole volume
+    core.create_namespaced_pod(ns, _mounting("escape", "print(open('/mnt/mine/host-secret').read())", "runs/b"))
+
+    def waiting() -> Any:
+        statuses = core.read_namespaced_pod("escape", ns).status.container_statuses
+        found = statuses[0].state.waiting if statuses else None
+        return found if found and found.reason != "ContainerCreating" else None
+    found = wait_for(waiting, what="a waiting state")
+    assert (found.reason, found.message) == (
+        "CreateContainerConfigError", 'failed to prepare subPath for volumeMount "data" of container "train"')
+
+
+def _mounting(name: str, code: str, sub_path: str) -> dict[str, Any]:
+    body = pod(name, code, grace=0, volumeMounts=[{"name": "data", "mountPath": "/mnt/mine", "subPath": sub_path}])
+    body["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "shared"}}]
+    return body
