@@ -211,7 +211,7 @@ class KubernetesBackend:
         labels = {**manifests.labels_for(job, run_id, 0, component="checkpoint-lister")}
         labels.pop(manifests.LABEL_ATTEMPT)
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": {
-            "restartPolicy": "Never",
+            "restartPolicy": "Never", "automountServiceAccountToken": False,
             "containers": [{"name": "list", "image": job.image, "command": [job.python, "-c", _LISTER, folder],
                             "volumeMounts": [{"name": manifests.CHECKPOINT_VOLUME,
                                               "mountPath": manifests.CHECKPOINTS_MOUNT, "readOnly": True}],

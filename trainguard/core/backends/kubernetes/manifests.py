@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from trainguard.core import ids
 from trainguard.core.backends import workspace
 from trainguard.core.backends.base import Launch, container_env
 from trainguard.core.backends.kubernetes.zipapp import ENTRYPOINT_FILE
@@ -91,6 +92,11 @@ class JobSettings:
     checkpoint_claim: str = "trainguard-checkpoints"
     fail_job_exit_codes: tuple[int, ...] = (2, 126, 127)
     python: str = "python3"  # the interpreter the entrypoint, the collector and the lister run with
+    # The attempt's own folder only (a subPath): no job reads or rewrites another run's raw log, or
+    # plants a symlink where another attempt's collector looks. False mounts every run's folders.
+    attempt_sub_path: bool = True
+    # Training never calls the API: no token unless asked (then the service account decides).
+    automount_service_account_token: bool = False
 
 
 def job_name(run_id: str, attempt: int) -> str:
@@ -166,6 +172,8 @@ def pod_spec(settings: JobSettings, launch: Launch, entrypoint_config_map: str) 
                 "imagePullSecrets": [{"name": s} for s in settings.image_pull_secrets],
                 "affinity": avoid_nodes_affinity(launch.avoid_nodes)}
     spec.update({key: value for key, value in optional.items() if value})
+    if not settings.automount_service_account_token:
+        spec["automountServiceAccountToken"] = False
     return spec
 
 
@@ -175,7 +183,7 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
                         checkpoint_dir=checkpoint_path(launch.run_id))
     env["TRAINGUARD_TERMINATION_LOG"] = TERMINATION_LOG
     mounts = [{"name": ENTRYPOINT_VOLUME, "mountPath": ENTRYPOINT_MOUNT, "readOnly": True},
-              {"name": ATTEMPT_VOLUME, "mountPath": ATTEMPTS_MOUNT},
+              attempt_mount(settings, launch.run_id, launch.attempt),
               # subPath: the kubelet creates the run's folder, and the run sees only its own
               {"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_path(launch.run_id), "subPath": launch.run_id}]
     if settings.shm_size:
@@ -194,6 +202,15 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
     if settings.image_pull_policy:
         body["imagePullPolicy"] = settings.image_pull_policy
     return body
+
+
+def attempt_mount(settings: JobSettings, run_id: str, attempt: int) -> Wire:
+    """The attempt volume in the training container: its own folder by subPath (the kubelet makes
+    it), at the path it has under `ATTEMPTS_MOUNT`, or the whole volume when the settings say so."""
+    if not settings.attempt_sub_path:
+        return {"name": ATTEMPT_VOLUME, "mountPath": ATTEMPTS_MOUNT}
+    return {"name": ATTEMPT_VOLUME, "mountPath": workspace_path(run_id, attempt),
+            "subPath": ids.attempt_path(run_id, attempt)}
 
 
 def resources(settings: JobSettings, launch: Launch) -> Wire:
