@@ -117,12 +117,33 @@ class KubernetesBackend:
             return AttemptOutcome(None, None, START_ERROR, f"could not create the Job: {exc}")
         if created is None:
             _say(on_line, f"adopting the running Job {self.namespace}/{ref.name}")
+        try:
+            self._hand_over_secrets(ref, launch, created)
+        except KubeError as exc:
+            return AttemptOutcome(None, None, START_ERROR, f"could not give the Job its secret_env: {exc}")
         limits = Limits(unschedulable_seconds=self.settings.unschedulable_seconds,
                         start_error_seconds=self.settings.start_error_seconds,
                         stall_seconds=launch.stall_seconds, deadline_seconds=launch.deadline_seconds)
         ending = Supervisor(self.api, self.namespace, launch.run_id, launch.attempt, limits, on_line=on_line,
                             created=created).run()
         return outcome_of_ending(ending)
+
+    def _hand_over_secrets(self, ref: AttemptRef, launch: Launch, created: dict[str, Any] | None) -> None:
+        """Create the attempt's Secret, owned by its Job, then let the suspended Job start.
+
+        Both steps are idempotent, so a flow run started again after dying between them (a Job that
+        waits suspended, with or without its Secret) finishes them: a 409 on the Secret means the
+        earlier run created it under this Job. The Secret goes with the Job (garbage collection).
+        """
+        job = created if created is not None else self.api.read_job(self.namespace, ref.name)
+        secret = manifests.secret_manifest(self.settings.job, launch, job)
+        if secret is not None:
+            try:
+                self.api.create_secret(self.namespace, secret)
+            except Conflict:
+                pass
+        if (job.get("spec") or {}).get("suspend"):
+            self.api.resume_job(self.namespace, ref.name)
 
     def collect_evidence(
         self, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None,

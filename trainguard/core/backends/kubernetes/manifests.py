@@ -16,6 +16,7 @@ in every attempt.
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import math
@@ -24,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+
+from trainguard_entrypoint.redact import declared_secret_names
 
 from trainguard.core import ids
 from trainguard.core.backends import workspace
@@ -44,6 +47,7 @@ ATTEMPT_VOLUME, CHECKPOINT_VOLUME, ENTRYPOINT_VOLUME, SHM_VOLUME = "trainguard-a
 LABEL_RUN, LABEL_ATTEMPT = "trainguard.io/run-id", "trainguard.io/attempt"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 _DNS = re.compile(r"[^a-z0-9-]+")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 _UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
 
@@ -109,6 +113,42 @@ def job_name(run_id: str, attempt: int) -> str:
     return base + suffix
 
 
+def secret_name(run_id: str, attempt: int) -> str:
+    """The attempt's Secret (its `secret_env` values): `<job name>-env`."""
+    return f"{job_name(run_id, attempt)}-env"
+
+
+def secret_env(launch: Launch) -> dict[str, str]:
+    """The launch's variables that hold secrets: those `TRAINGUARD_SECRET_NAMES` declares."""
+    declared = declared_secret_names(launch.env)
+    return {name: value for name, value in launch.env.items() if name in declared}
+
+
+def secret_key(name: str) -> str:
+    """The Secret's key for variable `name`: the name itself where a key may be spelled so."""
+    if _SECRET_KEY.fullmatch(name) and len(name) <= 253:
+        return name
+    return "env-" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def secret_manifest(settings: JobSettings, launch: Launch, job: Mapping[str, Any]) -> Wire | None:
+    """The attempt's Secret, owned by its Job (the garbage collector deletes it with the Job); None
+    when the launch has no secrets. Immutable: nothing changes what a running attempt was given."""
+    values = secret_env(launch)
+    if not values:
+        return None
+    meta = job.get("metadata") or {}
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta.get("name"), "uid": meta.get("uid")}
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": True,
+        "metadata": {"name": secret_name(launch.run_id, launch.attempt), "namespace": settings.namespace,
+                     "labels": labels_for(settings, launch.run_id, launch.attempt, component="secret-env"),
+                     "ownerReferences": [owner]},
+        "data": {secret_key(name): base64.b64encode(value.encode("utf-8", "surrogateescape")).decode("ascii")
+                 for name, value in sorted(values.items())},
+    }
+
+
 def workspace_path(run_id: str, attempt: int) -> str:
     """The attempt's folder on the attempt volume, as the containers see it."""
     return workspace.attempt_dir(ATTEMPTS_MOUNT, run_id, attempt)
@@ -148,6 +188,10 @@ def job_manifest(settings: JobSettings, launch: Launch, entrypoint_config_map: s
     }
     if launch.deadline_seconds:
         job["spec"]["activeDeadlineSeconds"] = max(1, math.ceil(launch.deadline_seconds))
+    if secret_env(launch):
+        # no pod before its Secret exists: created suspended, resumed once the Secret (which names
+        # the Job's uid as its owner) is there
+        job["spec"]["suspend"] = True
     return deep_merge(job, settings.job_template) if settings.job_template else job
 
 
@@ -182,6 +226,7 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
     env = container_env(launch, workspace=workspace_path(launch.run_id, launch.attempt),
                         checkpoint_dir=checkpoint_path(launch.run_id))
     env["TRAINGUARD_TERMINATION_LOG"] = TERMINATION_LOG
+    secrets = frozenset(secret_env(launch))
     mounts = [{"name": ENTRYPOINT_VOLUME, "mountPath": ENTRYPOINT_MOUNT, "readOnly": True},
               attempt_mount(settings, launch.run_id, launch.attempt),
               # subPath: the kubelet creates the run's folder, and the run sees only its own
@@ -191,7 +236,7 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
     body: Wire = {
         "name": CONTAINER, "image": settings.image,
         "command": [settings.python, f"{ENTRYPOINT_MOUNT}/{ENTRYPOINT_FILE}", "--", *launch.command],
-        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+        "env": [env_var(k, v, launch, secrets) for k, v in sorted(env.items())],
         "resources": resources(settings, launch),
         "volumeMounts": mounts + [dict(m) for m in settings.volume_mounts],
         "terminationMessagePath": TERMINATION_LOG,
@@ -202,6 +247,16 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
     if settings.image_pull_policy:
         body["imagePullPolicy"] = settings.image_pull_policy
     return body
+
+
+def env_var(name: str, value: str, launch: Launch, secrets: frozenset[str]) -> Wire:
+    """A plain variable, or, for one of `secrets`, a reference to the attempt's Secret: a value
+    written into the Job would be read by anyone who may `get` Jobs or pods, and kept in etcd
+    backups and audit logs."""
+    if name not in secrets:
+        return {"name": name, "value": value}
+    ref = {"name": secret_name(launch.run_id, launch.attempt), "key": secret_key(name)}
+    return {"name": name, "valueFrom": {"secretKeyRef": ref}}
 
 
 def attempt_mount(settings: JobSettings, run_id: str, attempt: int) -> Wire:
