@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from trainguard_entrypoint import safefiles
+
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStoreError, ObjectInfo, StoredItem, validate_key
 
 _CHUNK_BYTES = 1024 * 1024
@@ -39,22 +41,28 @@ class LocalEvidenceStore:
     def put_bytes(self, key: str, data: bytes) -> StoredItem:
         """Store ``data`` under ``key``: temp file in the same folder, fsync, then ``os.replace``."""
         data = bytes(data)
-        return self._write(key, lambda: iter((data,)), len(data))
+
+        def write(out: BinaryIO) -> tuple[str, int]:
+            out.write(data)
+            return hashlib.sha256(data).hexdigest(), len(data)
+
+        return self._write(key, write, len(data))
 
     def put_file(self, key: str, path: Path) -> StoredItem:
-        """Stream the file at ``path`` to ``key`` in chunks, atomically."""
+        """Copy the file at ``path`` to ``key``, atomically: as big as it was when opened, holes kept."""
         try:
             handle = Path(path).open("rb")
             size = os.fstat(handle.fileno()).st_size
         except OSError as exc:
             raise EvidenceStoreError(f"cannot read {path} for {key!r}: {exc.strerror or exc}") from exc
 
-        def chunks() -> Iterator[bytes]:
-            handle.seek(0)
-            return _chunks(handle)
+        def write(out: BinaryIO) -> tuple[str, int]:
+            digest = hashlib.sha256()
+            copied = safefiles.copy(handle, out, keep_holes=True, digest=digest)
+            return digest.hexdigest(), copied.copied_bytes
 
         with handle:
-            return self._write(key, chunks, size)
+            return self._write(key, write, size)
 
     def reserve(self, key: str, size_bytes: int) -> None:
         """Allocate ``size_bytes`` for later writes of ``key`` (a hidden file beside it)."""
@@ -83,14 +91,14 @@ class LocalEvidenceStore:
         target = self._path(key)
         return target.with_name(f".{target.name}.reserve")
 
-    def _write(self, key: str, chunks: Callable[[], Iterator[bytes]], size_bytes: int) -> StoredItem:
+    def _write(self, key: str, write: Callable[[BinaryIO], tuple[str, int]], size_bytes: int) -> StoredItem:
         try:
-            return self._write_once(key, chunks())
+            return self._write_once(key, write)
         except EvidenceStoreError as exc:
             out_of_space = isinstance(exc.__cause__, OSError) and exc.__cause__.errno in _OUT_OF_SPACE
             if not (out_of_space and self._draw_on_reserve(key, size_bytes)):
                 raise
-            return self._write_once(key, chunks())
+            return self._write_once(key, write)
 
     def _draw_on_reserve(self, key: str, size_bytes: int) -> bool:
         """Shrink ``key``'s reserve by ``size_bytes`` and a page of slack; whether there was one."""
@@ -102,20 +110,16 @@ class LocalEvidenceStore:
             return False
         return True
 
-    def _write_once(self, key: str, chunks: Iterator[bytes]) -> StoredItem:
+    def _write_once(self, key: str, write: Callable[[BinaryIO], tuple[str, int]]) -> StoredItem:
         target = self._path(key)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         except OSError as exc:
             raise EvidenceStoreError(f"cannot write {key!r} under {self.root}: {exc.strerror or exc}") from exc
-        digest, size = hashlib.sha256(), 0
         try:
             with os.fdopen(fd, "wb") as out:
-                for chunk in chunks:
-                    out.write(chunk)
-                    digest.update(chunk)
-                    size += len(chunk)
+                sha256, size = write(out)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp_name, target)
@@ -124,7 +128,7 @@ class LocalEvidenceStore:
             if isinstance(exc, OSError):
                 raise EvidenceStoreError(f"cannot write {key!r} under {self.root}: {exc.strerror or exc}") from exc
             raise
-        return StoredItem(key, digest.hexdigest(), size)
+        return StoredItem(key, sha256, size)
 
     def get_bytes(self, key: str) -> bytes:
         """The object under ``key``; raises `EvidenceNotFound` when there is none."""

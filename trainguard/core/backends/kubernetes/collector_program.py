@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 
 from trainguard_entrypoint import checkpoints as _checkpoints
+from trainguard_entrypoint import safefiles as _safefiles
 
 MAGIC = "TRAINGUARD-EVIDENCE/1"
 
@@ -116,6 +117,22 @@ main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
 '''
 
 
+_SAFEFILES_IMPORT = "from trainguard_entrypoint import safefiles\n"
+
+
 def script() -> str:
-    """The collector's Python program: the entrypoint's checkpoint listing, then the tar writer."""
-    return inspect.getsource(_checkpoints) + "\nimport json\n" + _SCRIPT
+    """The collector's Python program: the entrypoint's checkpoint listing, then the tar writer.
+
+    The listing reads the folder through `safefiles`, which the program carries as a module of its
+    own (its source, run into a fresh module), since the pod has no trainguard package to import.
+    """
+    listing = inspect.getsource(_checkpoints)
+    if _SAFEFILES_IMPORT not in listing:
+        raise RuntimeError("trainguard_entrypoint.checkpoints no longer imports safefiles as the collector expects")
+    module = (
+        "import sys as _sys, types as _types\n"
+        "safefiles = _types.ModuleType('trainguard_safefiles')\n"
+        "_sys.modules[safefiles.__name__] = safefiles\n"
+        f"exec(compile({inspect.getsource(_safefiles)!r}, 'safefiles.py', 'exec'), safefiles.__dict__)\n"
+    )
+    return listing.replace(_SAFEFILES_IMPORT, module) + "\nimport json\n" + _SCRIPT
