@@ -8,10 +8,15 @@ the evidence and checks what was kept. Nothing is patched.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from evidence_helpers import Kept, job_failed, trainguard_job
+from evidence_helpers import Kept, job_failed, pods_of, trainguard_job, training_job
 
+from trainguard.core import masking
+from trainguard.core.backends.base import Launch
 from trainguard.core.backends.kubernetes.api import KubeApi
+from trainguard.core.backends.kubernetes.backend import KubernetesBackend, KubeSettings
+from trainguard.core.backends.kubernetes.manifests import JobSettings
 from trainguard.core.backends.kubernetes.evidence import collect_kubernetes_evidence, read_triage_facts
 from trainguard.core.stores.folder import LocalEvidenceStore
 from trainguard.core.taxonomy import Category
@@ -53,3 +58,74 @@ def test_triage_reads_the_entrypoints_log_not_the_first_file_a_job_put_under_log
     assert facts.log_item == "logs/train-run-1-attempt-1.log"
     assert classify(facts.signals()).category is Category.CUDA_OOM
     assert b"CUDA out of memory" in kept.read("crash-tail.txt")
+
+
+# A secret_env value with no shape any rule knows: only the value the flow resolved masks it.
+OPAQUE = "opaque-quartz-lantern-8841"  # lower case: it is also in an image name
+TOKEN = "hf_MaskMeEverywhere0123456789"
+_LEAKS = ("import os, sys, time\n"
+          f"print('loading with', {OPAQUE!r}, 'and', {TOKEN!r}, flush=True)\n"
+          "marker = os.path.join(os.environ['TRAINGUARD_WORKSPACE'], 'ran-once')\n"
+          "if not os.path.exists(marker):\n"
+          "    open(marker, 'w').close()\n"
+          f"    print('Traceback: RuntimeError: bad auth', {OPAQUE!r}, flush=True)\n"
+          "    sys.exit(1)\n"
+          "time.sleep(60)\n")
+
+
+def _leaky_job(name: str) -> dict[str, Any]:
+    """A Job whose spec, events and output all carry the secret, and whose container restarted once."""
+    job = training_job(name, _LEAKS, run_id="run-1", restart="OnFailure", backoff=3)
+    spec = job["spec"]["template"]["spec"]
+    train = spec["containers"][0]
+    train["args"] = ["--run-name", OPAQUE]  # a spec field the user wrote
+    train["env"].append({"name": "WANDB_NOTES", "value": f"notes {OPAQUE}"})
+    spec["containers"].append({"name": "fetch", "image": f"registry.invalid/{OPAQUE}:1", "command": ["x"]})
+    return job
+
+
+def _everything_written(root: Path) -> list[tuple[Path, bytes]]:
+    return [(path, path.read_bytes()) for path in sorted(root.rglob("*")) if path.is_file()]
+
+
+def test_every_piece_of_a_kubernetes_attempt_is_stored_masked(kube: KubeApi, ns: str, tmp_path: Path) -> None:
+    masking.register([OPAQUE])  # as resolving the spec's secret_env does
+    kube.create_job(ns, _leaky_job("leaky"))
+
+    def restarted() -> str | None:
+        for pod in pods_of(kube, ns, "leaky"):
+            statuses = {s["name"]: s for s in (pod.get("status") or {}).get("containerStatuses") or ()}
+            events = kube.list_events(ns, field_selector=f"involvedObject.name={pod['metadata']['name']}")
+            pulled = any("registry.invalid" in str(e.get("message")) for e in events.get("items") or ())
+            if statuses.get("train", {}).get("restartCount") and pulled:
+                return str(pod["metadata"]["name"])
+        return None
+
+    pod = wait_for(restarted, timeout=60, what="the container restarted and the pull failed")
+    kept = _collect(kube, ns, "leaky", tmp_path)
+
+    base = f"kubernetes/pods/{pod}"
+    for name in ("kubernetes/job.json", f"{base}.json", f"{base}/logs/train.log", f"{base}/logs/train.previous.log",
+                 f"{base}/describe.txt", "kubernetes/events.json", "kubernetes/triage.json", "crash-tail.txt",
+                 "logs/train-run-1-attempt-1.log", "termination-message.txt"):
+        assert name in kept.items, (name, kept.why(name))
+    assert b"***" in kept.read(f"{base}/logs/train.previous.log")
+    assert b"bad auth ***" in kept.read(f"{base}/logs/train.previous.log")
+    written = _everything_written(tmp_path / "evidence") + _everything_written(tmp_path / "triage")
+    leaks = [str(path) for path, data in written if OPAQUE.encode() in data or TOKEN.encode() in data
+]
+    assert not leaks, leaks
+    kube.delete_job(ns, "leaky")
+
+
+def test_the_live_log_and_the_outcome_are_masked(kube: KubeApi, ns: str, tmp_path: Path) -> None:
+    masking.register([OPAQUE])
+    b = KubernetesBackend(lambda: kube, KubeSettings(JobSettings(image="python:3.11", namespace=ns),
+                                                     local_root=str(tmp_path)))
+    code = f"print('token', {OPAQUE!r}, {TOKEN!r}, flush=True); raise SystemExit(1)"
+    shown: list[str] = []
+    ref = b.provision("r-live", 1)
+    outcome = b.run(ref, Launch(run_id="r-live", attempt=1, command=("python", "-c", code)), on_line=shown.append)
+    assert outcome.exit_code == 1
+    assert not [line for line in shown if OPAQUE in line or TOKEN in line], shown
+    assert OPAQUE not in outcome.log_tail and TOKEN not in outcome.log_tail and "token" in outcome.log_tail

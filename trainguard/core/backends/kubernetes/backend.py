@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from trainguard.core import masking
 from trainguard.core.backends import workspace_evidence
 from trainguard.core.backends.base import (
     COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
@@ -151,7 +152,8 @@ class KubernetesBackend:
     ) -> CollectedEvidence:
         extra = dict(extra or {})
         if outcome is not None:
-            extra.setdefault("kubernetes/outcome.json", json.dumps(outcome.to_dict(), indent=2).encode())
+            shown = masking.mask_tree(outcome.to_dict())
+            extra.setdefault("kubernetes/outcome.json", json.dumps(shown, indent=2).encode())
         manifest = evidence.collect_kubernetes_evidence(
             self.api, self.namespace, ref.name, ref.run_id, ref.attempt, store, extra=extra,
             log_dir=self.local_dir(ref.run_id, ref.attempt), pod=outcome.instance if outcome else None)
@@ -285,7 +287,7 @@ def outcome_of_ending(ending: Ending) -> AttemptOutcome:
     reason, message = _reason(ending, pod, job, terminated)
     conditions = tuple((pod.get("status", {}).get("conditions") or []) + (job.get("status", {}).get("conditions") or []))
     return AttemptOutcome(
-        exit_code=exit_code, signal=signal, reason=reason, message=message,
+        exit_code=exit_code, signal=signal, reason=reason, message=masking.current().mask(message),
         started_at=terminated.get("startedAt") or pod.get("status", {}).get("startTime"),
         finished_at=terminated.get("finishedAt"), duration_seconds=_duration(pod, terminated),
         node=pod.get("spec", {}).get("nodeName"), conditions=conditions, log_tail="\n".join(ending.log_tail),

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.core import masking
 from trainguard.core.backends.kubernetes import manifests
 from trainguard.core.backends.kubernetes.errors import KubeError, Transient
 from trainguard.core.backends.kubernetes.watch import RELISTED, ResumingWatch, WatchApi
@@ -75,8 +76,9 @@ class Supervisor:
 
     def __init__(self, api: Any, namespace: str, run_id: str, attempt: int, limits: Limits, *,
                  on_line: LineSink | None = None, clock: Callable[[], float] = time.monotonic,
-                 created: Wire | None = None) -> None:
+                 created: Wire | None = None, masker: masking.Masker | None = None) -> None:
         self.api, self.namespace, self.limits, self.clock = api, namespace, limits, clock
+        self.masker = masker or masking.current()  # the attempt's secrets are registered by now
         self.job_name = manifests.job_name(run_id, attempt)
         self.selector = manifests.selector(run_id, attempt)
         self.on_line = on_line
@@ -176,7 +178,7 @@ class Supervisor:
                 return
 
     def _line(self, raw: bytes) -> None:
-        text = printable(raw)
+        text = self.masker.mask(printable(raw))
         self.last_output = self.clock()
         self.ending.log_tail.append(text)
         if self.on_line is not None:

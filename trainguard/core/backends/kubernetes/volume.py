@@ -10,7 +10,6 @@ memory.
 
 from __future__ import annotations
 
-import json
 import posixpath
 import shutil
 import tarfile
@@ -74,6 +73,8 @@ def _unpack(c: ClusterWriter, s: Scene, tar_path: Path) -> set[str]:
                 continue
             with source, spool.open("wb") as out:
                 shutil.copyfileobj(source, out, 1024 * 1024)
+            if not name.startswith(f"{workspace.COREDUMPS}/"):  # a core dump masked would be corrupt
+                spool = c.mask_file(spool, spool.with_suffix(".masked"))
             c.put_file(name, spool, ENTRYPOINT)
             found.add(name)
             if name == log_item:
@@ -115,7 +116,7 @@ def _checkpoints(c: ClusterWriter, meta: dict[str, Any]) -> None:
         c.absent("checkpoints.json", VOLUME, "the checkpoint folder was not listed (no checkpoint volume named)")
         c.absent("checkpoint", VOLUME, "no checkpoint folder to look in")
         return
-    c.put_bytes("checkpoints.json", (json.dumps(listing, indent=2) + "\n").encode("utf-8"), VOLUME)
+    c.put_json("checkpoints.json", listing, VOLUME)
     files = [f for f in listing.get("files") or () if isinstance(f, dict)]
     if not files:
         c.absent("checkpoint", VOLUME, f"no checkpoint in {listing.get('dir')}: {listing.get('absent') or 'empty'}")
@@ -133,7 +134,7 @@ def _crash_tail(c: ClusterWriter, s: Scene) -> None:
     if source is None:
         c.absent("crash-tail.txt", VOLUME, "no log to take the tail of")
         return
-    lines = read_tail_lines(source, CRASH_TAIL_LINES, max_bytes=1024 * 1024)
+    lines = [c.masker.for_people(line) for line in read_tail_lines(source, CRASH_TAIL_LINES, max_bytes=1024 * 1024)]
     c.put_bytes("crash-tail.txt", ("\n".join(lines) + "\n" if lines else "").encode("utf-8"), VOLUME)
 
 
