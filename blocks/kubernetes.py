@@ -104,6 +104,11 @@ class KubernetesJobBackend(Block):
         description="How long a pod may stay unschedulable before the attempt ends as unschedulable.")
     start_error_seconds: float = Field(default=60.0, ge=0, title="Wait on image pull / start errors (s)",
         description="How long a pod may fail to pull its image or start before the attempt ends.")
+    evidence_copy_budget_bytes: int = Field(
+        default=256 * 1024 * 1024, ge=0, title="Attempt folder copy budget (bytes)",
+        description="What the collector pod copies of the attempt's folder (log, crash report, snapshots, core "
+        "dumps), counted by apparent size, so a sparse file counts whole. A file over what is left (a large "
+        "core dump) stays on the attempt volume and the evidence says where.")
     local_root: str | None = Field(default=None, title="Local folder for triage facts",
                                    description="On the flow's machine; a temporary folder when empty.")
 
@@ -148,7 +153,8 @@ class KubernetesJobBackend(Block):
         )
         return KubeSettings(job=job, unschedulable_seconds=self.unschedulable_seconds,
                             start_error_seconds=self.start_error_seconds,
-                            failed_job_ttl_seconds=self.failed_job_ttl_seconds, local_root=self.local_root)
+                            failed_job_ttl_seconds=self.failed_job_ttl_seconds, local_root=self.local_root,
+                            evidence_copy_budget_bytes=self.evidence_copy_budget_bytes)
 
     def backend(self) -> KubernetesBackend:
         """The Kubernetes Job adapter this block describes."""

@@ -7,11 +7,15 @@ the evidence and checks what was kept. Nothing is patched.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from evidence_helpers import Kept, job_failed, pods_of, trainguard_job, training_job
+from hostile import HOST_MARKER, HOSTILE_TRAINER, ODD_NAME, host_file, within
 
+import kubesim.fixture
 from trainguard.core import masking
 from trainguard.core.backends.base import Launch
 from trainguard.core.backends.kubernetes.api import KubeApi
@@ -129,3 +133,99 @@ def test_the_live_log_and_the_outcome_are_masked(kube: KubeApi, ns: str, tmp_pat
     assert outcome.exit_code == 1
     assert not [line for line in shown if OPAQUE in line or TOKEN in line], shown
     assert OPAQUE not in outcome.log_tail and TOKEN not in outcome.log_tail and "token" in outcome.log_tail
+
+
+def _volume_folder(sim: kubesim.fixture.Sim, ns: str, *parts: str) -> Path:
+    return Path(sim.root) / "pvc" / ns / f"{ns}-attempts" / "runs" / Path(*parts)
+
+
+@pytest.mark.parametrize("swap", ["attempt folder to a host folder", "attempt folder to another run's",
+                                  "run folder to a host folder"])
+def test_an_attempt_folder_replaced_by_a_symlink_is_not_followed_by_the_collector(
+    kube: KubeApi, sim: kubesim.fixture.Sim, ns: str, tmp_path: Path, swap: str,
+) -> None:
+    other = trainguard_job(kube, ns, "print('other run: HF_TOKEN=hf_OtherRunsSecret000000000000')", run_id="other")
+    job = trainguard_job(kube, ns, "print('step 1 loss 2.0'); raise SystemExit(1)")
+    _failed(kube, ns, job)
+    wait_for(lambda: kube.read_job(ns, other).get("status", {}).get("succeeded"), what="the other run done")
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "crash-report.json").write_bytes(HOST_MARKER)
+    (host / "logs").mkdir()
+    (host / "logs" / "train-run-1-attempt-1.log").write_bytes(HOST_MARKER)
+    # what a pod that mounts the whole volume (a sidecar, an older Job) can do to this attempt's folder
+    if swap == "run folder to a host folder":
+        moved, link, target = _volume_folder(sim, ns, "run-1"), _volume_folder(sim, ns, "run-1"), host.parent
+        (host.parent / "attempt-1").symlink_to(host)
+    else:
+        moved = link = _volume_folder(sim, ns, "run-1", "attempt-1")
+        target = host if "host" in swap else Path("../other/attempt-1")
+    moved.rename(moved.with_name(moved.name + "-moved"))
+    link.symlink_to(target)
+
+    kept = _collect(kube, ns, job, tmp_path)
+
+    written = _everything_written(tmp_path / "evidence")
+    assert not [str(p) for p, data in written if HOST_MARKER in data or b"OtherRunsSecret" in data]
+    assert not kept.names("logs/") and "crash-report.json" not in kept.items
+    assert "symbolic link" in kept.why("logs/train-run-1-attempt-1.log"), kept.missing
+
+
+# A pod's folder is a bind mount: a hard link from it to a host file fails (EXDEV). Another run's
+# file on the same volume is what a hard link can reach; the test makes that one from outside.
+_LINK = 'os.link(host, os.path.join(snap, "hardlink.json"))'
+KUBE_TRAINER = HOSTILE_TRAINER.replace(_LINK, "pass")
+
+
+def test_what_a_hostile_job_leaves_in_its_folder_is_refused_with_reasons_and_collection_ends(
+    kube: KubeApi, sim: kubesim.fixture.Sim, ns: str, tmp_path: Path,
+) -> None:
+    assert _LINK in HOSTILE_TRAINER
+    leak = host_file(tmp_path / "host")
+    job = trainguard_job(kube, ns, KUBE_TRAINER.replace("sys.argv[1]", repr(str(leak))))
+    _failed(kube, ns, job)
+    theirs = _volume_folder(sim, ns, "other", "attempt-1", "raw.log")
+    theirs.parent.mkdir(parents=True)
+    theirs.write_bytes(HOST_MARKER)
+    os.link(theirs, _volume_folder(sim, ns, "run-1", "attempt-1", "snapshot", "hardlink.json"))
+
+    kept = within(90, lambda: _collect(kube, ns, job, tmp_path), "collection to end")
+
+    assert not [str(p) for p, data in _everything_written(tmp_path / "evidence") if HOST_MARKER in data]
+    reasons = {miss.name: miss.reason for miss in kept.manifest.missing}
+    expected = {"coredumps/core.leak": "symbolic link", "coredumps/core.pipe": "FIFO",
+                "coredumps/core.sparse": "apparent size", "snapshot/leak.json": "symbolic link",
+                "snapshot/hostdir": "symbolic link", "snapshot/hardlink.json": "hard link"}
+    if os.geteuid() == 0:
+        expected["coredumps/core.zero"] = "device"
+    for name, word in expected.items():
+        assert word in reasons.get(name, ""), f"{name}: {reasons.get(name)!r}; missing: {reasons}"
+    odd = [item for item in kept.manifest.items if item.original_name == f"coredumps/{ODD_NAME}"]
+    assert len(odd) == 1 and odd[0].name == "coredumps/%1B[31mred%E2%80%AEexe.core"
+    assert all(item.name.isprintable() and item.key.isprintable() for item in kept.manifest.items)
+    assert all(miss.name.isprintable() and miss.reason.isprintable() for miss in kept.manifest.missing)
+    skipped = {entry["name"]: entry["reason"] for entry in kept.json("checkpoints.json").get("skipped", [])}
+    assert "FIFO" in skipped["step-000009.pt"] and "symbolic link" in skipped["step-000005.pt"]
+    facts = read_triage_facts(kept.store, "run-1", 1, tmp_path / "triage")
+    assert classify(facts.signals()).category is Category.CODE_ERROR
+
+
+def test_a_checkpoint_folder_of_thousands_of_shards_keeps_the_volumes_evidence(
+    kube: KubeApi, ns: str, tmp_path: Path,
+) -> None:
+    script = ("import os\n"
+              "ck = os.environ['TRAINGUARD_CHECKPOINT_DIR']\n"
+              "os.makedirs(ck + '/step-000100', exist_ok=True)\n"
+              "for i in range(3000):\n"
+              "    open(ck + '/step-000100/model-%05d-of-03000-tensor-parallel-rank-07.safetensors' % i, 'wb')"
+              ".write(b'w')\n"
+              "print('step 100 loss 0.1', flush=True)\n"
+              "raise SystemExit(1)\n")
+    job = trainguard_job(kube, ns, script)
+    _failed(kube, ns, job)
+
+    kept = _collect(kube, ns, job, tmp_path)
+
+    assert b"step 100 loss" in kept.read("logs/train-run-1-attempt-1.log"), kept.why("volume")
+    assert "crash-report.json" in kept.items and "snapshot/env.json" in kept.items
+    assert len(kept.json("checkpoints.json")["files"]) == 3000

@@ -26,7 +26,7 @@ from trainguard.core.backends import workspace_evidence
 from trainguard.core.backends.base import (
     COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
 )
-from trainguard.core.backends.kubernetes import evidence, manifests, zipapp
+from trainguard.core.backends.kubernetes import collector, evidence, manifests, zipapp
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotFound
 from trainguard.core.backends.kubernetes.supervise import (
@@ -63,6 +63,8 @@ class KubeSettings:
     failed_job_ttl_seconds: int = 86400
     lister_timeout_seconds: float = 60.0
     local_root: str | None = None  # where triage facts and logs are kept on the flow's machine
+    # what the collector pod copies of the attempt's folder, by apparent size (a sparse file counts whole)
+    evidence_copy_budget_bytes: int = collector.DEFAULT_BUDGET_BYTES
 
 
 class KubernetesBackend:
@@ -156,7 +158,8 @@ class KubernetesBackend:
             extra.setdefault("kubernetes/outcome.json", json.dumps(shown, indent=2).encode())
         manifest = evidence.collect_kubernetes_evidence(
             self.api, self.namespace, ref.name, ref.run_id, ref.attempt, store, extra=extra,
-            log_dir=self.local_dir(ref.run_id, ref.attempt), pod=outcome.instance if outcome else None)
+            log_dir=self.local_dir(ref.run_id, ref.attempt), pod=outcome.instance if outcome else None,
+            copy_budget_bytes=self.settings.evidence_copy_budget_bytes)
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:

@@ -5,7 +5,9 @@ members into items (``logs/train-…log``, ``crash-report.json``, ``snapshot/…
 lists the checkpoints, and records as missing, with the reason, everything the local collector
 would expect and the volume did not hold: so `trainguard evidence show` reads a Kubernetes attempt
 as it reads a local one. Files are streamed from the tar to spool files; nothing is held whole in
-memory.
+memory. Names are the collector's printable spellings (the job's own spelling is kept in the
+manifest as the original name), every file but a core dump is masked, and a file the collector
+could send only in part is stored up to where it was whole and listed as cut.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from trainguard_entrypoint import safefiles
 from trainguard_entrypoint.files import read_json_object, read_tail_lines
 
 from trainguard.core.backends import workspace
@@ -58,14 +61,23 @@ def _log_item(s: Scene) -> str:
     return f"{workspace.LOGS}/{workspace.log_name(s.run_id, s.attempt)}"
 
 
-def _unpack(c: ClusterWriter, s: Scene, tar_path: Path) -> set[str]:
+def _original(name: str) -> str:
+    """The name as the job spelled it, where the collector spelled it printably (else "")."""
+    original = "/".join(safefiles.original_name(segment) for segment in name.split("/"))
+    return "" if original == name else original
+
+
+def _unpack(c: ClusterWriter, s: Scene, tar_path: Path, cut: dict[str, dict[str, Any]]) -> set[str]:
+    """Store each member; one the collector could send only in part (``cut``) is stored up to where it
+    was whole, and said to be cut."""
     found: set[str] = set()
     log_item = _log_item(s)
     with tarfile.open(tar_path, "r:gz") as tar:
         for index, member in enumerate(tar):
             name = _item_name(member.name)
+            shown = safefiles.safe_name(member.name)
             if not member.isfile() or name is None:
-                c.absent(f"volume/{index}", VOLUME, f"{member.name!r} skipped: not a regular file with a safe name")
+                c.absent(f"volume/{shown}", VOLUME, f"{shown} skipped: not a regular file with a name fit for a key")
                 continue
             spool = s.spool / f"volume-{index}"
             source = tar.extractfile(member)
@@ -73,9 +85,13 @@ def _unpack(c: ClusterWriter, s: Scene, tar_path: Path) -> set[str]:
                 continue
             with source, spool.open("wb") as out:
                 shutil.copyfileobj(source, out, 1024 * 1024)
+                if member.name in cut:  # the rest is zeros standing in for what could not be read
+                    out.truncate(int(cut[member.name].get("valid_bytes") or 0))
+                    c.absent(f"{name} (cut)", ENTRYPOINT, f"stored up to byte {cut[member.name].get('valid_bytes')} "
+                             f"of {member.size}: {cut[member.name].get('reason')}", _original(name))
             if not name.startswith(f"{workspace.COREDUMPS}/"):  # a core dump masked would be corrupt
                 spool = c.mask_file(spool, spool.with_suffix(".masked"))
-            c.put_file(name, spool, ENTRYPOINT)
+            c.put_file(name, spool, ENTRYPOINT, _original(name))
             found.add(name)
             if name == log_item:
                 s.volume_log = (name, spool)
@@ -164,10 +180,11 @@ def store_volume_files(c: ClusterWriter, s: Scene, *, budget_bytes: int, start_t
             meta = fetched.meta
             if fetched.tar_path is not None:
                 tar = True
-                found = _unpack(c, s, fetched.tar_path)
-                for skipped in [*meta.get("skipped", ()), *meta.get("problems", ())]:
+                problems = [p for p in meta.get("problems", ()) if isinstance(p, dict)]
+                found = _unpack(c, s, fetched.tar_path, {str(p.get("name")): p for p in problems if p.get("sent")})
+                for skipped in [*meta.get("skipped", ()), *(p for p in problems if not p.get("sent"))]:
                     name = _item_name(str(skipped.get("name"))) or "volume"
-                    c.absent(name, ENTRYPOINT, str(skipped.get("reason")))
+                    c.absent(name, ENTRYPOINT, str(skipped.get("reason")), _original(name))
     _expected(c, s, found, meta, tar)
     if tar:
         _checkpoints(c, meta)
