@@ -5,6 +5,7 @@ training command through the attempt's own Secret, and nothing trainguard keeps 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +56,29 @@ def test_secret_env_reaches_the_command_through_its_secret_and_is_kept_or_shown_
     wait_for(lambda: any("cannot log in with" in m for m in run_logs(verdict["flow_run_id"])), timeout=20,
              what="the live log in Prefect")
     assert not [m for m in run_logs(verdict["flow_run_id"]) if OPAQUE in m]
+
+
+def test_evidence_a_recovery_collects_for_a_dead_attempt_masks_its_secret_env_too(
+    kb: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from blocks import load_backend
+    from flows.recovery import recover_attempt
+    from trainguard.core.backends.base import Launch
+    from trainguard.core.masking import SECRET_NAMES_VARIABLE
+
+    value = f"opaque-{uuid.uuid4().hex}"  # this process has never seen it: only recovery can learn it
+    monkeypatch.setenv("TG_TEST_RECOVERY_SOURCE", value)
+    spec = inline("k-rec", "import os; print('with', os.environ['RUN_NOTE'], flush=True); raise SystemExit(3)",
+                  secret_env={"RUN_NOTE": "env:TG_TEST_RECOVERY_SOURCE"})
+    backend: Any = load_backend(kb["backend_block"])
+    ref = backend.provision("k-rec-1", 1)
+    # what run_training hands the backend; then the flow process dies before it collects anything
+    env = {"RUN_NOTE": value, SECRET_NAMES_VARIABLE: "RUN_NOTE"}
+    assert backend.run(ref, Launch(run_id="k-rec-1", attempt=1, command=tuple(spec["command"]), env=env)).exit_code == 3
+    params = {"spec": spec, "run_id": "k-rec-1", "attempt": 1, "backend_block": kb["backend_block"],
+              "evidence_block": kb["evidence_block"]}
+    found = recover_attempt(params, "k-rec-1", "the flow pod was killed")
+    assert found["items"]
+    evidence = kb["evidence"] / "runs" / "k-rec-1" / "attempt-1"
+    assert "with ***" in next(evidence.glob("kubernetes/pods/*/logs/train.log")).read_text()
+    assert not [str(p) for p in evidence.rglob("*") if p.is_file() and value.encode() in p.read_bytes()]
