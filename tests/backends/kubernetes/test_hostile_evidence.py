@@ -171,6 +171,26 @@ def test_an_attempt_folder_replaced_by_a_symlink_is_not_followed_by_the_collecto
     assert "symbolic link" in kept.why("logs/train-run-1-attempt-1.log"), kept.missing
 
 
+def test_a_checkpoint_folder_replaced_by_a_symlink_is_not_listed(
+    kube: KubeApi, sim: kubesim.fixture.Sim, ns: str, tmp_path: Path,
+) -> None:
+    job = trainguard_job(kube, ns, "print('step 1 loss 2.0'); raise SystemExit(1)")
+    _failed(kube, ns, job)
+    host = tmp_path / "host-models"
+    host.mkdir()
+    (host / "step-000999-host-only.pt").write_bytes(HOST_MARKER)
+    folder = Path(sim.root) / "pvc" / ns / f"{ns}-checkpoints" / "run-1"
+    folder.rename(folder.with_name("run-1-moved"))
+    folder.symlink_to(host)
+
+    kept = _collect(kube, ns, job, tmp_path)
+
+    listing = kept.json("checkpoints.json")
+    assert listing["files"] == [] and "symbolic link" in listing["absent"]
+    assert not [str(p) for p, data in _everything_written(tmp_path / "evidence") if b"host-only" in data]
+    assert "crash-report.json" in kept.items  # the attempt folder itself is still read
+
+
 # A pod's folder is a bind mount: a hard link from it to a host file fails (EXDEV). Another run's
 # file on the same volume is what a hard link can reach; the test makes that one from outside.
 _LINK = 'os.link(host, os.path.join(snap, "hardlink.json"))'
