@@ -144,6 +144,6 @@ def _seconds(value: object) -> str:
 def _json(store: EvidenceStore, key: str) -> dict[str, Any] | None:
     try:
         data = json.loads(store.get_bytes(key))
-    except (EvidenceNotFound, ValueError):
+    except (EvidenceNotFound, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
