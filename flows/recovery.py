@@ -73,7 +73,7 @@ def kept_verdict(params: dict[str, Any], run_id: str) -> AttemptSummary | None:
     try:
         store = load_evidence(params.get("evidence_block"))
         data = json.loads(store.get_bytes(f"{manifest.attempt_prefix(run_id, int(params['attempt']))}/verdict.json"))
-    except (EvidenceNotFound, ValueError, OSError) as exc:
+    except (EvidenceNotFound, ValueError, OSError, RecursionError) as exc:
         logger.debug("no verdict kept for %s attempt %s: %s", run_id, params.get("attempt"), exc)
         return None
     return AttemptSummary.from_dict(data) if isinstance(data, dict) and data.get("decision") else None

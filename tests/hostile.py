@@ -26,26 +26,32 @@ from trainguard.core.stores.base import EvidenceStore
 T = TypeVar("T")
 ODD_NAME = "\x1b[31mred\u202eexe.core"
 HOST_MARKER = b"HOST-ONLY-BYTES-5f1e"
+SECRET = "sekr1t-value-9d2c"  # the job's HF_TOKEN, which it prints
+SHAPED = "hf_" + "Q" * 34  # a token it prints, masked by its shape
 
 HOSTILE_TRAINER = r"""
 import os, stat, sys
 host = sys.argv[1]
+rank = int(os.environ.get("SLURM_PROCID", "0"))
 ws, ck = os.environ["TRAINGUARD_WORKSPACE"], os.environ["TRAINGUARD_CHECKPOINT_DIR"]
 cores, snap = os.path.join(ws, "coredumps"), os.path.join(ws, "snapshot")
 for folder in (cores, snap, ck):
     os.makedirs(folder, exist_ok=True)
-with open(os.path.join(ck, "step-000001.pt"), "wb") as f:
-    f.write(b"weights-1")
+print(f"rank {rank} HF_TOKEN=" + os.environ.get("HF_TOKEN", "") + " token hf_" + "Q" * 34, flush=True)
+if rank == 0:
+    with open(os.path.join(ck, "step-000001.pt"), "wb") as f:
+        f.write(b"weights-1")
+    os.symlink(host, os.path.join(ck, "step-000005.pt"))
+    os.mkfifo(os.path.join(ck, "step-000009.pt"))
+    if os.geteuid() == 0:
+        os.mknod(os.path.join(ck, "step-000007.pt"), stat.S_IFCHR | 0o600, os.makedev(1, 5))
 os.symlink(host, os.path.join(cores, "core.leak"))
 os.symlink(host, os.path.join(snap, "leak.json"))
 os.symlink(os.path.dirname(host), os.path.join(snap, "hostdir"))
 os.link(host, os.path.join(snap, "hardlink.json"))
-os.symlink(host, os.path.join(ck, "step-000005.pt"))
-os.mkfifo(os.path.join(ck, "step-000009.pt"))
 os.mkfifo(os.path.join(cores, "core.pipe"))
 if os.geteuid() == 0:
     os.mknod(os.path.join(cores, "core.zero"), stat.S_IFCHR | 0o600, os.makedev(1, 5))
-    os.mknod(os.path.join(ck, "step-000007.pt"), stat.S_IFCHR | 0o600, os.makedev(1, 5))
 with open(os.path.join(cores, "core.sparse"), "wb") as f:
     f.truncate(10 * 1024 ** 4)
 with open(os.path.join(cores, "\x1b[31mred\u202eexe.core"), "wb") as f:
@@ -86,14 +92,16 @@ def within(seconds: float, action: Callable[[], T], what: str) -> T:
 
 
 def check_evidence(manifest: Manifest, store: EvidenceStore, evidence_root: Path, prefix: str) -> None:
-    """No host bytes, no FIFO or device content, within budget, printable keys, each refusal with its reason."""
+    """No host bytes, no secret, no FIFO or device content, within budget, printable keys, each refusal with why."""
     for folder, _, files in os.walk(evidence_root):
         for name in files:
             path = Path(folder) / name
             info = path.lstat()
             assert stat.S_ISREG(info.st_mode), f"{path} is not a regular file in the evidence"
             assert info.st_size < 16 * 1024 * 1024, f"{path} holds {info.st_size} bytes"
-            assert HOST_MARKER not in path.read_bytes(), f"{path} holds the host file's bytes"
+            data = path.read_bytes()
+            assert HOST_MARKER not in data, f"{path} holds the host file's bytes"
+            assert SECRET.encode() not in data and SHAPED.encode() not in data, f"{path} holds a secret"
     keys = store.list_keys(prefix + "/")
     assert keys and all(key.isprintable() for key in keys), [k for k in keys if not k.isprintable()]
     assert all(item.name.isprintable() and item.key.isprintable() for item in manifest.items)

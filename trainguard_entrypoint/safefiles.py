@@ -8,7 +8,7 @@ it also runs as prepended source or from the entrypoint zipapp, in a pod with on
 
 The API (kept stable; the collectors of every backend call it):
 
-``open_regular(path, root=None, *, allow_hardlinks=False) -> BinaryIO``
+``open_regular(path, root=None, *, allow_hardlinks=False) -> io.BufferedReader``
     Opens ``path`` for reading only if ``lstat`` says it is a regular file, with ``O_NOFOLLOW |
     O_NONBLOCK | O_NOCTTY`` (non-blocking is cleared once open), then checks with ``fstat`` that
     the open file is that same regular file, that it has one link (unless ``allow_hardlinks``) and,
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import os
 import stat
 import time
@@ -73,9 +74,6 @@ class Refused(OSError):
     def __init__(self, kind: str, reason: str) -> None:
         super().__init__(reason)
         self.kind, self.reason = kind, reason
-
-    def __str__(self) -> str:
-        return self.reason
 
 
 @dataclass(frozen=True)
@@ -173,7 +171,7 @@ def _check_open(fd: int, path: str, before: os.stat_result | None, root: str | o
 
 
 def open_regular(path: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, *,
-                 allow_hardlinks: bool = False) -> BinaryIO:
+                 allow_hardlinks: bool = False) -> io.BufferedReader:
     """Open ``path`` for reading if it is a regular file inside ``root``, never following a link.
 
     Raises:
@@ -193,7 +191,7 @@ def open_regular(path: str | os.PathLike[str], root: str | os.PathLike[str] | No
         fd = os.open(name, _READ_FLAGS)
     except OSError as exc:
         raise _refusal("unreadable", name, f"cannot open: {exc.strerror or exc}") from None
-    try:
+    try:  # O_NONBLOCK kept a FIFO swapped in since lstat from blocking the open; fstat tells it
         _check_open(fd, name, before, root, allow_hardlinks)
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from hostile import HOSTILE_TRAINER, check_evidence, host_file, within
+from hostile import HOSTILE_TRAINER, SECRET, check_evidence, host_file, within
 
 from trainguard.core import triage
 from trainguard.core.backends.base import Launch
@@ -24,7 +24,8 @@ def test_a_job_that_plants_links_fifos_devices_sparse_files_and_escapes_ends_as_
     secret = host_file(tmp_path / "host")
     backend = LocalBackend(tmp_path / "work", grace_seconds=2.0)
     ref = backend.provision("hostile-1", 1)
-    launch = Launch("hostile-1", 1, (sys.executable, "-c", HOSTILE_TRAINER, str(secret)), deadline_seconds=120)
+    launch = Launch("hostile-1", 1, (sys.executable, "-c", HOSTILE_TRAINER, str(secret)), env={"HF_TOKEN": SECRET},
+                    deadline_seconds=120)
     started = time.monotonic()
 
     outcome = within(150, lambda: backend.run(ref, launch, on_line=lambda line: None), "the attempt to end")

@@ -172,8 +172,10 @@ def _no_crash_report_reason(runner: dict[str, Any] | None, write_failures: Seque
     return f"the entrypoint wrote no crash report; runner: {runner_says}"
 
 
-def _collect_log(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, masker: masking.Masker) -> None:
-    name = f"logs/{ws.log_path.name}"
+def _collect_log(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, masker: masking.Masker,
+                 log_name: str | None = None) -> None:
+    log_name = log_name or ws.log_path.name
+    name = f"logs/{log_name}"
     try:
         os.lstat(ws.log_path)
     except OSError:
@@ -181,7 +183,7 @@ def _collect_log(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, masker:
         c.absent("crash-tail.txt", WORKSPACE, "no log to take the tail of")
         return
     log = JobFile(ws.log_path, ws.root, "log", masker=masker, cut=True)
-    c.guarded(name, ENTRYPOINT, lambda: jobfiles.put(c, "logs", ws.log_path.name, ENTRYPOINT, log))
+    c.guarded(name, ENTRYPOINT, lambda: jobfiles.put(c, "logs", log_name, ENTRYPOINT, log))
 
     def tail() -> None:
         lines = [masker.for_people(line)
@@ -215,21 +217,23 @@ def _failure_of(what: str, write_failures: Sequence[str]) -> str | None:
 
 
 def _collect_reports(
-    c: BundleWriter, ws: AttemptWorkspace, runner: dict[str, Any] | None, write_failures: Sequence[str],
-    masker: masking.Masker,
+    c: BundleWriter, ws: AttemptWorkspace, own: AttemptWorkspace, runner: dict[str, Any] | None,
+    write_failures: Sequence[str], masker: masking.Masker,
 ) -> None:
-    report = _report_file(ws, masker)
+    """The entrypoint's crash report (from where the job wrote) and the runner's own (the attempt's)."""
     if os.path.lexists(ws.crash_report_path):
+        report = _report_file(ws, masker)
         c.guarded("crash-report.json", ENTRYPOINT,
                   lambda: jobfiles.put(c, "", "crash-report.json", ENTRYPOINT, report(ws.crash_report_path)))
     else:
         c.absent("crash-report.json", ENTRYPOINT, _no_crash_report_reason(runner, write_failures))
-    if os.path.lexists(ws.runner_report_path):
-        c.guarded("runner.json", RUNNER, lambda: jobfiles.put(c, "", "runner.json", RUNNER, report(ws.runner_report_path)))
+    if os.path.lexists(own.runner_report_path):
+        runner_file = _report_file(own, masker)(own.runner_report_path)
+        c.guarded("runner.json", RUNNER, lambda: jobfiles.put(c, "", "runner.json", RUNNER, runner_file))
     elif failed := _failure_of("runner.json", write_failures):
         c.absent("runner.json", RUNNER, failed)
     else:
-        why = f"no such file: {jobfiles.shown(ws.runner_report_path)} (not run by the local runner, or it was killed)"
+        why = f"no such file: {jobfiles.shown(own.runner_report_path)} (not run by the local runner, or it was killed)"
         c.absent("runner.json", RUNNER, why)
 
 
@@ -275,7 +279,8 @@ def _collect_checkpoints(c: BundleWriter, ws: AttemptWorkspace) -> None:
     c.guarded(name, WORKSPACE, copy)
 
 
-def _collect_extra(c: BundleWriter, extra: Mapping[str, bytes] | None) -> None:
+def put_extra(c: BundleWriter, extra: Mapping[str, bytes] | None) -> None:
+    """Store the flow's own items by name (e.g. ``classification.json``); a bad one is a missing item."""
     for name, data in (extra or {}).items():
         c.guarded(str(name), FLOW, partial(_put_extra, c, name, data))
 
@@ -314,23 +319,33 @@ def collect_local_evidence(
         write_failures: What the runner could not write in the workspace (a full disk), one line
             each, so the manifest says why those files are absent.
     """
-    masker = masker or masking.current()
     c = BundleWriter(store, attempt_prefix(workspace.run_id, workspace.attempt), now, budget)
-    crash = read_json_object(workspace.crash_report_path, workspace.root)
+    collect_workspace(c, workspace, masker=masker or masking.current(), write_failures=write_failures)
+    c.guarded("extra", WORKSPACE, lambda: put_extra(c, extra))
+    manifest = Manifest(workspace.run_id, workspace.attempt, now().isoformat(), tuple(c.items), tuple(c.missing))
+    return store_manifest(store, manifest, WORKSPACE)
+
+
+def collect_workspace(c: BundleWriter, workspace: AttemptWorkspace, *, masker: masking.Masker,
+                      files: AttemptWorkspace | None = None, write_failures: Sequence[str] = ()) -> None:
+    """Put what the entrypoint and the job left (reports, log, snapshots, checkpoint, cores) through ``c``.
+
+    ``files`` is where they lie when that is not ``workspace``'s own folder (a Slurm attempt that
+    continues an earlier attempt's job); they are named as ``workspace``'s. Never raises.
+    """
+    ws = files or workspace
+    crash = read_json_object(ws.crash_report_path, ws.root)
     runner = read_json_object(workspace.runner_report_path, workspace.root)
     why_absent = (
         _no_crash_report_reason(runner, write_failures) if crash is None
         else "the entrypoint could not write it (see the crash report's problems)"
     )
     steps: list[tuple[str, Callable[[], None]]] = [
-        ("crash-report.json", lambda: _collect_reports(c, workspace, runner, write_failures, masker)),
-        ("logs", lambda: _collect_log(c, workspace, why_absent, masker)),
-        ("snapshot", lambda: _collect_snapshots(c, workspace, why_absent, masker)),
-        ("checkpoint", lambda: _collect_checkpoints(c, workspace)),
-        ("coredumps", lambda: _collect_coredumps(c, workspace, crash, masker)),
-        ("extra", lambda: _collect_extra(c, extra)),
+        ("crash-report.json", lambda: _collect_reports(c, ws, workspace, runner, write_failures, masker)),
+        ("logs", lambda: _collect_log(c, ws, why_absent, masker, workspace.log_path.name)),
+        ("snapshot", lambda: _collect_snapshots(c, ws, why_absent, masker)),
+        ("checkpoint", lambda: _collect_checkpoints(c, ws)),
+        ("coredumps", lambda: _collect_coredumps(c, ws, crash, masker)),
     ]
     for name, step in steps:
         c.guarded(name, WORKSPACE, step)
-    manifest = Manifest(workspace.run_id, workspace.attempt, now().isoformat(), tuple(c.items), tuple(c.missing))
-    return store_manifest(store, manifest, WORKSPACE)

@@ -1,14 +1,19 @@
 """The evidence folder: the evidence-store seam over a local (or mounted) folder, one file per key.
 
 The default store, and the one a full disk threatens: it sets space aside (`reserve`) for the few
-small objects that must not be lost. What a key may be, and the seam itself, are ``base``'s.
+small objects that must not be lost. It is also a folder the training job's user can write: an
+object is only ever read from a regular file of its own inside the folder (through `safefiles`),
+so a link, a FIFO or a hard link put in an object's place is refused, never followed or waited on.
+What a key may be, and the seam itself, are ``base``'s.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +26,7 @@ from trainguard.core.stores.base import EvidenceNotFound, EvidenceStoreError, Ob
 _CHUNK_BYTES = 1024 * 1024
 _PAGE_BYTES = 4096
 _OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_MAX_LISTED = 100_000_000  # a listing is bounded by what the folder holds, not by a limit of ours
 
 
 class LocalEvidenceStore:
@@ -130,35 +136,41 @@ class LocalEvidenceStore:
             raise
         return StoredItem(key, sha256, size)
 
-    def get_bytes(self, key: str) -> bytes:
-        """The object under ``key``; raises `EvidenceNotFound` when there is none."""
+    def _open(self, key: str) -> io.BufferedReader:
+        """The object under ``key``, opened only if it is a regular file of the store's own."""
         path = self._path(key)
         try:
-            return path.read_bytes()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
-            raise EvidenceNotFound(f"no evidence under {key!r} in {self.root}") from exc
+            return safefiles.open_regular(path, self.root)
+        except safefiles.Refused as exc:
+            if exc.kind == "missing" or not os.path.lexists(path) or exc.kind == "directory":
+                raise EvidenceNotFound(f"no evidence under {key!r} in {self.root}") from exc
+            raise EvidenceStoreError(f"{key!r} in {self.root} is not read: {exc.reason}") from exc
+
+    def get_bytes(self, key: str) -> bytes:
+        """The object under ``key``; raises `EvidenceNotFound` when there is none."""
+        try:
+            with self._open(key) as handle:
+                return handle.read()
         except OSError as exc:
             raise EvidenceStoreError(f"cannot read {key!r} in {self.root}: {exc.strerror or exc}") from exc
 
     def exists(self, key: str) -> bool:
-        """Whether an object (a file, not a folder) exists under ``key``."""
-        return self._path(key).is_file()
+        """Whether an object (a regular file, not a folder or a link) exists under ``key``."""
+        try:
+            return stat.S_ISREG(os.lstat(self._path(key)).st_mode)
+        except OSError:
+            return False
 
     def list_keys(self, prefix: str) -> list[str]:
-        """Sorted keys starting with ``prefix``; in-flight temporary files are never listed."""
+        """Sorted keys starting with ``prefix``: regular files only; in-flight temporary files never listed."""
         start = self.root
         folder_part = prefix.rpartition("/")[0]
         if folder_part:
             start = self.root.joinpath(*validate_key(folder_part).split("/"))
-        if not start.is_dir():
-            return []
         keys: list[str] = []
-        for folder, dirnames, filenames in os.walk(start):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for name in filenames:
-                if name.startswith("."):
-                    continue
-                key = (Path(folder) / name).relative_to(self.root).as_posix()
+        for entry in safefiles.walk(start, self.root, max_entries=_MAX_LISTED):
+            if entry.kind == safefiles.FILE:
+                key = (Path(entry.path)).relative_to(self.root).as_posix()
                 if key.startswith(prefix):
                     keys.append(key)
         return sorted(keys)
@@ -170,23 +182,12 @@ class LocalEvidenceStore:
 
     def head(self, key: str) -> ObjectInfo:
         """The file's size; a folder keeps no checksum, so verifying means reading."""
-        try:
-            stat = self._path(key).stat()
-        except FileNotFoundError as exc:
-            raise EvidenceNotFound(f"no evidence under {key!r} in {self.root}") from exc
-        except OSError as exc:
-            raise EvidenceStoreError(f"cannot read {key!r} in {self.root}: {exc.strerror or exc}") from exc
-        return ObjectInfo(key, stat.st_size, "")
+        with self._open(key) as handle:
+            return ObjectInfo(key, os.fstat(handle.fileno()).st_size, "")
 
     def read_chunks(self, key: str) -> Iterator[bytes]:
         """The file in 1 MiB chunks."""
-        try:
-            handle = self._path(key).open("rb")
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
-            raise EvidenceNotFound(f"no evidence under {key!r} in {self.root}") from exc
-        except OSError as exc:
-            raise EvidenceStoreError(f"cannot read {key!r} in {self.root}: {exc.strerror or exc}") from exc
-        with handle:
+        with self._open(key) as handle:
             yield from _chunks(handle)
 
     def delete(self, key: str) -> None:
