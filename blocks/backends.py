@@ -12,6 +12,7 @@ from pydantic import Field
 
 from blocks.factories import local_backend
 from trainguard.core.backends.base import Backend
+from trainguard.core.backends.jobfiles import DEFAULT_CORE_DUMP_BUDGET_BYTES, DEFAULT_EVIDENCE_BUDGET_BYTES, Budget
 
 
 class LocalProcessBackend(Block):
@@ -34,7 +35,21 @@ class LocalProcessBackend(Block):
         default=None, title="Python",
         description="Interpreter that runs the container entrypoint; defaults to the flow's own.",
     )
+    evidence_budget_bytes: int = Field(
+        default=DEFAULT_EVIDENCE_BUDGET_BYTES, ge=0, title="Evidence budget (bytes)",
+        description="At most this much of what the training job left (logs, reports, snapshots, the newest "
+                    "checkpoint, core dumps) is copied into the evidence per attempt, counted by apparent size, "
+                    "so a sparse 10 TB file costs what it claims. What does not fit stays in the work folder "
+                    "and is listed as missing with its size; a log over it is cut there.",
+    )
+    core_dump_budget_bytes: int = Field(
+        default=DEFAULT_CORE_DUMP_BUDGET_BYTES, ge=0, title="Core dump budget (bytes)",
+        description="Core dumps together, within the evidence budget; a core over it stays in the work folder "
+                    "(listed as missing with its size). Cores are copied whole, holes kept, or not at all.",
+    )
 
     def backend(self) -> Backend:
         """The local-process adapter this block describes."""
-        return local_backend(self.work_root, self.grace_seconds, self.python)
+        return local_backend(self.work_root, self.grace_seconds, self.python,
+                             budget=Budget(total_bytes=self.evidence_budget_bytes,
+                                           core_dump_bytes=self.core_dump_budget_bytes))

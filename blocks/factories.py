@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from trainguard.core.backends.base import Backend
+from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.local.backend import LocalBackend
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.stores.folder import LocalEvidenceStore
@@ -22,8 +23,10 @@ def evidence_folder(root: str | Path) -> EvidenceStore:
     return LocalEvidenceStore(Path(root).expanduser().resolve())
 
 
-def local_backend(work_root: str | Path, grace_seconds: float = 10.0, python: str | None = None) -> Backend:
+def local_backend(work_root: str | Path, grace_seconds: float = 10.0, python: str | None = None,
+                  budget: Budget | None = None) -> Backend:
     """The local-process backend over ``work_root``."""
     backend: Backend = LocalBackend(work_root=Path(work_root).expanduser().resolve(),
-                                    grace_seconds=grace_seconds, python=python or sys.executable)
+                                    grace_seconds=grace_seconds, python=python or sys.executable,
+                                    budget=budget or Budget())
     return backend

@@ -83,6 +83,16 @@ class KubernetesJobBackend(Block):
         description="The claim holding each attempt's folder when the attempt volume is pvc.")
     attempt_host_path: str = Field(default="/var/lib/trainguard/attempts", title="Attempt volume host path",
         description="The node folder holding each attempt's folder when the attempt volume is hostPath.")
+    mount_whole_attempt_volume: bool = Field(
+        default=False, title="Mount every run's attempt folders",
+        description="Off (the default): the training pod mounts only its own attempt folder (a subPath), so a job "
+        "cannot read or rewrite other runs' raw logs and crash reports. On: the whole attempt volume at "
+        "/trainguard/attempts, read-write, for jobs that must read other attempts' files (and storage that "
+        "cannot do subPath mounts).")
+    mount_service_account_token: bool = Field(
+        default=False, title="Mount the service-account token in the training pod",
+        description="Off (the default): automountServiceAccountToken is false, since training never calls the "
+        "Kubernetes API. On: the pod's service account decides, for training code that needs the API.")
     checkpoint_claim: str = Field(default="trainguard-checkpoints", title="Checkpoint claim (PVC)",
                                   description="Shared by every attempt of a run; each run has its own folder.")
     fail_job_exit_codes: list[int] = Field(default_factory=lambda: [2, 126, 127], title="Exit codes that fail the Job at once",
@@ -94,6 +104,11 @@ class KubernetesJobBackend(Block):
         description="How long a pod may stay unschedulable before the attempt ends as unschedulable.")
     start_error_seconds: float = Field(default=60.0, ge=0, title="Wait on image pull / start errors (s)",
         description="How long a pod may fail to pull its image or start before the attempt ends.")
+    evidence_copy_budget_bytes: int = Field(
+        default=256 * 1024 * 1024, ge=0, title="Attempt folder copy budget (bytes)",
+        description="What the collector pod copies of the attempt's folder (log, crash report, snapshots, core "
+        "dumps), counted by apparent size, so a sparse file counts whole. A file over what is left (a large "
+        "core dump) stays on the attempt volume and the evidence says where.")
     local_root: str | None = Field(default=None, title="Local folder for triage facts",
                                    description="On the flow's machine; a temporary folder when empty.")
 
@@ -133,11 +148,13 @@ class KubernetesJobBackend(Block):
             job_template=self.job_template,
             attempt_volume=AttemptVolume(self.attempt_volume, self.attempt_claim, self.attempt_host_path),
             checkpoint_claim=self.checkpoint_claim, fail_job_exit_codes=tuple(self.fail_job_exit_codes),
-            python=self.python,
+            python=self.python, attempt_sub_path=not self.mount_whole_attempt_volume,
+            automount_service_account_token=self.mount_service_account_token,
         )
         return KubeSettings(job=job, unschedulable_seconds=self.unschedulable_seconds,
                             start_error_seconds=self.start_error_seconds,
-                            failed_job_ttl_seconds=self.failed_job_ttl_seconds, local_root=self.local_root)
+                            failed_job_ttl_seconds=self.failed_job_ttl_seconds, local_root=self.local_root,
+                            evidence_copy_budget_bytes=self.evidence_copy_budget_bytes)
 
     def backend(self) -> KubernetesBackend:
         """The Kubernetes Job adapter this block describes."""

@@ -14,6 +14,7 @@ from typing import Literal
 from prefect.blocks.core import Block
 from pydantic import Field
 
+from trainguard.core.backends.jobfiles import DEFAULT_CORE_DUMP_BUDGET_BYTES, DEFAULT_EVIDENCE_BUDGET_BYTES, Budget
 from trainguard.core.backends.slurm.client import SlurmClient
 from trainguard.core.backends.slurm.backend import SlurmBackend as SlurmAdapter
 from trainguard.core.backends.slurm.job import JobSettings
@@ -88,6 +89,19 @@ class SlurmBackend(Block):
         "ControllerUnreachable, with the evidence it can still collect (the job may run on and be adopted later).",
     )
 
+    evidence_budget_bytes: int = Field(
+        default=DEFAULT_EVIDENCE_BUDGET_BYTES, ge=0, title="Evidence budget (bytes)",
+        description="At most this much of what the job left (logs of every task, reports, snapshots, the "
+                    "job's stdout and stderr, the newest checkpoint, core dumps) is copied into the evidence per "
+                    "attempt, counted by apparent size, so a sparse 10 TB file costs what it claims. What does "
+                    "not fit stays on the shared folder and is listed as missing with its size; a log is cut.",
+    )
+    core_dump_budget_bytes: int = Field(
+        default=DEFAULT_CORE_DUMP_BUDGET_BYTES, ge=0, title="Core dump budget (bytes)",
+        description="Core dumps of all tasks together, within the evidence budget; a core over it stays on the "
+                    "shared folder (listed as missing with its size). Cores are copied whole, holes kept.",
+    )
+
     def backend(self) -> SlurmAdapter:
         """The Slurm adapter this block describes."""
         env = {**os.environ, "SLURM_CONF": self.slurm_conf} if self.slurm_conf else None
@@ -102,4 +116,5 @@ class SlurmBackend(Block):
             shared_folder=Path(self.shared_folder).expanduser().resolve(), settings=settings,
             python=self.python or sys.executable, client=SlurmClient(env=env, timeout_seconds=self.command_timeout_seconds),
             poll_max_seconds=self.poll_max_seconds, controller_timeout_seconds=self.controller_timeout_seconds,
+            budget=Budget(total_bytes=self.evidence_budget_bytes, core_dump_bytes=self.core_dump_budget_bytes),
         )

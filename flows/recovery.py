@@ -5,9 +5,9 @@ and the other finds it done (`attempt_lock` makes them take turns when they fire
 on one machine): the verdict the flow kept beside its evidence is read back, a training process (or
 Job) still running without its supervisor is stopped (through the backend, when it can), and
 evidence the flow never collected is collected through the backend's own collector, before the stop
-where the stop would remove it (`StopsOrphans.evidence_first`). The backend is the one the attempt
-ran on (`blocks.backend_reference`). Each step is best effort and says what it did; none of them
-raises.
+where the stop would remove it (`StopsOrphans.evidence_first`), masked with the run's secret_env
+resolved again. The backend is the one the attempt ran on (`blocks.backend_reference`). Each step is
+best effort and says what it did; none of them raises.
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ from prefect.exceptions import MissingContextError
 from prefect.logging import get_logger, get_run_logger
 
 from blocks import backend_reference, load_backend, load_evidence
+from blocks.secrets import SecretEnvError, resolve_secret_env
 from tasks.report import publish_run_report
 from trainguard.core.evidence import manifest
 from trainguard.core.reports import progress
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef, StopsOrphans
+from trainguard.core.spec import parse_spec
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
 
 logger = get_logger("trainguard.recovery")
@@ -71,7 +73,7 @@ def kept_verdict(params: dict[str, Any], run_id: str) -> AttemptSummary | None:
     try:
         store = load_evidence(params.get("evidence_block"))
         data = json.loads(store.get_bytes(f"{manifest.attempt_prefix(run_id, int(params['attempt']))}/verdict.json"))
-    except (EvidenceNotFound, ValueError, OSError) as exc:
+    except (EvidenceNotFound, ValueError, OSError, RecursionError) as exc:
         logger.debug("no verdict kept for %s attempt %s: %s", run_id, params.get("attempt"), exc)
         return None
     return AttemptSummary.from_dict(data) if isinstance(data, dict) and data.get("decision") else None
@@ -83,6 +85,7 @@ def recover_attempt(params: dict[str, Any], run_id: str, why: str) -> dict[str, 
     Returns the evidence figures (`location`, `items`, `missing`) and `stopped`, what was stopped.
     """
     attempt = int(params.get("attempt", 1))
+    _mask_secret_env(params)
     backend = load_backend(backend_reference(params.get("backend_block"), params.get("spec")))
     ref = backend.provision(run_id, attempt)  # finds the attempt's place again; creates nothing new
     # Stop first where the stop leaves evidence behind (a local crash report); collect first where
@@ -102,6 +105,15 @@ def recover_attempt(params: dict[str, Any], run_id: str, why: str) -> dict[str, 
     if evidence_first:
         stopped = _stop_orphan(backend, ref)
     return {**found, "stopped": stopped, "progress": progress_marks}
+
+
+def _mask_secret_env(params: dict[str, Any]) -> None:
+    """Resolve the run's secret_env again, only so that what recovery keeps masks it as the dead flow would
+    have (the raw log on the cluster or the work folder holds whatever the command printed)."""
+    try:
+        resolve_secret_env(dict(parse_spec(params.get("spec") or {}).secret_env))
+    except (SecretEnvError, ValueError) as exc:
+        _log().warning("secret_env could not be resolved to mask it in the recovered evidence: %s", exc)
 
 
 def keep_verdict(params: dict[str, Any], summary: AttemptSummary) -> None:

@@ -3,19 +3,24 @@
 Where the kernel writes a core is decided by ``/proc/sys/kernel/core_pattern``: a relative pattern
 (``core``, ``core.%p``) means the crashed process's cwd, an absolute one a fixed folder, and a
 pattern starting with ``|`` hands the core to a program outside our reach. This module reads that
-policy, raises ``RLIMIT_CORE`` and explains, in one line, whenever no core is kept.
+policy, raises ``RLIMIT_CORE`` and explains, in one line, whenever no core is kept. The command
+can plant files where its core would go, so only a fresh regular file is taken for a core, and it
+is moved without following a link (a copy across file systems keeps its holes, through `safefiles`).
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import re
 import resource
-import shutil
 import signal
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from trainguard_entrypoint import safefiles
 
 CORE_PATTERN_PATH = Path("/proc/sys/kernel/core_pattern")
 CORE_USES_PID_PATH = Path("/proc/sys/kernel/core_uses_pid")
@@ -29,6 +34,7 @@ CORE_SIGNALS = frozenset(
 )
 
 _SPECIFIER = re.compile(r"%(.)")
+_COPY_SECONDS = 600.0  # a core copied across file systems; beyond that it stays where the kernel wrote it
 
 
 @dataclass(frozen=True)
@@ -135,40 +141,71 @@ def collect_core_files(
     if reason is not None:
         return [], reason
     pattern = core_glob(policy, pid=pid, cwd=cwd, signal_number=signal_number)
-    found = [p for p in glob.glob(pattern) if _is_fresh_file(p, not_before)]
+    refused: list[str] = []
+    found = [p for p in glob.glob(pattern) if _is_fresh_core(p, not_before, refused)]
     if not found:
+        not_kept = f"; not taken for a core: {'; '.join(refused)}" if refused else ""
         if not core_dumped:
             return [], (
                 f"the kernel dumped no core for {signal_name(signal_number)} (check RLIMIT_CORE, "
-                f"the process's dumpable flag and core_pattern {policy.pattern!r})"
+                f"the process's dumpable flag and core_pattern {policy.pattern!r}){not_kept}"
             )
-        return [], f"the kernel reported a core dump but no file matched {pattern!r}"
+        return [], f"the kernel reported a core dump but no file matched {pattern!r}{not_kept}"
     dest.mkdir(parents=True, exist_ok=True)
+    if not stat.S_ISDIR(os.lstat(dest).st_mode):
+        return [], f"{safefiles.safe_name(str(dest))} is not a folder (a link?): the core stays at {found[0]}"
     moved: list[str] = []
     problems: list[str] = []
     for source in sorted(found):
         target = _free_name(dest, Path(source).name)
         try:
-            shutil.move(source, target)
+            _move(source, target)
             moved.append(target.name)
         except OSError as exc:
             problems.append(f"cannot move {source} to {target}: {exc.strerror or exc}")
     return moved, ("; ".join(problems) or None) if not moved else None
 
 
-def _is_fresh_file(path: str, not_before: float) -> bool:
+def _is_fresh_core(path: str, not_before: float, refused: list[str]) -> bool:
+    """A regular file, linked once, written since the command started: what the kernel writes."""
     try:
-        stat = os.stat(path)
+        info = os.lstat(path)
     except OSError:
         return False
     # one second of slack: some filesystems store mtime with coarse granularity
-    return os.path.isfile(path) and stat.st_mtime >= not_before - 1.0
+    if info.st_mtime < not_before - 1.0:
+        return False
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        refused.append(f"{safefiles.safe_name(path)} is not a regular file of its own")
+        return False
+    return True
+
+
+def _move(source: str, target: Path) -> None:
+    """Rename ``source`` (never following a link); across file systems, copy it keeping its holes."""
+    try:
+        os.rename(source, target)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    with safefiles.open_regular(source) as handle:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                copied = safefiles.copy(handle, out, keep_holes=True, timeout_seconds=_COPY_SECONDS)
+            if not copied.complete:
+                raise OSError(f"the copy was cut short ({copied.reason}); the core stays at {source}")
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+    os.unlink(source)
 
 
 def _free_name(folder: Path, name: str) -> Path:
     target = folder / name
     counter = 1
-    while target.exists():
+    while os.path.lexists(target):
         target = folder / f"{name}.{counter}"
         counter += 1
     return target

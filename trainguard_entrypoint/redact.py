@@ -34,21 +34,31 @@ SECRET_NAMES_VARIABLE = "TRAINGUARD_SECRET_NAMES"
 # Shorter values ("1", "true", "cpu") would mask half the log; CI systems draw the same line.
 MIN_MASKED_LENGTH = 6
 
+# No rule matches more than this many characters of a token, an assigned value or a run of blanks,
+# so text can be masked in bounded windows that overlap by `_REACH` (`MaskingStream`) with exactly
+# the result of masking it whole. Real tokens are under 256 characters; of a longer run, the first
+# 4096 characters are masked.
+MAX_TOKEN_CHARS = 4096
+_MAX_BLANKS = 256
+_REACH = 2 * MAX_TOKEN_CHARS  # > the longest match of any rule but the values, plus one character after it
+_CONTEXT = 128  # > how far before a match its acceptance looks (a name's start, a URL's scheme)
+
 # Strings that are secrets by their shape alone, wherever they appear. Every pattern starts with a
 # literal, so the regex engine finds candidates by fast substring search, whatever the line's
 # length; the word boundary a token needs before it is checked in Python, on the few matches, so
 # no rule scans the text position by position. The ``secret`` group is what becomes ``***``.
+_T = "," + str(MAX_TOKEN_CHARS) + "}"
 _SHAPE_RULES: tuple[tuple[re.Pattern[str], bool], ...] = tuple(
     (re.compile(pattern), bounded) for pattern, bounded in (
         (r"(?P<secret>(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16})\b", True),  # AWS key ids
-        (r"(?P<secret>hf_[A-Za-z0-9]{20,})", True),  # Hugging Face
-        (r"(?P<secret>gh[pousr]_[A-Za-z0-9]{20,})", True),  # GitHub
-        (r"(?P<secret>github_pat_[A-Za-z0-9_]{20,})", True),
-        (r"(?P<secret>xox[abposr]-[A-Za-z0-9-]{10,})", True),  # Slack tokens
-        (r"hooks\.slack\.com/(?P<secret>(?:services|workflows|triggers)/[A-Za-z0-9_/+-]+)", False),  # webhooks
-        (r"(?P<secret>sk-(?:proj-)?[A-Za-z0-9_-]{20,})", True),  # OpenAI-style API keys
-        (r"(?P<secret>glpat-[A-Za-z0-9_-]{20,})", True),  # GitLab
-        (r"(?P<secret>wandb_v1_[A-Za-z0-9_]{20,})", True),  # Weights & Biases
+        (r"(?P<secret>hf_[A-Za-z0-9]{20" + _T + ")", True),  # Hugging Face
+        (r"(?P<secret>gh[pousr]_[A-Za-z0-9]{20" + _T + ")", True),  # GitHub
+        (r"(?P<secret>github_pat_[A-Za-z0-9_]{20" + _T + ")", True),
+        (r"(?P<secret>xox[abposr]-[A-Za-z0-9-]{10" + _T + ")", True),  # Slack tokens
+        (r"hooks\.slack\.com/(?P<secret>(?:services|workflows|triggers)/[A-Za-z0-9_/+-]{1" + _T + ")", False),
+        (r"(?P<secret>sk-(?:proj-)?[A-Za-z0-9_-]{20" + _T + ")", True),  # OpenAI-style API keys
+        (r"(?P<secret>glpat-[A-Za-z0-9_-]{20" + _T + ")", True),  # GitLab
+        (r"(?P<secret>wandb_v1_[A-Za-z0-9_]{20" + _T + ")", True),  # Weights & Biases
     )
 )
 # NAME=value, NAME: value, "name": "value", spelled in any of the cases names are: matched from a
@@ -58,10 +68,11 @@ _SHAPE_RULES: tuple[tuple[re.Pattern[str], bool], ...] = tuple(
 # Possessive runs: giving back a name character can never make a separator appear, so a candidate
 # that fails costs one forward scan, not a backtrack.
 _NAME_MAX = 64
+_BLANKS = r"[ \t]{0," + str(_MAX_BLANKS) + "}"
 _ASSIGNMENT = re.compile(
     r"(?P<name>(?:" + "|".join(f"{p}|{p.lower()}|{p.capitalize()}" for p in SECRET_NAME_PARTS) + r")"
     r"[A-Za-z0-9_]{0," + str(_NAME_MAX) + r"}+)"
-    r"[\"']?[ \t]*[=:][ \t]*[\"']?(?P<secret>[^\s\"',;]{" + str(MIN_MASKED_LENGTH) + r",})"
+    r"[\"']?" + _BLANKS + "[=:]" + _BLANKS + r"[\"']?(?P<secret>[^\s\"',;]{" + str(MIN_MASKED_LENGTH) + _T + ")"
 )
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 # CSI (colours, cursor moves), OSC (titles, hyperlinks; ended by BEL or ST), other two-byte ESC
@@ -69,6 +80,7 @@ _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 _CONTROL = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[P^_][^\x1b]*(?:\x1b\\)?"
     r"|\x1b[@-Z\\-_]?|\x9b[0-?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+    r"|[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"  # bidi marks, overrides and isolates reorder what is shown
 )
 
 # scheme://user:password@host -> scheme://user:***@host. The password stops at '@' or whitespace:
@@ -167,6 +179,7 @@ class Masker:
         # longest first, so a secret that contains another is masked whole
         ordered = sorted(self.values, key=len, reverse=True)
         self._values = re.compile("|".join(re.escape(v) for v in ordered)) if ordered else None
+        self._longest = len(ordered[0]) if ordered else 0
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], extra: Iterable[str] = ()) -> Masker:
@@ -198,21 +211,86 @@ class Masker:
         """Masked and without terminal control sequences: text fit for a tail, a table or a report."""
         return self.mask(strip_control(text))
 
+    def stream(self) -> MaskingStream:
+        """A `MaskingStream` that masks text fed in pieces exactly as `mask` masks it whole."""
+        passes = [_Pass(self._values, _anywhere, self._longest, merge=False)] if self._values is not None else []
+        passes += [_Pass(pattern, _starts_word if bounded else _anywhere, _REACH) for pattern, bounded in _SHAPE_RULES]
+        passes += [_Pass(_ASSIGNMENT, _secret_assignment, _REACH), _Pass(_URL_PASSWORD, _scheme_before, _REACH)]
+        return MaskingStream(passes)
+
+
+class MaskingStream:
+    """Masks text fed in pieces (a log with a gigabyte line) in bounded memory, as `Masker.mask` would.
+
+    Each rule runs as a pass over the output of the one before, as in `Masker.mask`. A pass settles
+    its text up to `_REACH` characters (the values' pass: the longest value) before the end of what
+    it holds, since no match starting earlier can reach further, and keeps `_CONTEXT` characters
+    of what it settled for the look back a match's acceptance takes; so a secret that straddles
+    two pieces is masked as if the text were whole. Holds about a piece plus 10 KiB a rule.
+    """
+
+    def __init__(self, passes: list[_Pass]) -> None:
+        self._passes = passes
+
+    def feed(self, text: str) -> str:
+        """The masked text that is settled once ``text`` is added (possibly "")."""
+        for one in self._passes:
+            text = one.feed(text, final=False)
+        return text
+
+    def close(self) -> str:
+        """The rest, masked: call once at the end."""
+        text = ""
+        for one in self._passes:
+            text = one.feed(text, final=True)
+        return text
+
+
+class _Pass:
+    """One rule over a stream of text: what it holds back, and how its last masked span ended."""
+
+    def __init__(self, pattern: re.Pattern[str], accept: Callable[[str, re.Match[str]], bool], reach: int,
+                 merge: bool = True) -> None:
+        self.pattern, self.accept, self.reach, self.merge = pattern, accept, reach + 1, merge
+        self.context, self.pending, self.joined = "", "", False
+
+    def feed(self, text: str, final: bool) -> str:
+        self.pending += text
+        if not final and len(self.pending) <= self.reach:
+            return ""
+        buffer, start = self.context + self.pending, len(self.context)
+        stop = None if final else len(buffer) - self.reach
+        spans, position = _find_spans(buffer, self.pattern, self.accept, start, stop)
+        cut = len(buffer) if final else max(stop or 0, position)
+        out = _masked(buffer[start:cut], [(a - start, b - start) for a, b in spans], self.merge)
+        if self.merge and self.joined and spans and spans[0][0] == start:
+            out = out[len(REDACTED):]  # it touches the span the last piece ended with: one "***" for both
+        self.joined = bool(spans) and spans[-1][1] == cut
+        self.context, self.pending = buffer[max(start, cut - _CONTEXT):cut], buffer[cut:]
+        return out
+
 
 def _mask_matches(text: str, pattern: re.Pattern[str], accept: Callable[[str, re.Match[str]], bool]) -> str:
-    """``text`` with the ``secret`` group of every accepted match of ``pattern`` masked.
+    """``text`` with the ``secret`` group of every accepted match of ``pattern`` masked."""
+    spans, _ = _find_spans(text, pattern, accept, 0, None)
+    return _masked(text, spans) if spans else text
+
+
+def _find_spans(text: str, pattern: re.Pattern[str], accept: Callable[[str, re.Match[str]], bool], position: int,
+                stop: int | None) -> tuple[list[tuple[int, int]], int]:
+    """The ``secret`` (else whole) spans of the accepted matches starting before ``stop``, and where to go on.
 
     A rejected match is retried from its next character, so a token inside it is still found.
     """
     spans: list[tuple[int, int]] = []
-    position = 0
-    while found := pattern.search(text, position):
+    group = "secret" if "secret" in pattern.groupindex else 0
+    while (found := pattern.search(text, position)) and (stop is None or found.start() < stop):
         if accept(text, found):
-            spans.append(found.span("secret"))
+            spans.append(found.span(group))
             position = max(found.end(), found.start() + 1)
         else:
             position = found.start() + 1
-    return _masked(text, spans) if spans else text
+    return spans, position
 
 
 def _scheme_before(text: str, found: re.Match[str]) -> bool:
@@ -247,12 +325,12 @@ def _secret_assignment(text: str, found: re.Match[str]) -> bool:
     return len(name) <= _NAME_MAX and not _word_before(text, start) and is_secret_name(name)
 
 
-def _masked(text: str, spans: list[tuple[int, int]]) -> str:
-    """``text`` with each span (overlapping ones merged) replaced by ``***``."""
+def _masked(text: str, spans: list[tuple[int, int]], merge: bool = True) -> str:
+    """``text`` with each span replaced by ``***`` (spans that overlap or touch as one, with ``merge``)."""
     pieces: list[str] = []
     done = 0
     for start, end in sorted(spans):
-        if pieces and start <= done:
+        if merge and pieces and start <= done:
             done = max(done, end)  # overlaps or touches the span masked just before
             continue
         pieces += [text[done:start], REDACTED]

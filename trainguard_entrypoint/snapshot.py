@@ -12,6 +12,7 @@ import platform
 import resource
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from typing import Any
 from trainguard_entrypoint import REPORT_FORMAT
 from trainguard_entrypoint.files import utc_now_iso, write_bytes_atomic, write_json_atomic
 from trainguard_entrypoint.redact import redact_environment
+from trainguard_entrypoint.safefiles import safe_name
 
 DRIVER_VERSION_PATH = Path("/proc/driver/nvidia/version")
 CORE_PATTERN_PATH = Path("/proc/sys/kernel/core_pattern")
@@ -142,7 +144,7 @@ def snapshot_gpu(
         timeout_seconds: How long one command may take; a wedged driver hangs ``nvidia-smi``.
         driver_version_path: The kernel driver's version file.
     """
-    dest.mkdir(parents=True, exist_ok=True)
+    _own_folder(dest)
     captures: list[Capture] = []
     for name, argv in GPU_COMMANDS:
         try:
@@ -155,6 +157,19 @@ def snapshot_gpu(
         captures.append(Capture("driver-version.txt", str(driver_version_path), None, f"{type(exc).__name__}: {exc}"))
     write_json_atomic(dest / "index.json", gpu_index(captures))
     return captures
+
+
+def _own_folder(dest: Path) -> None:
+    """Make ``dest``; refuse it when it, or the folder it is in, is a link the command left there.
+
+    The second GPU snapshot is written after the command ran, and writes through its link would
+    land wherever it points.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    for folder in (dest.parent, dest):
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            raise OSError(f"{safe_name(str(folder))} is not a folder of its own (the command left a link there); "
+                          "not written")
 
 
 def gpu_index(captures: Sequence[Capture]) -> dict[str, Any]:

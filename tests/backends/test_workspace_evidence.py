@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.workspace_evidence import collect_local_evidence, newest_checkpoints
 from trainguard.core.backends.local.runner import LocalProcessRunner
 from trainguard.core.evidence.manifest import Manifest, read_manifest, verify_manifest
@@ -132,7 +133,7 @@ def test_a_failure_on_one_item_is_recorded_and_the_others_are_still_collected(wo
     reasons = _reasons(manifest)
     assert reasons["snapshot/env.json"].startswith("could not collect: EvidenceStoreError: ")
     assert "No space left on device" in reasons["snapshot/env.json"]
-    assert reasons["coredumps/core.dangling"].startswith("could not collect: EvidenceStoreError: cannot read")
+    assert reasons["coredumps/core.dangling"].endswith("core.dangling: a symbolic link, not followed")
     assert "'..' is not allowed" in reasons["bad/../name"]
     assert {"crash-report.json", "runner.json", "snapshot/host.json", "classification.json"} <= _names(manifest)
     assert verify_manifest(store, manifest) == []
@@ -151,9 +152,10 @@ def test_a_manifest_that_cannot_be_stored_is_reported_in_the_returned_manifest(w
 def test_the_newest_checkpoint_over_the_limit_is_listed_but_not_copied(workspace, store) -> None:
     (workspace.checkpoint_dir / "step-000010.pt").write_bytes(b"x" * 2048)
 
-    manifest = collect_local_evidence(workspace, store, checkpoint_copy_limit_bytes=1024)
+    manifest = collect_local_evidence(workspace, store, budget=Budget(checkpoint_bytes=1024))
 
-    assert "2048 bytes, over the 1024-byte copy limit" in _reasons(manifest)["checkpoint/step-000010.pt"]
+    assert "2048 bytes (apparent size), over the checkpoint budget (1024 bytes left of 1024)" in \
+        _reasons(manifest)["checkpoint/step-000010.pt"]
     assert "checkpoints.json" in _names(manifest)
 
 

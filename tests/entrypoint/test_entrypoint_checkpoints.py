@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path
+
+from entrypoint_harness import py
 
 from trainguard_entrypoint.checkpoints import list_checkpoints
 
@@ -39,3 +42,32 @@ def test_nested_checkpoint_files_are_listed_with_relative_names_and_digests(tmp_
     assert entry["name"] == "step-10/shards/rank0.bin"
     assert (entry["size_bytes"], entry["sha256"]) == (2, hashlib.sha256(b"r0").hexdigest())
     assert entry["mtime"].endswith("+00:00")
+
+
+def test_links_fifos_and_devices_in_the_checkpoint_folder_are_skipped_with_why_and_never_read(tmp_path: Path) -> None:
+    host = tmp_path / "host-secret"
+    host.write_bytes(b"host bytes")
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / "step-1.pt").write_bytes(b"w1")
+    (folder / "step-2.pt").symlink_to(host)
+    os.mkfifo(folder / "step-3.pt")  # hashing it would wait for a writer forever
+    if os.geteuid() == 0:
+        os.mknod(folder / "step-4.pt", stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero: endless
+
+    listing = list_checkpoints(folder)
+
+    assert [f["name"] for f in listing["files"]] == ["step-1.pt"]
+    skipped = {entry["name"]: entry["kind"] for entry in listing["skipped"]}
+    assert skipped["step-2.pt"] == "symlink" and skipped["step-3.pt"] == "fifo"
+    assert skipped.get("step-4.pt", "device") == "device"
+
+
+def test_a_fifo_left_in_the_checkpoint_folder_does_not_hold_up_the_entrypoint(run_entrypoint, tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    code = f"import os; os.makedirs({str(folder)!r}); os.mkfifo({str(folder / 'step-9.pt')!r}); raise SystemExit(3)"
+
+    run = run_entrypoint(py(code), "--checkpoint-dir", str(folder), timeout=60)
+
+    assert run.returncode == 3
+    assert run.report["checkpoints"]["skipped"][0]["kind"] == "fifo"

@@ -79,3 +79,18 @@ def test_a_second_core_with_the_same_name_does_not_overwrite_the_first(tmp_path:
     assert names == ["core.1"]
     assert (dest / "core").read_bytes() == b"first"
 
+
+
+def test_a_link_or_a_fifo_the_command_planted_where_its_core_goes_is_not_taken_for_a_core(tmp_path: Path) -> None:
+    cwd, host = tmp_path / "cwd", tmp_path / "host-secret"
+    cwd.mkdir()
+    host.write_bytes(b"host bytes")
+    (cwd / "core.77").symlink_to(host)
+    os.mkfifo(cwd / "core")
+
+    for pattern, planted in (("core.%p", "core.77"), ("core", "core")):
+        names, reason = collect_core_files(_policy(pattern), pid=77, cwd=cwd, signal_number=11, exit_code=139,
+                                           core_dumped=True, dest=tmp_path / "coredumps", not_before=0.0)
+
+        assert names == [] and not (tmp_path / "coredumps" / planted).exists()
+        assert reason is not None and f"{planted} is not a regular file of its own" in reason

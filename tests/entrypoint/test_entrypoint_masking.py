@@ -87,3 +87,28 @@ def test_a_secret_containing_another_is_masked_whole() -> None:
 def test_control_bytes_are_removed_but_tabs_are_kept() -> None:
     assert strip_control("a\tb\x07c\x1b[2Jd\x9b31me\r") == "a\tbcde"
     assert json.dumps(strip_control("\x1bP1;2|payload\x1b\\ok")) == '"ok"'
+
+
+def _streamed(masker: Masker, text: str, sizes: list[int]) -> str:
+    stream, out, index = masker.stream(), [], 0
+    while index < len(text):
+        size = sizes[len(out) % len(sizes)]
+        out.append(stream.feed(text[index:index + size]))
+        index += size
+    return "".join(out) + stream.close()
+
+
+@pytest.mark.parametrize("sizes", [[1 << 20], [7, 65536, 3], [4093, 4099, 8191]])
+def test_a_long_line_masked_in_pieces_is_masked_exactly_as_whole_even_where_a_secret_straddles_a_piece(sizes) -> None:
+    masker = Masker([SECRET, "v" * 9000])
+    pieces = ["x" * 4090, SECRET, "y" * 8187, "HF_TOKEN=hf_" + "a" * 40, "z" * 70000, " API_KEY = 'p4ssw0rd!' ",
+              "q" * 4095, "ghp_" + "b" * 36 + "c" * 5, WEBHOOK, "v" * 9000, "w" * 12000, f"url http://u:{SECRET}@h",
+              "hf_" + "t" * 5000, SECRET + SECRET, "TOKENIZER_NAME=bert-base-uncased"]
+    text = "".join(pieces) * 3
+
+    assert _streamed(masker, text, sizes) == masker.mask(text)
+    assert SECRET not in masker.mask(text) and "p4ssw0rd!" not in masker.mask(text)
+
+
+def test_bidi_overrides_and_isolates_are_stripped_for_people() -> None:
+    assert strip_control("evil\u202eexe.txt\u2066x\u2069") == "evilexe.txtx"

@@ -141,3 +141,26 @@ def test_without_space_set_aside_a_lost_manifest_and_verdict_are_reported_not_ra
     assert [item.name for item in manifest.missing] == ["manifest.json"]
     assert storage_failures(manifest)[0].startswith("evidence manifest.json: could not store the manifest")
     assert problem is not None and problem.startswith("verdict.json could not be stored") and "No space" in problem
+
+
+def test_an_original_name_is_kept_only_where_the_printable_name_differs_and_older_manifests_still_read() -> None:
+    odd = ManifestItem("coredumps/%1B[31mcore", "runs/r1/attempt-1/coredumps/%1B[31mcore", "0" * 64, 4, "entrypoint",
+                       "2026-01-01T00:00:00+00:00", original_name="coredumps/\x1b[31mcore")
+    plain = ManifestItem("crash-report.json", "runs/r1/attempt-1/crash-report.json", "1" * 64, 2, "entrypoint",
+                         "2026-01-01T00:00:00+00:00")
+    gone = MissingItem("snapshot/%E2%80%AEx", "entrypoint", "a symbolic link, not followed", "snapshot/\u202ex")
+    manifest = Manifest("r1", 1, "2026-01-01T00:00:00+00:00", (odd, plain), (gone,))
+
+    text = manifest.to_json()
+
+    assert Manifest.from_json(text) == manifest
+    assert text.count('"original_name"') == 2 and "\x1b" not in text and "\u202e" not in text
+    older = text.replace(',\n      "original_name": "coredumps/\\u001b[31mcore"', "").replace(
+        ',\n      "original_name": "snapshot/\\u202ex"', "")
+    assert "original_name" not in older
+    assert Manifest.from_json(older).items[0].original_name == ""
+
+
+def test_a_manifest_nested_beyond_reading_is_a_one_line_manifest_error() -> None:
+    with pytest.raises(ManifestError, match="nested too deeply"):
+        Manifest.from_json("[" * 100_000 + "]" * 100_000)

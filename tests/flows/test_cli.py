@@ -96,3 +96,22 @@ def test_the_table_counts_attempts_against_the_budget_the_retry_message_names(pr
     assert "2 of 2 attempts used" in result.stdout
     table = result.stdout[result.stdout.index("trainguard run cli-budget-"):]
     assert "2/2" in table and "/3" not in table, table
+
+
+@pytest.mark.parametrize("text", [
+    "name: deep\ncommand: " + "[" * 100_000 + "]" * 100_000 + "\n",
+    "name: deep\ncommand: [python]\nenv: " + "{a: " * 100_000 + "b" + "}" * 100_000 + "\n",
+    '{"name": "deep", "command": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    "name: deep\ncommand:\n" + "".join("  " * depth + "- \n" for depth in range(1, 3000)),
+])
+def test_a_spec_nested_beyond_reading_gives_one_line_and_writes_nothing(tmp_path, text):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    before = sorted(tmp_path.rglob("*"))
+
+    result = trainguard("run", str(path), cwd=tmp_path)
+
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nested" in lines[0] and str(path) in lines[0], result.stderr[-2000:]
+    assert sorted(tmp_path.rglob("*")) == before

@@ -10,12 +10,11 @@ from __future__ import annotations
 import hashlib
 import threading
 from typing import Any
-from uuid import UUID
 
 import pytest
 
 from simfixtures import sim_fixture
-from kube_helpers import GPU_FAULT, evidence_names, inline, kept, kube_blocks, pod_of, tiny
+from kube_helpers import GPU_FAULT, evidence_names, inline, kept, kube_blocks, pod_of, run_logs, tiny
 from flows.run import training_run
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.reports.attempt import render_attempt
@@ -44,16 +43,6 @@ def one_attempt(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[
     state = train_attempt(parse_spec(spec), attempt=1, run_id=run_id, backend_block=kb["backend_block"],
                           evidence_block=kb["evidence_block"], return_state=True)
     return state, [kept(kb["evidence"], run_id, 1, "verdict.json")]
-
-
-def run_logs(flow_run_id: str) -> list[str]:
-    """The messages the Prefect API holds for one flow run."""
-    from prefect import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(flow_run_id)])))
-    return [entry.message for entry in logs]
 
 
 def in_background(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[threading.Thread, list[Any]]:

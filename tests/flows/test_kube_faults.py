@@ -15,16 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from rbac_check import allowed_by_rbac, calls
 from simfixtures import sim_fixture
 from kube_helpers import evidence_names, kept, kube_blocks, pod_of, tiny
 from flows.attempt import train_attempt
 from trainguard.core.spec import parse_spec
 from waiting import wait_for
-
-RBAC = Path(__file__).resolve().parents[2] / "deployments" / "kubernetes" / "rbac.yaml"
-
 
 sim = sim_fixture()
 
@@ -37,33 +34,6 @@ def kb(sim: Any, prefect_server: str, tmp_path: Path) -> dict[str, Any]:
 def attempt(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> Any:
     return train_attempt(parse_spec(spec), attempt=1, run_id=run_id, backend_block=kb["backend_block"],
                          evidence_block=kb["evidence_block"], return_state=True)
-
-
-def allowed_by_rbac(namespace: str) -> set[tuple[str | None, str, str]]:
-    """(namespace or None for cluster scope, resource, verb) the RBAC grants; `trainguard` stands for `namespace`."""
-    docs = [doc for doc in yaml.safe_load_all(RBAC.read_text()) if doc]
-    bound = {(d["metadata"].get("namespace"), d["roleRef"]["kind"], d["roleRef"]["name"]) for d in docs
-             if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
-             and {"kind": "ServiceAccount", "name": "trainguard", "namespace": "trainguard"} in d["subjects"]}
-    allowed = set()
-    for doc in docs:
-        where = doc["metadata"].get("namespace")
-        if doc["kind"] in ("Role", "ClusterRole") and (where, doc["kind"], doc["metadata"]["name"]) in bound:
-            scope = None if where is None else namespace if where == "trainguard" else where
-            allowed |= {(scope, resource, verb) for rule in doc["rules"]
-                        for resource in rule["resources"] for verb in rule["verbs"]}
-    return allowed
-
-
-def calls(sim: Any, namespace: str) -> set[tuple[str | None, str, str]]:
-    """Every (namespace, resource, verb) requested of the API: the attempt's namespace, `default`, cluster scope."""
-    made = set()
-    for entry in sim.requests():
-        if entry.get("namespace") in (namespace, "default", None) and entry.get("resource") \
-                and entry["resource"] != "namespaces":
-            resource = entry["resource"] + (f"/{entry['subresource']}" if entry.get("subresource") else "")
-            made.add((entry.get("namespace"), resource, entry["verb"]))
-    return made
 
 
 def test_a_killed_flow_run_again_adopts_the_running_job_without_a_second_create(

@@ -153,6 +153,21 @@ def _containers_causes(spec: dict[str, Any], path: str) -> list[Cause]:
         if not c.get("image"):
             causes.append(("FieldValueRequired", f"{path}.containers[{i}].image",
                            "Required value"))
+    for key in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(key) or []):
+            for j, mount in enumerate(c.get("volumeMounts") or []):
+                causes += _sub_path_causes(str(mount.get("subPath") or ""),
+                                           f"{path}.{key}[{i}].volumeMounts[{j}].subPath")
+    return causes
+
+
+def _sub_path_causes(sub_path: str, field: str) -> list[Cause]:
+    """pkg/apis/core/validation validateLocalDescendingPath: relative, and no '..' element."""
+    causes: list[Cause] = []
+    if sub_path.startswith("/"):
+        causes.append(("FieldValueInvalid", field, f'Invalid value: "{sub_path}": must be a relative path'))
+    if ".." in sub_path.replace("\\", "/").split("/"):
+        causes.append(("FieldValueInvalid", field, f'Invalid value: "{sub_path}": must not contain \'..\''))
     return causes
 
 

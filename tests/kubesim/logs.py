@@ -88,7 +88,14 @@ def _instance(root: Path, pod: dict[str, Any], container: str,
     raise BadRequest(f'container "{container}" in pod "{name}" is waiting to start - no logs yet')
 
 
-def _parse_line(raw: str) -> tuple[str, str, bool, str] | None:
+def records(text: str) -> list[str]:
+    """The CRI records of a log file's text, each with its newline: split at "\\n" only, as the
+    kubelet does (a record's text keeps the "\\r" of a progress bar, which `splitlines` would cut)."""
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def parse_line(raw: str) -> tuple[str, str, bool, str] | None:
     parts = raw.rstrip("\n").split(" ", 3)
     if len(parts) < 3:
         return None
@@ -112,7 +119,7 @@ def render(raw_lines: list[str], query: dict[str, str]) -> str:
     stamps = query.get("timestamps", "") in ("true", "1", "True")
     out: list[str] = []
     for raw in raw_lines:
-        parsed = _parse_line(raw)
+        parsed = parse_line(raw)
         if parsed is None:
             continue
         at, _stream, partial, text = parsed
@@ -138,7 +145,8 @@ async def serve(request: web.Request, store: Store, root: Path, namespace: str,
     container = _container(pod, query.get("container"))
     previous = query.get("previous", "") in ("true", "1", "True")
     path, live = _instance(root, pod, container, previous)
-    lines = path.read_text(errors="replace").splitlines(keepends=True) if path.exists() else []
+    # bytes, then text: reading as text would turn the "\r" of a progress bar into a newline
+    lines = records(path.read_bytes().decode(errors="replace")) if path.exists() else []
     text = render(lines, query)
     # Following an instance that has already ended returns what it wrote, as for a dead runtime
     # container.
@@ -172,7 +180,7 @@ async def _follow(request: web.Request, store: Store, path: Path, pod: dict[str,
                 chunk = fh.read()
             complete = chunk[: chunk.rfind(b"\n") + 1]
             offset += len(complete)
-            lines = complete.decode(errors="replace").splitlines(keepends=True)
+            lines = records(complete.decode(errors="replace"))
             await response.write(render(lines, passthrough).encode())
         if done:
             break

@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 from typing import TYPE_CHECKING, Any
 
-from kubesim import runtime, sidecars
+from kubesim import logs, runtime, sidecars
 from kubesim.store import timestamp
 
 if TYPE_CHECKING:
@@ -260,16 +261,21 @@ def terminated(worker: PodWorker, c: ContainerState, result: runtime.Exit) -> di
 def termination_message(worker: PodWorker, c: ContainerState, exit_code: int) -> str:
     container_dir = worker.dir / c.name
     with contextlib.suppress(OSError):
-        text = (container_dir / "termination-log").read_text()[:4096]
+        text = (container_dir / "termination-log").read_bytes()[:4096].decode(errors="replace")
         if text:
             return text
     policy = c.spec.get("terminationMessagePolicy", "File")
     if policy != "FallbackToLogsOnError" or exit_code == 0:
         return ""
     try:
-        lines = (container_dir / f"{c.restart_count}.log").read_text().splitlines()
+        with (container_dir / f"{c.restart_count}.log").open("rb") as log:
+            start = max(0, log.seek(0, os.SEEK_END) - 256 * 1024)  # the end is all the message needs
+            log.seek(start)
+            found = logs.records(log.read().decode(errors="replace"))[1 if start else 0:]
     except OSError:
         return ""
-    # kubelet: the last 80 lines, at most 2 KiB, message part of each CRI line only.
-    tail = "\n".join(line.split(" ", 3)[-1] for line in lines[-80:])
-    return tail[-2048:]
+    # kubelet: the last 80 lines, at most 2 KiB, message part of each CRI record only (partial
+    # records joined to their line).
+    parsed = [r for r in map(logs.parse_line, found) if r is not None]
+    tail = "".join(r[3] + ("" if r[2] else "\n") for r in parsed)
+    return "\n".join(tail.rstrip("\n").split("\n")[-80:])[-2048:]

@@ -1,7 +1,8 @@
 """Local-process container runtime for kubesim's kubelets.
 
 What belongs here: starting one container instance as a host process in its own
-process group, writing its stdout/stderr as a CRI-format log file, enforcing its
+process group, writing its stdout/stderr as a CRI-format log file (lines over 16 KiB, and a
+line still being written, as partial records), enforcing its
 memory limit (a cgroup v1/v2 memory controller where one is writable, else an RSS
 watchdog), keeping core files (RLIMIT_CORE unlimited, cwd = the container's folder),
 and stopping it the way a container runtime does (SIGTERM, grace, SIGKILL).
@@ -28,6 +29,9 @@ from kubesim import mounts
 log = logging.getLogger("kubesim.runtime")
 
 _CGROUP_FS = Path("/sys/fs/cgroup")
+# containerd's max_container_log_line_size: a longer line is split into partial (P) records that
+# the log endpoint joins again.
+MAX_LOG_LINE_BYTES = 16 * 1024
 # The shell joins the cgroup before exec so the workload is limited from its first
 # allocation, and raises RLIMIT_CORE so crashes leave a core file in the cwd.
 # In a private mount namespace it then binds each volume at its real mountPath and enters
@@ -244,13 +248,24 @@ class Container:
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
-                self._write(name, line)
+                self._write_line(name, line)
+            # A line that does not end yet is written as it comes, in partial records, as
+            # containerd does: its followers see a progress bar without waiting for a newline.
+            while len(pending) >= MAX_LOG_LINE_BYTES:
+                self._write(name, pending[:MAX_LOG_LINE_BYTES], partial=True)
+                pending = pending[MAX_LOG_LINE_BYTES:]
         if pending:
             self._write(name, pending)
 
-    def _write(self, stream: bytes, line: bytes) -> None:
+    def _write_line(self, stream: bytes, line: bytes) -> None:
+        while len(line) > MAX_LOG_LINE_BYTES:
+            self._write(stream, line[:MAX_LOG_LINE_BYTES], partial=True)
+            line = line[MAX_LOG_LINE_BYTES:]
+        self._write(stream, line)
+
+    def _write(self, stream: bytes, line: bytes, partial: bool = False) -> None:
         stamp = rfc3339nano().encode()
-        self._log_file.write(stamp + b" " + stream + b" F " + line + b"\n")
+        self._log_file.write(stamp + b" " + stream + (b" P " if partial else b" F ") + line + b"\n")
         self._log_file.flush()
 
     async def _watch_rss(self, limit_bytes: int) -> None:

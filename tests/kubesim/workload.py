@@ -325,12 +325,29 @@ def mount_map(container: Mapping[str, Any], folders: Mapping[str, Path],
         base = folders.get(mount["name"])
         if base is None:
             continue
-        local = base / mount["subPath"] if mount.get("subPath") else base
-        local.mkdir(parents=True, exist_ok=True)
+        local = sub_path(base, mount, str(container.get("name"))) if mount.get("subPath") else base
+        if not local.exists():
+            local.mkdir(parents=True, exist_ok=True)
         mounts[mount["mountPath"]] = local
     term_path = container.get("terminationMessagePath", "/dev/termination-log")
     mounts[term_path] = container_dir / "termination-log"
     return mounts
+
+
+def sub_path(base: Path, mount: Mapping[str, Any], container: str) -> Path:
+    """The folder (or file) a `subPath` mount binds, refusing one a symlink leads out of the volume.
+
+    The kubelet creates a missing subPath folder and resolves the path inside the volume without
+    leaving it (subpath.SafeMakeDir and PrepareSafeSubpath, the fix of CVE-2017-1002101); a path
+    that escapes through a symlink fails the container with CreateContainerConfigError, in words
+    that say nothing about the host's filesystem.
+    """
+    root = os.path.realpath(base)
+    resolved = os.path.realpath(os.path.join(root, str(mount["subPath"])))
+    if resolved != root and not resolved.startswith(root.rstrip(os.sep) + os.sep):
+        raise ConfigError(f'failed to prepare subPath for volumeMount "{mount.get("name")}" '
+                          f'of container "{container}"')
+    return Path(resolved)
 
 
 def mount_env(mounts: Mapping[str, Path]) -> dict[str, str]:

@@ -111,3 +111,21 @@ def test_tokens_are_masked_and_terminal_sequences_leave_no_text_behind(tmp_path:
         assert token not in out and "owned title" not in out and "\x1b" not in out and "\\u001b" not in out, out
     assert "RuntimeError: bad batch, token ***" in human.stdout.decode()
     assert json.loads(as_json.stdout)["signature"] == "RuntimeError: bad batch, token ***"
+
+
+def test_events_and_batch_records_nested_beyond_reading_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    events = tmp_path / "events.json"
+    events.write_text(deep)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules: " + deep + "\n")
+    cases = [
+        cli("--events", str(events), "--exit-code", "1"),
+        cli("--jsonl", "-", stdin=('{"log": "x", "events": ' + deep + "}\n").encode()),
+        cli("-", "--rules", str(rules), stdin=b"x"),
+    ]
+    for done in cases:
+        err = done.stderr.decode().strip()
+        assert done.returncode == 2, err[-2000:]
+        assert len(err.splitlines()) == 1 and err.startswith("trainguard classify: error: "), err[-2000:]
+        assert "nest" in err

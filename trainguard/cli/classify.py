@@ -202,6 +202,8 @@ def _read_events(path: str) -> tuple[Mapping[str, Any], ...] | str:
         data = json.loads(text)
     except ValueError:
         return text  # `kubectl get events` text
+    except RecursionError:
+        raise InputError(f"--events {path}: nested too deeply to read; give a list of event objects") from None
     return _events_value(data, f"--events {path}")
 
 
@@ -252,6 +254,8 @@ def _records(source: str) -> Iterator[tuple[int, dict[str, Any]]]:
             except json.JSONDecodeError as exc:
                 raise InputError(f"line {number}: not valid JSON ({exc.msg} at column "
                                  f"{exc.colno}); expected one object per line") from None
+            except RecursionError:
+                raise InputError(f"line {number}: nested too deeply to read; expected one object per line") from None
             if not isinstance(record, dict):
                 raise InputError(f"line {number}: expected a JSON object with keys log, "
                                  "exit_code, reason, events")

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 from rich.text import Text
+from trainguard_entrypoint import safefiles
 
 from trainguard.cli.typer_app import app
 from trainguard.cli.output import console, fail, plain, say
@@ -16,7 +17,7 @@ from trainguard.core.evidence import bundles
 from trainguard.core.evidence import manifest as manifests
 from blocks.factories import evidence_folder, local_backend
 from trainguard.core.backends.base import Supervises
-from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, SpoolingStore
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, EvidenceStoreError, SpoolingStore
 from trainguard.core.ids import InvalidId
 
 evidence_app = typer.Typer(help="Inspect the evidence kept for training runs.", no_args_is_help=True)
@@ -61,7 +62,7 @@ def _show_unstored(store: EvidenceStore, run_id: str, work: Path) -> None:
     if not folders:
         fail(f"no evidence for run {run_id!r} in {store.describe()}; check the run id and --root/--block")
     for folder in folders:
-        files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        files = [entry.name for entry in safefiles.walk(folder, folder) if entry.kind == safefiles.FILE]
         say(plain(f"{run_id} {folder.name}:", "bold"), " ", plain("nothing was stored (no manifest): the evidence "
             "store could not take it (a full disk?); what the attempt left is still in its work folder", "red"))
         say("  ", str(folder))
@@ -88,7 +89,7 @@ def open_store(root: Path, block: str | None, no_time_limit: bool = False) -> Ev
 def _show_attempt(store: EvidenceStore, run_id: str, attempt: int, deep: bool) -> int:
     try:
         found = manifests.read_manifest(store, run_id, attempt)
-    except (EvidenceNotFound, manifests.ManifestError) as exc:
+    except (EvidenceStoreError, manifests.ManifestError) as exc:  # EvidenceNotFound, or not a file to read
         return _show_without_manifest(store, run_id, attempt, exc)
     checked = bundles.verify(store, found, deep=deep)
     problems = [f"{name}: {problem}" for name, problem in checked.items()]
@@ -144,6 +145,6 @@ def _seconds(value: object) -> str:
 def _json(store: EvidenceStore, key: str) -> dict[str, Any] | None:
     try:
         data = json.loads(store.get_bytes(key))
-    except (EvidenceNotFound, ValueError):
+    except (EvidenceNotFound, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None

@@ -14,7 +14,9 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from trainguard_entrypoint.redact import REDACTED, SECRET_NAMES_VARIABLE, Masker, is_secret_name, strip_control
+from trainguard_entrypoint.redact import (
+    REDACTED, SECRET_NAMES_VARIABLE, Masker, declared_secret_names, is_secret_name, strip_control,
+)
 
 __all__ = [
     "REDACTED", "SECRET_NAMES_VARIABLE", "Masker", "current", "for_people", "is_secret_name", "mask_tree", "register",
@@ -33,8 +35,9 @@ def register(values: Iterable[str]) -> None:
 
 
 def register_environment(environ: Mapping[str, str]) -> None:
-    """Mask the values of every secret-looking variable of ``environ`` from now on."""
-    register(value for name, value in environ.items() if is_secret_name(name))
+    """Mask the values of every secret-looking variable of ``environ`` (and those it declares secret) from now on."""
+    declared = declared_secret_names(environ)
+    register(value for name, value in environ.items() if is_secret_name(name) or name in declared)
 
 
 def current() -> Masker:

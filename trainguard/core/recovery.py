@@ -51,7 +51,7 @@ def verdict(store: EvidenceStore, run_id: str, attempt: int) -> AttemptSummary |
     """The attempt's recorded verdict, or None if it was never judged."""
     try:
         data = json.loads(store.get_bytes(f"{attempt_prefix(run_id, attempt)}/{VERDICT}"))
-    except (EvidenceNotFound, ValueError):
+    except (EvidenceNotFound, ValueError, RecursionError):
         return None
     return AttemptSummary.from_dict(data) if isinstance(data, dict) else None
 

@@ -294,6 +294,10 @@ def _check_variable_name(name: str) -> None:
         raise ValueError(f"{name!r} is not a variable name: names cannot be empty or hold '=' or NUL; use e.g. WANDB_PROJECT")
 
 
+_TOO_DEEP = ("nested too deeply to read (deeper than the parser's limit); a run spec is a mapping of plain "
+             "values and lists a few levels deep")
+
+
 def parse_spec(data: Any, source: str = "spec") -> TrainingSpec:
     """Validate `data` as a spec, raising `SpecError` with a one-line message."""
     if isinstance(data, TrainingSpec):
@@ -302,9 +306,11 @@ def parse_spec(data: Any, source: str = "spec") -> TrainingSpec:
         raise SpecError(f"{source}: expected a mapping with at least 'name' and 'command', got {type(data).__name__}")
     try:
         spec = TrainingSpec.model_validate(data)
+        size = len(json.dumps(spec.model_dump(mode="json"), separators=(",", ":")).encode())
     except ValidationError as exc:
         raise SpecError(describe_validation_error(exc, source)) from None
-    size = len(json.dumps(spec.model_dump(mode="json"), separators=(",", ":")).encode())
+    except RecursionError:
+        raise SpecError(f"{source}: {_TOO_DEEP}") from None
     if size > MAX_SPEC_BYTES:
         biggest = max(spec.model_dump(mode="json").items(), key=lambda item: len(json.dumps(item[1])))[0]
         raise SpecError(
@@ -328,6 +334,8 @@ def load_spec(path: str | Path) -> TrainingSpec:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise SpecError(f"{path}:{where}: {problem}; fix the YAML syntax") from None
+    except RecursionError:
+        raise SpecError(f"{path}: {_TOO_DEEP}") from None
     return parse_spec(data, str(path))
 
 

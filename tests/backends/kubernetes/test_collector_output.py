@@ -17,9 +17,12 @@ import pytest
 from trainguard.core.backends.kubernetes import collector, collector_program
 
 
-def _run(workspace: Path, checkpoints: Path, budget: int = 1 << 20) -> bytes:
-    done = subprocess.run([sys.executable, "-c", collector_program.script(), str(workspace), str(checkpoints), str(budget)],
-                          capture_output=True, timeout=60, check=True)
+def _run(workspace: Path, checkpoints: Path, budget: int = 1 << 20, timeout_seconds: float = 600) -> bytes:
+    """The program as the pod runs it: each folder checked from its volume's mount point (here, its parent)."""
+    argv = [str(workspace), str(workspace.parent), str(checkpoints), str(checkpoints.parent), str(budget),
+            str(timeout_seconds)]
+    done = subprocess.run([sys.executable, "-c", collector_program.script(), *argv], capture_output=True, timeout=60,
+                          check=True)
     return done.stdout
 
 
@@ -69,8 +72,9 @@ def test_a_cut_or_rotated_output_is_refused(attempt: tuple[Path, Path], damage: 
     if damage == "cut":
         kept = lines[: len(lines) // 2]
         expected = "without its END marker"
-    else:  # the first lines after META went with a rotated log file
-        kept = lines[:1] + lines[3:]
+    else:  # the first lines of the tar went with a rotated log file
+        first = next(i for i, line in enumerate(lines) if not line.startswith(collector_program.MAGIC.encode()))
+        kept = lines[:first] + lines[first + 2:]
         expected = "cut or rotated"
     with pytest.raises(ValueError, match=expected):
         collector.decode(iter([b"".join(kept)]), io.BytesIO())

@@ -3,6 +3,7 @@ plus the rules the goldens stand for and one Job run for real on kubesim."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from pathlib import Path
@@ -14,12 +15,15 @@ from trainguard.core.backends.base import Launch
 from trainguard.core.backends.kubernetes import manifests, zipapp
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.manifests import AttemptVolume, JobSettings
+from trainguard.core.masking import SECRET_NAMES_VARIABLE
 from waiting import wait_for
 
 GOLDEN = Path(__file__).parent / "golden"
 CONFIG_MAP = "trainguard-entrypoint-0123456789ab"  # fixed, so an entrypoint change leaves goldens alone
+HF_TOKEN = "hf_GoldenFileValueNeverWritten01"
 LAUNCH = Launch(run_id="resnet-sweep-3-1a2b3c4d", attempt=2, command=("python", "train.py", "--epochs", "90"),
-                env={"WANDB_PROJECT": "sweeps"}, gpus=8, deadline_seconds=86400.5,
+                env={"WANDB_PROJECT": "sweeps", "HF_TOKEN": HF_TOKEN, "odd key!": "s3cr3t-value",
+                     SECRET_NAMES_VARIABLE: "HF_TOKEN,odd key!"}, gpus=8, deadline_seconds=86400.5,
                 resume_from="/trainguard/checkpoints/resnet-sweep-3-1a2b3c4d/step-000120.pt")
 FULL = JobSettings(
     image="ghcr.io/acme/train:1.4", namespace="ml", image_pull_policy="IfNotPresent", image_pull_secrets=("regcred",),
@@ -58,6 +62,26 @@ def test_generated_job_matches_its_golden_file(case: str) -> None:
         golden.write_text(produced)
     assert golden.exists(), f"{golden} is missing: run with TRAINGUARD_REGEN_GOLDEN=1 once and review it"
     assert produced == golden.read_text(), f"{golden.name} differs; review, then TRAINGUARD_REGEN_GOLDEN=1"
+
+
+def test_secret_env_values_go_into_the_attempts_secret_and_the_job_only_refers_to_them() -> None:
+    job = manifests.job_manifest(FULL, LAUNCH, CONFIG_MAP)
+    assert HF_TOKEN not in json.dumps(job) and "s3cr3t-value" not in json.dumps(job)
+    assert job["spec"]["suspend"] is True  # no pod before its Secret exists
+    job["metadata"]["uid"] = "0b6e4f9a-0000-4000-8000-000000000001"  # as the API server answers
+    secret = manifests.secret_manifest(FULL, LAUNCH, job)
+    assert secret is not None and secret["metadata"]["name"] == "tg-resnet-sweep-3-1a2b3c4d-a2-env"
+    assert secret["metadata"]["ownerReferences"] == [{"apiVersion": "batch/v1", "kind": "Job", "name": "tg-resnet-sweep-3-1a2b3c4d-a2",
+                                                      "uid": "0b6e4f9a-0000-4000-8000-000000000001"}]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+            if "valueFrom" in e}
+    assert set(refs) == {"HF_TOKEN", "odd key!"} and refs["HF_TOKEN"]["key"] == "HF_TOKEN"
+    assert refs["odd key!"]["key"].startswith("env-")  # not a valid Secret key as it is spelled
+    values = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert values == {"HF_TOKEN": HF_TOKEN, refs["odd key!"]["key"]: "s3cr3t-value"}
+    assert secret["immutable"] is True
+    plain = manifests.job_manifest(FULL, Launch(run_id="r", attempt=1, command=("t",), env={"A": "b"}), CONFIG_MAP)
+    assert "suspend" not in plain["spec"] and manifests.secret_manifest(FULL, Launch("r", 1, ("t",)), plain) is None
 
 
 def test_the_python_of_the_job_runs_the_entrypoint_and_the_evidence_collector_too() -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ import pytest
 from processes import alive
 
 from trainguard.core.backends.local import orphans
+from trainguard.core.backends.local.runner import LocalProcessRunner
+from trainguard.core.backends.workspace import AttemptWorkspace
 from waiting import wait_for
 
 # Ignores SIGTERM (noting that it came), starts a grandchild in its own process group, says ready.
@@ -34,12 +37,14 @@ POLITE = "import sys, time; print('ready', flush=True); time.sleep(600)"
 
 
 @pytest.fixture
-def leftovers():
-    """Starts processes in sessions of their own, as the runner starts an entrypoint; kills what remains."""
+def leftovers(tmp_path):
+    """Starts processes in sessions of their own, as the runner starts an entrypoint (its command line naming
+    the attempt's folder, tmp_path, where the record lies), or `as_other=True` not one; kills what remains."""
     started: list[subprocess.Popen[str]] = []
 
-    def start(*args: str) -> tuple[subprocess.Popen[str], str]:
-        proc = subprocess.Popen([sys.executable, "-c", *args], stdout=subprocess.PIPE, text=True,
+    def start(*args: str, as_other: bool = False) -> tuple[subprocess.Popen[str], str]:
+        entrypoint = [] if as_other else ["-m", "trainguard_entrypoint", "--workspace", str(tmp_path)]
+        proc = subprocess.Popen([sys.executable, "-c", *args, *entrypoint], stdout=subprocess.PIPE, text=True,
                                 start_new_session=True)
         started.append(proc)
         assert proc.stdout is not None
@@ -77,7 +82,7 @@ def test_a_leftover_ignoring_sigterm_gets_sigkill_to_its_whole_group_after_the_g
     now = [0.0]
 
     def sleep(_: float) -> None:  # the grace period passes once the SIGTERM was seen and ignored
-        wait_for(marker.exists, 10, "the leftover to receive SIGTERM")
+        wait_for(lambda: marker.exists() and marker.read_text() == "term", 10, "the leftover to receive SIGTERM")
         now[0] += 60
 
     result = orphans.stop_leftover(_record(tmp_path, proc.pid), grace_seconds=30, sleep=sleep, clock=lambda: now[0])
@@ -124,3 +129,51 @@ def test_a_process_that_ended_has_no_start_time():
     proc.wait()
     assert orphans.process_start_ticks(proc.pid) is None
     assert orphans.process_start_ticks(os.getpid()) is not None
+
+
+# The attempt's command rewrites its process.json, as any job can (the attempt's folder is its to
+# write), to name another process group of the user's, then waits to be stopped.
+REWRITER = """
+import json, os, sys, time
+path = os.path.join(os.environ["TRAINGUARD_WORKSPACE"], "process.json")
+record = json.load(open(path))
+victim, how = int(sys.argv[1]), sys.argv[2]
+if how == "group":
+    record["process_group"] = victim
+else:
+    stat = open(f"/proc/{victim}/stat").read()
+    record.update(entrypoint_pid=victim, process_group=victim, start_ticks=int(stat[stat.rfind(")") + 2:].split()[19]))
+json.dump(record, open(path + ".new", "w"))
+os.replace(path + ".new", path)
+print("rewritten", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["group", "pid"])
+def test_a_process_record_rewritten_by_the_job_to_name_another_group_never_gets_it_signalled(tmp_path, leftovers, how):
+    victim, _ = leftovers(POLITE, as_other=True)  # any process of the user's, leading its own group
+    workspace = AttemptWorkspace.create(tmp_path / "work", "run-1", 1)
+    lines: list[str] = []
+    runner = LocalProcessRunner(grace_seconds=1.0, on_line=lines.append)
+    attempt = threading.Thread(target=runner.run, args=([sys.executable, "-c", REWRITER, str(victim.pid), how],),
+                               kwargs={"workspace": workspace}, daemon=True)
+    attempt.start()
+    wait_for(lambda: "rewritten" in lines, 30, "the job to rewrite its process record")
+
+    result = orphans.stop_leftover(workspace.process_path, grace_seconds=1)
+
+    assert not result.stopped and "not stopped" in result.message and "rewritten" in result.message
+    assert victim.poll() is None and alive(victim.pid)
+    entrypoint = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _is_entrypoint_of(int(p), workspace.root))
+    os.killpg(entrypoint, 9)  # the attempt still runs: end it the way its own runner would
+    attempt.join(30)
+    assert not attempt.is_alive()
+
+
+def _is_entrypoint_of(pid: int, root: Path) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"trainguard_entrypoint" in argv and str(root).encode() in argv

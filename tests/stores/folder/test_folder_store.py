@@ -54,12 +54,12 @@ def test_writes_leave_no_temporary_files_behind(store) -> None:
 
 
 def test_a_write_interrupted_midway_leaves_neither_object_nor_temp_file(store) -> None:
-    def failing_chunks():
-        yield b"half of a core dump"
+    def failing_write(out):
+        out.write(b"half of a core dump")
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        store._write("runs/r1/attempt-1/coredumps/core", failing_chunks, 0)
+        store._write("runs/r1/attempt-1/coredumps/core", failing_write, 0)
 
     assert not store.exists("runs/r1/attempt-1/coredumps/core")
     assert _files_under(store.root) == []

@@ -3,7 +3,10 @@
 Everything the attempt left in its workspace is copied under ``runs/{run_id}/attempt-{n}/`` with
 stable names, and the manifest is written last. Collection runs in the flow's ``finally``, so it
 must never mask the original failure: every piece that is not there, or cannot be copied, becomes
-a `MissingItem` with the reason, never an exception. Deciding *what* failed is ``triage``'s job.
+a `MissingItem` with the reason, never an exception. The workspace is the training job's, so every
+file of it goes through ``jobfiles`` (no link followed, no FIFO or device read, a budget by
+apparent size, printable names, masked unless it is a core dump or a checkpoint). Deciding *what*
+failed is ``triage``'s job.
 """
 
 from __future__ import annotations
@@ -11,23 +14,25 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import stat
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from trainguard_entrypoint import safefiles
 from trainguard_entrypoint.checkpoints import list_checkpoints
 from trainguard_entrypoint.files import read_json_object, read_tail_lines
 
 from trainguard.core import masking
+from trainguard.core.backends import jobfiles
+from trainguard.core.backends.jobfiles import Budget, JobFile
 from trainguard.core.evidence.manifest import Manifest, ManifestItem, MissingItem, attempt_prefix, store_manifest
 from trainguard.core.stores.base import EvidenceStore, StoredItem
 from trainguard.core.backends.workspace import AttemptWorkspace
 
 CRASH_TAIL_LINES = 200
-_MASK_BLOCK_BYTES = 1024 * 1024
 ENTRYPOINT, RUNNER, WORKSPACE, FLOW = "entrypoint", "runner", "local-workspace", "flow"
 
 _IGNORED_SUFFIXES = (".tmp", ".partial")
@@ -70,58 +75,61 @@ def newest_checkpoints(checkpoint_dir: Path) -> list[Path]:
     Names carrying a step number (``step-000120.pt``) are ordered by it, then the others by
     modification time. Temporary and partial files (``*.tmp``, ``*.partial``, dot-names) are not
     checkpoints: a crash mid-save leaves exactly those behind. Nor are empty or unreadable ones,
-    which a full disk leaves: resuming from them would fail the next attempt too.
+    which a full disk leaves: resuming from them would fail the next attempt too. Nor is anything
+    that is not a regular file or a folder of the run's own (a link, a FIFO, a device): the
+    training job wrote the folder, and reading such a thing could hang or lead outside it.
     """
-    try:
-        entries = list(Path(checkpoint_dir).iterdir())
-    except OSError:
-        return []
     ranked: list[tuple[tuple[int, int, float], Path]] = []
-    for entry in entries:
-        if entry.name.startswith(".") or entry.name.endswith(_IGNORED_SUFFIXES) or not _usable(entry):
+    for entry in safefiles.walk(checkpoint_dir, checkpoint_dir, max_depth=0):
+        if entry.name.endswith(_IGNORED_SUFFIXES) or entry.kind not in (safefiles.FILE, "limit"):
+            continue  # a link, a FIFO, a device; or the folder itself missing
+        path = Path(entry.path)
+        if not _usable(path, checkpoint_dir):
             continue
         try:
-            mtime = entry.stat().st_mtime
+            mtime = path.lstat().st_mtime
         except OSError:
-            continue  # vanished, or a dangling link
+            continue  # vanished
         step = _step_number(entry.name)
-        ranked.append(((step is not None, step if step is not None else -1, mtime), entry))
+        ranked.append(((step is not None, step if step is not None else -1, mtime), path))
     ranked.sort(key=lambda pair: pair[0], reverse=True)
     return [entry for _, entry in ranked]
 
 
-def _usable(entry: Path) -> bool:
-    """Whether a checkpoint has content that can be read: a non-empty file, or a folder holding one."""
+def _usable(entry: Path, root: Path) -> bool:
+    """Whether a checkpoint has content that can be read: a non-empty regular file, or a real folder holding one."""
     try:
-        if entry.is_dir():
-            return any(_usable(child) for child in entry.iterdir() if not child.name.startswith("."))
-        with entry.open("rb") as handle:
+        if stat.S_ISDIR(entry.lstat().st_mode):
+            return any(found.kind == safefiles.FILE and _usable(Path(found.path), root)
+                       for found in safefiles.walk(entry, root))
+        with safefiles.open_regular(entry, root) as handle:
             return bool(handle.read(1))
     except OSError:
         return False
 
 
 class BundleWriter:
-    """Copies items under one attempt prefix and keeps the manifest's two lists."""
+    """Copies items under one attempt prefix and keeps the manifest's two lists (and what job files cost)."""
 
-    def __init__(self, store: EvidenceStore, prefix: str, now: Callable[[], datetime]) -> None:
+    def __init__(self, store: EvidenceStore, prefix: str, now: Callable[[], datetime], budget: Budget | None = None) -> None:
         self.store, self.prefix, self.now = store, prefix, now
         self.items: list[ManifestItem] = []
         self.missing: list[MissingItem] = []
+        self.spent = jobfiles.Spent(budget or Budget())
 
-    def _record(self, name: str, source: str, stored: StoredItem) -> None:
+    def _record(self, name: str, source: str, stored: StoredItem, original: str = "") -> None:
         stamp = self.now().isoformat()
         self.items.append(ManifestItem(name, stored.key, stored.sha256, stored.size_bytes, source, stamp,
-                                       stored.checksum_sha256))
+                                       stored.checksum_sha256, original))
 
-    def put_file(self, name: str, path: Path, source: str) -> None:
-        self._record(name, source, self.store.put_file(f"{self.prefix}/{name}", path))
+    def put_file(self, name: str, path: Path, source: str, original: str = "") -> None:
+        self._record(name, source, self.store.put_file(f"{self.prefix}/{name}", path), original)
 
     def put_bytes(self, name: str, data: bytes, source: str) -> None:
         self._record(name, source, self.store.put_bytes(f"{self.prefix}/{name}", data))
 
-    def absent(self, name: str, source: str, reason: str) -> None:
-        self.missing.append(MissingItem(name, source, reason))
+    def absent(self, name: str, source: str, reason: str, original: str = "") -> None:
+        self.missing.append(MissingItem(name, source, reason, original))
 
     def guarded(self, name: str, source: str, step: Callable[[], object]) -> None:
         """Run one collection step; whatever it raises becomes a MissingItem, and collection goes on."""
@@ -131,14 +139,24 @@ class BundleWriter:
             self.absent(name, source, f"could not collect: {type(exc).__name__}: {exc}")
 
 
-def _files(folder: Path) -> Iterator[tuple[str, Path]]:
-    """(relative "/"-name, path) of every file under ``folder``, in a stable order."""
-    for current, dirnames, filenames in os.walk(folder):
-        dirnames.sort()
-        for filename in sorted(filenames):
-            if not filename.startswith("."):  # in-flight temp files of an atomic write
-                path = Path(current) / filename
-                yield path.relative_to(folder).as_posix(), path
+def put_folder(c: BundleWriter, prefix: str, folder: Path, root: Path, source: str,
+               job_file: Callable[[Path], JobFile]) -> list[str]:
+    """Put every regular file under ``folder`` as ``prefix/<relative>``; list the rest as missing, with why.
+
+    Returns the evidence names of the files found (whether or not they could be stored).
+    """
+    found: list[str] = []
+    for entry in safefiles.walk(folder, root):
+        if entry.kind == "missing" and entry.name == "":
+            break  # no such folder: the caller says why
+        relative = entry.name or ""
+        name, original = jobfiles.evidence_name(prefix, relative) if relative else (prefix, "")
+        if entry.kind != safefiles.FILE:
+            c.absent(name, source, entry.reason, original)
+            continue
+        found.append(name)
+        c.guarded(name, source, partial(jobfiles.put, c, prefix, entry.name, source, job_file(Path(entry.path))))
+    return found
 
 
 def _no_crash_report_reason(runner: dict[str, Any] | None, write_failures: Sequence[str] = ()) -> str:
@@ -154,50 +172,43 @@ def _no_crash_report_reason(runner: dict[str, Any] | None, write_failures: Seque
     return f"the entrypoint wrote no crash report; runner: {runner_says}"
 
 
-def _put_masked_copy(c: BundleWriter, name: str, path: Path, masker: masking.Masker) -> None:
-    """Store ``path`` with every secret masked (the raw log stays on the attempt's volume).
-
-    Whole lines are masked about 1 MiB at a time: the masker's rules never reach across a line
-    end, so this gives the per-line result at a fraction of the per-call cost.
-    """
-    with tempfile.NamedTemporaryFile(prefix="trainguard-log-", suffix=".log") as masked, path.open("rb") as raw:
-        while lines := raw.readlines(_MASK_BLOCK_BYTES):
-            text = b"".join(lines).decode("utf-8", errors="surrogateescape")
-            masked.write(masker.mask(text).encode("utf-8", errors="surrogateescape"))
-        masked.flush()
-        c.put_file(name, Path(masked.name), ENTRYPOINT)
-
-
-def _collect_log(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, masker: masking.Masker) -> None:
-    name = f"logs/{ws.log_path.name}"
-    if not ws.log_path.is_file():
-        c.absent(name, ENTRYPOINT, f"no log file at {ws.log_path}: {why_absent}")
+def _collect_log(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, masker: masking.Masker,
+                 log_name: str | None = None) -> None:
+    log_name = log_name or ws.log_path.name
+    name = f"logs/{log_name}"
+    try:
+        os.lstat(ws.log_path)
+    except OSError:
+        c.absent(name, ENTRYPOINT, f"no log file at {jobfiles.shown(ws.log_path)}: {why_absent}")
         c.absent("crash-tail.txt", WORKSPACE, "no log to take the tail of")
         return
-    c.guarded(name, ENTRYPOINT, lambda: _put_masked_copy(c, name, ws.log_path, masker))
+    log = JobFile(ws.log_path, ws.root, "log", masker=masker, cut=True)
+    c.guarded(name, ENTRYPOINT, lambda: jobfiles.put(c, "logs", log_name, ENTRYPOINT, log))
 
     def tail() -> None:
-        lines = [masker.for_people(line) for line in read_tail_lines(ws.log_path, CRASH_TAIL_LINES, max_bytes=1024 * 1024)]
+        lines = [masker.for_people(line)
+                 for line in read_tail_lines(ws.log_path, CRASH_TAIL_LINES, max_bytes=1024 * 1024, root=ws.root)]
         c.put_bytes("crash-tail.txt", ("\n".join(lines) + "\n" if lines else "").encode("utf-8"), WORKSPACE)
 
     c.guarded("crash-tail.txt", WORKSPACE, tail)
 
 
-def _collect_snapshots(c: BundleWriter, ws: AttemptWorkspace, why_absent: str) -> None:
-    found: set[str] = set()
-    if ws.snapshot_dir.is_dir():
-        for relative, path in _files(ws.snapshot_dir):
-            name = f"snapshot/{relative}"
-            found.add(name)
-            c.guarded(name, ENTRYPOINT, partial(c.put_file, name, path, ENTRYPOINT))
+def _report_file(ws: AttemptWorkspace, masker: masking.Masker) -> Callable[[Path], JobFile]:
+    return lambda path: JobFile(path, ws.root, "report", jobfiles.SMALL_FILE_LIMIT_BYTES, masker)
+
+
+def _collect_snapshots(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, masker: masking.Masker) -> None:
+    found = set(put_folder(c, "snapshot", ws.snapshot_dir, ws.root, ENTRYPOINT, _report_file(ws, masker)))
     for expected in EXPECTED_SNAPSHOTS:
         if expected not in found:
             c.absent(expected, ENTRYPOINT, f"not written: {why_absent}")
     for phase in ("gpu-before", "gpu-after"):
-        index = read_json_object(ws.snapshot_dir / phase / "index.json") or {}
-        for absent in index.get("absent", []):
+        index = read_json_object(ws.snapshot_dir / phase / "index.json", ws.root) or {}
+        absent_list = index.get("absent", [])
+        for absent in absent_list if isinstance(absent_list, list) else []:
             if isinstance(absent, dict):
-                c.absent(f"snapshot/{phase}/{absent.get('name')}", ENTRYPOINT, str(absent.get("reason")))
+                name, original = jobfiles.evidence_name(f"snapshot/{phase}", str(absent.get("name")))
+                c.absent(name, ENTRYPOINT, masker.for_people(str(absent.get("reason"))), original)
 
 
 def _failure_of(what: str, write_failures: Sequence[str]) -> str | None:
@@ -206,42 +217,40 @@ def _failure_of(what: str, write_failures: Sequence[str]) -> str | None:
 
 
 def _collect_reports(
-    c: BundleWriter, ws: AttemptWorkspace, runner: dict[str, Any] | None, write_failures: Sequence[str]
+    c: BundleWriter, ws: AttemptWorkspace, own: AttemptWorkspace, runner: dict[str, Any] | None,
+    write_failures: Sequence[str], masker: masking.Masker,
 ) -> None:
-    if ws.crash_report_path.is_file():
-        copy = partial(c.put_file, "crash-report.json", ws.crash_report_path, ENTRYPOINT)
-        c.guarded("crash-report.json", ENTRYPOINT, copy)
+    """The entrypoint's crash report (from where the job wrote) and the runner's own (the attempt's)."""
+    if os.path.lexists(ws.crash_report_path):
+        report = _report_file(ws, masker)
+        c.guarded("crash-report.json", ENTRYPOINT,
+                  lambda: jobfiles.put(c, "", "crash-report.json", ENTRYPOINT, report(ws.crash_report_path)))
     else:
         c.absent("crash-report.json", ENTRYPOINT, _no_crash_report_reason(runner, write_failures))
-    if ws.runner_report_path.is_file():
-        c.guarded("runner.json", RUNNER, lambda: c.put_file("runner.json", ws.runner_report_path, RUNNER))
+    if os.path.lexists(own.runner_report_path):
+        runner_file = _report_file(own, masker)(own.runner_report_path)
+        c.guarded("runner.json", RUNNER, lambda: jobfiles.put(c, "", "runner.json", RUNNER, runner_file))
     elif failed := _failure_of("runner.json", write_failures):
         c.absent("runner.json", RUNNER, failed)
     else:
-        why = f"no such file: {ws.runner_report_path} (not run by the local runner, or it was killed)"
+        why = f"no such file: {jobfiles.shown(own.runner_report_path)} (not run by the local runner, or it was killed)"
         c.absent("runner.json", RUNNER, why)
 
 
-def _collect_coredumps(c: BundleWriter, ws: AttemptWorkspace, crash: dict[str, Any] | None) -> None:
-    cores = list(_files(ws.coredumps_dir)) if ws.coredumps_dir.is_dir() else []
-    for relative, path in cores:
-        name = f"coredumps/{relative}"
-        c.guarded(name, ENTRYPOINT, partial(c.put_file, name, path, ENTRYPOINT))
-    if cores:
+def _collect_coredumps(c: BundleWriter, ws: AttemptWorkspace, crash: dict[str, Any] | None,
+                       masker: masking.Masker) -> None:
+    limit = c.spent.budget.core_dump_bytes
+    cores = put_folder(c, "coredumps", ws.coredumps_dir, ws.root, ENTRYPOINT,
+                       lambda path: JobFile(path, ws.root, "core dump", limit))  # byte for byte, holes kept
+    if cores or any(item.name.startswith("coredumps/") for item in c.missing):
         return
     if crash is None:
         c.absent("coredumps", ENTRYPOINT, "no core file, and no crash report to say why")
     else:
-        c.absent("coredumps", ENTRYPOINT, str(crash.get("core_absent_reason") or "no core file was kept"))
+        c.absent("coredumps", ENTRYPOINT, masker.for_people(str(crash.get("core_absent_reason") or "no core file was kept")))
 
 
-def _tree_size(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for _, p in _files(path))
-
-
-def _collect_checkpoints(c: BundleWriter, ws: AttemptWorkspace, limit_bytes: int) -> None:
+def _collect_checkpoints(c: BundleWriter, ws: AttemptWorkspace) -> None:
     def listing() -> None:
         payload = list_checkpoints(ws.checkpoint_dir)
         c.put_bytes("checkpoints.json", (json.dumps(payload, indent=2) + "\n").encode("utf-8"), WORKSPACE)
@@ -249,25 +258,29 @@ def _collect_checkpoints(c: BundleWriter, ws: AttemptWorkspace, limit_bytes: int
     c.guarded("checkpoints.json", WORKSPACE, listing)
     newest = newest_checkpoints(ws.checkpoint_dir)
     if not newest:
-        c.absent("checkpoint", WORKSPACE, f"no checkpoint in {ws.checkpoint_dir}")
+        c.absent("checkpoint", WORKSPACE, f"no checkpoint in {jobfiles.shown(ws.checkpoint_dir)}")
         return
-    chosen = newest[0]
-    name = f"checkpoint/{chosen.name}"
+    chosen, limit = newest[0], c.spent.budget.checkpoint_bytes
+    name, original = jobfiles.evidence_name("checkpoint", chosen.name)
 
     def copy() -> None:
-        size = _tree_size(chosen)
-        if size > limit_bytes:
-            c.absent(name, WORKSPACE, f"{size} bytes, over the {limit_bytes}-byte copy limit; it stays at {chosen}")
-        elif chosen.is_file():
-            c.put_file(name, chosen, WORKSPACE)
-        else:
-            for relative, path in _files(chosen):
-                c.guarded(f"{name}/{relative}", WORKSPACE, partial(c.put_file, f"{name}/{relative}", path, WORKSPACE))
+        as_file = JobFile(chosen, ws.checkpoint_dir, "checkpoint", limit)
+        if not stat.S_ISDIR(chosen.lstat().st_mode):
+            jobfiles.put(c, "checkpoint", chosen.name, WORKSPACE, as_file)
+            return
+        size = sum(entry.size_bytes for entry in safefiles.walk(chosen, ws.checkpoint_dir))
+        if size > (left := c.spent.left("checkpoint", limit)):
+            c.absent(name, WORKSPACE, f"{size} bytes (apparent size) in all, over the checkpoint budget ({left} bytes "
+                                      f"left of {c.spent.limit(limit)}); it stays at {jobfiles.shown(chosen)}", original)
+            return
+        put_folder(c, f"checkpoint/{chosen.name}", chosen, ws.checkpoint_dir, WORKSPACE,
+                   lambda path: JobFile(path, ws.checkpoint_dir, "checkpoint", limit))
 
     c.guarded(name, WORKSPACE, copy)
 
 
-def _collect_extra(c: BundleWriter, extra: Mapping[str, bytes] | None) -> None:
+def put_extra(c: BundleWriter, extra: Mapping[str, bytes] | None) -> None:
+    """Store the flow's own items by name (e.g. ``classification.json``); a bad one is a missing item."""
     for name, data in (extra or {}).items():
         c.guarded(str(name), FLOW, partial(_put_extra, c, name, data))
 
@@ -283,7 +296,7 @@ def collect_local_evidence(
     store: EvidenceStore,
     *,
     extra: Mapping[str, bytes] | None = None,
-    checkpoint_copy_limit_bytes: int = 256 * 1024 * 1024,
+    budget: Budget | None = None,
     now: Callable[[], datetime] = _utc_now,
     masker: masking.Masker | None = None,
     write_failures: Sequence[str] = (),
@@ -298,29 +311,41 @@ def collect_local_evidence(
         workspace: The attempt's folders.
         store: Where the evidence goes, under ``runs/{run_id}/attempt-{n}/``.
         extra: More items by name (e.g. the flow's ``classification.json``).
-        checkpoint_copy_limit_bytes: The newest checkpoint is copied only if at most this big.
+        budget: How much of the job's files is copied, by apparent size (the newest checkpoint
+            only up to its own limit, core dumps up to theirs).
         now: The clock for ``collected_at`` stamps.
-        masker: Masks secrets in the stored log and tail; default: every secret this process knows.
+        masker: Masks secrets in every stored file of the job's but core dumps and checkpoints;
+            default: every secret this process knows.
         write_failures: What the runner could not write in the workspace (a full disk), one line
             each, so the manifest says why those files are absent.
     """
-    masker = masker or masking.current()
-    c = BundleWriter(store, attempt_prefix(workspace.run_id, workspace.attempt), now)
-    crash = read_json_object(workspace.crash_report_path)
-    runner = read_json_object(workspace.runner_report_path)
+    c = BundleWriter(store, attempt_prefix(workspace.run_id, workspace.attempt), now, budget)
+    collect_workspace(c, workspace, masker=masker or masking.current(), write_failures=write_failures)
+    c.guarded("extra", WORKSPACE, lambda: put_extra(c, extra))
+    manifest = Manifest(workspace.run_id, workspace.attempt, now().isoformat(), tuple(c.items), tuple(c.missing))
+    return store_manifest(store, manifest, WORKSPACE)
+
+
+def collect_workspace(c: BundleWriter, workspace: AttemptWorkspace, *, masker: masking.Masker,
+                      files: AttemptWorkspace | None = None, write_failures: Sequence[str] = ()) -> None:
+    """Put what the entrypoint and the job left (reports, log, snapshots, checkpoint, cores) through ``c``.
+
+    ``files`` is where they lie when that is not ``workspace``'s own folder (a Slurm attempt that
+    continues an earlier attempt's job); they are named as ``workspace``'s. Never raises.
+    """
+    ws = files or workspace
+    crash = read_json_object(ws.crash_report_path, ws.root)
+    runner = read_json_object(workspace.runner_report_path, workspace.root)
     why_absent = (
         _no_crash_report_reason(runner, write_failures) if crash is None
         else "the entrypoint could not write it (see the crash report's problems)"
     )
     steps: list[tuple[str, Callable[[], None]]] = [
-        ("logs", lambda: _collect_log(c, workspace, why_absent, masker)),
-        ("crash-report.json", lambda: _collect_reports(c, workspace, runner, write_failures)),
-        ("snapshot", lambda: _collect_snapshots(c, workspace, why_absent)),
-        ("checkpoint", lambda: _collect_checkpoints(c, workspace, checkpoint_copy_limit_bytes)),
-        ("coredumps", lambda: _collect_coredumps(c, workspace, crash)),
-        ("extra", lambda: _collect_extra(c, extra)),
+        ("crash-report.json", lambda: _collect_reports(c, ws, workspace, runner, write_failures, masker)),
+        ("logs", lambda: _collect_log(c, ws, why_absent, masker, workspace.log_path.name)),
+        ("snapshot", lambda: _collect_snapshots(c, ws, why_absent, masker)),
+        ("checkpoint", lambda: _collect_checkpoints(c, ws)),
+        ("coredumps", lambda: _collect_coredumps(c, ws, crash, masker)),
     ]
     for name, step in steps:
         c.guarded(name, WORKSPACE, step)
-    manifest = Manifest(workspace.run_id, workspace.attempt, now().isoformat(), tuple(c.items), tuple(c.missing))
-    return store_manifest(store, manifest, WORKSPACE)

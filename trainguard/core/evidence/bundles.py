@@ -53,7 +53,7 @@ def read_json(store: EvidenceStore, key: str) -> dict[str, Any] | None:
     """A small JSON object from the store, or None when absent or not a JSON object."""
     try:
         data = json.loads(store.get_bytes(key))
-    except (EvidenceNotFound, ValueError):
+    except (EvidenceNotFound, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 

@@ -37,6 +37,9 @@ class ManifestItem:
     source: str  # who produced it: "entrypoint", "runner", "local-workspace", "flow"
     collected_at: str  # ISO-8601 UTC
     checksum_sha256: str = ""  # the store's own stored checksum (S3 ChecksumSHA256), "" if it keeps none
+    # The name as the job wrote it, when ``name`` had to spell it printably (safefiles.safe_name:
+    # control characters, bidi overrides, bytes that are not UTF-8 as %XX); "" when they are the same.
+    original_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class MissingItem:
     name: str
     source: str
     reason: str
+    original_name: str = ""  # as `ManifestItem.original_name`
 
 
 @dataclass(frozen=True)
@@ -59,8 +63,12 @@ class Manifest:
     missing: tuple[MissingItem, ...]
 
     def to_json(self) -> str:
-        """The manifest as indented JSON."""
+        """The manifest as indented JSON (``original_name`` only where it differs from ``name``)."""
         payload = {"format": MANIFEST_FORMAT, **asdict(self)}
+        for entries in (payload["items"], payload["missing"]):
+            for entry in entries:
+                if not entry["original_name"]:
+                    del entry["original_name"]
         return json.dumps(payload, indent=2) + "\n"
 
     @classmethod
@@ -70,6 +78,8 @@ class Manifest:
             data = json.loads(text)
         except ValueError as exc:
             raise ManifestError(f"manifest is not JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise ManifestError("manifest is not a manifest: nested too deeply to read") from exc
         if not isinstance(data, dict):
             raise ManifestError("manifest must be a JSON object")
         try:

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from trainguard_entrypoint import safefiles
+
 MAX_POINTS = 48
 _PIECE = 64 * 1024
 _STEP = re.compile(r"""(?i)(?:\bglobal[_ ]step|\bstep|\biter(?:ation)?)['"]?\s*[:=]?\s*(\d{1,12})\b""")
@@ -87,7 +89,7 @@ def read_progress(log: Path | str | None, limit: int = MAX_POINTS) -> list[Point
     kept = _Reservoir(limit)
     if isinstance(log, Path):
         try:
-            with log.open("rb") as stream:
+            with safefiles.open_regular(log) as stream:  # the job's file: never a FIFO to wait on
                 for line in _lines(stream):
                     if (point := parse_line(line)) is not None:
                         kept.add(point)

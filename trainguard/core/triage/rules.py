@@ -152,6 +152,8 @@ def parse_rule_file(text: str, source: str, check_patterns: bool = True,
     """
     try:
         doc = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise RuleFileError(f"{source}:1: not valid YAML: nested too deeply to read") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 0

@@ -39,6 +39,8 @@ from trainguard.core.triage.engines import (
     make_engine,
     candidate_source,
 )
+from trainguard_entrypoint import safefiles
+
 from trainguard.core.triage.lines import Line, read_line
 from trainguard.core.triage.lineshapes import MASK
 from trainguard.core.triage.noisy import LiteralLines, Shapes, lines_of, shape_at
@@ -98,7 +100,11 @@ def blocks(source: LogSource) -> Iterator[Block]:
         yield from _split(io.BytesIO(bytes(source)))
         return
     if isinstance(source, (os.PathLike, )):
-        with open(source, "rb") as fh:
+        try:  # the job's log: a regular file, never a FIFO to wait on or a link to follow
+            fh = safefiles.open_regular(source)
+        except safefiles.Refused:
+            return  # nothing to read; the other signals decide
+        with fh:
             yield from _split(fh)
         return
     yield from _split(source)

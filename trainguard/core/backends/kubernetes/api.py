@@ -67,7 +67,7 @@ def translate(exc: BaseException, what: str) -> KubeError:
 
 
 class KubeApi:
-    """Jobs, pods, logs, events, nodes and ConfigMaps of one cluster, in wire form.
+    """Jobs, pods, logs, events, nodes, ConfigMaps and the attempts' Secrets of one cluster, in wire form.
 
     Build one with `from_kubeconfig`, `from_config_dict` or `in_cluster`; tests may pass any
     `kubernetes.client.ApiClient`.
@@ -161,6 +161,11 @@ class KubeApi:
         body = {"spec": {"ttlSecondsAfterFinished": int(ttl_seconds)}}
         return self._json(f"patch job {namespace}/{name}", self.batch.patch_namespaced_job, name, namespace, body)
 
+    def resume_job(self, namespace: str, name: str) -> Wire:
+        """Set `suspend: false`: the Job controller creates its pod now."""
+        body = {"spec": {"suspend": False}}
+        return self._json(f"patch job {namespace}/{name}", self.batch.patch_namespaced_job, name, namespace, body)
+
     # -- Pods and logs --------------------------------------------------------------------
 
     def list_pods(self, namespace: str, label_selector: str | None = None, field_selector: str | None = None) -> Wire:
@@ -236,6 +241,11 @@ class KubeApi:
 
     def read_node(self, name: str) -> Wire:
         return self._json(f"read node {name}", self.core.read_node, name)
+
+    def create_secret(self, namespace: str, body: Mapping[str, Any]) -> None:
+        """Create a Secret. Nothing is returned: the answer echoes the values, which no caller needs."""
+        name = body.get("metadata", {}).get("name", "?")
+        self._json(f"create secret {namespace}/{name}", self.core.create_namespaced_secret, namespace, dict(body))
 
     def create_config_map(self, namespace: str, body: Mapping[str, Any]) -> Wire:
         name = body.get("metadata", {}).get("name", "?")

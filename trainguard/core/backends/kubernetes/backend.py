@@ -21,11 +21,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from trainguard.core import masking
 from trainguard.core.backends import workspace_evidence
 from trainguard.core.backends.base import (
     COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
 )
-from trainguard.core.backends.kubernetes import evidence, manifests, zipapp
+from trainguard.core.backends.kubernetes import collector, evidence, manifests, zipapp
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotFound
 from trainguard.core.backends.kubernetes.supervise import (
@@ -62,6 +63,8 @@ class KubeSettings:
     failed_job_ttl_seconds: int = 86400
     lister_timeout_seconds: float = 60.0
     local_root: str | None = None  # where triage facts and logs are kept on the flow's machine
+    # what the collector pod copies of the attempt's folder, by apparent size (a sparse file counts whole)
+    evidence_copy_budget_bytes: int = collector.DEFAULT_BUDGET_BYTES
 
 
 class KubernetesBackend:
@@ -117,6 +120,10 @@ class KubernetesBackend:
             return AttemptOutcome(None, None, START_ERROR, f"could not create the Job: {exc}")
         if created is None:
             _say(on_line, f"adopting the running Job {self.namespace}/{ref.name}")
+        try:
+            self._hand_over_secrets(ref, launch, created)
+        except KubeError as exc:
+            return AttemptOutcome(None, None, START_ERROR, f"could not give the Job its secret_env: {exc}")
         limits = Limits(unschedulable_seconds=self.settings.unschedulable_seconds,
                         start_error_seconds=self.settings.start_error_seconds,
                         stall_seconds=launch.stall_seconds, deadline_seconds=launch.deadline_seconds)
@@ -124,16 +131,35 @@ class KubernetesBackend:
                             created=created).run()
         return outcome_of_ending(ending)
 
+    def _hand_over_secrets(self, ref: AttemptRef, launch: Launch, created: dict[str, Any] | None) -> None:
+        """Create the attempt's Secret, owned by its Job, then let the suspended Job start.
+
+        Both steps are idempotent, so a flow run started again after dying between them (a Job that
+        waits suspended, with or without its Secret) finishes them: a 409 on the Secret means the
+        earlier run created it under this Job. The Secret goes with the Job (garbage collection).
+        """
+        job = created if created is not None else self.api.read_job(self.namespace, ref.name)
+        secret = manifests.secret_manifest(self.settings.job, launch, job)
+        if secret is not None:
+            try:
+                self.api.create_secret(self.namespace, secret)
+            except Conflict:
+                pass
+        if (job.get("spec") or {}).get("suspend"):
+            self.api.resume_job(self.namespace, ref.name)
+
     def collect_evidence(
         self, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None,
         extra: Mapping[str, bytes] | None = None,
     ) -> CollectedEvidence:
         extra = dict(extra or {})
         if outcome is not None:
-            extra.setdefault("kubernetes/outcome.json", json.dumps(outcome.to_dict(), indent=2).encode())
+            shown = masking.mask_tree(outcome.to_dict())
+            extra.setdefault("kubernetes/outcome.json", json.dumps(shown, indent=2).encode())
         manifest = evidence.collect_kubernetes_evidence(
             self.api, self.namespace, ref.name, ref.run_id, ref.attempt, store, extra=extra,
-            log_dir=self.local_dir(ref.run_id, ref.attempt), pod=outcome.instance if outcome else None)
+            log_dir=self.local_dir(ref.run_id, ref.attempt), pod=outcome.instance if outcome else None,
+            copy_budget_bytes=self.settings.evidence_copy_budget_bytes)
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
@@ -211,7 +237,7 @@ class KubernetesBackend:
         labels = {**manifests.labels_for(job, run_id, 0, component="checkpoint-lister")}
         labels.pop(manifests.LABEL_ATTEMPT)
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": {
-            "restartPolicy": "Never",
+            "restartPolicy": "Never", "automountServiceAccountToken": False,
             "containers": [{"name": "list", "image": job.image, "command": [job.python, "-c", _LISTER, folder],
                             "volumeMounts": [{"name": manifests.CHECKPOINT_VOLUME,
                                               "mountPath": manifests.CHECKPOINTS_MOUNT, "readOnly": True}],
@@ -264,7 +290,7 @@ def outcome_of_ending(ending: Ending) -> AttemptOutcome:
     reason, message = _reason(ending, pod, job, terminated)
     conditions = tuple((pod.get("status", {}).get("conditions") or []) + (job.get("status", {}).get("conditions") or []))
     return AttemptOutcome(
-        exit_code=exit_code, signal=signal, reason=reason, message=message,
+        exit_code=exit_code, signal=signal, reason=reason, message=masking.current().mask(message),
         started_at=terminated.get("startedAt") or pod.get("status", {}).get("startTime"),
         finished_at=terminated.get("finishedAt"), duration_seconds=_duration(pod, terminated),
         node=pod.get("spec", {}).get("nodeName"), conditions=conditions, log_tail="\n".join(ending.log_tail),

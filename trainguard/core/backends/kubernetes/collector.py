@@ -2,11 +2,12 @@
 
 A training pod that was OOM-killed, evicted or deleted can no longer be asked for its files, but
 the volumes it wrote to (a PVC, or a hostPath on its node) outlive it. A short-lived pod mounts
-the same volumes at the same paths, read-only, and prints the attempt's folder as a gzipped tar,
-base64 in lines between marker lines, on stdout: the log subresource is the one read channel the
-orchestrator's RBAC already has (no exec, no port-forward). The flow side follows that log into a
-spool file in bounded memory, checks the length and SHA-256 the pod printed last, and hands back
-the tar. The pod is always deleted afterwards.
+the same volumes, read-only (a subPath mount as its whole volume, at the mount point the subPath
+hangs from, so that the program walks every folder down to the attempt's itself, following no
+link), and prints the attempt's folder as a gzipped tar, base64 in lines between bounded records,
+on stdout: the log subresource is the one read channel the orchestrator's RBAC already has (no
+exec, no port-forward). ``collector_output`` follows that log into a spool file in bounded memory
+and checks the length and SHA-256 the pod printed last. The pod is always deleted afterwards.
 
 What to mount and which folder to read come from the Job's own pod template: the training
 container's `TRAINGUARD_WORKSPACE`/`TRAINGUARD_CHECKPOINT_DIR` and the volumes that hold them.
@@ -15,19 +16,16 @@ Turning the tar into evidence items is ``evidence``'s job.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import json
 import posixpath
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from trainguard.core.backends.kubernetes.api import KubeApi
-from trainguard.core.backends.kubernetes.collector_program import MAGIC, script
+from trainguard.core.backends.kubernetes.collector_output import decode  # re-exported: the reader's entry
+from trainguard.core.backends.kubernetes.collector_program import script
 from trainguard.core.backends.kubernetes.describe import safe
 from trainguard.core.backends.kubernetes.errors import KubeError
 from trainguard.core.backends.kubernetes.zipapp import ENTRYPOINT_FILE
@@ -37,8 +35,8 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "evidence-collector"
 COLLECTS_LABEL = "trainguard.io/collects"
 DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
+DEFAULT_COPY_TIMEOUT_SECONDS = 600.0  # the pod itself is stopped after 900 s (activeDeadlineSeconds)
 DEFAULT_PYTHON = "python3"
-_MAX_LINE_BYTES = 64 * 1024
 
 @dataclass(frozen=True)
 class Plan:
@@ -52,6 +50,8 @@ class Plan:
     needs_node: bool
     absent: str | None = None
     python: str = DEFAULT_PYTHON
+    workspace_root: str | None = None  # the collector's mount point the workspace is reached from
+    checkpoint_root: str | None = None
 
 
 @dataclass
@@ -120,12 +120,35 @@ def plan(template_spec: Mapping[str, Any], workspace: str | None = None, checkpo
                         "its pod; use a PVC or hostPath to keep the files of a failed pod", python)
     keep = [v for v in chosen if "emptyDir" not in v]
     names = {v.get("name") for v in keep}
-    read_only = tuple({**m, "readOnly": True} for m in mounts if m.get("name") in names)
+    own = [(m, *collector_mount(m)) for m in mounts if m.get("name") in names]
+    read_only = tuple({str(m["mountPath"]): m for _, m, _ in own}.values())
     return Plan(workspace, checkpoint_dir, image, read_only, tuple(keep), any("hostPath" in v for v in keep),
-                python=python)
+                python=python, workspace_root=_root_of(workspace, own), checkpoint_root=_root_of(checkpoint_dir, own))
 
 
-def pod_manifest(job: Mapping[str, Any], p: Plan, *, node: str | None, budget_bytes: int) -> dict[str, Any]:
+def collector_mount(mount: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """The collector's read-only mount for one of the training container's, and its mount point.
+
+    A subPath mount (the attempt's own folder) becomes its whole volume, mounted where the subPath
+    hangs from: the kubelet would follow a symbolic link inside the volume to resolve a subPath, so
+    the collector walks those folders itself, from the mount point, never following one.
+    """
+    mount_path = posixpath.normpath(str(mount.get("mountPath")))
+    sub_path = posixpath.normpath(str(mount.get("subPath") or "."))
+    if sub_path != "." and mount_path.endswith("/" + sub_path) and len(mount_path) > len(sub_path) + 1:
+        root = mount_path[: -len(sub_path) - 1]
+        return {"name": mount.get("name"), "mountPath": root, "readOnly": True}, root
+    return {**mount, "readOnly": True}, mount_path
+
+
+def _root_of(path: str | None, own: list[tuple[Mapping[str, Any], dict[str, Any], str]]) -> str | None:
+    """The mount point of the deepest training mount holding ``path``, as the collector mounts it."""
+    holding = [(len(str(m.get("mountPath"))), root) for m, _, root in own if path and _within(path, str(m.get("mountPath")))]
+    return max(holding)[1] if holding else None
+
+
+def pod_manifest(job: Mapping[str, Any], p: Plan, *, node: str | None, budget_bytes: int,
+                 copy_timeout_seconds: float = DEFAULT_COPY_TIMEOUT_SECONDS) -> dict[str, Any]:
     """The collector pod for ``job``: same image and volumes, read-only, small, never restarted."""
     meta, template = job.get("metadata") or {}, (job.get("spec") or {}).get("template") or {}
     spec = template.get("spec") or {}
@@ -141,8 +164,10 @@ def pod_manifest(job: Mapping[str, Any], p: Plan, *, node: str | None, budget_by
             "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "activeDeadlineSeconds": 900,
             "automountServiceAccountToken": False,
             "containers": [{
-                "name": CONTAINER, "image": p.image, "command": [p.python, "-c", script(), p.workspace or "",
-                                                                 p.checkpoint_dir or "", str(budget_bytes)],
+                "name": CONTAINER, "image": p.image, "command": [
+                    p.python, "-c", script(), p.workspace or "", p.workspace_root or p.workspace or "",
+                    p.checkpoint_dir or "", p.checkpoint_root or p.checkpoint_dir or "", str(budget_bytes),
+                    f"{copy_timeout_seconds:g}"],
                 "volumeMounts": [dict(m) for m in p.mounts],
                 "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
             }],
@@ -197,70 +222,6 @@ def wait_started(api: KubeApi, namespace: str, name: str, timeout_seconds: float
                     break
             elif event.get("type") == "DELETED":
                 raise TimeoutError(f"collector pod {name} was deleted before it started")
-
-
-def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    pending = b""
-    for chunk in chunks:
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        yield from complete
-        if len(pending) > _MAX_LINE_BYTES:  # not ours: nothing we print is this long
-            pending = b""
-    if pending:
-        yield pending
-
-
-def decode(chunks: Iterator[bytes], spool: BinaryIO) -> dict[str, Any]:
-    """Write the tar from the collector's output into ``spool``; return its META plus what was seen.
-
-    Raises:
-        ValueError: The output is not the collector's, or ended before its END marker, or the
-            length or SHA-256 differs from what the pod printed (a rotated or cut log).
-    """
-    meta: dict[str, Any] | None = None
-    digest, size = hashlib.sha256(), 0
-    problems: list[Any] = []
-    noise: list[str] = []
-    for raw in _lines(chunks):
-        line = raw.strip().decode("ascii", errors="replace")
-        if line.startswith(MAGIC + " "):
-            kind, _, rest = line[len(MAGIC) + 1:].partition(" ")
-            if kind == "META":
-                meta = json.loads(rest)
-            elif kind == "PROBLEM":
-                problems.append(json.loads(rest))
-            elif kind == "END":
-                told_size, _, told_digest = rest.partition(" ")
-                if meta is None:
-                    raise ValueError("the collector printed END without its META line")
-                if int(told_size) != size or told_digest != digest.hexdigest():
-                    raise ValueError(f"the tar read back has {size} bytes, the collector sent {told_size}: "
-                                     f"its log was cut or rotated before it could be read{_seen(noise)}")
-                meta.setdefault("problems", []).extend(problems)
-                return meta
-        elif meta is None and line:
-            noise.append(line)
-        elif line:
-            try:
-                data = base64.b64decode(line, validate=True)
-            except (binascii.Error, ValueError):
-                noise.append(line)  # stderr (a warning, a traceback): END's digest decides
-                continue
-            spool.write(data)
-            digest.update(data)
-            size += len(data)
-    if meta is None:
-        raise ValueError(f"the collector printed nothing trainguard can read (no META line){_seen(noise)}")
-    raise ValueError(f"the collector's output ended after {size} bytes without its END marker{_seen(noise)}")
-
-
-def _seen(noise: list[str]) -> str:
-    """The collector's own words (its stderr), shortened, for an error message."""
-    if not noise:
-        return ""
-    text = " / ".join(line[:200] for line in noise[-5:])
-    return f"; it also printed: {safe(text)}"
 
 
 def _ended(api: KubeApi, namespace: str, name: str) -> str:

@@ -1,11 +1,19 @@
 """The collector pod's program: a stdlib-only Python that prints the attempt folder as a base64 tar.
 
 It runs inside the user's training image (trainguard asks only for a Python 3 there), so it may
-use nothing but the standard library. Its output is lines on stdout: one META line (a JSON
-listing: files sent, files skipped with why, the checkpoint listing), the gzipped tar in base64
-lines, a PROBLEM line per file that could not be read, and an END line with the tar's length and
-SHA-256, which the reader in ``collector`` checks. Deciding what to mount and reading the output
-back belong to ``collector``.
+use nothing but the standard library and `trainguard_entrypoint.safefiles`, which it carries as a
+module of its own. The folder is the training job's, so it is read only through `safefiles`: the
+attempt folder (and the checkpoint folder) must be reached from its volume's mount point without
+any symbolic link, each file is a regular file of its own opened with ``O_NOFOLLOW`` whose real
+path lies in that folder, no FIFO, device or socket is read, the budget counts apparent sizes (a
+10 TB sparse file costs 10 TB), and the whole copy has a time bound.
+
+Its output is lines on stdout, none longer than `MAX_RECORD_BYTES`, however many files there are:
+a META record (where it looked, and why a folder could not be read), one record per file sent,
+per file left out and per checkpoint listed, the gzipped tar in base64 lines (member names spelled
+with `safefiles.safe_name`), a PROBLEM record per file that went wrong while it was sent, and an
+END record with the tar's length and SHA-256, which the reader in ``collector`` checks. Deciding
+what to mount and reading the output back belong to ``collector``.
 """
 
 from __future__ import annotations
@@ -13,15 +21,22 @@ from __future__ import annotations
 import inspect
 
 from trainguard_entrypoint import checkpoints as _checkpoints
+from trainguard_entrypoint import safefiles as _safefiles
 
-MAGIC = "TRAINGUARD-EVIDENCE/1"
+MAGIC = "TRAINGUARD-EVIDENCE/2"
+MAX_RECORD_BYTES = 16 * 1024  # well under the 64 KiB a line may have before the reader drops it
+# Record kinds: META (once, first), FILE, SKIPPED, CHECKPOINTS (the listing's header), CHECKPOINT,
+# CHECKPOINT-SKIPPED, PROBLEM (while the tar is sent) and END (last).
+RECORD_KINDS = ("META", "FILE", "SKIPPED", "CHECKPOINTS", "CHECKPOINT", "CHECKPOINT-SKIPPED", "PROBLEM", "END")
 
 # Runs inside the collector pod with the image's own Python 3 (stdlib only). The checkpoint
 # listing is the entrypoint's own function, prepended as source, so both sides list alike.
 _SCRIPT = r'''
-import base64, hashlib, os, stat, sys, tarfile
-MAGIC = "TRAINGUARD-EVIDENCE/1"
+import base64, errno, gzip, hashlib, json, os, stat, sys, tarfile, time
+MAGIC = "TRAINGUARD-EVIDENCE/2"
+MAX_RECORD_BYTES = 16 * 1024
 _ORDER = ("crash-report.json", "snapshot/", "logs/")
+_ZEROS = bytes(1024 * 1024)
 
 
 class _Lines:
@@ -43,11 +58,56 @@ class _Lines:
     def _emit(self, chunk):
         sys.stdout.write(base64.b64encode(chunk).decode("ascii") + "\n")
 
-    def close(self):
+    def flush(self):
         if self.pending:
             self._emit(self.pending)
         self.pending = b""
         sys.stdout.flush()
+
+
+def record(kind, payload):
+    """One record on a line of its own, never longer than MAX_RECORD_BYTES."""
+    line = json.dumps(payload, sort_keys=True)
+    if len(line) > MAX_RECORD_BYTES:
+        short = {"name": str(payload.get("name", ""))[:1024], "truncated": True}
+        if "reason" in payload:
+            short["reason"] = str(payload["reason"])[:1024]
+        line = json.dumps(short, sort_keys=True)
+    sys.stdout.write("%s %s %s\n" % (MAGIC, kind, line))
+
+
+def unlinked(path, root):
+    """None if `path` is a folder reached from `root` (a mount point) through real folders only;
+    else why not. Each step is opened with O_NOFOLLOW relative to the one before."""
+    relative = os.path.relpath(path, root)
+    if relative == os.pardir or relative.startswith(os.pardir + os.sep) or os.path.isabs(relative):
+        return "%s is not on the volume mounted at %s" % (safefiles.safe_name(path), safefiles.safe_name(root))
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in [] if relative == os.curdir else relative.split(os.sep):
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                return _why_not(fd, part, path, exc)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+    return None
+
+
+def _why_not(fd, part, path, exc):
+    shown = safefiles.safe_name(path)
+    try:
+        info = os.stat(part, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return "no such directory on the volume: %s" % shown
+    if stat.S_ISLNK(info.st_mode):
+        target = safefiles.safe_name(os.readlink(part, dir_fd=fd))
+        return "%s: %s is a symbolic link (to %s) on the volume; not followed" % (shown, safefiles.safe_name(part), target)
+    if not stat.S_ISDIR(info.st_mode):
+        return "%s: %s is not a folder on the volume; not read" % (shown, safefiles.safe_name(part))
+    return "%s: cannot open: %s" % (shown, exc.strerror or exc)
 
 
 def _rank(name):
@@ -57,65 +117,144 @@ def _rank(name):
     return len(_ORDER)
 
 
-def _files(root, meta):
-    found = []
-    for folder, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for filename in sorted(filenames):
-            path = os.path.join(folder, filename)
-            name = os.path.relpath(path, root).replace(os.sep, "/")
-            try:
-                info = os.lstat(path)
-            except OSError as exc:
-                meta["problems"].append({"name": name, "reason": "cannot stat: %s" % (exc.strerror or exc)})
-                continue
-            if not stat.S_ISREG(info.st_mode):
-                meta["skipped"].append({"name": name, "size_bytes": 0, "reason": "not a regular file"})
-                continue
-            found.append((_rank(name), name, path, info.st_size))
-    return sorted(found)
-
-
-def main(workspace, checkpoint_dir, budget):
-    meta = {"workspace": workspace, "checkpoint_dir": checkpoint_dir, "files": [], "skipped": [],
-            "problems": [], "workspace_absent": None, "checkpoints": None}
-    if checkpoint_dir:
-        try:
-            meta["checkpoints"] = list_checkpoints(Path(checkpoint_dir))
-        except Exception as exc:
-            meta["problems"].append({"name": "checkpoints.json", "reason": "%s: %s" % (type(exc).__name__, exc)})
+def choose(workspace, budget):
+    """(files to send, entries left out) of the attempt folder, by apparent size within the budget."""
+    found, left_out = [], []
+    for entry in safefiles.walk(workspace, workspace, hidden=True):
+        name = safefiles.safe_name(entry.name) or "."  # "": the folder itself could not be read
+        if entry.kind == safefiles.FILE:
+            found.append((_rank(name), name, entry))
+        else:
+            left_out.append({"name": name, "size_bytes": entry.size_bytes, "kind": entry.kind,
+                             "reason": entry.reason or entry.kind})
     chosen, spent = [], 0
-    if not os.path.isdir(workspace):
-        meta["workspace_absent"] = "no such directory on the volume: %s" % workspace
-    else:
-        for _, name, path, size in _files(workspace, meta):
-            if spent + size > budget:
-                reason = "%d bytes, over the %d-byte copy budget; it stays on the volume at %s" % (size, budget, path)
-                meta["skipped"].append({"name": name, "size_bytes": size, "reason": reason})
-                continue
-            chosen.append((name, path))
-            spent += size
-    meta["files"] = [name for name, _ in chosen]
-    sys.stdout.write("%s META %s\n" % (MAGIC, json.dumps(meta)))
-    out = _Lines()
-    with tarfile.open(fileobj=out, mode="w|gz") as tar:
-        for name, path in chosen:
-            try:
-                with open(path, "rb") as handle:
-                    tar.addfile(tar.gettarinfo(arcname=name, fileobj=handle), handle)
-            except OSError as exc:
-                note = {"name": name, "reason": "cannot read: %s" % (exc.strerror or exc)}
-                out.close()
-                sys.stdout.write("%s PROBLEM %s\n" % (MAGIC, json.dumps(note)))
-    out.close()
-    sys.stdout.write("%s END %d %s\n" % (MAGIC, out.size, out.digest.hexdigest()))
+    for _, name, entry in sorted(found, key=lambda item: item[:2]):
+        if spent + entry.size_bytes > budget:
+            reason = ("%d bytes (apparent size), over the %d-byte copy budget; it stays on the volume at %s"
+                      % (entry.size_bytes, budget, safefiles.safe_name(entry.path)))
+            left_out.append({"name": name, "size_bytes": entry.size_bytes, "kind": "budget", "reason": reason})
+            continue
+        chosen.append((name, entry))
+        spent += entry.size_bytes
+    return chosen, left_out
+
+
+class _Counted:
+    """A writer that counts what passes through it."""
+
+    def __init__(self, out):
+        self.out, self.count = out, 0
+
+    def write(self, data):
+        self.out.write(data)
+        self.count += len(data)
+        return len(data)
+
+
+def send(out, name, entry, folder, deadline):
+    """One tar member, copied through safefiles from the file it is now; a note if it went wrong.
+
+    `folder` is the attempt folder's real path as reached without links: the open file must lie in
+    it, whatever became of the path since it was checked.
+    """
+    try:
+        handle = safefiles.open_regular(entry.path, folder)
+    except OSError as exc:
+        return {"name": name, "reason": str(exc), "valid_bytes": 0, "sent": False}
+    with handle:
+        try:
+            real = os.readlink("/proc/self/fd/%d" % handle.fileno())
+        except OSError:
+            real = None
+        if real is not None and not real.startswith(folder.rstrip("/") + "/"):
+            return {"name": name, "reason": "%s: lies outside the attempt folder; not read" % name, "valid_bytes": 0,
+                    "sent": False}
+        info = os.fstat(handle.fileno())
+        member = tarfile.TarInfo(name)
+        member.size, member.mtime, member.mode = info.st_size, int(info.st_mtime), 0o644
+        out.write(member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+        counted = _Counted(out)
+        try:
+            copied = safefiles.copy(handle, counted, budget_bytes=info.st_size, truncate=True,
+                                    timeout_seconds=max(0.0, deadline - time.monotonic()))
+            why = None if copied.complete else copied.reason
+        except OSError as exc:
+            why = "cannot read: %s" % (exc.strerror or exc)
+        rest = info.st_size - counted.count
+        while rest > 0:  # the tar says how long the member is: zeros stand for what was not copied
+            out.write(_ZEROS[:min(rest, len(_ZEROS))])
+            rest -= min(rest, len(_ZEROS))
+        out.write(bytes(-info.st_size % tarfile.BLOCKSIZE))
+        if why:
+            return {"name": name, "reason": why, "valid_bytes": counted.count, "sent": True}
+    return None
+
+
+def listing(checkpoint_dir, root):
+    if not checkpoint_dir:
+        return
+    why = unlinked(checkpoint_dir, root)
+    found = {"dir": checkpoint_dir, "absent": why, "files": []} if why else list_checkpoints(Path(checkpoint_dir))
+    record("CHECKPOINTS", {k: v for k, v in found.items() if k not in ("files", "skipped")})
+    for entry in found.get("files") or ():
+        record("CHECKPOINT", dict(entry, name=safefiles.safe_name(entry["name"])))
+    for entry in found.get("skipped") or ():
+        record("CHECKPOINT-SKIPPED", dict(entry, name=safefiles.safe_name(entry["name"])))
+
+
+def main(workspace, root, checkpoint_dir, checkpoint_root, budget, timeout_seconds):
+    deadline = time.monotonic() + timeout_seconds
+    absent = unlinked(workspace, root)
+    folder = os.path.normpath(os.path.join(os.path.realpath(root), os.path.relpath(workspace, root)))  # ours: a mount point
+    record("META", {"workspace": workspace, "checkpoint_dir": checkpoint_dir, "workspace_absent": absent,
+                    "budget_bytes": budget})
+    try:
+        listing(checkpoint_dir, checkpoint_root)
+    except Exception as exc:
+        record("PROBLEM", {"name": "checkpoints.json", "reason": "%s: %s" % (type(exc).__name__, exc)})
+    chosen, left_out = choose(folder, budget) if absent is None else ([], [])
+    for entry in left_out:
+        record("SKIPPED", entry)
+    for name, entry in chosen:
+        record("FILE", {"name": name, "size_bytes": entry.size_bytes})
+    lines = _Lines()
+    with gzip.GzipFile(fileobj=lines, mode="wb", mtime=0) as out:
+        for name, entry in chosen:
+            if time.monotonic() > deadline:
+                note = {"name": name, "reason": "not sent: the collector's %gs time bound passed" % timeout_seconds,
+                        "valid_bytes": 0, "sent": False}
+            else:
+                note = send(out, name, entry, folder, deadline)
+            if note:
+                out.flush()
+                lines.flush()
+                record("PROBLEM", note)
+        out.write(bytes(2 * tarfile.BLOCKSIZE))  # the end of the archive
+    lines.flush()
+    record("END", {"size": lines.size, "sha256": lines.digest.hexdigest()})
     sys.stdout.flush()
 
 
-main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
 '''
 
 
+_SAFEFILES_IMPORT = "from trainguard_entrypoint import safefiles\n"
+
+
 def script() -> str:
-    """The collector's Python program: the entrypoint's checkpoint listing, then the tar writer."""
-    return inspect.getsource(_checkpoints) + "\nimport json\n" + _SCRIPT
+    """The collector's Python program: `safefiles`, the entrypoint's checkpoint listing, the tar writer.
+
+    The pod has no trainguard package to import, so `safefiles` travels as a module of its own (its
+    source, run into a fresh module) and the listing as prepended source that uses it.
+    """
+    listing = inspect.getsource(_checkpoints)
+    if _SAFEFILES_IMPORT not in listing:
+        raise RuntimeError("trainguard_entrypoint.checkpoints no longer imports safefiles as the collector expects")
+    module = (
+        "import sys as _sys, types as _types\n"
+        "safefiles = _types.ModuleType('trainguard_safefiles')\n"
+        "_sys.modules[safefiles.__name__] = safefiles\n"
+        f"exec(compile({inspect.getsource(_safefiles)!r}, 'safefiles.py', 'exec'), safefiles.__dict__)\n"
+    )
+    return listing.replace(_SAFEFILES_IMPORT, module) + _SCRIPT

@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from trainguard.core import masking
 from trainguard.core.backends.kubernetes import collector
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.describe import describe_pod
@@ -37,6 +38,7 @@ from trainguard.core.backends.kubernetes.scene import (
     Scene,
     event_key,
     facts_of,
+    json_bytes,
     scrub,
 )
 from trainguard.core.backends.kubernetes.volume import store_volume_files
@@ -53,10 +55,6 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def _json_bytes(payload: Any) -> bytes:
-    return (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode("utf-8")
-
-
 def _gone(kind: str, name: str, exc: KubeError) -> str:
     if isinstance(exc, NotFound):
         return (f"{kind} {name} is gone: deleted (by a TTL, a person or a controller) before evidence "
@@ -70,7 +68,7 @@ def _collect_job(c: ClusterWriter, s: Scene) -> None:
     except KubeError as exc:
         c.absent("kubernetes/job.json", KUBERNETES, _gone("Job", s.job_name, exc))
         return
-    c.put_bytes("kubernetes/job.json", _json_bytes(scrub(s.job)), KUBERNETES)
+    c.put_json("kubernetes/job.json", scrub(s.job), KUBERNETES)
 
 
 def _list_events(c: ClusterWriter, s: Scene, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
@@ -127,7 +125,7 @@ def _containers(pod: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any] | N
 
 def _collect_pod(c: ClusterWriter, s: Scene, pod: dict[str, Any]) -> None:
     name = str(pod["metadata"]["name"])
-    c.put_bytes(f"kubernetes/pods/{name}.json", _json_bytes(scrub(pod)), KUBERNETES)
+    c.put_json(f"kubernetes/pods/{name}.json", scrub(pod), KUBERNETES)
     _list_events(c, s, s.namespace, "Pod", name)
     if node := (pod.get("spec") or {}).get("nodeName"):
         s.nodes.setdefault(str(node), None)
@@ -143,15 +141,18 @@ def _collect_logs(c: ClusterWriter, s: Scene, pod: str, container: str, status: 
         if previous and not had_previous:
             c.absent(name, KUBERNETES, "no previous instance: the container never restarted")
             continue
-        spool = s.spool / f"{pod}.{container}.{'previous' if previous else 'current'}.log"
+        raw = s.spool / f"{len(s.logs)}.{'previous' if previous else 'current'}.raw"
         try:
-            c.api.save_pod_log(s.namespace, pod, container, previous=previous, out=spool)
+            c.api.save_pod_log(s.namespace, pod, container, previous=previous, out=raw)
+            spool = c.mask_file(raw, raw.with_suffix(".log"))  # the raw log stays only on the cluster
         except KubeError as exc:
             c.absent(name, KUBERNETES, f"not readable: {exc}")
             continue
         except OSError as exc:
             c.absent(name, KUBERNETES, f"could not spool the log: {exc}")
             continue
+        finally:
+            raw.unlink(missing_ok=True)
         c.put_file(name, spool, KUBERNETES)
         s.logs[(pod, container, previous)] = spool
 
@@ -171,24 +172,24 @@ def _collect_nodes(c: ClusterWriter, s: Scene) -> None:
                        "unschedulable": bool((obj.get("spec") or {}).get("unschedulable")),
                        "labels": (obj.get("metadata") or {}).get("labels") or {},
                        "nodeInfo": status.get("nodeInfo") or {}}
-            c.put_bytes(f"kubernetes/nodes/{node}.json", _json_bytes(summary), KUBERNETES)
+            c.put_json(f"kubernetes/nodes/{node}.json", summary, KUBERNETES)
         _list_events(c, s, NODE_EVENTS_NAMESPACE, "Node", node)
 
 
 def _collect_events_and_describe(c: ClusterWriter, s: Scene) -> None:
     events = s.sorted_events()
-    c.put_bytes("kubernetes/events.json", _json_bytes(events), KUBERNETES)
+    c.put_json("kubernetes/events.json", events, KUBERNETES)
     for pod in s.pods:
         meta = pod.get("metadata") or {}
         own = [e for e in events if (e.get("involvedObject") or {}).get("kind") == "Pod"
                and (e.get("involvedObject") or {}).get("name") == meta.get("name")]
         text = describe_pod(pod, own, now=c.now())
-        c.put_bytes(f"kubernetes/pods/{meta.get('name')}/describe.txt", text.encode("utf-8"), KUBERNETES)
+        c.put_text(f"kubernetes/pods/{meta.get('name')}/describe.txt", text, KUBERNETES)
 
 
 def _collect_termination_message(c: ClusterWriter, s: Scene, facts: ClusterFacts) -> None:
     if facts.termination_message:
-        c.put_bytes("termination-message.txt", facts.termination_message.encode("utf-8"), KUBERNETES)
+        c.put_text("termination-message.txt", facts.termination_message, KUBERNETES)
     elif facts.pod_name is None:
         c.absent("termination-message.txt", KUBERNETES, "no pod of the Job is left to carry one")
     else:
@@ -216,11 +217,11 @@ def _keep_for_triage(c: ClusterWriter, s: Scene, facts: ClusterFacts, log_dir: P
                 kept = log_dir / "attempt.log"
                 shutil.copyfile(facts.log_path, kept)
                 facts = facts.with_log(str(kept))
-            (log_dir / "triage.json").write_bytes(_json_bytes(facts.to_dict()))
+            (log_dir / "triage.json").write_bytes(json_bytes(masking.mask_tree(facts.to_dict(), c.masker)))
         except OSError as exc:
             c.absent(f"{log_dir}/triage.json", KUBERNETES, f"could not keep the triage facts locally: {exc}")
             facts = facts.with_log(None)
-    c.put_bytes(TRIAGE_NAME, _json_bytes({**facts.to_dict(), "log_path": None}), KUBERNETES)
+    c.put_json(TRIAGE_NAME, {**facts.to_dict(), "log_path": None}, KUBERNETES)
     return facts
 
 

@@ -16,6 +16,7 @@ in every attempt.
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import math
@@ -25,6 +26,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from trainguard_entrypoint.redact import declared_secret_names
+
+from trainguard.core import ids
 from trainguard.core.backends import workspace
 from trainguard.core.backends.base import Launch, container_env
 from trainguard.core.backends.kubernetes.zipapp import ENTRYPOINT_FILE
@@ -43,6 +47,7 @@ ATTEMPT_VOLUME, CHECKPOINT_VOLUME, ENTRYPOINT_VOLUME, SHM_VOLUME = "trainguard-a
 LABEL_RUN, LABEL_ATTEMPT = "trainguard.io/run-id", "trainguard.io/attempt"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 _DNS = re.compile(r"[^a-z0-9-]+")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 _UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
 
@@ -91,6 +96,11 @@ class JobSettings:
     checkpoint_claim: str = "trainguard-checkpoints"
     fail_job_exit_codes: tuple[int, ...] = (2, 126, 127)
     python: str = "python3"  # the interpreter the entrypoint, the collector and the lister run with
+    # The attempt's own folder only (a subPath): no job reads or rewrites another run's raw log, or
+    # plants a symlink where another attempt's collector looks. False mounts every run's folders.
+    attempt_sub_path: bool = True
+    # Training never calls the API: no token unless asked (then the service account decides).
+    automount_service_account_token: bool = False
 
 
 def job_name(run_id: str, attempt: int) -> str:
@@ -101,6 +111,42 @@ def job_name(run_id: str, attempt: int) -> str:
         digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
         base = f"{base[: 52 - len(suffix) - 9].rstrip('-')}-{digest}"
     return base + suffix
+
+
+def secret_name(run_id: str, attempt: int) -> str:
+    """The attempt's Secret (its `secret_env` values): `<job name>-env`."""
+    return f"{job_name(run_id, attempt)}-env"
+
+
+def secret_env(launch: Launch) -> dict[str, str]:
+    """The launch's variables that hold secrets: those `TRAINGUARD_SECRET_NAMES` declares."""
+    declared = declared_secret_names(launch.env)
+    return {name: value for name, value in launch.env.items() if name in declared}
+
+
+def secret_key(name: str) -> str:
+    """The Secret's key for variable `name`: the name itself where a key may be spelled so."""
+    if _SECRET_KEY.fullmatch(name) and len(name) <= 253:
+        return name
+    return "env-" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def secret_manifest(settings: JobSettings, launch: Launch, job: Mapping[str, Any]) -> Wire | None:
+    """The attempt's Secret, owned by its Job (the garbage collector deletes it with the Job); None
+    when the launch has no secrets. Immutable: nothing changes what a running attempt was given."""
+    values = secret_env(launch)
+    if not values:
+        return None
+    meta = job.get("metadata") or {}
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta.get("name"), "uid": meta.get("uid")}
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": True,
+        "metadata": {"name": secret_name(launch.run_id, launch.attempt), "namespace": settings.namespace,
+                     "labels": labels_for(settings, launch.run_id, launch.attempt, component="secret-env"),
+                     "ownerReferences": [owner]},
+        "data": {secret_key(name): base64.b64encode(value.encode("utf-8", "surrogateescape")).decode("ascii")
+                 for name, value in sorted(values.items())},
+    }
 
 
 def workspace_path(run_id: str, attempt: int) -> str:
@@ -142,6 +188,10 @@ def job_manifest(settings: JobSettings, launch: Launch, entrypoint_config_map: s
     }
     if launch.deadline_seconds:
         job["spec"]["activeDeadlineSeconds"] = max(1, math.ceil(launch.deadline_seconds))
+    if secret_env(launch):
+        # no pod before its Secret exists: created suspended, resumed once the Secret (which names
+        # the Job's uid as its owner) is there
+        job["spec"]["suspend"] = True
     return deep_merge(job, settings.job_template) if settings.job_template else job
 
 
@@ -166,6 +216,8 @@ def pod_spec(settings: JobSettings, launch: Launch, entrypoint_config_map: str) 
                 "imagePullSecrets": [{"name": s} for s in settings.image_pull_secrets],
                 "affinity": avoid_nodes_affinity(launch.avoid_nodes)}
     spec.update({key: value for key, value in optional.items() if value})
+    if not settings.automount_service_account_token:
+        spec["automountServiceAccountToken"] = False
     return spec
 
 
@@ -174,8 +226,9 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
     env = container_env(launch, workspace=workspace_path(launch.run_id, launch.attempt),
                         checkpoint_dir=checkpoint_path(launch.run_id))
     env["TRAINGUARD_TERMINATION_LOG"] = TERMINATION_LOG
+    secrets = frozenset(secret_env(launch))
     mounts = [{"name": ENTRYPOINT_VOLUME, "mountPath": ENTRYPOINT_MOUNT, "readOnly": True},
-              {"name": ATTEMPT_VOLUME, "mountPath": ATTEMPTS_MOUNT},
+              attempt_mount(settings, launch.run_id, launch.attempt),
               # subPath: the kubelet creates the run's folder, and the run sees only its own
               {"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_path(launch.run_id), "subPath": launch.run_id}]
     if settings.shm_size:
@@ -183,7 +236,7 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
     body: Wire = {
         "name": CONTAINER, "image": settings.image,
         "command": [settings.python, f"{ENTRYPOINT_MOUNT}/{ENTRYPOINT_FILE}", "--", *launch.command],
-        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+        "env": [env_var(k, v, launch, secrets) for k, v in sorted(env.items())],
         "resources": resources(settings, launch),
         "volumeMounts": mounts + [dict(m) for m in settings.volume_mounts],
         "terminationMessagePath": TERMINATION_LOG,
@@ -194,6 +247,25 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
     if settings.image_pull_policy:
         body["imagePullPolicy"] = settings.image_pull_policy
     return body
+
+
+def env_var(name: str, value: str, launch: Launch, secrets: frozenset[str]) -> Wire:
+    """A plain variable, or, for one of `secrets`, a reference to the attempt's Secret: a value
+    written into the Job would be read by anyone who may `get` Jobs or pods, and kept in etcd
+    backups and audit logs."""
+    if name not in secrets:
+        return {"name": name, "value": value}
+    ref = {"name": secret_name(launch.run_id, launch.attempt), "key": secret_key(name)}
+    return {"name": name, "valueFrom": {"secretKeyRef": ref}}
+
+
+def attempt_mount(settings: JobSettings, run_id: str, attempt: int) -> Wire:
+    """The attempt volume in the training container: its own folder by subPath (the kubelet makes
+    it), at the path it has under `ATTEMPTS_MOUNT`, or the whole volume when the settings say so."""
+    if not settings.attempt_sub_path:
+        return {"name": ATTEMPT_VOLUME, "mountPath": ATTEMPTS_MOUNT}
+    return {"name": ATTEMPT_VOLUME, "mountPath": workspace_path(run_id, attempt),
+            "subPath": ids.attempt_path(run_id, attempt)}
 
 
 def resources(settings: JobSettings, launch: Launch) -> Wire:

@@ -3,13 +3,16 @@
 `Scene` holds what the API answered (the Job, its pods, events, nodes, the spooled logs);
 `ClusterWriter` puts items into the store and keeps the manifest's two lists; `ClusterFacts` is the
 small value triage needs (reason, exit code, conditions, events, the log as a local file), built
-by `facts_of`. Also here: `scrub` (no secret leaves in a stored object). Which items are
+by `facts_of`. Also here: `scrub` (secret-looking variables and flags of a stored object as ``***``; the
+writer's masker then masks every value the flow knows to be secret). Which items are
 collected, and in what order, is ``evidence``'s business; reading the API is ``api``'s.
 """
 
 from __future__ import annotations
 
+import codecs
 import copy
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
@@ -18,6 +21,7 @@ from typing import Any, TypeVar
 
 from trainguard_entrypoint.redact import REDACTED, is_secret_name, redact_argv, redact_text
 
+from trainguard.core import masking
 from trainguard.core.backends import workspace_evidence
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.collector import training_container
@@ -30,6 +34,7 @@ from trainguard.core.triage.signals import Signals
 T = TypeVar("T")
 KUBERNETES = "kubernetes"
 _LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+_MASK_PIECE_BYTES = 1024 * 1024
 
 
 class BreakerApi(KubeApi):
@@ -58,11 +63,44 @@ class BreakerApi(KubeApi):
 
 
 class ClusterWriter(workspace_evidence.BundleWriter):
-    """The shared evidence collector, talking to the cluster through an API that stops after repeated failures."""
+    """The shared evidence collector, talking to the cluster through an API that stops after repeated failures.
 
-    def __init__(self, api: KubeApi, store: EvidenceStore, prefix: str, now: Callable[[], datetime]) -> None:
+    Everything it stores that came from the job or the cluster goes through one masker: JSON
+    (`put_json`), text (`put_text`), spooled files (`mask_file`) and the reasons of missing items,
+    which quote what the API or the collector pod said. Core dumps alone are stored byte for byte.
+    """
+
+    def __init__(self, api: KubeApi, store: EvidenceStore, prefix: str, now: Callable[[], datetime],
+                 masker: masking.Masker | None = None) -> None:
         super().__init__(store, prefix, now)
         self.api: KubeApi = BreakerApi(api)
+        self.masker = masker or masking.current()
+
+    def absent(self, name: str, source: str, reason: str, original: str = "") -> None:
+        super().absent(name, source, self.masker.for_people(reason), original)
+
+    def put_json(self, name: str, payload: Any, source: str) -> None:
+        """``payload`` as indented JSON, every string in it masked."""
+        self.put_bytes(name, json_bytes(masking.mask_tree(payload, self.masker)), source)
+
+    def put_text(self, name: str, text: str, source: str) -> None:
+        self.put_bytes(name, self.masker.mask(text).encode("utf-8", "surrogateescape"), source)
+
+    def mask_file(self, raw: Path, masked: Path) -> Path:
+        """Write ``raw`` (a spool file of ours) masked into ``masked``, a piece at a time; bytes that are
+        not UTF-8 stay as they were. Returns ``masked``."""
+        decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+        stream = self.masker.stream()
+        with raw.open("rb") as source, masked.open("wb") as out:
+            while piece := source.read(_MASK_PIECE_BYTES):
+                out.write(stream.feed(decoder.decode(piece)).encode("utf-8", "surrogateescape"))
+            rest = stream.feed(decoder.decode(b"", final=True)) + stream.close()
+            out.write(rest.encode("utf-8", "surrogateescape"))
+        return masked
+
+
+def json_bytes(payload: Any) -> bytes:
+    return (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
 @dataclass

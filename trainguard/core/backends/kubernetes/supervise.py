@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.core import masking
 from trainguard.core.backends.kubernetes import manifests
 from trainguard.core.backends.kubernetes.errors import KubeError, Transient
 from trainguard.core.backends.kubernetes.watch import RELISTED, ResumingWatch, WatchApi
@@ -40,7 +41,8 @@ START_ERRORS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"
                           "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
 _ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
 LOG_TAIL_LINES = 200
-LINE_LIMIT_CHARS = 8192
+LINE_LIMIT_CHARS = 8192  # what is shown of a line (or of a piece of a longer one)
+LINE_PIECE_BYTES = 64 * 1024  # a longer line is handed out in pieces, as the local runner and the Slurm tail do
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,9 @@ class Supervisor:
 
     def __init__(self, api: Any, namespace: str, run_id: str, attempt: int, limits: Limits, *,
                  on_line: LineSink | None = None, clock: Callable[[], float] = time.monotonic,
-                 created: Wire | None = None) -> None:
+                 created: Wire | None = None, masker: masking.Masker | None = None) -> None:
         self.api, self.namespace, self.limits, self.clock = api, namespace, limits, clock
+        self.masker = masker or masking.current()  # the attempt's secrets are registered by now
         self.job_name = manifests.job_name(run_id, attempt)
         self.selector = manifests.selector(run_id, attempt)
         self.on_line = on_line
@@ -153,32 +156,29 @@ class Supervisor:
             self.events.put((resource, {"type": "FAILED", "object": {"message": str(exc)}}))
 
     def _follow_log(self, pod_name: str) -> None:
-        seen, pending = 0, b""
+        seen = 0
         for _ in range(20):  # a dropped stream is resumed; lines already handed out are skipped
-            count = 0
+            count, cutter = 0, LineCutter()
             try:
                 for chunk in self.api.stream_pod_log(self.namespace, pod_name, manifests.CONTAINER,
                                                      read_timeout_seconds=self.limits.log_read_timeout_seconds):
-                    pending += chunk
-                    *lines, pending = pending.split(b"\n")
-                    for raw in lines:
+                    for raw in cutter.feed(chunk):
                         count += 1
                         if count > seen:
                             seen = count
                             self._line(raw)
                     if self.stop.is_set():
                         return
-                if pending and count + 1 > seen:
-                    self._line(pending)
+                if cutter.pending and count + 1 > seen:
+                    self._line(cutter.pending)
                 return
             except Transient:
-                pending = b""
                 time.sleep(0.2)
             except KubeError:
                 return
 
     def _line(self, raw: bytes) -> None:
-        text = printable(raw)
+        text = self.masker.mask(printable(raw))
         self.last_output = self.clock()
         self.ending.log_tail.append(text)
         if self.on_line is not None:
@@ -265,6 +265,32 @@ class Supervisor:
             self.marks.pop(mark, None)
             return -1.0
         return now - self.marks.setdefault(mark, now)
+
+
+class LineCutter:
+    """Splits a byte stream into lines, and a line longer than `LINE_PIECE_BYTES` into pieces.
+
+    The pieces are cut at fixed offsets from the line's start, so a stream read again after a drop
+    is cut the same way; what is held back is never more than one piece plus one chunk, so a
+    128 MB progress bar that never prints a newline costs linear time and is shown as it grows.
+    """
+
+    def __init__(self, piece_bytes: int = 0) -> None:
+        self.piece_bytes = piece_bytes or LINE_PIECE_BYTES
+        self.pending = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines and pieces `chunk` completes; a line's last piece waits for its newline."""
+        *lines, rest = (self.pending + chunk).split(b"\n")
+        size, found = self.piece_bytes, []
+        for line in lines:
+            found.extend([line[i:i + size] for i in range(0, len(line), size)] or [b""])
+        cut = 0
+        while len(rest) - cut > size:
+            found.append(rest[cut:cut + size])
+            cut += size
+        self.pending = rest[cut:]
+        return found
 
 
 # -- reading wire-form objects ------------------------------------------------------------

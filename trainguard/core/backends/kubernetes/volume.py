@@ -5,18 +5,20 @@ members into items (``logs/train-…log``, ``crash-report.json``, ``snapshot/…
 lists the checkpoints, and records as missing, with the reason, everything the local collector
 would expect and the volume did not hold: so `trainguard evidence show` reads a Kubernetes attempt
 as it reads a local one. Files are streamed from the tar to spool files; nothing is held whole in
-memory.
+memory. Names are the collector's printable spellings (the job's own spelling is kept in the
+manifest as the original name), every file but a core dump is masked, and a file the collector
+could send only in part is stored up to where it was whole and listed as cut.
 """
 
 from __future__ import annotations
 
-import json
 import posixpath
 import shutil
 import tarfile
 from pathlib import Path
 from typing import Any
 
+from trainguard_entrypoint import safefiles
 from trainguard_entrypoint.files import read_json_object, read_tail_lines
 
 from trainguard.core.backends import workspace
@@ -50,13 +52,32 @@ def _item_name(member: str) -> str | None:
         return None
 
 
-def _unpack(c: ClusterWriter, s: Scene, tar_path: Path) -> set[str]:
+def _log_item(s: Scene) -> str:
+    """The entrypoint's log, by the name the entrypoint gives it: the one log triage reads.
+
+    Other files a job leaves under ``logs/`` (metrics, a framework's own log) are kept as evidence
+    but never decide the verdict, whatever order the volume lists them in.
+    """
+    return f"{workspace.LOGS}/{workspace.log_name(s.run_id, s.attempt)}"
+
+
+def _original(name: str) -> str:
+    """The name as the job spelled it, where the collector spelled it printably (else "")."""
+    original = "/".join(safefiles.original_name(segment) for segment in name.split("/"))
+    return "" if original == name else original
+
+
+def _unpack(c: ClusterWriter, s: Scene, tar_path: Path, cut: dict[str, dict[str, Any]]) -> set[str]:
+    """Store each member; one the collector could send only in part (``cut``) is stored up to where it
+    was whole, and said to be cut."""
     found: set[str] = set()
+    log_item = _log_item(s)
     with tarfile.open(tar_path, "r:gz") as tar:
         for index, member in enumerate(tar):
             name = _item_name(member.name)
+            shown = safefiles.safe_name(member.name)
             if not member.isfile() or name is None:
-                c.absent(f"volume/{index}", VOLUME, f"{member.name!r} skipped: not a regular file with a safe name")
+                c.absent(f"volume/{shown}", VOLUME, f"{shown} skipped: not a regular file with a name fit for a key")
                 continue
             spool = s.spool / f"volume-{index}"
             source = tar.extractfile(member)
@@ -64,9 +85,15 @@ def _unpack(c: ClusterWriter, s: Scene, tar_path: Path) -> set[str]:
                 continue
             with source, spool.open("wb") as out:
                 shutil.copyfileobj(source, out, 1024 * 1024)
-            c.put_file(name, spool, ENTRYPOINT)
+                if member.name in cut:  # the rest is zeros standing in for what could not be read
+                    out.truncate(int(cut[member.name].get("valid_bytes") or 0))
+                    c.absent(f"{name} (cut)", ENTRYPOINT, f"stored up to byte {cut[member.name].get('valid_bytes')} "
+                             f"of {member.size}: {cut[member.name].get('reason')}", _original(name))
+            if not name.startswith(f"{workspace.COREDUMPS}/"):  # a core dump masked would be corrupt
+                spool = c.mask_file(spool, spool.with_suffix(".masked"))
+            c.put_file(name, spool, ENTRYPOINT, _original(name))
             found.add(name)
-            if name.startswith("logs/") and s.volume_log is None:
+            if name == log_item:
                 s.volume_log = (name, spool)
             if name == "crash-report.json":
                 s.crash_report = spool
@@ -84,9 +111,9 @@ def _no_crash_report(s: Scene) -> str:
 
 
 def _expected(c: ClusterWriter, s: Scene, found: set[str], meta: dict[str, Any], tar: bool) -> None:
-    log_name = f"{workspace.LOGS}/{workspace.log_name(s.run_id, s.attempt)}"
+    log_name = _log_item(s)
     why = "the volume was not read" if not tar else "not on the volume"
-    if not any(n.startswith("logs/") for n in found):
+    if log_name not in found:
         c.absent(log_name, ENTRYPOINT, f"{why}: {meta.get('workspace_absent') or 'the entrypoint wrote no log'}")
     if "crash-report.json" not in found:
         c.absent("crash-report.json", ENTRYPOINT, f"{why}: {_no_crash_report(s)}")
@@ -105,7 +132,7 @@ def _checkpoints(c: ClusterWriter, meta: dict[str, Any]) -> None:
         c.absent("checkpoints.json", VOLUME, "the checkpoint folder was not listed (no checkpoint volume named)")
         c.absent("checkpoint", VOLUME, "no checkpoint folder to look in")
         return
-    c.put_bytes("checkpoints.json", (json.dumps(listing, indent=2) + "\n").encode("utf-8"), VOLUME)
+    c.put_json("checkpoints.json", listing, VOLUME)
     files = [f for f in listing.get("files") or () if isinstance(f, dict)]
     if not files:
         c.absent("checkpoint", VOLUME, f"no checkpoint in {listing.get('dir')}: {listing.get('absent') or 'empty'}")
@@ -123,7 +150,7 @@ def _crash_tail(c: ClusterWriter, s: Scene) -> None:
     if source is None:
         c.absent("crash-tail.txt", VOLUME, "no log to take the tail of")
         return
-    lines = read_tail_lines(source, CRASH_TAIL_LINES, max_bytes=1024 * 1024)
+    lines = [c.masker.for_people(line) for line in read_tail_lines(source, CRASH_TAIL_LINES, max_bytes=1024 * 1024)]
     c.put_bytes("crash-tail.txt", ("\n".join(lines) + "\n" if lines else "").encode("utf-8"), VOLUME)
 
 
@@ -153,10 +180,11 @@ def store_volume_files(c: ClusterWriter, s: Scene, *, budget_bytes: int, start_t
             meta = fetched.meta
             if fetched.tar_path is not None:
                 tar = True
-                found = _unpack(c, s, fetched.tar_path)
-                for skipped in [*meta.get("skipped", ()), *meta.get("problems", ())]:
+                problems = [p for p in meta.get("problems", ()) if isinstance(p, dict)]
+                found = _unpack(c, s, fetched.tar_path, {str(p.get("name")): p for p in problems if p.get("sent")})
+                for skipped in [*meta.get("skipped", ()), *(p for p in problems if not p.get("sent"))]:
                     name = _item_name(str(skipped.get("name"))) or "volume"
-                    c.absent(name, ENTRYPOINT, str(skipped.get("reason")))
+                    c.absent(name, ENTRYPOINT, str(skipped.get("reason")), _original(name))
     _expected(c, s, found, meta, tar)
     if tar:
         _checkpoints(c, meta)

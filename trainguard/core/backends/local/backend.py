@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from trainguard.core.backends import workspace_evidence
+from trainguard_entrypoint import safefiles
+
+from trainguard.core.backends import jobfiles, workspace_evidence
+from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.local import orphans
 from trainguard.core.backends.base import (
     START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, Rendezvous, container_env,
@@ -38,6 +41,7 @@ class LocalBackend:
     work_root: Path
     grace_seconds: float = 10.0
     python: str = sys.executable
+    budget: Budget = Budget()
     kind: str = KIND
     evidence_first: ClassVar[bool] = False  # a stopped process writes its crash report: collect after the stop
 
@@ -70,14 +74,16 @@ class LocalBackend:
     ) -> CollectedEvidence:
         ws = self.workspace(ref)
         failures = outcome.storage_problems if outcome is not None else ()
-        manifest = workspace_evidence.collect_local_evidence(ws, store, extra=extra, write_failures=failures)
+        manifest = workspace_evidence.collect_local_evidence(ws, store, extra=extra, write_failures=failures,
+                                                             budget=self.budget)
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
-        log = Path(outcome.log_path) if outcome.log_path else self.workspace(ref).log_path
-        source: LogSource = log if log.exists() else None
+        ws = self.workspace(ref)
+        log = jobfiles.readable_log(Path(outcome.log_path) if outcome.log_path else ws.log_path, ws.root)
+        source: LogSource = log
         if outcome.log_tail:  # the log file is incomplete (a full disk): what it holds, then the runner's tail
-            source = io.BufferedReader(PartialLogThenTail(log, outcome.log_tail)) if log.exists() else outcome.log_tail
+            source = io.BufferedReader(PartialLogThenTail(log, outcome.log_tail)) if log else outcome.log_tail
         return Signals(exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
                        events=outcome.events, log=source, error_files=torchrun.error_files(self.workspace(ref).root))
 
@@ -121,10 +127,19 @@ def outcome_of_process(result: ProcessOutcome) -> AttemptOutcome:
         started_at=result.started_at.isoformat(), finished_at=result.finished_at.isoformat(),
         duration_seconds=result.duration_seconds, node=os.uname().nodename,
         log_path=None if result.log_incomplete else str(result.log_path),
-        # the runner's own tail is carried only where the log file cannot stand in for it
-        log_tail="\n".join(result.output_tail) if result.log_incomplete or not result.log_path.exists() else "",
+        # the runner's own tail is carried only where the log file cannot stand in for it (gone, cut
+        # short by a full disk, or replaced by the command with something that is not its log)
+        log_tail="\n".join(result.output_tail) if result.log_incomplete or not _own_file(result.log_path) else "",
         storage_problems=result.storage_problems,
     )
+
+
+def _own_file(path: Path) -> bool:
+    try:
+        with safefiles.open_regular(path):
+            return True
+    except OSError:
+        return False
 
 
 class PartialLogThenTail(io.RawIOBase):
@@ -140,7 +155,7 @@ class PartialLogThenTail(io.RawIOBase):
 
     def __init__(self, path: Path, tail: str) -> None:
         super().__init__()
-        self._file: io.BufferedReader | None = path.open("rb")
+        self._file: io.BufferedReader | None = safefiles.open_regular(path)
         self._rest = _tail_after(self._file, tail.splitlines()).encode("utf-8", "replace")
 
     def readable(self) -> bool:

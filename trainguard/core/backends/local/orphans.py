@@ -6,7 +6,11 @@ folder. The runner writes `process.json` when it starts the entrypoint; whoever 
 dead (the crash hook, the retry controller) stops what that record names, the way the runner would:
 SIGTERM to the entrypoint, which forwards it and writes its crash report, then SIGKILL to the
 whole process group after the grace period. A pid is only trusted together with its start time, so
-a reused pid is never signalled. Starting processes does not belong here (`local`).
+a reused pid is never signalled. The record lies in the attempt's folder, which the training job
+can write, so it is not trusted either: the process it names must still be this attempt's
+entrypoint (its command line says so) and lead its own process group, the one recorded, as the
+runner starts it; otherwise nothing is signalled and the stop says why. Starting processes does
+not belong here (`local`).
 """
 
 from __future__ import annotations
@@ -63,15 +67,43 @@ def stop_leftover(
         return LeftoverStop(False, f"the attempt ran on host {record.get('host')!r}, not here; stop it there", pid)
     if ticks is None or process_start_ticks(pid) != ticks:
         return LeftoverStop(False, f"the attempt's entrypoint (pid {pid}) is no longer running", pid)
+    if (refused := _not_the_entrypoint(pid, record.get("process_group"), process_record.parent)) is not None:
+        return LeftoverStop(False, f"not stopped: {refused}; the attempt's process.json may have been rewritten "
+                                   f"by its job, so pid {pid} is left alone", pid)
     _signal(lambda: os.kill(pid, signal.SIGTERM))
     deadline = clock() + grace_seconds
     while clock() < deadline and process_start_ticks(pid) == ticks:
         sleep(0.05)
     escalated = process_start_ticks(pid) == ticks
-    _signal(lambda: os.killpg(int(record.get("process_group") or pid), signal.SIGKILL))
+    _signal(lambda: os.killpg(pid, signal.SIGKILL))  # its own group, checked above to be the one recorded
     how = "SIGKILL after the grace period" if escalated else "SIGTERM"
     return LeftoverStop(True, f"stopped the attempt's command left running without its supervisor "
                               f"(entrypoint pid {pid}, {how})", pid)
+
+
+def _not_the_entrypoint(pid: int, group: object, attempt_folder: Path) -> str | None:
+    """Why ``pid`` is not this attempt's entrypoint leading the recorded process group; None when it is."""
+    try:
+        live_group = os.getpgid(pid)
+    except OSError:
+        return f"process {pid} has no process group to read"
+    if group != pid or live_group != pid:
+        return (f"process {pid} does not lead the process group recorded ({group!r}; it is in group {live_group}), "
+                "as the runner starts the entrypoint")
+    argv = _command_line(pid)
+    expected = os.path.realpath(attempt_folder)
+    named = any(a == "--workspace" and os.path.realpath(b) == expected for a, b in zip(argv, argv[1:]))
+    if not named or not any("trainguard_entrypoint" in a or "trainguard-entrypoint" in a for a in argv):
+        return f"process {pid} is not the entrypoint of the attempt in {attempt_folder}"
+    return None
+
+
+def _command_line(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [os.fsdecode(part) for part in raw.split(b"\0") if part]
 
 
 def _signal(send: Callable[[], None]) -> None:

@@ -21,7 +21,9 @@ from typing import ClassVar
 
 from trainguard_entrypoint.files import read_json_object, write_json_atomic
 
-from trainguard.core.backends import workspace_evidence
+from trainguard.core import masking
+from trainguard.core.backends import jobfiles, workspace_evidence
+from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.slurm import continuation, job, nodes
 from trainguard.core.backends.slurm import evidence as slurm_evidence
 from trainguard.core.backends.base import (
@@ -31,7 +33,7 @@ from trainguard.core.backends.slurm.client import (
     TERMINAL_STATES, JobInfo, JobNotFound, SlurmClient, SlurmError, SlurmUnavailable, iso_time,
 )
 from trainguard.core.backends.slurm.continuation import JOB_RECORD
-from trainguard.core.backends.slurm.tail import LogTail, tail_bytes
+from trainguard.core.backends.slurm.tail import LogTail, last_bytes
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import Signals
@@ -63,6 +65,7 @@ class SlurmBackend:
         odd_answers_limit: How many unexpected squeue failures in a row (neither "unreachable" nor
             "no such job") are asked again before the attempt ends as `ControllerUnreachable`.
         orphan_grace_seconds: How long `stop_orphan` waits for a cancelled job to end.
+        budget: How much of what the job left its evidence takes (by apparent size).
     """
 
     shared_folder: Path
@@ -76,6 +79,7 @@ class SlurmBackend:
     controller_timeout_seconds: float = 300.0
     odd_answers_limit: int = 5
     orphan_grace_seconds: float = 60.0
+    budget: Budget = Budget()
     kind: str = KIND
     evidence_first: ClassVar[bool] = False  # scancel lets the job write its crash report: collect after the stop
 
@@ -90,6 +94,7 @@ class SlurmBackend:
 
     def run(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None = None) -> AttemptOutcome:
         ws = self.workspace(ref)
+        masking.register_environment(launch.env)  # every task's output is masked with them, in evidence too
         started_at = datetime.now(UTC)
         try:
             job_id = self._submit_or_adopt(ws, launch)
@@ -119,14 +124,15 @@ class SlurmBackend:
                                      clock=self.clock, sleep=self.sleep)
         manifest = slurm_evidence.collect(ws, self.client, store, job_id=continuation.recorded_job_id(ws),
                                           node_failed=bool(outcome and outcome.reason == "NodeLost"), extra=extra,
-                                          reach=reach)
+                                          reach=reach, budget=self.budget)
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
-        log = Path(outcome.log_path) if outcome.log_path else self.workspace(ref).log_path
+        jw = continuation.job_workspace(self.workspace(ref))
+        log = jobfiles.readable_log(jw.log_path, jw.root)
         return Signals(
             exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
-            events=outcome.events, log=log if log.exists() else (outcome.log_tail or None),
+            events=outcome.events, log=log if log is not None else (outcome.log_tail or None),
             error_files=torchrun.nodes_error_files(nodes.node_folders(self.workspace(ref).root)),
         )
 
@@ -245,7 +251,8 @@ class SlurmBackend:
 
     def _supervise(self, ws: AttemptWorkspace, job_id: str, launch: Launch, on_line: LineSink) -> str | None:
         """Follow the job until it is terminal; return why trainguard stopped it, if it did."""
-        tail = LogTail(ws.log_path, on_line, self.clock)
+        jw = continuation.job_workspace(ws)
+        tail = LogTail(jw.log_path, on_line, self.clock, jw.root)
         delay, running_since, stopped_for = self.poll_min_seconds, None, None
         watch = _Watch(self.clock())
         while True:
@@ -301,7 +308,8 @@ class SlurmBackend:
         self._write_runner(ws, job_id, None, job.UNREACHABLE, message)
         event = {"type": "Warning", "reason": job.UNREACHABLE, "message": message,
                  "involvedObject": {"kind": "SlurmJob", "name": job_id or job.job_name(ws.run_id, ws.attempt)}}
-        crash = read_json_object(ws.crash_report_path)  # the job may have ended and reported before the controller went
+        jw = continuation.job_workspace(ws)  # the job may have ended and reported before the controller went
+        crash = read_json_object(jw.crash_report_path, jw.root)
         exit_code, sig = job.exit_status(crash, None)
         return AttemptOutcome(exit_code=exit_code, signal=sig, reason=job.UNREACHABLE, message=message,
                               started_at=started.isoformat(), finished_at=datetime.now(UTC).isoformat(),
@@ -317,14 +325,16 @@ class SlurmBackend:
 
     def _outcome(self, ws: AttemptWorkspace, job_id: str, stopped_for: str | None, started: datetime) -> AttemptOutcome:
         info = self._final_info(ws, job_id)
-        crash = read_json_object(ws.crash_report_path)
+        jw = continuation.job_workspace(ws)
+        crash = read_json_object(jw.crash_report_path, jw.root)
         exit_code, sig = job.exit_status(crash, info)
         state = info.state if info is not None else "UNKNOWN"
-        signalled = (ws.root / job.SIGNAL_MARKER).exists()
+        signalled = os.path.lexists(jw.root / job.SIGNAL_MARKER)
+        stderr = last_bytes(jw.root / f"slurm-{job_id}.err", jw.root)
         reason = job.termination(state, exit_code, signalled=signalled, stopped_for=stopped_for,
-                                       memory_exceeded=job.memory_killed(tail_bytes(ws.root / f"slurm-{job_id}.err")))
-        nodes = self._hostnames(info.node_list) if info is not None and info.node_list else []
-        node = self._failed_node(ws, nodes) if reason == "NodeLost" else (nodes[0] if nodes else None)
+                                 memory_exceeded=job.memory_killed(stderr))
+        hosts = self._hostnames(info.node_list) if info is not None and info.node_list else []
+        node = self._failed_node(ws, hosts) if reason == "NodeLost" else (hosts[0] if hosts else None)
         message = job.ended_message(job_id, info, exit_code, sig, stopped_for, signalled)
         self._write_runner(ws, job_id, exit_code, reason, message, sig)
         event = {"type": "Warning" if reason != "Completed" else "Normal", "reason": state, "message": message,
@@ -341,8 +351,7 @@ class SlurmBackend:
         """`scontrol show job` right at the end, kept in the folder before the record ages out."""
         try:
             info = self.client.show_job(job_id)
-            (ws.root / "slurm").mkdir(exist_ok=True)
-            (ws.root / "slurm" / "scontrol-show-job.txt").write_text(self.client.show_job_text(job_id), "utf-8")
+            slurm_evidence.keep(ws, "scontrol-show-job.txt", self.client.show_job_text(job_id))
             return info
         except (SlurmError, OSError):
             return None
@@ -360,8 +369,7 @@ class SlurmBackend:
                 text = self.client.show_node(node)
             except SlurmError:
                 continue
-            (ws.root / "slurm").mkdir(exist_ok=True)
-            (ws.root / "slurm" / f"scontrol-show-node-{node}.txt").write_text(text, "utf-8")
+            slurm_evidence.keep(ws, f"scontrol-show-node-{node}.txt", text)
             if any(word in text for word in ("State=DOWN", "+DRAIN", "State=FAIL", "NOT_RESPONDING", "State=DRAIN")):
                 return node
         return nodes[0] if nodes else None

@@ -20,6 +20,7 @@ from typing import Any
 
 from trainguard_entrypoint.files import read_json_object, write_json_atomic
 
+from trainguard.core import ids
 from trainguard.core.backends import processes
 from trainguard.core.backends.slurm import job
 from trainguard.core.backends.slurm.client import SlurmClient
@@ -94,6 +95,19 @@ def cancel_earlier_jobs(client: SlurmClient, shared_folder: Path, run_id: str, a
         comment = job.job_comment(run_id, earlier, str(shared_folder))
         for job_id, _ in client.find(job.job_name(run_id, earlier), comment):
             client.cancel(job_id)
+
+
+def job_workspace(ws: AttemptWorkspace) -> AttemptWorkspace:
+    """The folder the attempt's job writes: the attempt's own, or that of the attempt whose job it continues.
+
+    Whoever reads the job's files (supervision, triage, evidence) reads them there, not through the
+    links `link_job_files` made: the job can write its folders, so nothing of them is followed.
+    """
+    origin = job_attempt(read_json_object(ws.root / JOB_RECORD, ws.root), ws.attempt)
+    if origin == ws.attempt:
+        return ws
+    return AttemptWorkspace(root=ws.root.parent / ids.attempt_name(origin), run_id=ws.run_id, attempt=origin,
+                            checkpoint_dir=ws.checkpoint_dir)
 
 
 def recorded_job_id(ws: AttemptWorkspace) -> str | None:

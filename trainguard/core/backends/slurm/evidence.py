@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import time
 import zipfile
 from collections.abc import Callable, Mapping
@@ -24,9 +25,15 @@ from functools import partial
 from pathlib import Path
 
 import trainguard_entrypoint
+from trainguard_entrypoint.files import write_bytes_atomic
 
-from trainguard.core.backends import workspace_evidence
-from trainguard.core.evidence.manifest import Manifest, ManifestItem, MissingItem, attempt_prefix, store_manifest
+from trainguard_entrypoint import safefiles
+
+from trainguard.core import masking
+from trainguard.core.backends import jobfiles, workspace_evidence
+from trainguard.core.backends.jobfiles import Budget, JobFile
+from trainguard.core.evidence.manifest import Manifest, attempt_prefix, store_manifest
+from trainguard.core.backends.slurm import continuation, job
 from trainguard.core.backends.slurm.client import SlurmClient, SlurmError, accounting_rows, accounting_settled
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.backends.workspace import AttemptWorkspace
@@ -58,31 +65,40 @@ def entrypoint_archive(shared_folder: Path) -> Path:
     return target
 
 
+def keep(ws: AttemptWorkspace, name: str, text: str) -> None:
+    """Keep what Slurm said (``slurm/<name>`` in the attempt's folder) for the evidence, replacing any link
+    the job left in its place: the folder is the job's to write, and a write through its link would land
+    wherever it points."""
+    folder = ws.root / "slurm"
+    if folder.is_symlink() or (os.path.lexists(folder) and not folder.is_dir()):
+        folder.unlink()
+    folder.mkdir(exist_ok=True)
+    write_bytes_atomic(folder / name, text.encode("utf-8"))
+
+
 class _Slurm:
-    """Stores the Slurm items of one attempt and keeps their manifest entries."""
+    """Puts the Slurm items of one attempt through the attempt's bundle writer (their source: "slurm")."""
 
-    def __init__(self, store: EvidenceStore, prefix: str) -> None:
-        self.store, self.prefix = store, prefix
-        self.items: list[ManifestItem] = []
-        self.missing: list[MissingItem] = []
+    def __init__(self, c: workspace_evidence.BundleWriter, masker: masking.Masker) -> None:
+        self.c, self.masker = c, masker
 
-    def put(self, name: str, data: bytes | Path) -> None:
-        key = f"{self.prefix}/{name}"
-        stored = self.store.put_file(key, data) if isinstance(data, Path) else self.store.put_bytes(key, data)
-        stamp = datetime.now(UTC).isoformat()
-        self.items.append(ManifestItem(name, stored.key, stored.sha256, stored.size_bytes, SLURM, stamp))
+    def put(self, name: str, data: bytes) -> None:
+        self.c.put_bytes(name, data, SLURM)
+
+    def put_job_file(self, name: str, path: Path, root: Path, kind: str = "report") -> None:
+        """A file in the attempt's folder, which the job can write: masked, within budget, never followed."""
+        limit = None if kind == "log" else jobfiles.SMALL_FILE_LIMIT_BYTES
+        job_file = JobFile(path, root, kind, limit, self.masker, cut=kind == "log")
+        jobfiles.put(self.c, "", name, SLURM, job_file)
 
     def absent(self, name: str, reason: str) -> None:
-        self.missing.append(MissingItem(name, SLURM, reason))
+        self.c.absent(name, SLURM, reason)
 
     def items_named(self, prefix: str) -> bool:
-        return any(item.name.startswith(prefix) for item in self.items)
+        return any(item.name.startswith(prefix) for item in self.c.items)
 
     def guarded(self, name: str, step: Callable[[], None]) -> None:
-        try:
-            step()
-        except Exception as exc:  # evidence never masks the failure it documents
-            self.absent(name, f"could not collect: {type(exc).__name__}: {exc}")
+        self.c.guarded(name, SLURM, step)  # evidence never masks the failure it documents
 
 
 @dataclass(frozen=True)
@@ -155,10 +171,11 @@ def _jobcomp(s: _Slurm, client: SlurmClient, job_id: str, reach: Reach) -> None:
         s.absent(name, f"no line for job {job_id} in {path} (the job may still be completing)")
 
 
-def _job_files(s: _Slurm, client: SlurmClient, ws: AttemptWorkspace, job_id: str, reach: Reach) -> None:
+def _job_files(s: _Slurm, client: SlurmClient, ws: AttemptWorkspace, jw: AttemptWorkspace, job_id: str,
+               reach: Reach) -> None:
     kept = ws.root / "slurm" / "scontrol-show-job.txt"
-    if kept.is_file():
-        s.put("slurm/scontrol-show-job.txt", kept)
+    if os.path.lexists(kept):
+        s.put_job_file("slurm/scontrol-show-job.txt", kept, ws.root)
     elif not reach.controller:
         s.absent("slurm/scontrol-show-job.txt", _NO_CONTROLLER)
     else:
@@ -171,54 +188,74 @@ def _job_files(s: _Slurm, client: SlurmClient, ws: AttemptWorkspace, job_id: str
             raise SlurmError(_NO_CONTROLLER)
         s.put("slurm/batch-script.sh", client.batch_script(job_id).encode("utf-8"))
     except SlurmError as exc:
-        script = ws.root / "slurm-batch.sh"
-        if script.is_file():
-            s.put("slurm/batch-script.sh", script)  # as submitted, when Slurm's copy is gone
+        script = jw.root / "slurm-batch.sh"
+        if os.path.lexists(script):
+            s.put_job_file("slurm/batch-script.sh", script, jw.root)  # as submitted, when Slurm's copy is gone
         else:
             s.absent("slurm/batch-script.sh", f"Slurm no longer has it ({exc}) and no copy was written")
     for stream in ("out", "err"):
-        path = ws.root / f"slurm-{job_id}.{stream}"
-        if path.is_file():
-            s.put(f"slurm/{path.name}", path)
+        path = jw.root / f"slurm-{job_id}.{stream}"
+        if os.path.lexists(path):
+            s.put_job_file(f"slurm/{path.name}", path, jw.root, kind="log")
         else:
-            s.absent(f"slurm/{path.name}", f"no file at {path}: the job may never have started")
+            s.absent(f"slurm/{path.name}", f"no file at {jobfiles.shown(path)}: the job may never have started")
 
 
-def _other_files(s: _Slurm, ws: AttemptWorkspace, node_failed: bool) -> None:
-    for path in sorted(p for p in (ws.root / "slurm").glob("scontrol-show-node-*.txt")):
-        s.put(f"slurm/{path.name}", path)
+def _other_files(s: _Slurm, ws: AttemptWorkspace, jw: AttemptWorkspace, node_failed: bool) -> None:
+    for entry in safefiles.walk(ws.root / "slurm", ws.root, max_depth=0):
+        if entry.name.startswith("scontrol-show-node-") and entry.name.endswith(".txt"):
+            s.guarded(f"slurm/{entry.name}", partial(s.put_job_file, f"slurm/{entry.name}", Path(entry.path), ws.root))
     if node_failed and not s.items_named("slurm/scontrol-show-node-"):
         s.absent("slurm/scontrol-show-node.txt", "the node's state could not be read when the job ended")
-    for name in ("slurm-job.json", "slurm-signal.txt"):
-        if (ws.root / name).is_file():
-            s.put(f"slurm/{name}", ws.root / name)
-    tasks = ws.root / "tasks"
-    if tasks.is_dir():
-        for path in sorted(p for p in tasks.rglob("*") if p.is_file() and not p.name.startswith(".")):
-            name = f"tasks/{path.relative_to(tasks).as_posix()}"
-            s.guarded(name, partial(s.put, name, path))
+    for root, name in ((ws.root, continuation.JOB_RECORD), (jw.root, job.SIGNAL_MARKER)):
+        if os.path.lexists(root / name):
+            s.guarded(f"slurm/{name}", partial(s.put_job_file, f"slurm/{name}", root / name, root))
+    tasks = jw.root / "tasks"
+    if os.path.lexists(tasks):
+        workspace_evidence.put_folder(s.c, "tasks", tasks, jw.root, SLURM, _task_file(s, tasks, jw.root))
+
+
+def _task_file(s: _Slurm, tasks: Path, root: Path) -> Callable[[Path], JobFile]:
+    """How a file of another task's folder (``tasks/<rank>/...``, the entrypoint's files of that rank) is copied."""
+    cores = s.c.spent.budget.core_dump_bytes
+
+    def job_file(path: Path) -> JobFile:
+        part = path.relative_to(tasks).parts[1:2]
+        if part == ("coredumps",):
+            return JobFile(path, root, "core dump", cores)  # byte for byte, holes kept
+        if part == ("logs",):
+            return JobFile(path, root, "log", masker=s.masker, cut=True)
+        return JobFile(path, root, "report", jobfiles.SMALL_FILE_LIMIT_BYTES, s.masker)
+
+    return job_file
 
 
 def collect(
     ws: AttemptWorkspace, client: SlurmClient, store: EvidenceStore, *, job_id: str | None, node_failed: bool,
-    extra: Mapping[str, bytes] | None = None, reach: Reach | None = None,
+    extra: Mapping[str, bytes] | None = None, reach: Reach | None = None, budget: Budget | None = None,
+    masker: masking.Masker | None = None,
 ) -> Manifest:
-    """Freeze the attempt's files and Slurm's account of its job into `store`; never raises."""
-    reach = reach or Reach()
-    local = workspace_evidence.collect_local_evidence(ws, store, extra=extra)
-    s = _Slurm(store, attempt_prefix(ws.run_id, ws.attempt))
+    """Freeze the attempt's files and Slurm's account of its job into `store`; never raises.
+
+    The job's files are read where the job writes them (`continuation.job_workspace`), every one of
+    them masked but core dumps and checkpoints, each task's as the first task's.
+    """
+    reach, masker = reach or Reach(), masker or masking.current()
+    c = workspace_evidence.BundleWriter(store, attempt_prefix(ws.run_id, ws.attempt), lambda: datetime.now(UTC),
+                                        budget)
+    jw = continuation.job_workspace(ws)
+    workspace_evidence.collect_workspace(c, ws, masker=masker, files=jw)
+    s = _Slurm(c, masker)
     if job_id is None:
         s.absent("slurm/scontrol-show-job.txt", "no Slurm job was submitted for this attempt (see runner.json)")
     else:
         for name, step in (
             ("slurm/sacct.txt", lambda: _accounting(s, client, job_id, reach)),
             ("slurm/jobcomp.txt", lambda: _jobcomp(s, client, job_id, reach)),
-            ("slurm/job", lambda: _job_files(s, client, ws, job_id, reach)),
-            ("slurm/other", lambda: _other_files(s, ws, node_failed)),
+            ("slurm/job", lambda: _job_files(s, client, ws, jw, job_id, reach)),
+            ("slurm/other", lambda: _other_files(s, ws, jw, node_failed)),
         ):
             s.guarded(name, step)
-    manifest = Manifest(local.run_id, local.attempt, local.created_at, (*local.items, *s.items),
-                        (*local.missing, *s.missing))
+    c.guarded("extra", workspace_evidence.WORKSPACE, lambda: workspace_evidence.put_extra(c, extra))
+    manifest = Manifest(ws.run_id, ws.attempt, datetime.now(UTC).isoformat(), tuple(c.items), tuple(c.missing))
     return store_manifest(store, manifest, SLURM)
-
-

@@ -3,23 +3,38 @@
 The Slurm backend cannot read the training command's pipe: the entrypoint tees the output into a
 file on the shared folder, and this reads what was appended since the last look, hands out whole
 lines, and notes when output last arrived (for the stall window). Bounded: at most a few MiB per
-look, and a line that never ends is handed out in pieces.
+look, and a line that never ends is handed out in pieces. The job can replace the file: only a
+regular file inside the attempt's folder is read (through `safefiles`), never a FIFO or a link.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
+
+from trainguard_entrypoint import safefiles
 
 _MAX_LINE_BYTES = 64 * 1024
 _MAX_READ_BYTES = 4 * 1024 * 1024
 
 
+def last_bytes(path: Path, root: Path, limit: int = 256 * 1024) -> bytes:
+    """The last ``limit`` bytes of a regular file of the job's (never a FIFO or a link); b"" otherwise."""
+    try:
+        with safefiles.open_regular(path, root) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            return os.pread(handle.fileno(), min(size, limit), max(0, size - limit))
+    except OSError:
+        return b""
+
+
 class LogTail:
     """Reads what was appended to `path` since the last `poll`, and passes each line to `on_line`."""
 
-    def __init__(self, path: Path, on_line: Callable[[str], None] | None, clock: Callable[[], float]) -> None:
-        self._path = path
+    def __init__(self, path: Path, on_line: Callable[[str], None] | None, clock: Callable[[], float],
+                 root: Path | None = None) -> None:
+        self._path, self._root = path, root
         self._on_line = on_line
         self._clock = clock
         self._offset = 0
@@ -30,7 +45,7 @@ class LogTail:
     def poll(self, *, final: bool = False) -> None:
         """Read the new bytes; with `final`, also hand out an unfinished last line."""
         try:
-            with self._path.open("rb") as handle:
+            with safefiles.open_regular(self._path, self._root) as handle:
                 handle.seek(self._offset)
                 while data := handle.read(min(_MAX_READ_BYTES, 1024 * 1024)):
                     self._offset += len(data)
@@ -38,8 +53,9 @@ class LogTail:
                     self._feed(data)
                     if not final:
                         break  # the rest on the next look: one look never takes long
-        except FileNotFoundError:
-            pass  # not started yet
+        except safefiles.Refused as refused:
+            if refused.kind != "missing":  # missing: not started yet
+                self.problem = f"cannot follow the log: {refused.reason}"
         except OSError as exc:
             self.problem = f"cannot read {self._path}: {exc.strerror or exc}"
         if final and self._pending:
@@ -64,13 +80,3 @@ class LogTail:
         except Exception as exc:  # a broken display must not stop the supervision
             self.problem = f"on_line failed, live output stopped: {type(exc).__name__}: {exc}"
             self._on_line = None
-
-
-def tail_bytes(path: Path, limit: int = 256 * 1024) -> bytes:
-    """The last ``limit`` bytes of a file (b"" when it cannot be read)."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - limit))
-            return handle.read()
-    except OSError:
-        return b""

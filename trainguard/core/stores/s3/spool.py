@@ -182,7 +182,7 @@ class Spool:
                 data = json.loads(record.read_text(encoding="utf-8"))
                 data["part_sha256"] = tuple(data["part_sha256"])
                 entries.append(SpoolEntry(**data))
-            except (OSError, ValueError, TypeError, KeyError):
+            except (OSError, ValueError, TypeError, KeyError, RecursionError):
                 continue  # a record another process is finishing right now, or a foreign file
         return entries
 
