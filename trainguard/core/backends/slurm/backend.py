@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar
 
-from trainguard_entrypoint.files import read_json_object, write_json_atomic
+from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core import masking
 from trainguard.core.backends import jobfiles, workspace_evidence
@@ -109,7 +109,7 @@ class SlurmBackend:
             return self._unreachable(ws, job_id, str(lost), started_at)
         except BaseException as exc:  # the flow is being stopped: the job must not outlive it
             self._cancel_quietly(job_id)
-            self._write_runner(ws, job_id, None, CANCELLED, f"the flow was interrupted ({type(exc).__name__}); "
+            continuation.write_runner_report(ws, job_id, None, CANCELLED, f"the flow was interrupted ({type(exc).__name__}); "
                                f"Slurm job {job_id} was cancelled")
             raise
         return self._outcome(ws, job_id, stopped_for, started_at)
@@ -305,7 +305,7 @@ class SlurmBackend:
         return f"{self.client.ping() or 'scontrol ping gave no answer'}; configured in {conf}"
 
     def _unreachable(self, ws: AttemptWorkspace, job_id: str | None, message: str, started: datetime) -> AttemptOutcome:
-        self._write_runner(ws, job_id, None, job.UNREACHABLE, message)
+        continuation.write_runner_report(ws, job_id, None, job.UNREACHABLE, message)
         event = {"type": "Warning", "reason": job.UNREACHABLE, "message": message,
                  "involvedObject": {"kind": "SlurmJob", "name": job_id or job.job_name(ws.run_id, ws.attempt)}}
         jw = continuation.job_workspace(ws)  # the job may have ended and reported before the controller went
@@ -336,7 +336,7 @@ class SlurmBackend:
         hosts = self._hostnames(info.node_list) if info is not None and info.node_list else []
         node = self._failed_node(ws, hosts) if reason == "NodeLost" else (hosts[0] if hosts else None)
         message = job.ended_message(job_id, info, exit_code, sig, stopped_for, signalled)
-        self._write_runner(ws, job_id, exit_code, reason, message, sig)
+        continuation.write_runner_report(ws, job_id, exit_code, reason, message, sig)
         event = {"type": "Warning" if reason != "Completed" else "Normal", "reason": state, "message": message,
                  "involvedObject": {"kind": "SlurmJob", "name": job_id}}
         return AttemptOutcome(
@@ -375,22 +375,9 @@ class SlurmBackend:
         return nodes[0] if nodes else None
 
     def _never_started(self, ws: AttemptWorkspace, message: str) -> AttemptOutcome:
-        self._write_runner(ws, None, None, "StartError", message)
+        continuation.write_runner_report(ws, None, None, "StartError", message)
         return AttemptOutcome(exit_code=None, signal=None, reason="StartError", message=message,
                               log_path=str(ws.log_path))
-
-    @staticmethod
-    def _write_runner(ws: AttemptWorkspace, job_id: str | None, exit_code: int | None, reason: str, message: str,
-                      sig: int | None = None) -> None:
-        payload = {"format": 1, "backend": KIND, "run_id": ws.run_id, "attempt": ws.attempt, "job_id": job_id,
-                   "reason": reason, "message": message, "exit_code": exit_code, "signal": sig,
-                   "entrypoint_pid": None, "finished_at": datetime.now(UTC).isoformat(),
-                   "log_path": str(ws.log_path)}
-        try:
-            write_json_atomic(ws.runner_report_path, payload)
-        except OSError:
-            pass  # shows up as missing evidence; the outcome is still returned
-
 
 class _ControllerLost(Exception):
     """The controller stayed silent (or odd) past its bound; the message says what to do."""

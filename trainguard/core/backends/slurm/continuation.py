@@ -137,3 +137,16 @@ def write_job_record(ws: AttemptWorkspace, job_id: str, *, adopted: bool, option
     else:
         record.update(submitted_at=stamp, sbatch_options=options or [])
     write_json_atomic(path, record)
+
+
+def write_runner_report(ws: AttemptWorkspace, job_id: str | None, exit_code: int | None, reason: str, message: str,
+                        sig: int | None = None) -> None:
+    """The supervisor's own account of how the attempt's job ended (`runner.json`), as the local runner keeps one."""
+    payload = {"format": 1, "backend": "slurm", "run_id": ws.run_id, "attempt": ws.attempt, "job_id": job_id,
+               "reason": reason, "message": message, "exit_code": exit_code, "signal": sig,
+               "entrypoint_pid": None, "finished_at": datetime.now(UTC).isoformat(),
+               "log_path": str(ws.log_path)}
+    try:
+        write_json_atomic(ws.runner_report_path, payload)
+    except OSError:
+        pass  # shows up as missing evidence; the outcome is still returned
