@@ -17,6 +17,7 @@ from typing import Any
 from trainguard.core import masking
 from trainguard.core.policy import AttemptRecord, RetryDecision
 from trainguard.core.taxonomy import Category
+from trainguard.core.triage.hangs import HangVerdict
 from trainguard.core.triage.parts import Verdict
 from trainguard.core.triage.signals import Diagnosis
 
@@ -37,6 +38,7 @@ class Judgement:
     diagnosis: Diagnosis | None
     across: Verdict | None = None
     nodes: Mapping[int, tuple[str | None, str | None]] = field(default_factory=dict)
+    hang: HangVerdict | None = None  # what the ranks' stacks, taken while they were alive, say
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,9 @@ class AttemptSummary:
     root_cause: Mapping[str, Any] | None = None
     victims: Sequence[Mapping[str, Any]] = ()
     culprit_undetermined: bool = False
+    # every rank's stack as the report's table shows it, when they were taken before the attempt ended:
+    # {kind, culprits, frame, reason, rows: [{rank, node, state, top, differs}]}
+    stacks: Mapping[str, Any] | None = None
 
     @property
     def gpu_seconds(self) -> float:
@@ -115,6 +120,8 @@ class AttemptSummary:
     def with_judgement(self, judgement: Judgement) -> AttemptSummary:
         """This summary with triage's verdict: one node's, or the culprit across nodes (`Judgement`)."""
         judged = self.with_diagnosis(judgement.diagnosis)
+        if judgement.hang is not None:
+            judged = _replace(judged, stacks=_stacks_table(judgement.hang))
         if judgement.across is None:
             return judged
         root, where = judgement.across.root_cause, judgement.nodes
@@ -211,6 +218,14 @@ class AttemptSummary:
         values["victims"] = tuple(dict(v) for v in victims if isinstance(v, Mapping)) \
             if isinstance(victims, list | tuple) else ()
         return cls(**values)
+
+
+def _stacks_table(verdict: HangVerdict) -> dict[str, Any]:
+    """The stacks' verdict as plain data for the verdict file and the report (frames are masked for people)."""
+    rows = [{"rank": r.rank, "node": r.node, "state": r.state, "top": [masking.for_people(f) for f in r.top],
+             "differs": masking.for_people(r.differs)} for r in verdict.rows]
+    return {"kind": verdict.kind, "culprits": list(verdict.culprits), "frame": masking.for_people(verdict.frame),
+            "reason": masking.for_people(verdict.reason), "rows": rows}
 
 
 def _iso(stamp: float | None) -> str | None:

@@ -29,6 +29,8 @@ class Category(str, enum.Enum):
     NODE_FAILURE = "node_failure"
     UNSCHEDULABLE = "unschedulable"
     TIMEOUT = "timeout"
+    HANG = "hang"
+    DESYNC = "desync"
     NATIVE_CRASH = "native_crash"
     USER_CANCELLED = "user_cancelled"
     UNKNOWN = "unknown"
@@ -94,6 +96,12 @@ INFO: dict[Category, CategoryInfo] = {
     ),
     Category.TIMEOUT: CategoryInfo(
         True, False, "Retry; if it hangs again, look for a stuck collective or data loader."
+    ),
+    Category.HANG: CategoryInfo(
+        True, False, "Retry once; the stacks name the rank that was elsewhere and its frame: fix what it waited on."
+    ),
+    Category.DESYNC: CategoryInfo(
+        False, False, "The ranks called different collectives: a code path that differs by rank; read the stacks."
     ),
     Category.NATIVE_CRASH: CategoryInfo(
         True, False, "Retry once; open the kept core dump with gdb (or cuda-gdb) if it repeats."

@@ -156,6 +156,7 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
         lines.append(f"| next | {_cell(str(decision.get('reason', '-')))} |")
     if summary.signature:
         lines += ["", "## Deciding log line", "", fenced(_signature(summary))]
+    lines += _stacks(summary)
     lines += _links(summary)
     lines += ["", "## All attempts of this run", "", render_table([*earlier, summary])]
     return "\n".join(lines)
@@ -182,6 +183,23 @@ def _culprit_rows(summary: AttemptSummary) -> list[str]:
     if sure := certainty(summary):
         rows.append(f"| how sure | {_cell(sure)} |")
     return rows
+
+
+def _stacks(summary: AttemptSummary) -> list[str]:
+    """Every rank's stack, taken while the ranks were alive: who waited where, and the odd one out."""
+    table = summary.stacks
+    if not table:
+        return []
+    rows = table.get("rows") or []
+    lines = ["", "## Every rank's stack before the attempt was ended", "", _text(str(table.get("reason", ""))), "",
+             "| rank | node | state | top frames | where it differs |", "|---|---|---|---|---|"]
+    for row in rows[:256]:
+        top = "; ".join(str(frame) for frame in (row.get("top") or [])[:3])
+        lines.append(f"| {_cell(str(row.get('rank')))} | {_cell(str(row.get('node') or '-'))} | "
+                     f"{_cell(str(row.get('state')))} | {_cell(top or '-')} | {_cell(str(row.get('differs') or '-'))} |")
+    if len(rows) > 256:
+        lines.append(f"| ... | | {len(rows) - 256} more ranks in verdict.json | | |")
+    return lines
 
 
 def _node(summary: AttemptSummary) -> str:

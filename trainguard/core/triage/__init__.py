@@ -14,6 +14,7 @@ import os
 from collections.abc import Sequence
 from functools import lru_cache
 
+from trainguard.core.triage import hangs
 from trainguard.core.triage.decide import decide
 from trainguard.core.triage.rules import (
     RuleFileError,
@@ -79,7 +80,8 @@ def classify(signals: Signals, *, rules: RuleSet | None = None,
         The diagnosis, or None when the attempt is not a failure (exit code 0 and nothing that
         says otherwise).
     """
-    return decide(signals, rules or load_rules(), previous, engine)
+    diagnosis = decide(signals, rules or load_rules(), previous, engine)
+    return hangs.refine(diagnosis, hangs.odd_ones_out(signals.stacks)) if signals.stacks else diagnosis
 
 
 def explain(signals: Signals, *, rules: RuleSet | None = None,

@@ -35,7 +35,7 @@ __all__ = ["Candidate", "Gathered", "choice_of", "conclude", "decide", "describe
            "rank_of"]
 
 # Categories whose default says "retry once": a repeat of the same root cause is not retried.
-RETRY_ONCE = frozenset({Category.NATIVE_CRASH, Category.UNKNOWN})
+RETRY_ONCE = frozenset({Category.NATIVE_CRASH, Category.UNKNOWN, Category.HANG})
 @dataclass(frozen=True)
 class Gathered:
     """Every candidate, the scan of the log, and what torchrun's report says of the ranks."""

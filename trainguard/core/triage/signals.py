@@ -13,6 +13,7 @@ from typing import Any, BinaryIO
 
 from trainguard.core.taxonomy import Category
 from trainguard.core.triage.errorfile import ErrorFile
+from trainguard.core.triage.hangs import RankStacks
 
 LogSource = bytes | str | os.PathLike[str] | BinaryIO | None
 
@@ -31,6 +32,8 @@ class Signals:
         log: The attempt's log as bytes or text, or a path or binary stream read in bounded memory.
         error_files: torchelastic error files of the attempt's ranks (``errorfile``): each is
             evidence of the rank it names, at the time it records.
+        stacks: Every rank's stack, taken while the ranks were alive (``hangs``), where a hang was
+            seen coming: a hang's culprit is named from them.
     """
 
     exit_code: int | None = None
@@ -39,6 +42,7 @@ class Signals:
     events: tuple[Mapping[str, Any], ...] | str = ()
     log: LogSource = None
     error_files: tuple[ErrorFile, ...] = ()
+    stacks: tuple[RankStacks, ...] = ()
 
 
 @dataclass(frozen=True)

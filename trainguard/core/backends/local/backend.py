@@ -28,7 +28,7 @@ from trainguard.core.backends.local.runner import TAIL_LINES, LocalProcessRunner
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import LogSource, Signals
-from trainguard.core.backends import torchrun, workspace
+from trainguard.core.backends import rankstacks, torchrun, workspace
 from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
 
 KIND = "local"
@@ -85,7 +85,8 @@ class LocalBackend:
         if outcome.log_tail:  # the log file is incomplete (a full disk): what it holds, then the runner's tail
             source = io.BufferedReader(PartialLogThenTail(log, outcome.log_tail)) if log else outcome.log_tail
         return Signals(exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
-                       events=outcome.events, log=source, error_files=torchrun.error_files(self.workspace(ref).root))
+                       events=outcome.events, log=source, error_files=torchrun.error_files(self.workspace(ref).root),
+                       stacks=rankstacks.read_stacks(self.workspace(ref).root, outcome.node))
 
     def checkpoints(self, run_id: str) -> list[str]:
         folder = run_checkpoint_dir(self.work_root, run_id)

@@ -37,7 +37,7 @@ from trainguard.core.backends.slurm.tail import LogTail, last_bytes
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import Signals
-from trainguard.core.backends import processes, torchrun, workspace
+from trainguard.core.backends import processes, rankstacks, torchrun, workspace
 from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
 
 KIND = "slurm"
@@ -134,6 +134,7 @@ class SlurmBackend:
             exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
             events=outcome.events, log=log if log is not None else (outcome.log_tail or None),
             error_files=torchrun.nodes_error_files(nodes.node_folders(self.workspace(ref).root)),
+            stacks=rankstacks.read_stacks(self.workspace(ref).root, outcome.node),
         )
 
     def node_signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> list[NodeEvidence]:

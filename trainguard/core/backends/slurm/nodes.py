@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trainguard_entrypoint.files import read_json_object
 
-from trainguard.core.backends import torchrun, workspace
+from trainguard.core.backends import rankstacks, torchrun, workspace
 from trainguard.core.backends.base import NodeEvidence
 from trainguard.core.backends.slurm import job
 from trainguard.core.backends.workspace import AttemptWorkspace
@@ -51,8 +51,10 @@ def node_evidence(ws: AttemptWorkspace, reason: str, hostnames: Callable[[], lis
         crash = read_json_object(folder / workspace.CRASH_REPORT) or {}
         code = crash.get("exit_code") if isinstance(crash.get("exit_code"), int) else None
         log = folder / workspace.LOGS / workspace.log_name(ws.run_id, ws.attempt)
+        host = hosts[index] if index < len(hosts) else None
         signals = Signals(exit_code=code, reason=reason if index == 0 else None, log=log if log.is_file() else None,
-                          error_files=torchrun.nodes_error_files([(index, folder)]))
+                          error_files=torchrun.nodes_error_files([(index, folder)]),
+                          stacks=rankstacks.read_stacks(folder, host))
         found.append(NodeEvidence(index, signals, node=hosts[index] if index < len(hosts) else None,
                                   instance=f"task {index}"))
     return found
