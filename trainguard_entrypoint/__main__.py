@@ -25,6 +25,7 @@ from trainguard_entrypoint.files import utc_now_iso, write_json_atomic
 from trainguard_entrypoint.report import AttemptFacts, build_crash_report, write_crash_report
 from trainguard_entrypoint.snapshot import host_facts, snapshot_environment, snapshot_gpu
 from trainguard_entrypoint.supervision import SupervisorWatch, become_subreaper, end_descendants
+from trainguard_entrypoint.forensics import Forensics
 from trainguard_entrypoint.tee import STOP_SIGNALS, ChildResult, SignalForwarder, run_command
 from trainguard_entrypoint.termination import write_summary
 
@@ -169,8 +170,9 @@ def _guard(problems: list[str], step: str, action: Callable[[], T]) -> T | None:
 def _before(options: Options, env: Mapping[str, str], problems: list[str]) -> CorePolicy | None:
     snap = options.workspace / "snapshot"
     folders = [options.workspace / "logs", options.workspace / "coredumps", snap]
-    if env.get("TORCHELASTIC_ERROR_FILE"):  # torchelastic writes it but makes no folder for it
-        folders.append(Path(env["TORCHELASTIC_ERROR_FILE"]).parent)
+    for made_elsewhere in ("TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        if env.get(made_elsewhere):  # PyTorch writes these but makes no folder for them
+            folders.append(Path(env[made_elsewhere]).parent)
     for folder in folders:
         _guard(problems, f"create {folder}", lambda: folder.mkdir(parents=True, exist_ok=True))
     policy = _guard(problems, "enable core dumps", enable_core_dumps)
@@ -228,9 +230,15 @@ def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalF
     subreaper_problem = become_subreaper()
     if subreaper_problem:
         problems.append(subreaper_problem)
+    forensics = Forensics.for_attempt(options.workspace, options.log_file, env, _say)
     policy = _before(options, env, problems)
     started_at, started_wall, started = utc_now_iso(), time.time(), time.monotonic()
-    result = _run(options, env, forwarder, supervisor, subreaper_problem is None)
+    forwarder.before_stop = forensics.before_stop
+    forensics.start(lambda: forwarder.child_pid)
+    try:
+        result = _run(options, env, forwarder, supervisor, subreaper_problem is None)
+    finally:
+        forensics.stop()
     descendants = _guard(problems, "end descendants", lambda: _end_descendants(options, problems)) or []
     facts = AttemptFacts(options.run_id, options.attempt, options.command, started_at, utc_now_iso(),
                          time.monotonic() - started, options.log_file)

@@ -68,6 +68,7 @@ class ProgressWatch:
     say: Callable[[str], None] = lambda line: None
     clock: Callable[[], float] = time.monotonic
     hang_fraction: float = 0.8  # of the stall window: the stacks come before the supervisor's stop
+    poll_hook: Callable[[], None] | None = None  # called at every poll (a request made by hand)
     _seen: dict[Path, _Seen] = field(default_factory=dict)
     _last_console: float = 0.0
     _last_progress: float = 0.0
@@ -97,6 +98,8 @@ class ProgressWatch:
 
     def poll(self) -> None:
         """One look: what moved since the last, and what to say or do about it."""
+        if self.poll_hook is not None:
+            self.poll_hook()
         now = self.clock()
         console_moved, console_sign = self._moved([self.console_log])
         files_moved, files_sign = self._moved(self._files())

@@ -6,8 +6,9 @@ local child), so it can see them: `ranks` finds the command's processes that car
 for each one's Python stack (and its native frames where ptrace allows it), within one time
 budget for the whole sweep; where py-spy is missing or may not attach, it falls back to Python's
 `faulthandler`, which `faulthandler_site` installed in every Python process of the command (a
-`sitecustomize` that dumps all threads into the attempt's folder on SIGUSR2, chaining to any
-handler and `sitecustomize` of the user's). A rank whose stack cannot be had is recorded as
+`sitecustomize` that dumps all threads into one file of the attempt's folder on SIGUSR2, chaining to
+any handler and `sitecustomize` of the user's; the processes are asked one at a time, so each dump
+is known by where it starts in the file). A rank whose stack cannot be had is recorded as
 absent, with the reason. Everything lands in ``stacks/`` of the attempt's folder: one file per
 rank and an ``index.json`` that says what each is. Comparing the stacks is triage's business.
 
@@ -22,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -31,21 +33,22 @@ from typing import Any
 STACKS = "stacks"
 INDEX = "index.json"
 DUMP_SIGNAL = signal.SIGUSR2
-_SITE = """# Installed by trainguard's entrypoint: dump every thread's stack to a file of this process's
-# own in the attempt's folder when trainguard asks (SIGUSR2), so a hang can be told apart. Chains to
-# the user's own sitecustomize, and to any SIGUSR2 handler installed later, untouched.
+_SITE = """# Installed by trainguard's entrypoint: dump every thread's stack into the attempt's
+# faulthandler file when trainguard asks (SIGUSR2), so a hang can be told apart. Chains to
+# the user's own sitecustomize, and to a SIGUSR2 handler the process already had, untouched.
 import os as _os, sys as _sys
 try:
     import faulthandler as _fh, signal as _sig
     _dir = _os.environ.get("TRAINGUARD_STACKS_DIR")
-    if _dir:
-        _file = open(_os.path.join(_dir, "faulthandler-%d.txt" % _os.getpid()), "a", buffering=1)
-        _fh.register(_sig.SIGUSR2, file=_file, all_threads=True, chain=True)
+    if _dir:  # one file for every process, appended to: the entrypoint asks one process at a time
+        _file = open(_os.path.join(_dir, "faulthandler.txt"), "a", buffering=1)
+        # chain only to a real handler: chaining to the default action would end the process
+        _fh.register(_sig.SIGUSR2, file=_file, all_threads=True, chain=callable(_sig.getsignal(_sig.SIGUSR2)))
 except Exception:
     pass
 _here = _os.path.dirname(_os.path.abspath(__file__))
 if _sys.modules.get("sitecustomize") is not None and _here in _sys.path:
-    _index = _sys.path.index(_here)
+    _index, _me = _sys.path.index(_here), _sys.modules["sitecustomize"]
     del _sys.path[_index]
     del _sys.modules["sitecustomize"]
     try:
@@ -54,6 +57,7 @@ if _sys.modules.get("sitecustomize") is not None and _here in _sys.path:
         pass
     finally:
         _sys.path.insert(_index, _here)
+        _sys.modules["sitecustomize"] = _me  # the import that is running this file expects itself back
 """
 
 
@@ -126,26 +130,33 @@ def _py_spy(pid: int, native: bool, timeout: float, py_spy: str) -> tuple[str, s
     return "", f"py-spy failed: {why[-1] if why else f'exit {done.returncode}'}"
 
 
+_ONE_AT_A_TIME = threading.Lock()
+
+
 def _faulthandler(pid: int, folder: Path, timeout: float, clock: Callable[[], float]) -> tuple[str, str]:
-    """Ask the process for its stack through the sitecustomize's handler; read what it wrote."""
-    path = folder / f"faulthandler-{pid}.txt"
+    """Ask the process for its stack through the sitecustomize's handler; read what it appended."""
+    with _ONE_AT_A_TIME:
+        return _ask_faulthandler(pid, folder / "faulthandler.txt", timeout, clock)
+
+
+def _ask_faulthandler(pid: int, path: Path, timeout: float, clock: Callable[[], float]) -> tuple[str, str]:
     if not path.exists():
-        return "", "no faulthandler file: the process does not run Python's faulthandler handler"
+        return "", "no faulthandler file: the command's processes do not run Python's faulthandler handler"
     before = path.stat().st_size
     try:
         os.kill(pid, DUMP_SIGNAL)
     except OSError as exc:
         return "", f"could not signal it: {exc.strerror or exc}"
-    deadline = clock() + timeout
+    deadline, size = clock() + timeout, before
     while clock() < deadline:
-        size = path.stat().st_size
-        if size > before:
-            time.sleep(0.05)  # the dump is written in a few calls
+        time.sleep(0.05)
+        now = path.stat().st_size
+        if now > before and now == size:  # it grew, and stopped growing: the dump is whole
             with path.open("rb") as handle:
                 handle.seek(before)
-                return handle.read().decode(errors="replace"), ""
-        time.sleep(0.02)
-    return "", f"faulthandler wrote nothing within {timeout:.0f}s"
+                return handle.read(now - before).decode(errors="replace"), ""
+        size = now
+    return "", f"faulthandler wrote nothing within {timeout:.0f}s (not a Python process, or it never ran the site)"
 
 
 def capture(root: int, workspace: Path, *, budget_seconds: float = 30.0, native: bool = True, why: str = "",

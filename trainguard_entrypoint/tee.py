@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -49,6 +49,7 @@ class SignalForwarder:
 
     child_pid: int | None = None
     received: list[int] = field(default_factory=list)
+    before_stop: Callable[[int], None] | None = None  # runs once, before the first stop is passed on
     _previous: dict[int, object] = field(default_factory=dict)
 
     def install(self) -> None:
@@ -66,6 +67,12 @@ class SignalForwarder:
         self.received.append(signum)
         if self.child_pid is None or self._terminal_already_sent(signum):
             return
+        if signum in STOP_SIGNALS and self.before_stop is not None:
+            hook, self.before_stop = self.before_stop, None
+            try:
+                hook(signum)  # bounded by its own budget; the stop is passed on whatever it does
+            except Exception:
+                pass
         try:
             os.kill(self.child_pid, signum)
         except ProcessLookupError:

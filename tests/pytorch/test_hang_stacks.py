@@ -142,7 +142,7 @@ def test_the_entrypoints_sweep_finds_every_rank_under_the_agent_and_keeps_each_s
 @pytest.mark.parametrize("hung", ["hang"], indirect=True)
 def test_without_py_spy_the_faulthandler_each_rank_runs_gives_the_stacks(hung, tmp_path) -> None:
     index = stacks.capture(hung[-1], tmp_path, budget_seconds=60, py_spy="/nonexistent/py-spy", why="stall")
-    assert {entry["source"] for entry in index["ranks"].values()} == {"faulthandler"}
+    assert {entry["source"] for entry in index["ranks"].values()} == {"faulthandler"}, index["ranks"]
     read = [hangs.RankStacks(int(rank), hangs.parse_faulthandler((tmp_path / "stacks" / entry["file"]).read_text()))
             for rank, entry in index["ranks"].items()]
     verdict = hangs.odd_ones_out(read)
