@@ -30,12 +30,15 @@ from trainguard.core.backends import jobfiles
 from trainguard.core.backends.jobfiles import Budget, JobFile
 from trainguard.core.evidence.manifest import Manifest, ManifestItem, MissingItem, attempt_prefix, store_manifest
 from trainguard.core.stores.base import EvidenceStore, StoredItem
-from trainguard.core.backends.workspace import AttemptWorkspace
+from trainguard.core.backends.workspace import RANKS, TORCHELASTIC, AttemptWorkspace
 
 CRASH_TAIL_LINES = 200
 ENTRYPOINT, RUNNER, WORKSPACE, FLOW = "entrypoint", "runner", "local-workspace", "flow"
 
 _IGNORED_SUFFIXES = (".tmp", ".partial")
+# a run's checkpoints ranked to choose one to resume from (the evidence lists and copies fewer:
+# `safefiles.MAX_ENTRIES`); ranking needs every name, and a run keeps far fewer than this
+MAX_RANKED_CHECKPOINTS = 100_000
 EXPECTED_SNAPSHOTS = (
     "snapshot/env.json", "snapshot/host.json", "snapshot/gpu-before/index.json", "snapshot/gpu-after/index.json",
 )
@@ -80,9 +83,9 @@ def newest_checkpoints(checkpoint_dir: Path) -> list[Path]:
     training job wrote the folder, and reading such a thing could hang or lead outside it.
     """
     ranked: list[tuple[tuple[int, int, float], Path]] = []
-    for entry in safefiles.walk(checkpoint_dir, checkpoint_dir, max_depth=0):
-        if entry.name.endswith(_IGNORED_SUFFIXES) or entry.kind not in (safefiles.FILE, "limit"):
-            continue  # a link, a FIFO, a device; or the folder itself missing
+    for entry in safefiles.walk(checkpoint_dir, checkpoint_dir, max_depth=0, max_entries=MAX_RANKED_CHECKPOINTS):
+        if entry.name.endswith(_IGNORED_SUFFIXES) or entry.kind not in (safefiles.FILE, "limit") or entry.left_out:
+            continue  # a link, a FIFO, a device; the folder itself missing; or what is past the limit
         path = Path(entry.path)
         if not _usable(path, checkpoint_dir):
             continue
@@ -182,7 +185,7 @@ def _collect_log(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, masker:
         c.absent(name, ENTRYPOINT, f"no log file at {jobfiles.shown(ws.log_path)}: {why_absent}")
         c.absent("crash-tail.txt", WORKSPACE, "no log to take the tail of")
         return
-    log = JobFile(ws.log_path, ws.root, "log", masker=masker, cut=True)
+    log = jobfiles.log_file(ws.log_path, ws.root, c, masker)
     c.guarded(name, ENTRYPOINT, lambda: jobfiles.put(c, "logs", log_name, ENTRYPOINT, log))
 
     def tail() -> None:
@@ -209,6 +212,16 @@ def _collect_snapshots(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, m
             if isinstance(absent, dict):
                 name, original = jobfiles.evidence_name(f"snapshot/{phase}", str(absent.get("name")))
                 c.absent(name, ENTRYPOINT, masker.for_people(str(absent.get("reason"))), original)
+
+
+def _collect_torchrun(c: BundleWriter, ws: AttemptWorkspace, masker: masking.Masker) -> None:
+    """What the job's torchrun left: each rank's logs (masked, each within the log budget) and error files."""
+    def job_file(path: Path) -> JobFile:
+        return jobfiles.log_file(path, ws.root, c, masker) if path.suffix == ".log" else _report_file(ws, masker)(path)
+
+    for folder in (RANKS, TORCHELASTIC):
+        if os.path.lexists(ws.root / folder):
+            put_folder(c, folder, ws.root / folder, ws.root, ENTRYPOINT, job_file)
 
 
 def _failure_of(what: str, write_failures: Sequence[str]) -> str | None:
@@ -343,6 +356,7 @@ def collect_workspace(c: BundleWriter, workspace: AttemptWorkspace, *, masker: m
     steps: list[tuple[str, Callable[[], None]]] = [
         ("crash-report.json", lambda: _collect_reports(c, ws, workspace, runner, write_failures, masker)),
         ("logs", lambda: _collect_log(c, ws, why_absent, masker, workspace.log_path.name)),
+        ("ranks", lambda: _collect_torchrun(c, ws, masker)),
         ("snapshot", lambda: _collect_snapshots(c, ws, why_absent, masker)),
         ("checkpoint", lambda: _collect_checkpoints(c, ws)),
         ("coredumps", lambda: _collect_coredumps(c, ws, crash, masker)),
