@@ -15,8 +15,8 @@ four times a 1 MB one.
 Then the evidence copy of a log that is one 1 GB line (``--copy-gb``; a progress bar with a secret
 every 4 MiB): `jobfiles.masked_copy`, which masks in bounded overlapping windows, vs a plain copy of
 the same file (`safefiles.copy`) as the baseline, each in a child process of its own whose peak RSS
-(VmHWM) is read as it ends, with their wall and CPU time; the masked copy is checked to hold no
-secret. Usage: .venv/bin/python benchmarks/masking.py [--repeat 5] [--mb 4] [--copy-gb 1]
+(VmHWM) is read as the copy ends, with their wall and CPU time; the masked copy is then checked to
+hold no secret. Usage: .venv/bin/python benchmarks/masking.py [--repeat 5] [--mb 4] [--copy-gb 1]
 """
 
 from __future__ import annotations
@@ -108,22 +108,22 @@ from trainguard.core.backends import jobfiles
 from trainguard_entrypoint import safefiles
 from trainguard_entrypoint.redact import Masker
 mode, source, secrets = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+vmhwm = lambda: next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
 wall, cpu, leaked = time.monotonic(), time.process_time(), None
 with safefiles.open_regular(source) as handle:
     size = os.fstat(handle.fileno()).st_size
     if mode == "masked":
         with jobfiles.masked_copy(handle, size, Masker(secrets), wall + 3600) as (path, copied):
-            wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+            wall, cpu, peak = time.monotonic() - wall, time.process_time() - cpu, vmhwm()
             with open(path, "rb") as out:  # in pieces that overlap by more than a secret
                 tail, leaked = b"", False
-                while piece := out.read(64 * 1024 * 1024):
+                while piece := out.read(1024 * 1024):
                     leaked = leaked or any(s.encode() in tail + piece for s in secrets)
                     tail = piece[-64:]
     else:
         with tempfile.NamedTemporaryFile() as out:
             copied = safefiles.copy(handle, out).copied_bytes
-            wall, cpu = time.monotonic() - wall, time.process_time() - cpu
-peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
+            wall, cpu, peak = time.monotonic() - wall, time.process_time() - cpu, vmhwm()
 print(json.dumps({"wall": wall, "cpu": cpu, "peak_mib": peak, "copied": copied, "leaked": leaked}))
 """
 
