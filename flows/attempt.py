@@ -120,15 +120,18 @@ def train_attempt(
 def _keep_verdict(store: EvidenceStore, summary: AttemptSummary, evidence: Any, held: bool) -> AttemptSummary:
     """Keep the verdict beside the evidence, then let a held store's uploads start; never raises or waits."""
     manifest_json = evidence.get("manifest") if isinstance(evidence, dict) else None
+    also: tuple[str, ...] = ()  # the verdict index's record goes up with the bundle
     if evidence is not None:  # what the store cannot take is spooled, or said as a storage problem
         kept = record_verdict(store, summary, manifest_json, held, return_state=True).result(raise_on_failure=False)
         if isinstance(kept, dict):
-            summary = summary.with_evidence_status(kept).with_storage_problems(kept.get("storage_problem"))
+            summary = summary.with_evidence_status(kept).with_storage_problems(
+                kept.get("storage_problem"), kept.get("index_problem"))
             manifest_json = kept.get("manifest") or manifest_json
+            also = (kept["index_key"],) if kept.get("index_key") else ()
         else:
             summary = summary.with_storage_problems(f"verdict.json could not be stored: {kept}")
     if held:  # the next attempt is scheduled or started meanwhile; the process waits for it at its end
-        afterupload.start(store, summary.run_id, summary.attempt, manifest_json)
+        afterupload.start(store, summary.run_id, summary.attempt, manifest_json, also)
     manifest.release_space(store, summary.run_id, summary.attempt)
     return summary
 
