@@ -62,6 +62,7 @@ def _placeable(backend: Backend) -> list[str] | None:
         return None
 
 
+@task(name="publish_fleet_report", cache_policy=NO_CACHE)
 def publish_fleet_report(markdown: str, description: str) -> None:
     """The fleet view as the Markdown artifact ``trainguard-fleet`` (a new version each time)."""
     create_markdown_artifact(key=ARTIFACT_KEY, markdown=markdown, description=description)

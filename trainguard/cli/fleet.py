@@ -66,7 +66,7 @@ def fleet(
         data = render.to_json(view, {"since": (now - window).isoformat(), "until": now.isoformat()})
         typer.echo(json.dumps(data, indent=2))
     elif markdown:
-        _publish(render.markdown(view, title), title)
+        _publish(window, root, block)
     else:
         _tables(view, title)
     if apply:
@@ -113,15 +113,17 @@ def _tables(view: FleetView, title: str) -> None:
     console.print(prints)
 
 
-def _publish(text: str, title: str) -> None:
-    typer.echo(text)
-    from tasks.fleet import ARTIFACT_KEY, publish_fleet_report  # Prefect only when publishing
+def _publish(since: timedelta, root: Path, block: str | None) -> None:
+    from flows.fleet import fleet_report  # Prefect only when publishing
+    from tasks.fleet import ARTIFACT_KEY
 
     try:
-        publish_fleet_report(text, title)
+        done = fleet_report(since_hours=since.total_seconds() / 3600, evidence_block=block,
+                            root=None if block else str(root), emit_events=False)
     except Exception as exc:
         fail(f"--markdown: the artifact {ARTIFACT_KEY!r} could not be published: {type(exc).__name__}: {exc}; "
              "check PREFECT_API_URL")
+    typer.echo(done["markdown"])
     say(f"published the Prefect artifact {ARTIFACT_KEY!r}")
 
 

@@ -49,6 +49,12 @@ def suspect_json(suspect: Suspect) -> dict[str, Any]:
             "examples": [dict(e) for e in suspect.examples]}
 
 
+def to_json_suspect(suspect: Suspect) -> dict[str, Any]:
+    """One suspect with its evidence, every string masked (an event's payload)."""
+    masked: dict[str, Any] = masking.mask_tree(suspect_json(suspect))
+    return masked
+
+
 def evidence_line(suspect: Suspect) -> str:
     """One line a person reads: the counts, the rates and the test."""
     test = suspect.test
