@@ -184,6 +184,12 @@ class KubernetesBackend:
             events=tuple(facts.get("events") or outcome.events), log=log,
         )
 
+    def placeable_nodes(self) -> list[str]:
+        """Nodes the Job's pods could land on: those matching the block's node selector, not cordoned."""
+        selector = ",".join(f"{k}={v}" for k, v in sorted(self.settings.job.node_selector.items()))
+        listed = self.api.list_nodes(selector or None).get("items") or []
+        return sorted(str(n["metadata"]["name"]) for n in listed if not (n.get("spec") or {}).get("unschedulable"))
+
     def checkpoints(self, run_id: str) -> list[str]:
         """The run's checkpoints, newest first, as paths inside the containers (the same in every attempt)."""
         folder = manifests.checkpoint_path(run_id)

@@ -41,6 +41,7 @@ from trainguard.core.backends import processes, rankstacks, torchrun, workspace
 from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
 
 KIND = "slurm"
+_UNPLACEABLE = ("down", "drain", "fail")  # sinfo states (with their suffixes stripped) no job lands on
 _PASSED_THROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SLURM_CONF")
 
 
@@ -236,6 +237,11 @@ class SlurmBackend:
     def _base_env(self) -> dict[str, str]:
         client_env = self.client.env if self.client.env is not None else os.environ
         return {name: client_env[name] for name in _PASSED_THROUGH if name in client_env}
+
+    def placeable_nodes(self) -> list[str]:
+        """The partition's nodes that can take a job now or soon (not down, drained or failed)."""
+        listed = self.client.nodes(self.settings.partition)
+        return sorted(node for node, state in listed if not state.rstrip("*~#!%$@^-+").startswith(_UNPLACEABLE))
 
     def _exclusions(self, launch: Launch) -> list[str]:
         """Nodes to keep off: those earlier attempts failed on, if the partition has others left."""
