@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ class Forensics:
         heartbeat = min(30.0, max(2.0, (self.stall_seconds or 120.0) / 4))
         self._watch = ProgressWatch(self.log_file, self.folders, self.workspace / PROGRESS_RECORD,
                                     heartbeat_seconds=heartbeat, stall_seconds=self.stall_seconds,
-                                    on_hang=self.take, say=self.say)
+                                    on_hang=self.take, say=_heartbeat)
         self._watch.poll_hook = self._asked_by_hand
         self._watch.start()
         # SIGQUIT asks for the stacks by hand (a JVM's thread dump, the same key): taken beside the run
@@ -143,6 +144,14 @@ class Forensics:
                 pass
             finally:
                 os.close(fd)
+
+
+def _heartbeat(line: str) -> None:
+    """The watch's heartbeat, as it is (it names the program itself), on the entrypoint's stderr."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass  # a closed stderr must not stop the watch
 
 
 def flight_recorder_env(workspace: str) -> dict[str, str]:
