@@ -31,6 +31,7 @@ from trainguard_entrypoint.redact import declared_secret_names
 from trainguard.core import ids
 from trainguard.core.backends import workspace
 from trainguard.core.backends.base import Launch, container_env
+from trainguard.core.backends.forensics import StackCapture
 from trainguard.core.backends.kubernetes.zipapp import ENTRYPOINT_FILE
 from trainguard.core.policy import MAX_MEMORY_FACTOR
 
@@ -101,6 +102,9 @@ class JobSettings:
     attempt_sub_path: bool = True
     # Training never calls the API: no token unless asked (then the service account decides).
     automount_service_account_token: bool = False
+    # The ranks' stacks before a stop; native frames only with SYS_PTRACE, which is opt-in.
+    stack_sweep_seconds: float = 30.0
+    sys_ptrace: bool = False
 
 
 def job_name(run_id: str, attempt: int) -> str:
@@ -224,7 +228,8 @@ def pod_spec(settings: JobSettings, launch: Launch, entrypoint_config_map: str) 
 def container(settings: JobSettings, launch: Launch) -> Wire:
     """The training container: the entrypoint zipapp around the user's command."""
     env = container_env(launch, workspace=workspace_path(launch.run_id, launch.attempt),
-                        checkpoint_dir=checkpoint_path(launch.run_id))
+                        checkpoint_dir=checkpoint_path(launch.run_id),
+                        capture=StackCapture(settings.stack_sweep_seconds, native=settings.sys_ptrace))
     env["TRAINGUARD_TERMINATION_LOG"] = TERMINATION_LOG
     secrets = frozenset(secret_env(launch))
     mounts = [{"name": ENTRYPOINT_VOLUME, "mountPath": ENTRYPOINT_MOUNT, "readOnly": True},
@@ -246,6 +251,8 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
         body["workingDir"] = launch.workdir
     if settings.image_pull_policy:
         body["imagePullPolicy"] = settings.image_pull_policy
+    if settings.sys_ptrace:  # py-spy's native frames (and its reads where the runtime forbids them without it)
+        body["securityContext"] = {"capabilities": {"add": ["SYS_PTRACE"]}}
     return body
 
 
