@@ -67,7 +67,7 @@ def translate(exc: BaseException, what: str) -> KubeError:
 
 
 class KubeApi:
-    """Jobs, pods, logs, events, nodes, ConfigMaps and the attempts' Secrets of one cluster, in wire form.
+    """Jobs, Services, pods, logs, events, nodes, ConfigMaps and the attempts' Secrets of one cluster, in wire form.
 
     Build one with `from_kubeconfig`, `from_config_dict` or `in_cluster`; tests may pass any
     `kubernetes.client.ApiClient`.
@@ -165,6 +165,19 @@ class KubeApi:
         """Set `suspend: false`: the Job controller creates its pod now."""
         body = {"spec": {"suspend": False}}
         return self._json(f"patch job {namespace}/{name}", self.batch.patch_namespaced_job, name, namespace, body)
+
+    # -- The headless Service of a multi-node attempt -------------------------------------
+
+    def create_service(self, namespace: str, body: Mapping[str, Any]) -> Wire:
+        name = body.get("metadata", {}).get("name", "?")
+        return self._json(f"create service {namespace}/{name}", self.core.create_namespaced_service, namespace,
+                          dict(body))
+
+    def read_service(self, namespace: str, name: str) -> Wire:
+        return self._json(f"read service {namespace}/{name}", self.core.read_namespaced_service, name, namespace)
+
+    def delete_service(self, namespace: str, name: str) -> Wire:
+        return self._json(f"delete service {namespace}/{name}", self.core.delete_namespaced_service, name, namespace)
 
     # -- Pods and logs --------------------------------------------------------------------
 
