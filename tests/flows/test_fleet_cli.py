@@ -174,3 +174,31 @@ def test_apply_refuses_a_mistyped_list_in_one_line(prefect_server, tmp_path: Pat
     last = shown.output.strip().splitlines()[-1]
     assert last.startswith("error: --apply: trainguard-avoid-nodes[0].expires_at:") and "ISO-8601" in last
     Variable.unset(VARIABLE)
+
+
+def test_the_fleet_report_flow_emits_one_event_per_suspect_node_with_its_evidence(prefect_server,
+                                                                                   tmp_path: Path) -> None:
+    from prefect.events.filters import EventFilter, EventNameFilter
+    from prefect.events.worker import EventsWorker
+    from waiting import wait_for
+
+    from flows.fleet import SUSPECT_NODE, fleet_report
+
+    EventsWorker.drain_all(timeout=5)  # bound to this server, whatever a test before sent to
+    store = LocalEvidenceStore(tmp_path / "evidence")
+    keep_history(store, [*fleet(), *small_node()])
+    started = datetime.now(UTC)
+
+    done = fleet_report(since_hours=24 * 30, root=str(tmp_path / "evidence"))
+
+    assert done["suspects"] == ["gpu-07"]
+
+    def emitted() -> list:
+        with get_client(sync_client=True) as client:
+            page = client.read_events(EventFilter(event=EventNameFilter(name=[SUSPECT_NODE])), limit=50)
+        return [e for e in page.events if e.occurred >= started]
+
+    (event,) = wait_for(emitted, timeout=30, what="the suspect-node event on the server")
+    assert event.resource["trainguard.node"] == "gpu-07"
+    assert event.payload["node"] == "gpu-07" and event.payload["p_value"] <= event.payload["threshold"]
+    assert event.payload["hardware_failures"] >= 3 and len(event.payload["examples"]) == 3

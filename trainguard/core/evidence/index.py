@@ -113,12 +113,13 @@ class IndexReader:
         newest: dict[tuple[str, int], dict[str, Any]] = {}
         for key in keys:
             for record in self._read(key):
-                found = newest.get((record["run"], record["attempt"]))
+                ident = (record["run"], record["attempt"])
+                found = newest.get(ident)
                 if found is None or record["ended_at"] >= found["ended_at"]:
-                    newest[(record["run"], record["attempt"])] = record
-        records = sorted(newest.values(), key=lambda r: (r["ended_at"], r["run"], r["attempt"]))
+                    newest[ident] = record
+        records = list(newest.values())
         if self.compact and self._closed(day) and (len(keys) > 1 or any(not k.endswith(".jsonl") for k in keys)):
-            self._compact(day, keys, records)
+            self._compact(day, keys, sorted(records, key=lambda r: (r["ended_at"], r["run"], r["attempt"])))
         return records
 
     def _read(self, key: str) -> list[dict[str, Any]]:
@@ -162,8 +163,8 @@ def _record(line: bytes) -> dict[str, Any] | None:
         record = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(record, dict) or not isinstance(record.get("run"), str) \
-            or not isinstance(record.get("attempt"), int) or not isinstance(record.get("ended_at"), str):
+    if type(record) is not dict or type(record.get("run")) is not str \
+            or type(record.get("attempt")) is not int or type(record.get("ended_at")) is not str:
         return None
     return record
 

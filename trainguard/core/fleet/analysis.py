@@ -103,8 +103,11 @@ class Tally:
         """Count one index record (see ``index.entry`` for its fields)."""
         culprit = _text(record.get("node"))
         nodes = record.get("nodes")
-        placed = {n for n in nodes if isinstance(n, str) and n} if isinstance(nodes, list) else set()
-        placed |= {culprit} if culprit else set()
+        if type(nodes) is list and nodes == [culprit]:  # one node: the common case, counted without a set
+            placed = {culprit}
+        else:
+            placed = {n for n in nodes if isinstance(n, str) and n} if isinstance(nodes, list) else set()
+            placed |= {culprit} if culprit else set()
         self.attempts += 1
         for name in placed:
             node = self.nodes.get(name)
