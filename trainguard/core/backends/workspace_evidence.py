@@ -24,6 +24,8 @@ from typing import Any
 from trainguard_entrypoint import safefiles
 from trainguard_entrypoint.checkpoints import list_checkpoints
 from trainguard_entrypoint.files import read_json_object, read_tail_lines
+from trainguard_entrypoint.forensics import FLIGHT_RECORDER
+from trainguard_entrypoint.stacks import STACKS
 
 from trainguard.core import masking
 from trainguard.core.backends import jobfiles
@@ -33,6 +35,7 @@ from trainguard.core.stores.base import EvidenceStore, StoredItem
 from trainguard.core.backends.workspace import RANKS, TORCHELASTIC, AttemptWorkspace
 
 CRASH_TAIL_LINES = 200
+JOB_FOLDERS = (RANKS, TORCHELASTIC, STACKS, FLIGHT_RECORDER)  # kept whole when the attempt made them
 ENTRYPOINT, RUNNER, WORKSPACE, FLOW = "entrypoint", "runner", "local-workspace", "flow"
 
 _IGNORED_SUFFIXES = (".tmp", ".partial")
@@ -143,9 +146,10 @@ class BundleWriter:
 
 
 def put_folder(c: BundleWriter, prefix: str, folder: Path, root: Path, source: str,
-               job_file: Callable[[Path], JobFile]) -> list[str]:
+               job_file: Callable[[Path], JobFile], skip: Callable[[str], bool] = lambda name: False) -> list[str]:
     """Put every regular file under ``folder`` as ``prefix/<relative>``; list the rest as missing, with why.
 
+    ``skip`` says, of ``prefix/<relative>``, what is not evidence (trainguard's helpers, PyTorch's pipes).
     Returns the evidence names of the files found (whether or not they could be stored).
     """
     found: list[str] = []
@@ -153,6 +157,8 @@ def put_folder(c: BundleWriter, prefix: str, folder: Path, root: Path, source: s
         if entry.kind == "missing" and entry.name == "":
             break  # no such folder: the caller says why
         relative = entry.name or ""
+        if relative and skip(f"{prefix}/{relative}"):
+            continue
         name, original = jobfiles.evidence_name(prefix, relative) if relative else (prefix, "")
         if entry.kind != safefiles.FILE:
             c.absent(name, source, entry.reason, original)
@@ -212,16 +218,6 @@ def _collect_snapshots(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, m
             if isinstance(absent, dict):
                 name, original = jobfiles.evidence_name(f"snapshot/{phase}", str(absent.get("name")))
                 c.absent(name, ENTRYPOINT, masker.for_people(str(absent.get("reason"))), original)
-
-
-def _collect_torchrun(c: BundleWriter, ws: AttemptWorkspace, masker: masking.Masker) -> None:
-    """What the job's torchrun left: each rank's logs (masked, each within the log budget) and error files."""
-    def job_file(path: Path) -> JobFile:
-        return jobfiles.log_file(path, ws.root, c, masker) if path.suffix == ".log" else _report_file(ws, masker)(path)
-
-    for folder in (RANKS, TORCHELASTIC):
-        if os.path.lexists(ws.root / folder):
-            put_folder(c, folder, ws.root / folder, ws.root, ENTRYPOINT, job_file)
 
 
 def _failure_of(what: str, write_failures: Sequence[str]) -> str | None:
@@ -292,6 +288,26 @@ def _collect_checkpoints(c: BundleWriter, ws: AttemptWorkspace) -> None:
     c.guarded(name, WORKSPACE, copy)
 
 
+def not_evidence(name: str) -> bool:
+    """The entrypoint's faulthandler site (``stacks/site/...``) and PyTorch's flight-recorder trigger pipes,
+    wherever they lie (a Slurm task's folder too)."""
+    parts = name.split("/")
+    site = any(a == STACKS and b == "site" for a, b in zip(parts, parts[1:]))
+    return site or (len(parts) > 1 and parts[-2] == FLIGHT_RECORDER and parts[-1].startswith("pipe_"))
+
+
+def _collect_job_folders(c: BundleWriter, ws: AttemptWorkspace, masker: masking.Masker) -> None:
+    """torchrun's rank logs and error files, the ranks' stacks and the flight recorder's dumps, each file
+    masked (a rank's log cut at the log budget); a folder the attempt never made is simply not there."""
+    for folder in JOB_FOLDERS:
+        if not os.path.lexists(ws.root / folder):
+            continue
+        kind = (lambda path: jobfiles.log_file(path, ws.root, c, masker)) if folder == RANKS \
+            else _report_file(ws, masker)
+        c.guarded(folder, ENTRYPOINT, partial(put_folder, c, folder, ws.root / folder, ws.root, ENTRYPOINT, kind,
+                                              not_evidence))
+
+
 def put_extra(c: BundleWriter, extra: Mapping[str, bytes] | None) -> None:
     """Store the flow's own items by name (e.g. ``classification.json``); a bad one is a missing item."""
     for name, data in (extra or {}).items():
@@ -356,10 +372,10 @@ def collect_workspace(c: BundleWriter, workspace: AttemptWorkspace, *, masker: m
     steps: list[tuple[str, Callable[[], None]]] = [
         ("crash-report.json", lambda: _collect_reports(c, ws, workspace, runner, write_failures, masker)),
         ("logs", lambda: _collect_log(c, ws, why_absent, masker, workspace.log_path.name)),
-        ("ranks", lambda: _collect_torchrun(c, ws, masker)),
         ("snapshot", lambda: _collect_snapshots(c, ws, why_absent, masker)),
         ("checkpoint", lambda: _collect_checkpoints(c, ws)),
         ("coredumps", lambda: _collect_coredumps(c, ws, crash, masker)),
+        ("ranks", lambda: _collect_job_folders(c, ws, masker)),
     ]
     for name, step in steps:
         c.guarded(name, WORKSPACE, step)
