@@ -173,6 +173,10 @@ class SlurmBackend:
         return (f"cancelled Slurm job {job_id}, left {state} without its supervisor; it ended "
                 f"{info.state if info is not None else now or 'out of Slurm memory'}")
 
+    def dump_stacks(self, run_id: str, attempt: int) -> str:
+        """The `dump-stacks` file in every task's folder of the attempt's running job (its entrypoints poll)."""
+        return nodes.ask_for_stacks(self.client, AttemptWorkspace.at(self.shared_folder, run_id, attempt))
+
     def runs(self) -> dict[str, float]:
         return {run_id: workspace.last_change(self.shared_folder, run_id)
                 for run_id in workspace.runs_in(self.shared_folder)}
