@@ -63,9 +63,15 @@ def hung(entrypoint: int, size: int, timeout: float = 600) -> dict[int, int]:
 
 def bare_loop(pids: list[int], native: bool) -> float:
     started = time.perf_counter()
+    had = 0
     for pid in pids:
-        subprocess.run([PY_SPY, "dump", "--pid", str(pid), *(["--native"] if native else [])], capture_output=True)
-    return time.perf_counter() - started
+        done = subprocess.run([PY_SPY, "dump", "--pid", str(pid), *(["--native"] if native else [])],
+                              capture_output=True, text=True)
+        had += "Thread " in done.stdout
+    took = time.perf_counter() - started
+    if had != len(pids):
+        raise SystemExit(f"the bare loop had {had} of {len(pids)} stacks: the figures would not compare")
+    return took
 
 
 def trainguard(entrypoint: int, folder: Path, size: int) -> float:
