@@ -117,6 +117,24 @@ class KubernetesJobBackend(Block):
         default=False, title="Add SYS_PTRACE (native stacks)",
         description="Off (the default): the training container gets no extra capability and the stacks are "
         "Python's. On: SYS_PTRACE is added, so py-spy can read native (C/C++) frames too.")
+    hold_mode: bool = Field(
+        default=True, title="Hold failed pods (several nodes; Kubernetes 1.29+)",
+        description="On: a multi-node attempt's Indexed Job has backoffLimitPerIndex 0, so a failed pod is not "
+        "retried and the other pods are not deleted: every pod's log is read before trainguard deletes the Job. "
+        "Off, for clusters before 1.29 (no per-index back-off): backoffLimit 0; the Job controller deletes the "
+        "other pods when one fails, and their evidence is taken while they terminate.")
+    one_pod_per_node: bool = Field(
+        default=False, title="One pod per node (several nodes)",
+        description="Required pod anti-affinity between the pods of one attempt; it becomes preferred, and the "
+        "attempt says so, when a pod cannot be placed because of it (fewer schedulable nodes than pods).")
+    master_port: int = Field(
+        default=29500, ge=1, le=65535, title="Rendezvous port (several nodes)",
+        description="The port the ranks meet on at the first pod (MASTER_PORT, torchrun's PET_MASTER_PORT).")
+    survivor_grace_seconds: float = Field(
+        default=30.0, ge=0, title="Grace for the other pods after one fails (s)",
+        description="Several nodes: once one pod failed, how long the others may take to fail on their own "
+        "(they usually do within seconds, and what they print dates the failure) before evidence is collected "
+        "from every pod and the Job is deleted.")
     local_root: str | None = Field(default=None, title="Local folder for triage facts",
                                    description="On the flow's machine; a temporary folder when empty.")
 
@@ -159,11 +177,13 @@ class KubernetesJobBackend(Block):
             python=self.python, attempt_sub_path=not self.mount_whole_attempt_volume,
             automount_service_account_token=self.mount_service_account_token,
             stack_sweep_seconds=self.stack_sweep_seconds, sys_ptrace=self.sys_ptrace,
+            hold_mode=self.hold_mode, one_pod_per_node=self.one_pod_per_node, master_port=self.master_port,
         )
         return KubeSettings(job=job, unschedulable_seconds=self.unschedulable_seconds,
                             start_error_seconds=self.start_error_seconds,
                             failed_job_ttl_seconds=self.failed_job_ttl_seconds, local_root=self.local_root,
-                            evidence_copy_budget_bytes=self.evidence_copy_budget_bytes)
+                            evidence_copy_budget_bytes=self.evidence_copy_budget_bytes,
+                            survivor_grace_seconds=self.survivor_grace_seconds)
 
     def backend(self) -> KubernetesBackend:
         """The Kubernetes Job adapter this block describes."""

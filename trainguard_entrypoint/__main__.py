@@ -30,6 +30,10 @@ from trainguard_entrypoint.tee import STOP_SIGNALS, ChildResult, SignalForwarder
 from trainguard_entrypoint.termination import write_summary
 
 PROG = "trainguard-entrypoint"
+# A pod of a multi-node attempt other than the first keeps its files in `tasks/<index>` of the
+# attempt's folder (as a Slurm task does), so no two nodes write one log or one error file.
+NODE_INDEX, NODE_FOLDERS = "TRAINGUARD_NODE_INDEX", "tasks"
+_TORCHRUN_PLACES = ("PET_LOG_DIR", "ranks"), ("TORCHELASTIC_ERROR_FILE", "torchelastic/error.json")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 T = TypeVar("T")
 
@@ -116,7 +120,7 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
     grace = _seconds(args.grace_seconds, environ, "grace-seconds", "10")
     attempt = int(attempt_text)
     checkpoint_dir = _pick(args.checkpoint_dir, environ, "TRAINGUARD_CHECKPOINT_DIR")
-    root = Path(workspace).absolute()
+    root = node_folder(Path(workspace).absolute(), environ)
     default_log = root / "logs" / f"train-{run_id}-attempt-{attempt}.log"
     log_file = Path(args.log_file).absolute() if args.log_file else default_log
     workdir = _pick(args.workdir, environ, "TRAINGUARD_WORKDIR")
@@ -138,9 +142,24 @@ def _seconds(value: str | None, environ: Mapping[str, str], option: str, default
     return seconds
 
 
+def node_folder(workspace: Path, environ: Mapping[str, str]) -> Path:
+    """The folder this node's files go to: the attempt's own for node 0, else `tasks/<index>` in it."""
+    index = environ.get(NODE_INDEX, "")
+    return workspace / NODE_FOLDERS / index if index.isdigit() and int(index) > 0 else workspace
+
+
 def child_environment(options: Options, environ: Mapping[str, str]) -> dict[str, str]:
-    """What the command sees: our environment plus where the attempt lives, output unbuffered."""
+    """What the command sees: our environment plus where the attempt lives, output unbuffered.
+
+    On a node other than the first, torchrun's rank logs and error file follow the node's folder
+    where they were trainguard's defaults in the attempt's folder.
+    """
     env = dict(environ)
+    base = environ.get("TRAINGUARD_WORKSPACE")
+    if base and Path(base).absolute() != options.workspace:
+        for name, place in _TORCHRUN_PLACES:
+            if env.get(name) == f"{base.rstrip('/')}/{place}":
+                env[name] = str(options.workspace / place)
     # A launcher that had to put trainguard on PYTHONPATH to start us leaves the command's own here.
     if ORIGINAL_PYTHONPATH in env:
         original = env.pop(ORIGINAL_PYTHONPATH)

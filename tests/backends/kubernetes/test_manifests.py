@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from trainguard.core.backends.base import Launch
-from trainguard.core.backends.kubernetes import manifests, zipapp
+from trainguard.core.backends.kubernetes import indexed, manifests, zipapp
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.manifests import AttemptVolume, JobSettings
 from trainguard.core.masking import SECRET_NAMES_VARIABLE
@@ -41,6 +41,7 @@ FULL = JobSettings(
 SIDECAR = {"name": "shipper", "image": "fluent/fluent-bit:3.2", "restartPolicy": "Always",
            "volumeMounts": [{"name": "trainguard-attempts", "mountPath": "/trainguard/attempts", "readOnly": True}]}
 
+TWO_NODES = Launch(run_id="r-1", attempt=1, command=("torchrun", "t.py"), gpus=2, nodes=2, processes_per_node=2)
 CASES: dict[str, tuple[JobSettings, Launch]] = {
     "minimal": (JobSettings(image="python:3.11"), Launch(run_id="r-1", attempt=1, command=("python", "t.py"))),
     "full": (FULL, LAUNCH),
@@ -50,6 +51,12 @@ CASES: dict[str, tuple[JobSettings, Launch]] = {
                                       job_template={"spec": {"ttlSecondsAfterFinished": 3600, "template": {
                                           "spec": {"runtimeClassName": "nvidia", "initContainers": [SIDECAR]}}}}),
                           Launch(run_id="r-1", attempt=1, command=("python", "t.py"))),
+    # several nodes: an Indexed Job in hold mode behind a headless Service ...
+    "two-nodes": (JobSettings(image="python:3.11"), TWO_NODES),
+    # ... and, for a cluster before 1.29, backoffLimit 0, one pod per node, after a GPU fault on one node
+    "four-nodes-fallback-one-per-node": (
+        JobSettings(image="python:3.11", hold_mode=False, one_pod_per_node=True, master_port=29600),
+        Launch(**{**TWO_NODES.__dict__, "attempt": 2, "nodes": 4, "avoid_nodes": ("gpu-node-7",)})),
 }
 
 
@@ -61,6 +68,16 @@ def test_generated_job_matches_its_golden_file(case: str) -> None:
     if os.environ.get("TRAINGUARD_REGEN_GOLDEN") == "1":
         golden.write_text(produced)
     assert golden.exists(), f"{golden} is missing: run with TRAINGUARD_REGEN_GOLDEN=1 once and review it"
+    assert produced == golden.read_text(), f"{golden.name} differs; review, then TRAINGUARD_REGEN_GOLDEN=1"
+
+
+def test_the_headless_service_of_a_multi_node_attempt_matches_its_golden_file() -> None:
+    job = manifests.job_manifest(*CASES["two-nodes"], CONFIG_MAP)
+    job["metadata"]["uid"] = "0b6e4f9a-0000-4000-8000-000000000002"  # as the API server answers
+    produced = json.dumps(indexed.service_manifest(job), indent=2, sort_keys=True) + "\n"
+    golden = GOLDEN / "service-two-nodes.json"
+    if os.environ.get("TRAINGUARD_REGEN_GOLDEN") == "1":
+        golden.write_text(produced)
     assert produced == golden.read_text(), f"{golden.name} differs; review, then TRAINGUARD_REGEN_GOLDEN=1"
 
 

@@ -51,7 +51,7 @@ class Launch:
         deadline_seconds: Wall time after which the attempt is stopped.
         stall_seconds: Silence on the log after which the attempt is stopped.
         resume_from: The checkpoint to resume from, as the backend listed it; None = from scratch.
-        avoid_nodes: Nodes earlier attempts failed on; backends that place work keep off them.
+        avoid_nodes: Nodes to keep off (earlier attempts failed there, or the shared avoid list's).
         memory_factor: Scale for the memory request/limit (>= 1), e.g. after a host OOM.
     """
 
@@ -229,6 +229,14 @@ class Backend(Protocol):
     def release(self, ref: AttemptRef) -> None:
         """Let the platform clean the attempt up (delete it, or start its TTL). Called after evidence is kept."""
         ...
+
+
+@runtime_checkable
+class PlacesOnNodes(Protocol):
+    """A backend that can name the nodes an attempt could be placed on (the avoid list needs enough left)."""
+
+    def placeable_nodes(self) -> list[str]:
+        """The nodes an attempt could be placed on now; raises when it cannot tell."""
 
 
 @runtime_checkable

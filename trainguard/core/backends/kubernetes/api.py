@@ -67,7 +67,7 @@ def translate(exc: BaseException, what: str) -> KubeError:
 
 
 class KubeApi:
-    """Jobs, pods, logs, events, nodes, ConfigMaps and the attempts' Secrets of one cluster, in wire form.
+    """Jobs, Services, pods, logs, events, nodes, ConfigMaps and the attempts' Secrets of one cluster, in wire form.
 
     Build one with `from_kubeconfig`, `from_config_dict` or `in_cluster`; tests may pass any
     `kubernetes.client.ApiClient`.
@@ -166,6 +166,19 @@ class KubeApi:
         body = {"spec": {"suspend": False}}
         return self._json(f"patch job {namespace}/{name}", self.batch.patch_namespaced_job, name, namespace, body)
 
+    # -- The headless Service of a multi-node attempt -------------------------------------
+
+    def create_service(self, namespace: str, body: Mapping[str, Any]) -> Wire:
+        name = body.get("metadata", {}).get("name", "?")
+        return self._json(f"create service {namespace}/{name}", self.core.create_namespaced_service, namespace,
+                          dict(body))
+
+    def read_service(self, namespace: str, name: str) -> Wire:
+        return self._json(f"read service {namespace}/{name}", self.core.read_namespaced_service, name, namespace)
+
+    def delete_service(self, namespace: str, name: str) -> Wire:
+        return self._json(f"delete service {namespace}/{name}", self.core.delete_namespaced_service, name, namespace)
+
     # -- Pods and logs --------------------------------------------------------------------
 
     def list_pods(self, namespace: str, label_selector: str | None = None, field_selector: str | None = None) -> Wire:
@@ -241,6 +254,9 @@ class KubeApi:
 
     def read_node(self, name: str) -> Wire:
         return self._json(f"read node {name}", self.core.read_node, name)
+
+    def list_nodes(self, label_selector: str | None = None) -> Wire:
+        return self._json("list nodes", self.core.list_node, label_selector=label_selector or "")
 
     def create_secret(self, namespace: str, body: Mapping[str, Any]) -> None:
         """Create a Secret. Nothing is returned: the answer echoes the values, which no caller needs."""

@@ -26,12 +26,13 @@ from trainguard.core.backends import workspace_evidence
 from trainguard.core.backends.base import (
     COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
 )
-from trainguard.core.backends.kubernetes import collector, evidence, manifests, zipapp
+from trainguard.core.backends.kubernetes import collector, evidence, indexed, manifests, zipapp
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotFound
 from trainguard.core.backends.kubernetes.supervise import (
     START_ERRORS, Ending, Limits, Supervisor, blocking_wait, container_state, job_condition,
 )
+from trainguard.core.backends.kubernetes.supervise_nodes import NodesSupervisor
 from trainguard.core.backends.kubernetes.watch import RELISTED, ResumingWatch
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
@@ -65,6 +66,8 @@ class KubeSettings:
     local_root: str | None = None  # where triage facts and logs are kept on the flow's machine
     # what the collector pod copies of the attempt's folder, by apparent size (a sparse file counts whole)
     evidence_copy_budget_bytes: int = collector.DEFAULT_BUDGET_BYTES
+    # several nodes: how long the other pods may take to fail on their own after the first failed
+    survivor_grace_seconds: float = 30.0
 
 
 class KubernetesBackend:
@@ -105,7 +108,7 @@ class KubernetesBackend:
                           details={"namespace": self.namespace, "config_map": body["metadata"]["name"]})
 
     def run(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None = None) -> AttemptOutcome:
-        """Create (or adopt) the attempt's Job and follow it until it is terminal."""
+        """Create (or adopt) the attempt's Job (and Service, on several nodes) and follow it until it is terminal."""
         config_map = ref.details.get("config_map") or zipapp.config_map_name()
         try:
             body = manifests.job_manifest(self.settings.job, launch, config_map)
@@ -121,28 +124,39 @@ class KubernetesBackend:
         if created is None:
             _say(on_line, f"adopting the running Job {self.namespace}/{ref.name}")
         try:
-            self._hand_over_secrets(ref, launch, created)
+            self._complete_job(ref, launch, created)
         except KubeError as exc:
-            return AttemptOutcome(None, None, START_ERROR, f"could not give the Job its secret_env: {exc}")
+            return AttemptOutcome(None, None, START_ERROR, f"could not give the Job its Service or secret_env: {exc}")
+        return outcome_of_ending(self._supervisor(launch, on_line, created).run())
+
+    def _supervisor(self, launch: Launch, on_line: LineSink | None, created: dict[str, Any] | None) -> Supervisor:
         limits = Limits(unschedulable_seconds=self.settings.unschedulable_seconds,
                         start_error_seconds=self.settings.start_error_seconds,
                         stall_seconds=launch.stall_seconds, deadline_seconds=launch.deadline_seconds)
-        ending = Supervisor(self.api, self.namespace, launch.run_id, launch.attempt, limits, on_line=on_line,
-                            created=created).run()
-        return outcome_of_ending(ending)
+        args = (self.api, self.namespace, launch.run_id, launch.attempt, limits)
+        if launch.nodes > 1:
+            return NodesSupervisor(*args, on_line=on_line, created=created, nodes=launch.nodes,
+                                   grace_seconds=self.settings.survivor_grace_seconds, hold=self.settings.job.hold_mode)
+        return Supervisor(*args, on_line=on_line, created=created)
 
-    def _hand_over_secrets(self, ref: AttemptRef, launch: Launch, created: dict[str, Any] | None) -> None:
-        """Create the attempt's Secret, owned by its Job, then let the suspended Job start.
+    def _complete_job(self, ref: AttemptRef, launch: Launch, created: dict[str, Any] | None) -> None:
+        """Create what the Job needs before its pods start, owned by it, then let the suspended Job start:
+        the headless Service its pods find each other through (several nodes), and its Secret.
 
-        Both steps are idempotent, so a flow run started again after dying between them (a Job that
-        waits suspended, with or without its Secret) finishes them: a 409 on the Secret means the
-        earlier run created it under this Job. The Secret goes with the Job (garbage collection).
+        Every step is idempotent, so a flow run started again after dying between them (a Job that
+        waits suspended, with or without its Service and Secret) finishes them: a 409 means the
+        earlier run created it under this Job. Both go with the Job (garbage collection).
         """
         job = created if created is not None else self.api.read_job(self.namespace, ref.name)
+        owned: list[tuple[Callable[[str, dict[str, Any]], Any], dict[str, Any]]] = []
+        if launch.nodes > 1:
+            owned.append((self.api.create_service, indexed.service_manifest(job)))
         secret = manifests.secret_manifest(self.settings.job, launch, job)
         if secret is not None:
+            owned.append((self.api.create_secret, secret))
+        for create, body in owned:
             try:
-                self.api.create_secret(self.namespace, secret)
+                create(self.namespace, body)
             except Conflict:
                 pass
         if (job.get("spec") or {}).get("suspend"):
@@ -184,6 +198,12 @@ class KubernetesBackend:
             events=tuple(facts.get("events") or outcome.events), log=log,
         )
 
+    def placeable_nodes(self) -> list[str]:
+        """Nodes the Job's pods could land on: those matching the block's node selector, not cordoned."""
+        selector = ",".join(f"{k}={v}" for k, v in sorted(self.settings.job.node_selector.items()))
+        listed = self.api.list_nodes(selector or None).get("items") or []
+        return sorted(str(n["metadata"]["name"]) for n in listed if not (n.get("spec") or {}).get("unschedulable"))
+
     def checkpoints(self, run_id: str) -> list[str]:
         """The run's checkpoints, newest first, as paths inside the containers (the same in every attempt)."""
         folder = manifests.checkpoint_path(run_id)
@@ -196,8 +216,10 @@ class KubernetesBackend:
     def release(self, ref: AttemptRef) -> None:
         """Delete a succeeded Job now; keep a failed one for `failed_job_ttl_seconds` (its TTL).
 
-        A Job that has not finished (unschedulable, stalled, stopped, its pod disrupted) is deleted:
-        a TTL would never start, and it must not train on beside the next attempt.
+        A Job that has not finished (unschedulable, stalled, stopped, its pod disrupted, survivors
+        still running after the first pod failed) is deleted: a TTL would never start, and it must not
+        train on beside the next attempt. The headless Service of a multi-node attempt goes now: only
+        the running pods needed it.
         """
         try:
             job = self.api.read_job(self.namespace, ref.name)
@@ -207,7 +229,12 @@ class KubernetesBackend:
             else:
                 self.api.patch_job_ttl(self.namespace, ref.name, self.settings.failed_job_ttl_seconds)
         except NotFound:
-            pass  # already gone (deleted by someone, or its TTL ran out)
+            job = {}  # already gone (deleted by someone, or its TTL ran out); the Service with it
+        if (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("subdomain") == ref.name:
+            try:
+                self.api.delete_service(self.namespace, ref.name)
+            except NotFound:
+                pass
 
     def stop_orphan(self, ref: AttemptRef) -> str | None:
         """Stop the Job of an attempt whose flow process died, once its evidence is kept.

@@ -32,6 +32,7 @@ from trainguard.core import ids
 from trainguard.core.backends import workspace
 from trainguard.core.backends.base import Launch, container_env
 from trainguard.core.backends.forensics import StackCapture
+from trainguard.core.backends.kubernetes import indexed
 from trainguard.core.backends.kubernetes.zipapp import ENTRYPOINT_FILE
 from trainguard.core.policy import MAX_MEMORY_FACTOR
 
@@ -105,6 +106,11 @@ class JobSettings:
     # The ranks' stacks before a stop; native frames only with SYS_PTRACE, which is opt-in.
     stack_sweep_seconds: float = 30.0
     sys_ptrace: bool = False
+    # Several nodes: hold failed pods (backoffLimitPerIndex, Kubernetes 1.29+), else backoffLimit 0;
+    # one pod per node by pod anti-affinity (opt-in); the port the ranks meet on at the first pod.
+    hold_mode: bool = True
+    one_pod_per_node: bool = False
+    master_port: int = 29500
 
 
 def job_name(run_id: str, attempt: int) -> str:
@@ -176,8 +182,13 @@ def labels_for(settings: JobSettings, run_id: str, attempt: int, component: str 
             LABEL_RUN: _label_value(run_id), LABEL_ATTEMPT: str(attempt)}
 
 
-def job_manifest(settings: JobSettings, launch: Launch, entrypoint_config_map: str) -> Wire:
-    """The attempt's Job, with `settings.job_template` merged over it (the user has the last word)."""
+def job_manifest(settings: JobSettings, launch: Launch, entrypoint_config_map: str,
+                 spread: str | None = None) -> Wire:
+    """The attempt's Job, with `settings.job_template` merged over it (the user has the last word).
+
+    With two or more nodes it is an Indexed Job (see ``indexed``); ``spread`` then overrides how the
+    pods keep to one per node (`indexed.PREFERRED` where required would leave one unschedulable).
+    """
     labels = labels_for(settings, launch.run_id, launch.attempt)
     job: Wire = {
         "apiVersion": "batch/v1", "kind": "Job",
@@ -196,6 +207,9 @@ def job_manifest(settings: JobSettings, launch: Launch, entrypoint_config_map: s
         # no pod before its Secret exists: created suspended, resumed once the Secret (which names
         # the Job's uid as its owner) is there
         job["spec"]["suspend"] = True
+    if launch.nodes > 1:
+        wanted = spread or (indexed.REQUIRED if settings.one_pod_per_node else None)
+        indexed.shape(job, launch.nodes, hold=settings.hold_mode, spread=wanted)
     return deep_merge(job, settings.job_template) if settings.job_template else job
 
 
@@ -227,8 +241,10 @@ def pod_spec(settings: JobSettings, launch: Launch, entrypoint_config_map: str) 
 
 def container(settings: JobSettings, launch: Launch) -> Wire:
     """The training container: the entrypoint zipapp around the user's command."""
+    meeting = indexed.rendezvous(job_name(launch.run_id, launch.attempt), settings.master_port) \
+        if launch.nodes > 1 else None
     env = container_env(launch, workspace=workspace_path(launch.run_id, launch.attempt),
-                        checkpoint_dir=checkpoint_path(launch.run_id),
+                        checkpoint_dir=checkpoint_path(launch.run_id), rendezvous=meeting,
                         capture=StackCapture(settings.stack_sweep_seconds, native=settings.sys_ptrace))
     env["TRAINGUARD_TERMINATION_LOG"] = TERMINATION_LOG
     secrets = frozenset(secret_env(launch))

@@ -69,6 +69,7 @@ class Ending:
     message: str = ""
     job_deleted: bool = False
     log_tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
+    pods: dict[str, Wire] = field(default_factory=dict)  # every pod seen, by name (several on several nodes)
 
 
 class Supervisor:
@@ -110,13 +111,16 @@ class Supervisor:
                 why = self._verdict(started)
                 if why:
                     self.ending.why = why
-                    if why == "job" and not container_state(self.ending.pod).get("terminated"):
-                        self._read_pods()
+                    self._settle(why)
                     self._drain_logs(self.clock() + self.limits.settle_seconds)
                     return self.ending
         finally:
             self.stop.set()
             del threads  # daemon threads end with their stream; nothing may block the caller
+
+    def _settle(self, why: str) -> None:
+        if why == "job" and not container_state(self.ending.pod).get("terminated"):
+            self._read_pods()
 
     def _read_pods(self) -> None:
         """Read the pods once: the Job ends only after its pod did, but the pod watch may lag behind.
@@ -155,7 +159,7 @@ class Supervisor:
         except KubeError as exc:  # the API is gone for longer than KubeApi retries: say so, end
             self.events.put((resource, {"type": "FAILED", "object": {"message": str(exc)}}))
 
-    def _follow_log(self, pod_name: str) -> None:
+    def _follow_log(self, pod_name: str, prefix: str = "") -> None:
         seen = 0
         for _ in range(20):  # a dropped stream is resumed; lines already handed out are skipped
             count, cutter = 0, LineCutter()
@@ -166,19 +170,19 @@ class Supervisor:
                         count += 1
                         if count > seen:
                             seen = count
-                            self._line(raw)
+                            self._line(raw, prefix)
                     if self.stop.is_set():
                         return
                 if cutter.pending and count + 1 > seen:
-                    self._line(cutter.pending)
+                    self._line(cutter.pending, prefix)
                 return
             except Transient:
                 time.sleep(0.2)
             except KubeError:
                 return
 
-    def _line(self, raw: bytes) -> None:
-        text = self.masker.mask(printable(raw))
+    def _line(self, raw: bytes, prefix: str = "") -> None:
+        text = prefix + self.masker.mask(printable(raw))
         self.last_output = self.clock()
         self.ending.log_tail.append(text)
         if self.on_line is not None:
@@ -218,12 +222,15 @@ class Supervisor:
             if pod_terminal(current) and not pod_terminal(pod):
                 return  # the Job's replacement for an ignored disruption: the attempt ended with the first
         self.ending.pod = pod
-        state = container_state(pod)
-        name = pod["metadata"]["name"]
+        self._follow(pod)
+
+    def _follow(self, pod: Wire, prefix: str = "") -> None:
+        """Start following the pod's training log once its container runs (or already ended)."""
+        state, name = container_state(pod), pod["metadata"]["name"]
         if ("running" in state or "terminated" in state) and name not in self.followed:
             self.followed.add(name)
             self.last_output = self.clock()
-            self.followers.append(self._thread(self._follow_log, name))
+            self.followers.append(self._thread(self._follow_log, name, prefix))
 
     def _verdict(self, started: float) -> str:
         """Why the attempt is over now, or "" while it is not."""
@@ -257,7 +264,6 @@ class Supervisor:
         if limits.deadline_seconds and now - started >= limits.deadline_seconds + limits.deadline_margin_seconds:
             return "deadline"
         return ""
-
 
     def _lasted(self, mark: str, holds: bool, now: float) -> float:
         """How long `holds` has been true without a break (-1 while it is not)."""

@@ -91,6 +91,10 @@ class LocalBackend:
                        events=outcome.events, log=source, error_files=torchrun.error_files(self.workspace(ref).root),
                        stacks=rankstacks.read_stacks(self.workspace(ref).root, outcome.node))
 
+    def placeable_nodes(self) -> list[str]:
+        """This machine: a local process runs nowhere else."""
+        return [os.uname().nodename]
+
     def checkpoints(self, run_id: str) -> list[str]:
         folder = run_checkpoint_dir(self.work_root, run_id)
         return [str(path) for path in workspace_evidence.newest_checkpoints(folder)] if folder.is_dir() else []

@@ -41,6 +41,7 @@ from trainguard.core.backends import processes, rankstacks, torchrun, workspace
 from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
 
 KIND = "slurm"
+_UNPLACEABLE = ("down", "drain", "fail")  # sinfo states (with their suffixes stripped) no job lands on
 _PASSED_THROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SLURM_CONF")
 
 
@@ -242,6 +243,11 @@ class SlurmBackend:
         client_env = self.client.env if self.client.env is not None else os.environ
         return {name: client_env[name] for name in _PASSED_THROUGH if name in client_env}
 
+    def placeable_nodes(self) -> list[str]:
+        """The partition's nodes that can take a job now or soon (not down, drained or failed)."""
+        listed = self.client.nodes(self.settings.partition)
+        return sorted(node for node, state in listed if not state.rstrip("*~#!%$@^-+").startswith(_UNPLACEABLE))
+
     def _exclusions(self, launch: Launch) -> list[str]:
         """Nodes to keep off: those earlier attempts failed on, if the partition has others left."""
         if not launch.avoid_nodes:
@@ -341,7 +347,7 @@ class SlurmBackend:
         reason = job.termination(state, exit_code, signalled=signalled, stopped_for=stopped_for,
                                  memory_exceeded=job.memory_killed(stderr))
         hosts = self._hostnames(info.node_list) if info is not None and info.node_list else []
-        node = self._failed_node(ws, hosts) if reason == "NodeLost" else (hosts[0] if hosts else None)
+        node = nodes.failed_node(self.client, ws, hosts) if reason == "NodeLost" else (hosts[0] if hosts else None)
         message = job.ended_message(job_id, info, exit_code, sig, stopped_for, signalled)
         continuation.write_runner_report(ws, job_id, exit_code, reason, message, sig)
         event = {"type": "Warning" if reason != "Completed" else "Normal", "reason": state, "message": message,
@@ -368,18 +374,6 @@ class SlurmBackend:
             return self.client.hostnames(node_list)
         except SlurmError:
             return [node_list]
-
-    def _failed_node(self, ws: AttemptWorkspace, nodes: list[str]) -> str | None:
-        """The job's node Slurm marked down or failing (its `scontrol show node` kept), else the first."""
-        for node in nodes:
-            try:
-                text = self.client.show_node(node)
-            except SlurmError:
-                continue
-            slurm_evidence.keep(ws, f"scontrol-show-node-{node}.txt", text)
-            if any(word in text for word in ("State=DOWN", "+DRAIN", "State=FAIL", "NOT_RESPONDING", "State=DRAIN")):
-                return node
-        return nodes[0] if nodes else None
 
     def _never_started(self, ws: AttemptWorkspace, message: str) -> AttemptOutcome:
         continuation.write_runner_report(ws, None, None, "StartError", message)

@@ -17,6 +17,7 @@ from trainguard_entrypoint.files import read_json_object
 from trainguard.core.backends import forensics, rankstacks, torchrun, workspace
 from trainguard.core.backends.base import NodeEvidence
 from trainguard.core.backends.slurm import continuation, job
+from trainguard.core.backends.slurm import evidence as slurm_evidence
 from trainguard.core.backends.slurm.client import SlurmClient, SlurmError
 from trainguard.core.backends.workspace import AttemptWorkspace
 from trainguard.core.triage.signals import Signals
@@ -66,6 +67,19 @@ def ask_for_stacks(client: SlurmClient, ws: AttemptWorkspace) -> str:
     if problems := forensics.request_stacks(folders):
         raise forensics.NotRunning(f"could not ask job {job_id}'s entrypoints: {problems[0]}")
     return f"asked the entrypoints of Slurm job {job_id} ({len(folders)} task folder(s)) for every rank's stack"
+
+
+def failed_node(client: SlurmClient, ws: AttemptWorkspace, hosts: list[str]) -> str | None:
+    """The job's node Slurm marked down or failing (its `scontrol show node` kept), else the first."""
+    for node in hosts:
+        try:
+            text = client.show_node(node)
+        except SlurmError:
+            continue
+        slurm_evidence.keep(ws, f"scontrol-show-node-{node}.txt", text)
+        if any(word in text for word in ("State=DOWN", "+DRAIN", "State=FAIL", "NOT_RESPONDING", "State=DRAIN")):
+            return node
+    return hosts[0] if hosts else None
 
 
 def node_list(root: Path) -> str:
