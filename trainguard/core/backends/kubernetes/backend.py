@@ -16,7 +16,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,9 +24,9 @@ from typing import Any
 from trainguard.core import masking
 from trainguard.core.backends import workspace_evidence
 from trainguard.core.backends.base import (
-    COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
+    COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, NodeEvidence,
 )
-from trainguard.core.backends.kubernetes import collector, evidence, indexed, manifests, zipapp
+from trainguard.core.backends.kubernetes import collector, evidence, indexed, manifests, nodes, placement, zipapp
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotFound
 from trainguard.core.backends.kubernetes.supervise import (
@@ -108,10 +108,35 @@ class KubernetesBackend:
                           details={"namespace": self.namespace, "config_map": body["metadata"]["name"]})
 
     def run(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None = None) -> AttemptOutcome:
-        """Create (or adopt) the attempt's Job (and Service, on several nodes) and follow it until it is terminal."""
+        """Create (or adopt) the attempt's Job (and Service, on several nodes) and follow it until it is terminal.
+
+        Where one pod per node is required and the scheduler says the cluster cannot give each pod
+        its own node, the Job is made again with the anti-affinity preferred (`placement`), once.
+        """
+        started = self._start(ref, launch, on_line)
+        if isinstance(started, AttemptOutcome):
+            return started
+        relaxable = launch.nodes > 1 and self.settings.job.one_pod_per_node
+        ending = self._supervisor(launch, on_line, started, relaxable).run()
+        if ending.why != placement.SPREAD:
+            return outcome_of_ending(ending)
+        note = placement.relaxed_note(launch.nodes, ending.message)
+        _say(on_line, note)
+        try:
+            placement.delete_and_wait(self.api, self.namespace, ref.name, manifests.selector(ref.run_id, ref.attempt))
+        except (KubeError, TimeoutError) as exc:
+            return AttemptOutcome(None, None, START_ERROR, f"{note}; but the Job could not be made again: {exc}")
+        started = self._start(ref, launch, on_line, indexed.PREFERRED)
+        if isinstance(started, AttemptOutcome):
+            return replace(started, placement=note)
+        return replace(outcome_of_ending(self._supervisor(launch, on_line, started, False).run()), placement=note)
+
+    def _start(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None,
+               spread: str | None = None) -> dict[str, Any] | None | AttemptOutcome:
+        """Create the attempt's Job (None: adopted one already there) and what it owns; an outcome if it cannot start."""
         config_map = ref.details.get("config_map") or zipapp.config_map_name()
         try:
-            body = manifests.job_manifest(self.settings.job, launch, config_map)
+            body = manifests.job_manifest(self.settings.job, launch, config_map, spread)
         except ValueError as exc:
             return AttemptOutcome(None, None, START_ERROR, str(exc))
         created: dict[str, Any] | None = None
@@ -127,15 +152,16 @@ class KubernetesBackend:
             self._complete_job(ref, launch, created)
         except KubeError as exc:
             return AttemptOutcome(None, None, START_ERROR, f"could not give the Job its Service or secret_env: {exc}")
-        return outcome_of_ending(self._supervisor(launch, on_line, created).run())
+        return created
 
-    def _supervisor(self, launch: Launch, on_line: LineSink | None, created: dict[str, Any] | None) -> Supervisor:
+    def _supervisor(self, launch: Launch, on_line: LineSink | None, created: dict[str, Any] | None,
+                    relaxable: bool = False) -> Supervisor:
         limits = Limits(unschedulable_seconds=self.settings.unschedulable_seconds,
                         start_error_seconds=self.settings.start_error_seconds,
                         stall_seconds=launch.stall_seconds, deadline_seconds=launch.deadline_seconds)
         args = (self.api, self.namespace, launch.run_id, launch.attempt, limits)
         if launch.nodes > 1:
-            return NodesSupervisor(*args, on_line=on_line, created=created, nodes=launch.nodes,
+            return NodesSupervisor(*args, on_line=on_line, created=created, nodes=launch.nodes, relaxable=relaxable,
                                    grace_seconds=self.settings.survivor_grace_seconds, hold=self.settings.job.hold_mode)
         return Supervisor(*args, on_line=on_line, created=created)
 
@@ -197,6 +223,14 @@ class KubernetesBackend:
             conditions=tuple(facts.get("conditions") or outcome.conditions),
             events=tuple(facts.get("events") or outcome.events), log=log,
         )
+
+    def node_signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> list[NodeEvidence]:
+        """Each pod's signals, by node rank, for an attempt of several pods; [] for one pod.
+
+        Read from what collection kept on this machine (`nodes.keep_nodes`): each pod's exit code,
+        reason, conditions and events, its node's log, torchrun error files and ranks' stacks.
+        """
+        return nodes.node_evidence(self.local_dir(ref.run_id, ref.attempt), ref.run_id, ref.attempt)
 
     def checkpoints(self, run_id: str) -> list[str]:
         """The run's checkpoints, newest first, as paths inside the containers (the same in every attempt)."""
