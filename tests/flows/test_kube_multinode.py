@@ -33,6 +33,7 @@ from waiting import wait_for
 
 sim = sim_fixture()
 DDP = str(Path(__file__).resolve().parents[1] / "pytorch" / "scripts" / "train_ddp.py")
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "ddp" / "train.py")  # checkpoints and resumes
 
 
 def free_port() -> int:
@@ -47,10 +48,10 @@ def kb(sim: Any, prefect_server: str, tmp_path: Path) -> dict[str, Any]:
     return kube_blocks(sim, tmp_path, master_port=free_port(), survivor_grace_seconds=30)
 
 
-def ddp(name: str, *args: str, **fields: Any) -> dict[str, Any]:
+def ddp(name: str, *args: str, script: str = DDP, **fields: Any) -> dict[str, Any]:
     retry = {"delay_seconds": 0, **fields.pop("retry", {})}
     return {"name": name, "nodes": 2, "processes_per_node": 2, "gpus": 1, "retry": retry,
-            "command": ["python", "-m", "torch.distributed.run", DDP, *args], **fields}
+            "command": ["python", "-m", "torch.distributed.run", script, *args], **fields}
 
 
 def run(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[Any, list[dict[str, Any]]]:
@@ -117,7 +118,7 @@ def test_rank_2_s_shape_mismatch_is_its_code_error_though_node_0_names_a_victim(
 
 
 def test_an_evicted_pod_is_preempted_on_index_1_retried_and_resumed(kb: dict[str, Any], sim: Any) -> None:
-    spec = ddp("mn-evict", "--steps", "80", "--checkpoint-every", "5")
+    spec = ddp("mn-evict", "--steps", "60", "--checkpoint-every", "5", "--step-seconds", "0.1", script=EXAMPLE)
     thread, box = in_background(spec, kb, "mn-evict-1")
     folder = sim.root / "pvc" / kb["namespace"] / "trainguard-checkpoints" / "mn-evict-1"
     wait_for(lambda: (folder / "step-000005.pt").exists(), timeout=240, what="attempt 1's first checkpoint")
@@ -135,6 +136,7 @@ def test_an_evicted_pod_is_preempted_on_index_1_retried_and_resumed(kb: dict[str
     assert entries[1]["reason"] == "Evicted"
     assert "resumed from /trainguard/checkpoints/mn-evict-1/step-" in kept(
         kb["evidence"], "mn-evict-1", 2, "tasks/1/logs/train-mn-evict-1-attempt-2.log")
+    assert "step 60 loss" in kept(kb["evidence"], "mn-evict-1", 2, "logs/train-mn-evict-1-attempt-2.log")
 
 
 def test_a_gpu_fault_on_rank_3_keeps_only_its_node_off_the_next_attempt(sim: Any, prefect_server: str,
