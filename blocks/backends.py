@@ -12,6 +12,7 @@ from pydantic import Field
 
 from blocks.factories import local_backend
 from trainguard.core.backends.base import Backend
+from trainguard.core.backends.forensics import DEFAULT_SWEEP_SECONDS, StackCapture
 from trainguard.core.backends.jobfiles import DEFAULT_CORE_DUMP_BUDGET_BYTES, DEFAULT_EVIDENCE_BUDGET_BYTES, Budget
 
 
@@ -48,8 +49,20 @@ class LocalProcessBackend(Block):
                     "(listed as missing with its size). Cores are copied whole, holes kept, or not at all.",
     )
 
+    stack_sweep_seconds: float = Field(
+        default=DEFAULT_SWEEP_SECONDS, ge=0, title="Stack capture bound (s)",
+        description="Before a hung or stopped attempt is ended, every rank's stack is taken (py-spy, else "
+                    "Python's faulthandler) within this many seconds, added to the grace period. 0 = no capture.",
+    )
+    native_stacks: bool = Field(
+        default=True, title="Native frames in the stacks",
+        description="Ask py-spy for native (C/C++) frames too (py-spy dump --native); where ptrace does not "
+                    "allow it the Python stack is kept.",
+    )
+
     def backend(self) -> Backend:
         """The local-process adapter this block describes."""
         return local_backend(self.work_root, self.grace_seconds, self.python,
                              budget=Budget(total_bytes=self.evidence_budget_bytes,
-                                           core_dump_bytes=self.core_dump_budget_bytes))
+                                           core_dump_bytes=self.core_dump_budget_bytes),
+                             capture=StackCapture(self.stack_sweep_seconds, self.native_stacks))

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from trainguard.core.backends.base import Backend
+from trainguard.core.backends.forensics import StackCapture
 from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.local.backend import LocalBackend
 from trainguard.core.stores.base import EvidenceStore
@@ -24,9 +25,9 @@ def evidence_folder(root: str | Path) -> EvidenceStore:
 
 
 def local_backend(work_root: str | Path, grace_seconds: float = 10.0, python: str | None = None,
-                  budget: Budget | None = None) -> Backend:
+                  budget: Budget | None = None, capture: StackCapture | None = None) -> Backend:
     """The local-process backend over ``work_root``."""
     backend: Backend = LocalBackend(work_root=Path(work_root).expanduser().resolve(),
                                     grace_seconds=grace_seconds, python=python or sys.executable,
-                                    budget=budget or Budget())
+                                    budget=budget or Budget(), capture=capture or StackCapture())
     return backend

@@ -109,6 +109,14 @@ class KubernetesJobBackend(Block):
         description="What the collector pod copies of the attempt's folder (log, crash report, snapshots, core "
         "dumps), counted by apparent size, so a sparse file counts whole. A file over what is left (a large "
         "core dump) stays on the attempt volume and the evidence says where.")
+    stack_sweep_seconds: float = Field(
+        default=30.0, ge=0, title="Stack capture bound (s)",
+        description="Before a stop reaches the ranks, the entrypoint takes every rank's stack (py-spy, else "
+        "Python's faulthandler) within this many seconds; keep it inside the pod's termination grace. 0 = off.")
+    sys_ptrace: bool = Field(
+        default=False, title="Add SYS_PTRACE (native stacks)",
+        description="Off (the default): the training container gets no extra capability and the stacks are "
+        "Python's. On: SYS_PTRACE is added, so py-spy can read native (C/C++) frames too.")
     hold_mode: bool = Field(
         default=True, title="Hold failed pods (several nodes; Kubernetes 1.29+)",
         description="On: a multi-node attempt's Indexed Job has backoffLimitPerIndex 0, so a failed pod is not "
@@ -168,6 +176,7 @@ class KubernetesJobBackend(Block):
             checkpoint_claim=self.checkpoint_claim, fail_job_exit_codes=tuple(self.fail_job_exit_codes),
             python=self.python, attempt_sub_path=not self.mount_whole_attempt_volume,
             automount_service_account_token=self.mount_service_account_token,
+            stack_sweep_seconds=self.stack_sweep_seconds, sys_ptrace=self.sys_ptrace,
             hold_mode=self.hold_mode, one_pod_per_node=self.one_pod_per_node, master_port=self.master_port,
         )
         return KubeSettings(job=job, unschedulable_seconds=self.unschedulable_seconds,

@@ -14,6 +14,7 @@ from typing import Literal
 from prefect.blocks.core import Block
 from pydantic import Field
 
+from trainguard.core.backends.forensics import DEFAULT_SWEEP_SECONDS, StackCapture
 from trainguard.core.backends.jobfiles import DEFAULT_CORE_DUMP_BUDGET_BYTES, DEFAULT_EVIDENCE_BUDGET_BYTES, Budget
 from trainguard.core.backends.slurm.client import SlurmClient
 from trainguard.core.backends.slurm.backend import SlurmBackend as SlurmAdapter
@@ -102,6 +103,17 @@ class SlurmBackend(Block):
                     "shared folder (listed as missing with its size). Cores are copied whole, holes kept.",
     )
 
+    stack_sweep_seconds: float = Field(
+        default=DEFAULT_SWEEP_SECONDS, ge=0, title="Stack capture bound (s)",
+        description="Before a hung or stalled job is cancelled, every rank's stack is taken on its node (py-spy, "
+                    "else Python's faulthandler) within this many seconds; the cancel waits for it. 0 = no capture.",
+    )
+    native_stacks: bool = Field(
+        default=True, title="Native frames in the stacks",
+        description="Ask py-spy for native (C/C++) frames too; where the node's ptrace policy forbids it the "
+                    "Python stack is kept.",
+    )
+
     def backend(self) -> SlurmAdapter:
         """The Slurm adapter this block describes."""
         env = {**os.environ, "SLURM_CONF": self.slurm_conf} if self.slurm_conf else None
@@ -117,4 +129,5 @@ class SlurmBackend(Block):
             python=self.python or sys.executable, client=SlurmClient(env=env, timeout_seconds=self.command_timeout_seconds),
             poll_max_seconds=self.poll_max_seconds, controller_timeout_seconds=self.controller_timeout_seconds,
             budget=Budget(total_bytes=self.evidence_budget_bytes, core_dump_bytes=self.core_dump_budget_bytes),
+            capture=StackCapture(self.stack_sweep_seconds, self.native_stacks),
         )

@@ -19,6 +19,7 @@ from flows import events
 from flows.hooks import schedule_next_attempt, settle_lost_attempt
 from flows.uploads import finish_evidence_upload
 from tasks.evidence import collect_evidence, record_verdict
+from tasks.fleet import read_avoid_list
 from tasks.report import publish_report, read_progress
 from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
 from tasks.triage import classify_failure, decide_retry
@@ -83,11 +84,12 @@ def train_attempt(
     backend, store = load_backend(backend_reference(backend_block, spec)), load_evidence(evidence_block)
     retry_policy = resolve_policy(spec, retry_policy_block)
     held = afterupload.hold(store)  # S3 gets the evidence after the verdict: judging never waits on it
+    shared = read_avoid_list(backend, spec.nodes)  # the fleet's avoid list, when it leaves enough nodes
     launch = launch_for(
         spec.command, run_id=run_id, attempt=attempt, env=spec.env, gpus=spec.gpus, nodes=spec.nodes,
         processes_per_node=spec.nprocs, workdir=spec.workdir,
         deadline_seconds=spec.deadline_seconds, stall_seconds=spec.stall_seconds, resume_from=resume_from,
-        avoid_nodes=avoid_nodes or (), memory_factor=memory_factor,
+        avoid_nodes=[*(avoid_nodes or ()), *shared["avoid"]], memory_factor=memory_factor,
     )
     ref, train_state, evidence_state = None, None, None
     # before the attempt can fill the disk: space for the manifest and verdict that say what happened
@@ -108,7 +110,8 @@ def train_attempt(
         flow_run_name=current_run.name, gpus=spec.total_gpus, memory_factor=memory_factor, resumed_from=resume_from,
         avoided_nodes=tuple(avoid_nodes or ()),
         newest_checkpoint=checkpoints[0] if checkpoints else None, storage_problems=outcome.storage_problems,
-        progress=read_progress(backend, ref, outcome), **outcome.summary_fields(),
+        progress=read_progress(backend, ref, outcome), avoid_list=shared["in_force"], avoid_note=shared["note"],
+        **outcome.summary_fields(),
     ).with_evidence(evidence if isinstance(evidence, dict) else None, unreserved).with_judgement(
         classify_failure(backend, ref, outcome, rules_file))
     decision = decide_retry(retry_policy, [*history_records(history or []), summary.record()], checkpoints)
@@ -121,15 +124,18 @@ def train_attempt(
 def _keep_verdict(store: EvidenceStore, summary: AttemptSummary, evidence: Any, held: bool) -> AttemptSummary:
     """Keep the verdict beside the evidence, then let a held store's uploads start; never raises or waits."""
     manifest_json = evidence.get("manifest") if isinstance(evidence, dict) else None
+    also: tuple[str, ...] = ()  # the verdict index's record goes up with the bundle
     if evidence is not None:  # what the store cannot take is spooled, or said as a storage problem
         kept = record_verdict(store, summary, manifest_json, held, return_state=True).result(raise_on_failure=False)
         if isinstance(kept, dict):
-            summary = summary.with_evidence_status(kept).with_storage_problems(kept.get("storage_problem"))
+            summary = summary.with_evidence_status(kept).with_storage_problems(
+                kept.get("storage_problem"), kept.get("index_problem"))
             manifest_json = kept.get("manifest") or manifest_json
+            also = (kept["index_key"],) if kept.get("index_key") else ()
         else:
             summary = summary.with_storage_problems(f"verdict.json could not be stored: {kept}")
     if held:  # the next attempt is scheduled or started meanwhile; the process waits for it at its end
-        afterupload.start(store, summary.run_id, summary.attempt, manifest_json)
+        afterupload.start(store, summary.run_id, summary.attempt, manifest_json, also)
     manifest.release_space(store, summary.run_id, summary.attempt)
     return summary
 

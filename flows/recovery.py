@@ -29,7 +29,7 @@ from prefect.logging import get_logger, get_run_logger
 from blocks import backend_reference, load_backend, load_evidence
 from blocks.secrets import SecretEnvError, resolve_secret_env
 from tasks.report import publish_run_report
-from trainguard.core.evidence import manifest
+from trainguard.core.evidence import index, manifest
 from trainguard.core.reports import progress
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef, StopsOrphans
@@ -129,6 +129,9 @@ def keep_verdict(params: dict[str, Any], summary: AttemptSummary) -> None:
     manifest.release_space(store, summary.run_id, summary.attempt)  # set aside by the flow that died
     if problem:
         logger.warning("the verdict of %s attempt %s: %s", summary.run_id, summary.attempt, problem)
+    _, problem = index.keep(store, summary)
+    if problem:
+        logger.warning("%s; the verdict itself is kept, only the fleet view misses it", problem)
 
 
 def publish_report(summaries: list[AttemptSummary]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from trainguard.core.evidence import bundles, manifest, retention
+from trainguard.core.evidence import bundles, index, manifest, retention
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend
 from trainguard.core.stores.base import EvidenceStore
@@ -40,12 +40,23 @@ def collect_evidence(
 @task(name="record_verdict", cache_policy=NO_CACHE)
 def record_verdict(store: EvidenceStore, summary: AttemptSummary, manifest_json: str | None,
                    held: bool = False) -> dict[str, Any]:
-    """Keep the attempt's classification and retry decision with its evidence (`verdict.json`), tagged.
+    """Keep the attempt's classification and retry decision with its evidence (`verdict.json`), tagged,
+    and its record in the store's verdict index.
 
     Never raises because of storage: an S3 store that is away spools the verdict, and a store that
-    cannot take it (a full disk) is said in ``storage_problem``, which the attempt reports. Returns
-    the bundle's upload status afterwards (what is still spooled, links), for the report.
+    cannot take it (a full disk) is said in ``storage_problem`` (the index's in ``index_problem``),
+    which the attempt reports. Returns the bundle's upload status afterwards (what is still spooled,
+    links), for the report, and the index record's key (``index_key``), which goes up with the bundle.
     """
+    kept = _keep_verdict(store, summary, manifest_json, held)
+    key, problem = index.keep(store, summary)
+    if problem:
+        get_run_logger().warning("%s; the verdict itself is kept, only the fleet view misses it", problem)
+    return {**kept, "index_key": key, "index_problem": problem}
+
+
+def _keep_verdict(store: EvidenceStore, summary: AttemptSummary, manifest_json: str | None,
+                  held: bool) -> dict[str, Any]:
     data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
     now = datetime.now(timezone.utc).isoformat()
     current = manifest.Manifest.from_json(manifest_json) if manifest_json else None

@@ -16,7 +16,7 @@ from trainguard_entrypoint import safefiles
 
 DEFAULT_HASH_LIMIT_BYTES = 64 * 1024 * 1024
 DEFAULT_HASH_BUDGET_BYTES = 256 * 1024 * 1024
-MAX_ENTRIES = 10_000
+MAX_ENTRIES = safefiles.MAX_ENTRIES
 
 
 def sha256_file(path: Path, root: Path | None = None) -> str:
@@ -56,7 +56,8 @@ def list_checkpoints(
 
     Returns ``{"dir", "files": [{name, size_bytes, mtime, sha256}], "absent": reason or None}``,
     plus ``"skipped": [{name, kind, reason}]`` for what is not a regular file of the folder's own
-    (a symbolic link, a FIFO, a device, a hard link, an unreadable entry) and ``"truncated"`` past `MAX_ENTRIES`.
+    (a symbolic link, a FIFO, a device, a hard link, an unreadable entry), and past `MAX_ENTRIES`
+    ``"truncated"`` (why) and ``"left_out"`` (how many entries were not listed: a folder counts once).
     Digests cover the newest files within the size limit and the total budget; the others say
     why they have none; a file that cannot be hashed gets an ``error`` instead of failing the rest.
     """
@@ -70,8 +71,9 @@ def list_checkpoints(
             entries.append((entry, found.mtime, Path(found.path)))
         elif found.name == "":  # the folder itself
             listing["absent"] = (f"no such directory: {checkpoint_dir}" if found.kind == "missing" else found.reason)
-        elif found.kind == "limit":
-            listing["truncated"] = f"listing stopped at {MAX_ENTRIES} entries"
+        elif found.kind == "limit" and found.left_out:
+            listing["left_out"] = listing.get("left_out", 0) + found.left_out
+            listing["truncated"] = f"{listing['left_out']} entries not listed: the listing stops at {MAX_ENTRIES} entries"
         else:
             skipped.append({"name": found.name, "kind": found.kind, "reason": found.reason})
     _add_digests(entries, checkpoint_dir, hash_limit_bytes, hash_budget_bytes)

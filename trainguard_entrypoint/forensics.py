@@ -10,8 +10,9 @@ file in the attempt's folder, or SIGQUIT to the entrypoint). Then it asks PyTorc
 recorder, where one runs (NCCL), to dump through its pipe files.
 
 Settings come from the environment the backend gives the entrypoint: `TRAINGUARD_STALL_SECONDS`,
-`TRAINGUARD_STACK_SWEEP_SECONDS` (the sweep's bound, 30 by default; 0 turns the capture off) and
-`TRAINGUARD_STACK_NATIVE` (1: ask py-spy for native frames too, which needs ptrace).
+`TRAINGUARD_STACK_SWEEP_SECONDS` (the sweep's bound, 30 by default; 0 turns the capture off),
+`TRAINGUARD_STACK_NATIVE` (1: ask py-spy for native frames too, which needs ptrace) and
+`TRAINGUARD_PY_SPY` (where py-spy is, when it is neither beside the interpreter nor on PATH).
 
 Stdlib only.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -53,6 +55,8 @@ class Forensics:
     native: bool = False
     child_pid: Callable[[], int | None] = lambda: None
     taken: str = ""  # why the stacks were taken, once they were
+    py_spy: str | None = None  # the py-spy binary (TRAINGUARD_PY_SPY); beside the interpreter or on PATH if None
+    _taken_at: float = 0.0  # the watch's last progress when they were taken: a hang after new progress is new
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _watch: ProgressWatch | None = None
 
@@ -67,7 +71,8 @@ class Forensics:
                 env.update(stacks.faulthandler_site(workspace, env))
             except OSError as exc:  # the attempt's folder cannot be written: py-spy alone will be asked
                 say(f"warning: no faulthandler fallback for the ranks' stacks: {exc.strerror or exc}: {exc.filename}")
-        return cls(workspace, log_file, folders, say, stall, sweep, env.get("TRAINGUARD_STACK_NATIVE") == "1")
+        return cls(workspace, log_file, folders, say, stall, sweep, env.get("TRAINGUARD_STACK_NATIVE") == "1",
+                   py_spy=env.get("TRAINGUARD_PY_SPY") or None)
 
     def start(self, child_pid: Callable[[], int | None]) -> None:
         """Start watching the command `child_pid` names once it runs."""
@@ -75,7 +80,7 @@ class Forensics:
         heartbeat = min(30.0, max(2.0, (self.stall_seconds or 120.0) / 4))
         self._watch = ProgressWatch(self.log_file, self.folders, self.workspace / PROGRESS_RECORD,
                                     heartbeat_seconds=heartbeat, stall_seconds=self.stall_seconds,
-                                    on_hang=self.take, say=self.say)
+                                    on_hang=self.take, say=_heartbeat)
         self._watch.poll_hook = self._asked_by_hand
         self._watch.start()
         # SIGQUIT asks for the stacks by hand (a JVM's thread dump, the same key): taken beside the run
@@ -96,12 +101,14 @@ class Forensics:
         if self.sweep_seconds <= 0 or pid is None:
             return
         with self._lock:
-            if self.taken:
-                return
-            self.taken = why
+            moved = self._watch is not None and self._watch.last_progress > self._taken_at
+            if self.taken and not moved:
+                return  # the same hang: its stacks are on record
+            self.taken, self._taken_at = why, self._watch.last_progress if self._watch is not None else 0.0
         self._flight_recorder()
         try:
-            index = stacks.capture(pid, self.workspace, budget_seconds=self.sweep_seconds, native=self.native, why=why)
+            index = stacks.capture(pid, self.workspace, budget_seconds=self.sweep_seconds, native=self.native, why=why,
+                                   py_spy=self.py_spy)
         except Exception as exc:  # the stacks are evidence; their absence must not change the run
             self.say(f"warning: could not take the ranks' stacks ({why}): {type(exc).__name__}: {exc}")
             return
@@ -143,6 +150,14 @@ class Forensics:
                 pass
             finally:
                 os.close(fd)
+
+
+def _heartbeat(line: str) -> None:
+    """The watch's heartbeat, as it is (it names the program itself), on the entrypoint's stderr."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass  # a closed stderr must not stop the watch
 
 
 def flight_recorder_env(workspace: str) -> dict[str, str]:

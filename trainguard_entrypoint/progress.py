@@ -9,9 +9,10 @@ output (the local runner's pipe, the pod's log) but keeps out of the training lo
 log shown to people, and it stamps `progress.json` in the attempt's folder for a supervisor that
 reads the folder (Slurm, on the shared filesystem).
 
-It also says when the ranks' stacks should be taken while they are alive (`on_hang`, once): when
-nothing at all has moved for most of the stall window (the supervisor ends the attempt at the
-whole window), or at the first line in any log that says a rank's peer timed out or vanished.
+It also says when the ranks' stacks should be taken while they are alive (`on_hang`, once per
+hang: again only after something moved): when nothing at all has moved for most of the stall
+window (the supervisor ends the attempt at the whole window), or at the first line in any log that
+says a rank's peer timed out or vanished.
 
 Stdlib only; the clock and the poll are injected for tests.
 """
@@ -77,6 +78,11 @@ class ProgressWatch:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
+    @property
+    def last_progress(self) -> float:
+        """When (on the watch's clock) anything last moved."""
+        return self._last_progress
+
     def start(self, interval: float = 1.0) -> None:
         """Poll in a daemon thread until `stop`."""
         now = self.clock()
@@ -107,6 +113,8 @@ class ProgressWatch:
             self._last_console = self._last_progress = now
         if files_moved:
             self._last_progress = now
+        if console_moved or files_moved:
+            self._hang_called = False  # it moved again: a later hang is another one, whose stacks are new
             self._stamp(files_moved[0])
             quiet = now - self._last_console >= self.heartbeat_seconds
             if quiet and now - self._last_heartbeat >= self.heartbeat_seconds:

@@ -102,8 +102,11 @@ def is_secret_name(name: str) -> bool:
     A word of the name must be a secret's (``HF_TOKEN``, ``aws_secret_access_key``, ``apiKey``,
     ``DBPASSWORD``): a word that only starts with one (``TOKENIZER_NAME``, ``KEYBOARD_LAYOUT``) is
     not. camelCase humps split words only in names that start lower-case, as fields are spelled;
-    ``KeyError`` is a class name.
+    ``KeyError`` is a class name. ``TRAINGUARD_SECRET_NAMES`` holds names, not a secret: were its
+    value masked as one, every later mention of a declared name would be masked in its place.
     """
+    if name == SECRET_NAMES_VARIABLE:
+        return False
     if name[:1].islower():
         name = _CAMEL_HUMP.sub("_", name)
     words = _WORD_SPLIT.split(name.upper())

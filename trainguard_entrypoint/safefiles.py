@@ -6,51 +6,36 @@ hard links to files elsewhere, names full of terminal escapes. This reads such a
 terms; deciding *what* to collect is the callers'. Self-contained and stdlib-only (Python 3.11+),
 it also runs as prepended source or from the entrypoint zipapp, in a pod with only a Python.
 
-The API (kept stable; the collectors of every backend call it):
-
-``open_regular(path, root=None, *, allow_hardlinks=False) -> io.BufferedReader``
-    Opens ``path`` for reading only if ``lstat`` says it is a regular file, with ``O_NOFOLLOW |
-    O_NONBLOCK | O_NOCTTY`` (non-blocking is cleared once open), then checks with ``fstat`` that
-    the open file is that same regular file, that it has one link (unless ``allow_hardlinks``) and,
-    with a ``root``, that its real path lies inside ``root``'s. Raises `Refused` otherwise.
-
-``read_bytes(path, root=None, *, limit_bytes, allow_hardlinks=False) -> bytes``
-    The whole of a small file opened as above; `Refused` (kind ``"budget"``) when larger than
-    ``limit_bytes``.
-
-``walk(folder, root=None, *, hidden=False, max_entries=100_000, max_depth=64, allow_hardlinks=False)
--> Iterator[Entry]``
-    Every entry under ``folder`` in a stable (sorted) order, read through directory descriptors
-    opened with ``O_NOFOLLOW``, so no symbolic link (to a file or a directory) is ever followed.
-    Regular files come as ``Entry.kind == "file"``, everything else not taken with its kind and a
-    reason; at most ``max_entries`` and ``max_depth``. Dot-names are left out unless ``hidden``.
-
-``copy(source, dest, *, budget_bytes=None, timeout_seconds=None, keep_holes=False,
-truncate=False, digest=None, clock=time.monotonic) -> Copied``
-    Copies an open file (from `open_regular`) to a writable binary file, by at most the size the
-    source had when the copy began. ``budget_bytes`` is counted by apparent size (``st_size``, what
-    a reader or an upload sees), so a sparse file costs what it claims: over budget it is refused,
-    or cut at the budget with ``truncate``. ``timeout_seconds`` bounds the copy's wall time.
-    ``keep_holes`` copies only the data extents (``SEEK_DATA``/``SEEK_HOLE``) and leaves the holes
-    as holes in ``dest`` (which must then be seekable). ``digest`` (a ``hashlib`` object) is fed
-    every byte the copy stands for, zeros of holes included.
-
-``safe_name(name) -> str`` and ``original_name(safe) -> str``
-    A printable, reversible spelling of a file name for evidence keys and messages: ``%``, the
-    backslash, every character that is not printable (Unicode categories Cc, Cf, Cs, Co, Cn, Zl, Zp
-    and separators other than the ASCII space: control characters, bidi overrides and isolates,
-    zero-width characters) and every byte that is not UTF-8 (a surrogate escape) become ``%XX`` of
-    their UTF-8 bytes; ``original_name`` gives the name back. A name with none of them is unchanged.
-
-`Refused` is an ``OSError`` (so ``except OSError`` still catches it) with ``kind`` (one of
-`KINDS`) and ``reason`` (one line, its path already spelled with `safe_name`).
+The API (kept stable; the collectors of every backend call it). `open_regular(path, root=None, *,
+allow_hardlinks=False)` opens ``path`` only if ``lstat`` says it is a regular file, with
+``O_NOFOLLOW | O_NONBLOCK | O_NOCTTY`` (blocking again once open), then checks with ``fstat`` that
+the open file is that same regular file, linked once (unless ``allow_hardlinks``), and with a
+``root`` that its real path lies inside ``root``'s; `read_bytes` reads a small one whole, up to
+``limit_bytes``. `walk(folder, root=None, *, hidden=False, max_entries=MAX_ENTRIES, max_depth=64,
+allow_hardlinks=False)` yields every entry under ``folder``, sorted, through ``O_NOFOLLOW``
+directory descriptors, so no link is followed: regular files as kind ``"file"``, the rest with
+their kind and a reason; past ``max_entries`` (5,000) each folder still open gives one ``"limit"``
+entry whose ``left_out`` counts what it did not list, and memory stays at that many names however
+many a folder holds. Dot-names are left out unless ``hidden``. `copy(source, dest, *,
+budget_bytes=None, timeout_seconds=None, keep_holes=False, truncate=False, digest=None)` copies an
+open file by at most the size it had when the copy began: the budget counts apparent size
+(``st_size``, what a reader or an upload sees; over it the file is refused, or cut with
+``truncate``), ``timeout_seconds`` bounds its wall time, ``keep_holes`` copies only the data
+extents (``SEEK_DATA``/``SEEK_HOLE``) and leaves holes as holes in a seekable ``dest``, and
+``digest`` is fed every byte the copy stands for. `safe_name` spells a file name printably and
+reversibly for keys and messages (``%``, the backslash, every character that is not printable:
+control characters, bidi overrides and isolates, zero-width characters, and every byte that is not
+UTF-8, as ``%XX`` of their UTF-8 bytes); `original_name` gives the name back. `Refused` is an
+``OSError`` with ``kind`` (one of `KINDS`) and ``reason`` (one line, its path spelled with `safe_name`).
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import heapq
 import io
+import itertools
 import os
 import stat
 import time
@@ -60,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 FILE = "file"
+MAX_ENTRIES = 5_000  # entries a walk lists: a million-file folder the job made costs a listing of this many
 KINDS = frozenset({FILE, "symlink", "fifo", "device", "socket", "directory", "hardlink", "outside", "missing",
                    "unreadable", "changed", "budget", "limit", "other"})
 CHUNK_BYTES = 1024 * 1024
@@ -78,9 +64,9 @@ class Refused(OSError):
 
 @dataclass(frozen=True)
 class Entry:
-    """One entry `walk` met: ``name`` relative to the folder walked ("/"-separated, as on disk: spell
-    it with `safe_name` before using it as a key or showing it), ``path``, ``kind`` (``"file"`` or why
-    it was not taken), apparent ``size_bytes`` and ``mtime`` of a file, and a ``reason`` for the rest."""
+    """One entry `walk` met: ``name`` relative to the folder walked ("/"-separated, as on disk: spell it with
+    `safe_name` to use it), ``path``, ``kind`` (``"file"`` or why not taken), apparent ``size_bytes`` and
+    ``mtime`` of a file, a ``reason`` for the rest, and for a ``"limit"`` entry how many were ``left_out``."""
 
     name: str
     path: str
@@ -88,6 +74,7 @@ class Entry:
     size_bytes: int = 0
     mtime: float = 0.0
     reason: str = ""
+    left_out: int = 0
 
 
 @dataclass(frozen=True)
@@ -211,7 +198,7 @@ def read_bytes(path: str | os.PathLike[str], root: str | os.PathLike[str] | None
 
 
 def walk(folder: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, *, hidden: bool = False,
-         max_entries: int = 100_000, max_depth: int = 64, allow_hardlinks: bool = False) -> Iterator[Entry]:
+         max_entries: int = MAX_ENTRIES, max_depth: int = 64, allow_hardlinks: bool = False) -> Iterator[Entry]:
     """Every entry under ``folder``, sorted, through ``O_NOFOLLOW`` directory descriptors; never raises."""
     top = os.fspath(folder)
     try:
@@ -242,21 +229,32 @@ def _unopened(path: str, name: str, exc: OSError) -> Entry:
 class _Walk:
     def __init__(self, hidden: bool, max_entries: int, max_depth: int, allow_hardlinks: bool) -> None:
         self.hidden, self.left, self.max_depth, self.allow_hardlinks = hidden, max_entries, max_depth, allow_hardlinks
+        self.max_entries = max_entries
 
     def folder(self, fd: int, path: str, prefix: str, depth: int) -> Iterator[Entry]:
         try:
-            with os.scandir(fd) as listing:
-                names = sorted(entry.name for entry in listing)
+            names, total = self.names(fd)
         except OSError as exc:
             yield Entry(prefix.rstrip("/"), path, "unreadable", reason=f"{safe_name(path)}: cannot list: {exc.strerror or exc}")
             return
-        for name in (n for n in names if self.hidden or not n.startswith(".")):
+        for index, name in enumerate(names):
             full, relative = os.path.join(path, name), prefix + name
             if self.left <= 0:
-                yield Entry(relative, full, "limit", reason=f"{safe_name(path)}: listing stopped at the limit of entries")
+                left_out = total - index
+                yield Entry(relative, full, "limit", left_out=left_out,
+                            reason=f"{safe_name(path)}: {left_out} entries from {safe_name(name)} on not listed: "
+                                   f"the listing stops at {self.max_entries} entries")
                 return
             self.left -= 1
             yield from self.entry(fd, name, full, relative, depth)
+
+    def names(self, fd: int) -> tuple[list[str], int]:
+        """The folder's first names, sorted (as many as may still be listed, and one), and how many it has."""
+        counter = itertools.count()
+        with os.scandir(fd) as listing:  # nsmallest reads them all and keeps that many: bounded memory
+            first = heapq.nsmallest(max(0, self.left) + 1, (entry.name for entry in listing if (
+                self.hidden or not entry.name.startswith(".")) and next(counter) >= 0))
+        return first, next(counter)
 
     def entry(self, fd: int, name: str, full: str, relative: str, depth: int) -> Iterator[Entry]:
         try:

@@ -16,6 +16,7 @@ from trainguard.core.attempt import AttemptSummary, next_parameters
 from trainguard.core.backends.base import (
     AttemptOutcome, Backend, Launch, Rendezvous, StopsOrphans, Supervises, container_env,
 )
+from trainguard.core.backends.forensics import StackCapture
 from trainguard.core.backends.local.runner import _write_process_record
 from trainguard.core.backends.local.backend import LocalBackend
 from trainguard.core.backends.slurm import continuation
@@ -43,7 +44,28 @@ def test_container_env_adds_trainguards_variables_over_the_users() -> None:
         "PET_NNODES": "1", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": "127.0.0.1",
         "PET_MASTER_PORT": "29500", "PET_MAX_RESTARTS": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
         "NNODES": "1", "NODE_RANK": "0", "WORLD_SIZE": "1",
+        "TRAINGUARD_STACK_SWEEP_SECONDS": "30", "TRAINGUARD_STACK_NATIVE": "1",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/ws/flight-recorder/rank_", "TORCH_FR_DUMP_TEMP_FILE": "/ws/flight-recorder/rank_",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/ws/flight-recorder/pipe_",
     }
+
+
+def test_the_entrypoint_learns_the_stall_window_and_the_sweep_and_the_user_may_size_the_flight_recorder() -> None:
+    launch = _launch(stall_seconds=90.0, env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",
+                                              "TRAINGUARD_STACK_SWEEP_SECONDS": "0"})
+    env = container_env(launch, workspace="/ws", checkpoint_dir=None, capture=StackCapture(12.5, native=False))
+    assert {k: env[k] for k in ("TRAINGUARD_STALL_SECONDS", "TRAINGUARD_STACK_SWEEP_SECONDS", "TRAINGUARD_STACK_NATIVE",
+                                "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")} == {
+        "TRAINGUARD_STALL_SECONDS": "90", "TRAINGUARD_STACK_SWEEP_SECONDS": "12.5", "TRAINGUARD_STACK_NATIVE": "0",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/ws/flight-recorder/pipe_"}
+    assert StackCapture(12.5).stop_grace(2.0) == 14.5  # a stop waits for the sweep, then the grace period
+
+
+def test_a_sweep_bound_that_is_no_number_of_seconds_is_one_line_naming_the_field() -> None:
+    with pytest.raises(ValueError) as caught:
+        StackCapture(float("nan"))
+    assert "stack_sweep_seconds" in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_every_node_gets_the_rendezvous_and_the_user_cannot_move_it_but_may_keep_the_console_plain() -> None:

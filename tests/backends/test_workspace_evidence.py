@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.core.backends.forensics import flight_recorder_env
 from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.workspace_evidence import collect_local_evidence, newest_checkpoints
 from trainguard.core.backends.local.runner import LocalProcessRunner
 from trainguard.core.evidence.manifest import Manifest, read_manifest, verify_manifest
 from trainguard.core.stores.base import EvidenceStoreError, StoredItem
 from trainguard.core.stores.folder import LocalEvidenceStore
-from trainguard.core.backends.workspace import AttemptWorkspace
+from trainguard.core.backends.workspace import AttemptWorkspace, torchrun_env
 
 CRASHING_TRAINER = """
 import os, signal
@@ -225,3 +226,37 @@ def test_newest_checkpoints_skips_empty_files_and_folders_a_full_disk_leaves(tmp
 
 def test_newest_checkpoints_of_a_missing_folder_is_empty(tmp_path: Path) -> None:
     assert newest_checkpoints(tmp_path / "nope") == []
+
+
+RANKED_TRAINER = """
+import json, os, time
+ws = os.environ["TRAINGUARD_WORKSPACE"]
+log = os.path.join(os.environ["PET_LOG_DIR"], "run_0", "attempt_0", "0", "stdout.log")
+os.makedirs(os.path.dirname(log))
+open(log, "w").write("step 1 token " + os.environ["HF_TOKEN"] + "\\n")
+os.makedirs(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"]), exist_ok=True)
+json.dump({"message": {"message": "RuntimeError: boom"}}, open(os.environ["TORCHELASTIC_ERROR_FILE"], "w"))
+recorder = os.path.dirname(os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"])
+os.makedirs(recorder, exist_ok=True)
+open(os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] + "0", "wb").write(b"flight recorder of rank 0")
+os.mkfifo(os.environ["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] + "0")
+open(os.path.join(ws, "dump-stacks"), "w").close()
+while not os.path.exists(os.path.join(ws, "stacks", "index.json")):
+    time.sleep(0.1)
+"""
+
+
+def test_rank_logs_error_files_stacks_and_flight_recorder_dumps_are_kept_masked_without_helpers(
+        workspace, store) -> None:
+    env = {"HF_TOKEN": "hf_RankLogSecretNeverStored01", **flight_recorder_env(str(workspace.root)),
+           **torchrun_env(str(workspace.root))}
+    LocalProcessRunner(grace_seconds=1.0, on_line=lambda line: None).run(
+        [sys.executable, "-c", RANKED_TRAINER], workspace=workspace, env=env, deadline_seconds=120)
+    manifest = collect_local_evidence(workspace, store)
+    names = _names(manifest)
+    assert {"ranks/run_0/attempt_0/0/stdout.log", "torchelastic/error.json", "stacks/index.json",
+            "stacks/rank-0.txt", "flight-recorder/rank_0"} <= names
+    assert not any("site" in name or "pipe_" in name for name in names | set(_reasons(manifest))), _reasons(manifest)
+    stored = (store.root / "runs" / "run-1" / "attempt-1" / "ranks" / "run_0" / "attempt_0" / "0" / "stdout.log")
+    assert "step 1 token" in stored.read_text() and "hf_RankLogSecretNeverStored01" not in stored.read_text()
+    assert verify_manifest(store, manifest) == []

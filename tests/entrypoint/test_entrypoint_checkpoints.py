@@ -9,7 +9,7 @@ from pathlib import Path
 
 from entrypoint_harness import py
 
-from trainguard_entrypoint.checkpoints import list_checkpoints
+from trainguard_entrypoint.checkpoints import MAX_ENTRIES, list_checkpoints
 
 
 def test_checkpoint_digests_favour_the_newest_files_within_the_budget(tmp_path: Path) -> None:
@@ -42,6 +42,18 @@ def test_nested_checkpoint_files_are_listed_with_relative_names_and_digests(tmp_
     assert entry["name"] == "step-10/shards/rank0.bin"
     assert (entry["size_bytes"], entry["sha256"]) == (2, hashlib.sha256(b"r0").hexdigest())
     assert entry["mtime"].endswith("+00:00")
+
+
+def test_a_checkpoint_folder_of_many_thousand_files_is_listed_up_to_the_limit_and_says_how_many_it_left_out(
+        tmp_path: Path) -> None:
+    for index in range(MAX_ENTRIES + 1_500):
+        os.close(os.open(tmp_path / f"shard-{index:06d}.pt", os.O_CREAT | os.O_WRONLY, 0o600))
+
+    listing = list_checkpoints(tmp_path)
+
+    assert len(listing["files"]) == MAX_ENTRIES == 5_000
+    assert listing["files"][-1]["name"] == f"shard-{MAX_ENTRIES - 1:06d}.pt"
+    assert listing["left_out"] == 1_500 and "1500 entries not listed" in listing["truncated"]
 
 
 def test_links_fifos_and_devices_in_the_checkpoint_folder_are_skipped_with_why_and_never_read(tmp_path: Path) -> None:

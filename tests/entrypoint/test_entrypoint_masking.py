@@ -11,7 +11,7 @@ import json
 import pytest
 from entrypoint_harness import py
 
-from trainguard_entrypoint.redact import Masker, is_secret_name, strip_control
+from trainguard_entrypoint.redact import Masker, is_secret_name, redact_environment, strip_control
 
 SECRET = "supersecret123"
 WEBHOOK = "https://hooks.slack.com/services/T0123/B0456/abcdefXYZ123"
@@ -112,3 +112,20 @@ def test_a_long_line_masked_in_pieces_is_masked_exactly_as_whole_even_where_a_se
 
 def test_bidi_overrides_and_isolates_are_stripped_for_people() -> None:
     assert strip_control("evil\u202eexe.txt\u2066x\u2069") == "evilexe.txtx"
+
+
+def test_the_list_of_declared_secret_names_is_no_secret_so_a_later_run_keeps_those_names_readable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run declaring one secret lists it as `TRAINGUARD_SECRET_NAMES=WANDB_API_KEY`. Were that list a
+    secret, its value (the bare name) would be masked in every later text of the process: a later run's
+    env.json would lose its `WANDB_API_KEY` key to `***`."""
+    from trainguard.core import masking
+
+    monkeypatch.setattr(masking, "_registered", set(masking._registered))
+    masking.register_environment({"TRAINGUARD_SECRET_NAMES": "WANDB_API_KEY", "WANDB_API_KEY": "planted-secret-4242"})
+
+    later = masking.current().mask('{"WANDB_API_KEY": "planted-secret-4242", "TRAINGUARD_SECRET_NAMES": "WANDB_API_KEY"}')
+
+    assert later == '{"WANDB_API_KEY": "***", "TRAINGUARD_SECRET_NAMES": "WANDB_API_KEY"}'
+    variables, changed = redact_environment({"TRAINGUARD_SECRET_NAMES": "WANDB_API_KEY", "WANDB_API_KEY": "x" * 12})
+    assert variables == {"TRAINGUARD_SECRET_NAMES": "WANDB_API_KEY", "WANDB_API_KEY": "***"} and changed == ["WANDB_API_KEY"]

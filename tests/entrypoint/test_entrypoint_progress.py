@@ -87,3 +87,20 @@ def test_a_peer_timeout_in_any_rank_log_asks_for_the_stacks_at_once(tmp_path: Pa
     clock.now += 1
     watch.poll()
     assert len(hangs) == 1 and "Timed out waiting 4000ms for" in hangs[0]
+
+
+def test_a_hang_after_the_job_moved_again_asks_for_the_stacks_again(tmp_path: Path) -> None:
+    clock = Clock()
+    watch, _, hangs = _watch(tmp_path, clock, stall_seconds=10)
+    clock.now += 9
+    watch.poll()
+    assert len(hangs) == 1  # a slow start looked like a hang
+    (tmp_path / "ranks" / "rank-0.log").write_text("step 1\n")
+    clock.now += 1
+    watch.poll()
+    clock.now += 5
+    watch.poll()
+    assert len(hangs) == 1  # moving again, and not yet quiet for most of the window
+    clock.now += 4
+    watch.poll()
+    assert len(hangs) == 2 and watch.last_progress == clock.now - 9

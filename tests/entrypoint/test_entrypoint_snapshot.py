@@ -38,6 +38,20 @@ def test_secret_values_are_redacted_and_appear_nowhere_in_the_snapshot(run_entry
         assert value.encode() not in everything
 
 
+def test_declared_secrets_are_masked_and_the_list_declaring_them_stays_readable(run_entrypoint) -> None:
+    declared = {"RUN_NOTE": "plainly-named-secret-41", "DB_URL_PART": "another-secret-77",
+                "TRAINGUARD_SECRET_NAMES": "RUN_NOTE,DB_URL_PART"}
+    run = run_entrypoint(py("print('TRAINGUARD_SECRET_NAMES=RUN_NOTE,DB_URL_PART')"), env=declared)
+
+    variables = run.json("snapshot/env.json")["variables"]
+    assert variables["RUN_NOTE"] == variables["DB_URL_PART"] == "***"
+    assert variables["TRAINGUARD_SECRET_NAMES"] == "RUN_NOTE,DB_URL_PART"
+    assert "TRAINGUARD_SECRET_NAMES" not in run.json("snapshot/env.json")["redacted"]
+    report = (run.workspace / "crash-report.json").read_text()
+    assert "plainly-named-secret-41" not in report and "another-secret-77" not in report
+    assert "RUN_NOTE,DB_URL_PART" in report  # the log line naming them, in the report's tail, is not masked
+
+
 def test_the_command_itself_still_gets_the_real_secret(run_entrypoint) -> None:
     run = run_entrypoint(py("import os; print(os.environ['MY_API_TOKEN'])"), env=SECRETS)
 

@@ -7,6 +7,7 @@ import io
 import os
 import socket
 import stat
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,41 @@ def test_walk_stops_at_its_limits(root: Path) -> None:
     assert kinds == ["file", "file", "file", "limit"]
     deep = {e.name: e.kind for e in safefiles.walk(root / "d1", root, max_depth=0)}
     assert deep == {"d2": "limit"}
+
+
+def test_past_its_limit_walk_counts_what_each_open_folder_left_out(root: Path) -> None:
+    for folder, count in (("a", 3), ("b/inner", 4), ("c", 2)):
+        (root / folder).mkdir(parents=True)
+        for index in range(count):
+            (root / folder / f"f{index}").write_bytes(b"")
+
+    entries = list(safefiles.walk(root, root, max_entries=6))
+
+    files = [e.name for e in entries if e.kind == "file"]
+    assert files == ["a/f0", "a/f1", "a/f2"]  # a, its three files, b and b/inner take the 6 places
+    limits = [(e.name, e.left_out) for e in entries if e.kind == "limit"]
+    assert limits == [("b/inner/f0", 4), ("c", 1)]  # c is counted once, not opened
+    assert all("the listing stops at 6 entries" in e.reason for e in entries if e.kind == "limit")
+    assert safefiles.MAX_ENTRIES == 5_000
+    assert [e.kind for e in safefiles.walk(root, root)] == ["file"] * 9  # all of it, within the default
+
+
+def test_a_folder_of_tens_of_thousands_of_files_is_walked_in_memory_for_the_limit_only(root: Path) -> None:
+    many = root / "coredumps"
+    many.mkdir()
+    for index in range(40_000):
+        os.close(os.open(many / f"core.{index:08d}-{'x' * 60}", os.O_CREAT | os.O_WRONLY, 0o600))
+
+    tracemalloc.start()
+    try:
+        entries = list(safefiles.walk(many, root, max_entries=100))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    assert [e.kind for e in entries] == ["file"] * 100 + ["limit"]
+    assert entries[0].name == f"core.{0:08d}-{'x' * 60}" and entries[-1].left_out == 40_000 - 100
+    assert peak < 1024 * 1024, f"{peak} bytes held to list 100 of 40,000 names"  # all the names: ~5 MB
 
 
 def test_copy_keeps_the_holes_of_a_sparse_file_and_its_digest_is_the_whole_content(root: Path, tmp_path: Path) -> None:

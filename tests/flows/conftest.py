@@ -53,7 +53,7 @@ def served(prefect_server, tmp_path_factory):
 
 
 DEPLOYMENTS = {"train-attempt/local-pool", "train-attempt/kubernetes", "training-run/nightly-retrain",
-               "retry-controller/safety-net"}
+               "retry-controller/safety-net", "fleet-report/daily"}
 
 
 @pytest.fixture(scope="session")

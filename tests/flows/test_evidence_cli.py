@@ -98,6 +98,34 @@ def test_get_streams_an_item_to_a_file_and_checks_its_sha256(kind, s3_block, tmp
     assert missing.exit_code == 2 and "not in the manifest" in missing.output and "logs/train.log" in missing.output
 
 
+ODD = "coredumps/\x1b[31mred\u202eexe.core"  # a file name with a terminal escape and a bidi override
+ODD_KEY_NAME = "coredumps/%1B[31mred%E2%80%AEexe.core"  # as the collectors spell it
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_an_item_kept_under_a_printable_name_is_got_by_the_jobs_name_and_shown_under_both(kind, s3_block,
+                                                                                        tmp_path) -> None:
+    reference, block = s3_block
+    store, where = (block.store(), ["--block", reference]) if kind == "s3" else (
+        LocalEvidenceStore(tmp_path / "ev"), ["--root", str(tmp_path / "ev")])
+    stored = store.put_bytes(f"runs/r1/attempt-1/{ODD_KEY_NAME}", b"a small core")
+    item = ManifestItem(ODD_KEY_NAME, stored.key, stored.sha256, stored.size_bytes, "entrypoint",
+                        "2026-01-01T00:00:00+00:00", stored.checksum_sha256, ODD)
+    write_manifest(store, Manifest("r1", 1, "2026-01-01T00:00:00+00:00", (item,), ()))
+    target = tmp_path / "out"
+    target.mkdir()
+
+    got = runner.invoke(app, ["evidence", "get", "r1", "1", ODD, "-o", str(target / "core"), *where])
+    shown = runner.invoke(app, ["evidence", "show", "r1", *where])
+
+    assert got.exit_code == 0, got.output
+    assert (target / "core").read_bytes() == b"a small core"
+    assert shown.exit_code == 0, shown.output
+    assert "%1B[31mred%E2%80%AEexe.core" in shown.output
+    assert "\\x1b[31mred\\u202eexe.core" in shown.output  # the job's name, its escapes spelled out
+    assert "\x1b" not in shown.output and "\u202e" not in shown.output and "\x1b" not in got.output
+
+
 def test_list_shows_recent_runs_with_their_verdicts(s3_block) -> None:
     reference, block = s3_block
     store = block.store()

@@ -25,6 +25,9 @@ def test_prefect_deploy_all_creates_every_deployment_with_its_pool_schedule_and_
     assert nightly.global_concurrency_limit.limit == 1
     assert nightly.concurrency_options.collision_strategy == "ENQUEUE"
     assert deployed["retry-controller/safety-net"].work_pool_name == "trainguard-local"
+    fleet = deployed["fleet-report/daily"]
+    assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in fleet.schedules] == [("30 6 * * *", "UTC", True)]
+    assert fleet.parameters["since_hours"] == 168
     assert all(d.pull_steps for d in deployed.values())
 
 

@@ -12,7 +12,7 @@ from rich.text import Text
 from trainguard_entrypoint import safefiles
 
 from trainguard.cli.typer_app import app
-from trainguard.cli.output import console, fail, plain, say
+from trainguard.cli.output import console, escaped, fail, plain, say
 from trainguard.core.evidence import bundles
 from trainguard.core.evidence import manifest as manifests
 from blocks.factories import evidence_folder, local_backend
@@ -105,15 +105,24 @@ def _show_attempt(store: EvidenceStore, run_id: str, attempt: int, deep: bool) -
         status = plain("FAILED", "red") if item.name in checked else plain("ok", "green")
         if item.key in spooled:
             status.append(" (spooled, not uploaded yet)", style="yellow")
-        table.add_row(plain(item.name), f"{item.size_bytes:,}", plain(item.sha256[:12]), plain(item.source), status)
+        table.add_row(_names(item.name, item.original_name), f"{item.size_bytes:,}", plain(item.sha256[:12]),
+                      plain(item.source), status)
     for missing in found.missing:
         reason = Text.assemble(plain("absent", "yellow"), ": ", plain(missing.reason))
-        table.add_row(plain(missing.name), "-", "-", plain(missing.source), reason)
+        table.add_row(_names(missing.name, missing.original_name), "-", "-", plain(missing.source), reason)
     console.print(table)
     _print_crash_summary(store, run_id, attempt)
     for problem in problems:
         say(plain("verification:", "red"), " ", problem)
     return len(problems)
+
+
+def _names(name: str, original: str) -> Text:
+    """An item's printable name and, when the job named the file otherwise, that name with its escapes shown."""
+    shown = plain(escaped(name))
+    if original and original != name:
+        shown.append_text(plain(f"\n(named {escaped(original)})", "dim"))
+    return shown
 
 
 def _show_without_manifest(store: EvidenceStore, run_id: str, attempt: int, exc: Exception) -> int:

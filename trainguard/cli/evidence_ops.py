@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -43,11 +44,8 @@ def get(
     """Download one evidence item, checking its SHA-256 against the manifest on the way."""
     store = open_store(root, block)
     found = _item(store, run_id, attempt, item)
-    target = output or Path(Path(found.name).name)
-    if str(target) == "-":
-        digest = _copy(store, found, sys.stdout.buffer, show_progress=False)
-    else:
-        digest = _download(store, found, target)
+    target = output or Path(Path(found.name).name)  # the printable name, never the job's own
+    digest = _to_stdout(store, found) if str(target) == "-" else _download(store, found, target)
     if digest != found.sha256:
         fail(f"{found.name}: the downloaded bytes hash to {digest}, the manifest says {found.sha256}; "
              "nothing was kept", code=1)
@@ -63,11 +61,22 @@ def _item(store: Any, run_id: str, attempt: int, name: str) -> ManifestItem:
              "`trainguard evidence show RUN_ID` lists the attempts")
     except (ManifestError, EvidenceStoreError) as exc:
         fail(f"cannot read the manifest of {run_id!r} attempt {attempt}: {exc}", code=1)
-    for candidate in manifest.items:
-        if name in (candidate.name, candidate.key):
+    for candidate in manifest.items:  # its printable name, its key, or the name the job gave the file
+        if name in (candidate.name, candidate.key) or (candidate.original_name and name == candidate.original_name):
             return candidate
     names = ", ".join(i.name for i in manifest.items[:12])
     fail(f"ITEM {name!r} is not in the manifest of {run_id!r} attempt {attempt}; it lists: {names}")
+
+
+def _to_stdout(store: Any, item: ManifestItem) -> str:
+    """Fetch into an unnamed temporary file, and write to stdout only bytes whose SHA-256 is the manifest's."""
+    with tempfile.TemporaryFile(prefix="trainguard-get-") as held:
+        digest = _copy(store, item, held, show_progress=False)
+        if digest == item.sha256:
+            held.seek(0)
+            shutil.copyfileobj(held, sys.stdout.buffer, 1024 * 1024)
+            sys.stdout.buffer.flush()
+    return digest
 
 
 def _download(store: Any, item: ManifestItem, target: Path) -> str:

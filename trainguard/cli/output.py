@@ -32,6 +32,15 @@ def plain(text: object, style: str = "") -> Text:
     return Text(masking.for_people(str(text)), style=style)
 
 
+def escaped(text: str) -> str:
+    """``text`` with the backslash and every character that is not printable spelled as a Python escape
+    (``\\x1b``, ``\\u202e``): a name shown as it is, without a terminal acting on it."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(char if char.isprintable() and char != "\\" else char.encode("unicode_escape", "backslashreplace")
+                   .decode("ascii") for char in text)
+
+
 def say(*parts: object, style: str = "") -> None:
     """Print one line of untrusted text (``Text`` parts keep their styles)."""
     line = Text()

@@ -93,6 +93,10 @@ class AttemptSummary:
     # every rank's stack as the report's table shows it, when they were taken before the attempt ended:
     # {kind, culprits, frame, reason, rows: [{rank, node, state, top, differs}]}
     stacks: Mapping[str, Any] | None = None
+    # the shared avoid list's entries in force at launch ({node, reason, expires_at, added_by}), and why
+    # they were not applied when they were not (they would have left too few nodes)
+    avoid_list: Sequence[Mapping[str, Any]] = ()
+    avoid_note: str = ""
 
     @property
     def gpu_seconds(self) -> float:
@@ -205,6 +209,7 @@ class AttemptSummary:
         data["avoided_nodes"] = list(self.avoided_nodes)
         data["root_cause"] = dict(self.root_cause) if self.root_cause is not None else None
         data["victims"] = [dict(v) for v in self.victims]
+        data["avoid_list"] = [dict(entry) for entry in self.avoid_list]
         data["gpu_seconds"] = self.gpu_seconds
         return data
 
@@ -222,6 +227,9 @@ class AttemptSummary:
         victims = values.get("victims")
         values["victims"] = tuple(dict(v) for v in victims if isinstance(v, Mapping)) \
             if isinstance(victims, list | tuple) else ()
+        avoided = values.get("avoid_list")
+        values["avoid_list"] = tuple(dict(e) for e in avoided if isinstance(e, Mapping)) \
+            if isinstance(avoided, list | tuple) else ()
         return cls(**values)
 
 

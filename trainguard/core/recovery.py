@@ -21,6 +21,7 @@ from trainguard.core import judging, triage
 from trainguard.core.attempt import AttemptSummary, Judgement
 from trainguard.core.backends import workspace
 from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef, Backend, Supervises
+from trainguard.core.evidence import index
 from trainguard.core.evidence.manifest import (
     VERDICT, attempt_prefix, attempts_in_store, read_manifest, write_verdict, release_space, storage_failures,
 )
@@ -128,7 +129,7 @@ def settle(
     data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
     problem = write_verdict(store, run_id, attempt, data, "cli", datetime.now(UTC).isoformat())
     release_space(store, run_id, attempt)  # set aside by the process that was lost
-    return summary.with_storage_problems(*storage_failures(manifest), problem)
+    return summary.with_storage_problems(*storage_failures(manifest), problem, index.keep(store, summary)[1])
 
 
 def retry_not_made(store: EvidenceStore, summary: AttemptSummary, why: str) -> AttemptSummary:
@@ -148,4 +149,4 @@ def retry_not_made(store: EvidenceStore, summary: AttemptSummary, why: str) -> A
     changed = replace(summary, decision=decision)
     data = json.dumps(changed.to_dict(), indent=2).encode("utf-8")
     problem = write_verdict(store, summary.run_id, summary.attempt, data, "cli", datetime.now(UTC).isoformat())
-    return changed.with_storage_problems(problem)
+    return changed.with_storage_problems(problem, index.keep(store, changed)[1])

@@ -111,6 +111,21 @@ def test_the_python_of_the_job_runs_the_entrypoint_and_the_evidence_collector_to
         assert pod["spec"]["containers"][0]["command"][:2] == [python, "-c"]
 
 
+def test_sys_ptrace_is_added_only_when_asked_and_then_the_stacks_are_native() -> None:
+    def container(settings: JobSettings) -> dict[str, Any]:
+        job = manifests.job_manifest(settings, LAUNCH, CONFIG_MAP)
+        found: dict[str, Any] = job["spec"]["template"]["spec"]["containers"][0]
+        return found
+
+    plain, ptrace = container(JobSettings(image="x")), container(JobSettings(image="x", sys_ptrace=True,
+                                                                              stack_sweep_seconds=12))
+    assert "securityContext" not in plain
+    assert ptrace["securityContext"] == {"capabilities": {"add": ["SYS_PTRACE"]}}
+    env = {item["name"]: item.get("value") for item in ptrace["env"]}
+    assert (env["TRAINGUARD_STACK_NATIVE"], env["TRAINGUARD_STACK_SWEEP_SECONDS"]) == ("1", "12")
+    assert {item["name"]: item.get("value") for item in plain["env"]}["TRAINGUARD_STACK_NATIVE"] == "0"
+
+
 def test_the_job_never_retries_by_itself_and_fails_fast_on_hopeless_exit_codes() -> None:
     job = manifests.job_manifest(*CASES["full"], CONFIG_MAP)
     spec = job["spec"]

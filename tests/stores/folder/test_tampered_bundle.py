@@ -61,7 +61,12 @@ def _replace_with_hard_link(path: Path, host: Path) -> None:
     os.link(host, path)
 
 
-@pytest.mark.parametrize("tamper", [_replace_with_link, _replace_folder_with_link, _replace_with_hard_link])
+def _rewrite_in_place(path: Path, host: Path) -> None:
+    path.write_bytes(host.read_bytes())  # a regular file of the bundle's own, with other bytes
+
+
+@pytest.mark.parametrize("tamper", [_replace_with_link, _replace_folder_with_link, _replace_with_hard_link,
+                                    _rewrite_in_place])
 def test_get_to_stdout_never_streams_what_a_tampered_item_points_at(bundle, tamper) -> None:
     root, log, host = bundle
     tamper(log, host)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from trainguard.core.backends import workspace as workspace_files
+from trainguard.core.backends.forensics import StackCapture, capture_env, flight_recorder_env
 from trainguard.core.evidence.manifest import Manifest
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import Signals
@@ -50,7 +51,7 @@ class Launch:
         deadline_seconds: Wall time after which the attempt is stopped.
         stall_seconds: Silence on the log after which the attempt is stopped.
         resume_from: The checkpoint to resume from, as the backend listed it; None = from scratch.
-        avoid_nodes: Nodes earlier attempts failed on; backends that place work keep off them.
+        avoid_nodes: Nodes to keep off (earlier attempts failed there, or the shared avoid list's).
         memory_factor: Scale for the memory request/limit (>= 1), e.g. after a host OOM.
     """
 
@@ -234,6 +235,14 @@ class Backend(Protocol):
 
 
 @runtime_checkable
+class PlacesOnNodes(Protocol):
+    """A backend that can name the nodes an attempt could be placed on (the avoid list needs enough left)."""
+
+    def placeable_nodes(self) -> list[str]:
+        """The nodes an attempt could be placed on now; raises when it cannot tell."""
+
+
+@runtime_checkable
 class StopsOrphans(Protocol):
     """A backend that can stop an attempt whose supervising flow process died without a word.
 
@@ -348,15 +357,16 @@ def rendezvous_env(launch: Launch, rendezvous: Rendezvous) -> dict[str, str]:
 
 def container_env(
     launch: Launch, *, workspace: str, checkpoint_dir: str | None, base: Mapping[str, str] | None = None,
-    rendezvous: Rendezvous | None = None,
+    rendezvous: Rendezvous | None = None, capture: StackCapture = StackCapture(),
 ) -> dict[str, str]:
     """The training container's environment, for every backend: the user's variables plus trainguard's.
 
     Beside trainguard's own (`TRAINGUARD_*`), the rendezvous (`rendezvous_env`), and where every
     node's torchrun keeps its ranks' logs and its root-cause error: `PET_LOG_DIR` with `PET_TEE=3`
     (each rank's stdout and stderr in a file of its own on the attempt's folder, and still on the
-    console, each line prefixed with its rank) and `TORCHELASTIC_ERROR_FILE`. The user's variables
-    win over the logging ones (set `PET_TEE=0` to keep the console unprefixed), never over the rendezvous.
+    console, each line prefixed with its rank) and `TORCHELASTIC_ERROR_FILE`; and how the entrypoint
+    takes the ranks' stacks before a hang is ended (`forensics`). The user's variables win over the
+    logging and flight-recorder ones (`PET_TEE=0`: no prefixes), never over the rendezvous or trainguard's.
 
     Args:
         launch: The attempt being launched (its `env` holds the user's variables).
@@ -364,23 +374,20 @@ def container_env(
         checkpoint_dir: The run's checkpoint folder as the container sees it.
         base: Variables underneath everything (the local backend passes its own environment).
         rendezvous: Where the ranks meet; the first node on loopback when None.
+        capture: The backend's stack-capture settings (its block's).
 
     Raises:
         ValueError: A variable name or value cannot be passed to a process (one line naming it).
     """
-    env = {**dict(base or {}), **workspace_files.torchrun_env(workspace)}
+    env = {**dict(base or {}), **workspace_files.torchrun_env(workspace), **flight_recorder_env(workspace)}
     for name, value in launch.env.items():
         if not isinstance(name, str) or not name or "=" in name or "\0" in name:
             raise ValueError(f"env[{name!r}]: not a valid variable name; use letters, digits and '_'")
         if not isinstance(value, str) or "\0" in value:
             raise ValueError(f"env[{name!r}]: the value must be a string without NUL characters")
         env[name] = value
-    env.update(
-        TRAINGUARD_RUN_ID=launch.run_id,
-        TRAINGUARD_ATTEMPT=str(launch.attempt),
-        TRAINGUARD_WORKSPACE=workspace,
-        TRAINGUARD_RESUME_FROM=launch.resume_from or "",
-    )
+    env.update(TRAINGUARD_RUN_ID=launch.run_id, TRAINGUARD_ATTEMPT=str(launch.attempt), TRAINGUARD_WORKSPACE=workspace,
+               TRAINGUARD_RESUME_FROM=launch.resume_from or "", **capture_env(launch.stall_seconds, capture))
     env.update(rendezvous_env(launch, rendezvous or Rendezvous()))
     if checkpoint_dir:
         env["TRAINGUARD_CHECKPOINT_DIR"] = checkpoint_dir

@@ -49,3 +49,24 @@ def live_supervisor(record: Mapping[str, Any] | None) -> int | None:
     if not isinstance(pid, int) or not isinstance(ticks, int):
         return None
     return pid if process_start_ticks(pid) == ticks else None
+
+
+def descendants(pid: int, limit: int = 4096) -> list[int]:
+    """Every live process below `pid` (children first), however many sessions it started: torchrun puts
+    each rank in a session of its own, which a kill of the process group does not reach."""
+    found: list[int] = []
+    queue = [pid]
+    while queue and len(found) < limit:
+        parent = queue.pop(0)
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                children = [int(c) for c in Path(f"/proc/{parent}/task/{task}/children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            found += children
+            queue += children
+    return found[:limit]

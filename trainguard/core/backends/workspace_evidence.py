@@ -24,15 +24,18 @@ from typing import Any
 from trainguard_entrypoint import safefiles
 from trainguard_entrypoint.checkpoints import list_checkpoints
 from trainguard_entrypoint.files import read_json_object, read_tail_lines
+from trainguard_entrypoint.forensics import FLIGHT_RECORDER
+from trainguard_entrypoint.stacks import STACKS
 
 from trainguard.core import masking
 from trainguard.core.backends import jobfiles
 from trainguard.core.backends.jobfiles import Budget, JobFile
 from trainguard.core.evidence.manifest import Manifest, ManifestItem, MissingItem, attempt_prefix, store_manifest
 from trainguard.core.stores.base import EvidenceStore, StoredItem
-from trainguard.core.backends.workspace import AttemptWorkspace
+from trainguard.core.backends.workspace import RANKS, TORCHELASTIC, AttemptWorkspace
 
 CRASH_TAIL_LINES = 200
+JOB_FOLDERS = (RANKS, TORCHELASTIC, STACKS, FLIGHT_RECORDER)  # kept whole when the attempt made them
 ENTRYPOINT, RUNNER, WORKSPACE, FLOW = "entrypoint", "runner", "local-workspace", "flow"
 
 _IGNORED_SUFFIXES = (".tmp", ".partial")
@@ -140,9 +143,10 @@ class BundleWriter:
 
 
 def put_folder(c: BundleWriter, prefix: str, folder: Path, root: Path, source: str,
-               job_file: Callable[[Path], JobFile]) -> list[str]:
+               job_file: Callable[[Path], JobFile], skip: Callable[[str], bool] = lambda name: False) -> list[str]:
     """Put every regular file under ``folder`` as ``prefix/<relative>``; list the rest as missing, with why.
 
+    ``skip`` says, of ``prefix/<relative>``, what is not evidence (trainguard's helpers, PyTorch's pipes).
     Returns the evidence names of the files found (whether or not they could be stored).
     """
     found: list[str] = []
@@ -150,6 +154,8 @@ def put_folder(c: BundleWriter, prefix: str, folder: Path, root: Path, source: s
         if entry.kind == "missing" and entry.name == "":
             break  # no such folder: the caller says why
         relative = entry.name or ""
+        if relative and skip(f"{prefix}/{relative}"):
+            continue
         name, original = jobfiles.evidence_name(prefix, relative) if relative else (prefix, "")
         if entry.kind != safefiles.FILE:
             c.absent(name, source, entry.reason, original)
@@ -279,6 +285,26 @@ def _collect_checkpoints(c: BundleWriter, ws: AttemptWorkspace) -> None:
     c.guarded(name, WORKSPACE, copy)
 
 
+def not_evidence(name: str) -> bool:
+    """The entrypoint's faulthandler site (``stacks/site/...``) and PyTorch's flight-recorder trigger pipes,
+    wherever they lie (a Slurm task's folder too)."""
+    parts = name.split("/")
+    site = any(a == STACKS and b == "site" for a, b in zip(parts, parts[1:]))
+    return site or (len(parts) > 1 and parts[-2] == FLIGHT_RECORDER and parts[-1].startswith("pipe_"))
+
+
+def _collect_job_folders(c: BundleWriter, ws: AttemptWorkspace, masker: masking.Masker) -> None:
+    """torchrun's rank logs and error files, the ranks' stacks and the flight recorder's dumps, each file
+    masked (a rank's log cut at the budget); a folder the attempt never made is simply not there."""
+    for folder in JOB_FOLDERS:
+        if not os.path.lexists(ws.root / folder):
+            continue
+        kind = (lambda path: JobFile(path, ws.root, "log", masker=masker, cut=True)) if folder == RANKS \
+            else _report_file(ws, masker)
+        c.guarded(folder, ENTRYPOINT, partial(put_folder, c, folder, ws.root / folder, ws.root, ENTRYPOINT, kind,
+                                              not_evidence))
+
+
 def put_extra(c: BundleWriter, extra: Mapping[str, bytes] | None) -> None:
     """Store the flow's own items by name (e.g. ``classification.json``); a bad one is a missing item."""
     for name, data in (extra or {}).items():
@@ -346,6 +372,7 @@ def collect_workspace(c: BundleWriter, workspace: AttemptWorkspace, *, masker: m
         ("snapshot", lambda: _collect_snapshots(c, ws, why_absent, masker)),
         ("checkpoint", lambda: _collect_checkpoints(c, ws)),
         ("coredumps", lambda: _collect_coredumps(c, ws, crash, masker)),
+        ("ranks", lambda: _collect_job_folders(c, ws, masker)),
     ]
     for name, step in steps:
         c.guarded(name, WORKSPACE, step)

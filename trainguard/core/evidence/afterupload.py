@@ -34,12 +34,15 @@ class Upload:
     attempt: int
     store: EvidenceStore
     manifest_json: str | None  # the bundle's manifest as the verdict left it, to report on without S3
+    also: tuple[str, ...] = ()  # keys outside the run's prefix that go up with it (its verdict index record)
     error: str = ""  # set when the upload itself broke (S3's own refusals are the store's `last_error`)
 
     def run(self) -> None:
         try:
             assert isinstance(self.store, HoldingStore)
             self.store.upload_held(ids.run_path(self.run_id) + "/", WAIT_FOR_EARLIER_SECONDS)
+            for key in self.also:
+                self.store.upload_held(key, WAIT_FOR_EARLIER_SECONDS)
         except Exception as exc:  # a thread's exception would only reach stderr: keep it for the report
             self.error = f"{type(exc).__name__}: {exc}"
 
@@ -56,7 +59,8 @@ def hold(store: EvidenceStore) -> bool:
     return True
 
 
-def start(store: EvidenceStore, run_id: str, attempt: int, manifest_json: str | None) -> Upload | None:
+def start(store: EvidenceStore, run_id: str, attempt: int, manifest_json: str | None,
+          also: tuple[str, ...] = ()) -> Upload | None:
     """Send the run's spooled writes up in a thread of its own; None when ``store`` holds nothing back.
 
     The thread is not a daemon: the interpreter waits for it before it exits, so a process that
@@ -64,7 +68,7 @@ def start(store: EvidenceStore, run_id: str, attempt: int, manifest_json: str | 
     """
     if not isinstance(store, HoldingStore):
         return None
-    upload = Upload(run_id, attempt, store, manifest_json)
+    upload = Upload(run_id, attempt, store, manifest_json, also)
     thread = threading.Thread(target=upload.run, name=f"trainguard-upload-{run_id}-{attempt}", daemon=False)
     with _LOCK:
         _UPLOADS[(run_id, attempt)] = (upload, thread)

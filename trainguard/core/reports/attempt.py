@@ -148,6 +148,8 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
     if summary.memory_factor != 1.0:
         lines.append(f"| memory | {summary.memory_factor:g}x the backend's memory request and limit "
                      "(raised after a host OOM) |")
+    if summary.avoid_list or summary.avoid_note:
+        lines.append(f"| shared avoid list | {_avoid(summary)} |")
     for problem in summary.storage_problems:
         lines.append(f"| **storage failed** | {_cell(problem)} |")
     if summary.evidence_spooled and summary.evidence_uploading:
@@ -165,6 +167,13 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
     lines += _links(summary)
     lines += ["", "## All attempts of this run", "", render_table([*earlier, summary])]
     return "\n".join(lines)
+
+
+def _avoid(summary: AttemptSummary) -> str:
+    """The avoid list's entries in force at launch, and whether the attempt was kept off them."""
+    nodes = ", ".join(_cell(str(entry.get("node", "?"))) for entry in summary.avoid_list[:20])
+    listed = f"{len(summary.avoid_list)} in force ({nodes})" if summary.avoid_list else "none in force"
+    return f"{listed}; **{_cell(summary.avoid_note)}**" if summary.avoid_note else f"{listed}; kept off them"
 
 
 def _culprit_rows(summary: AttemptSummary) -> list[str]:

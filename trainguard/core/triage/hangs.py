@@ -180,9 +180,18 @@ def _waits(stack: ThreadStack) -> bool:
     return any(frame.collective for frame in stack.frames[:_INNERMOST])
 
 
+def _python(frames: tuple[Frame, ...]) -> list[Frame]:
+    """A stack's Python frames (all of them when it has none): a native frame with no symbol is an
+    address, which differs in every process (ASLR), and the C++ frames around the same Python frame
+    differ from one poll to the next."""
+    kept = [f for f in frames if not _NATIVE.search(f.location) and not f.function.startswith("0x")]
+    return kept or list(frames)
+
+
 def _parting(odd: ThreadStack, waiting: ThreadStack) -> str:
-    """The frame where ``odd`` leaves ``waiting``'s stack: the first, from the outermost, they do not share."""
-    outer_odd, outer_waiting = list(reversed(odd.frames)), list(reversed(waiting.frames))
+    """The frame where ``odd`` leaves ``waiting``'s stack: the first Python frame, from the outermost,
+    they do not share."""
+    outer_odd, outer_waiting = _python(odd.frames)[::-1], _python(waiting.frames)[::-1]
     for index, frame in enumerate(outer_odd):
         if index >= len(outer_waiting) or outer_waiting[index].key != frame.key:
             line = f":{frame.line}" if frame.line is not None else ""

@@ -256,6 +256,9 @@ class KubeApi:
     def read_node(self, name: str) -> Wire:
         return self._json(f"read node {name}", self.core.read_node, name)
 
+    def list_nodes(self, label_selector: str | None = None) -> Wire:
+        return self._json("list nodes", self.core.list_node, label_selector=label_selector or "")
+
     def create_secret(self, namespace: str, body: Mapping[str, Any]) -> None:
         """Create a Secret. Nothing is returned: the answer echoes the values, which no caller needs."""
         name = body.get("metadata", {}).get("name", "?")

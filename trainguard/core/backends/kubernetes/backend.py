@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -26,29 +24,18 @@ from trainguard.core.backends import workspace_evidence
 from trainguard.core.backends.base import (
     COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, NodeEvidence,
 )
-from trainguard.core.backends.kubernetes import collector, evidence, indexed, manifests, nodes, placement, zipapp
+from trainguard.core.backends.kubernetes import collector, evidence, indexed, lister, manifests, nodes, placement, zipapp
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotFound
 from trainguard.core.backends.kubernetes.supervise import (
-    START_ERRORS, Ending, Limits, Supervisor, blocking_wait, container_state, job_condition,
+    Ending, Limits, Supervisor, blocking_wait, container_state, job_condition,
 )
 from trainguard.core.backends.kubernetes.supervise_nodes import NodesSupervisor
-from trainguard.core.backends.kubernetes.watch import RELISTED, ResumingWatch
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import Signals
 
 KIND = "kubernetes"
-_LISTER = (
-    "import json, os, sys\n"
-    "d = sys.argv[1]\n"
-    "names = sorted(os.listdir(d)) if os.path.isdir(d) else []\n"
-    "stats = [(n, os.stat(os.path.join(d, n))) for n in names]\n"
-    "# an empty file (a full disk leaves those) is no checkpoint to resume from\n"
-    "print(json.dumps([[n, s.st_mtime] for n, s in stats if s.st_size or os.path.isdir(os.path.join(d, n))]))\n"
-)
-
-
 JOB_DELETED = "JobDeleted"  # someone deleted the Job while it ran: triage reads a cancellation
 # Job-level reasons that say the Job failed but not why; the pod evidence names the cause.
 _JOB_VERDICTS = frozenset({"BackoffLimitExceeded", "PodFailurePolicy", "Error", "Failed"})
@@ -232,11 +219,18 @@ class KubernetesBackend:
         """
         return nodes.node_evidence(self.local_dir(ref.run_id, ref.attempt), ref.run_id, ref.attempt)
 
+    def placeable_nodes(self) -> list[str]:
+        """Nodes the Job's pods could land on: those matching the block's node selector, not cordoned."""
+        selector = ",".join(f"{k}={v}" for k, v in sorted(self.settings.job.node_selector.items()))
+        listed = self.api.list_nodes(selector or None).get("items") or []
+        return sorted(str(n["metadata"]["name"]) for n in listed if not (n.get("spec") or {}).get("unschedulable"))
+
     def checkpoints(self, run_id: str) -> list[str]:
         """The run's checkpoints, newest first, as paths inside the containers (the same in every attempt)."""
         folder = manifests.checkpoint_path(run_id)
         try:
-            listed = json.loads(self._run_lister(run_id, folder).strip().splitlines()[-1])
+            listed = json.loads(lister.run(self.api, self.settings.job, run_id, folder,
+                                           self.settings.lister_timeout_seconds).strip().splitlines()[-1])
         except (KubeError, ValueError, IndexError, TimeoutError):
             return []
         return [f"{folder}/{name}" for name in workspace_evidence.rank_checkpoints((n, float(t)) for n, t in listed)]
@@ -283,51 +277,6 @@ class KubernetesBackend:
         except NotFound:
             return None
         return f"deleted the Job {self.namespace}/{ref.name}, still running without its flow run"
-
-    # -- the checkpoint lister pod --------------------------------------------------------
-
-    def _run_lister(self, run_id: str, folder: str) -> str:
-        job = self.settings.job
-        name = f"tg-ckpt-{uuid.uuid4().hex[:10]}"
-        labels = {**manifests.labels_for(job, run_id, 0, component="checkpoint-lister")}
-        labels.pop(manifests.LABEL_ATTEMPT)
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": {
-            "restartPolicy": "Never", "automountServiceAccountToken": False,
-            "containers": [{"name": "list", "image": job.image, "command": [job.python, "-c", _LISTER, folder],
-                            "volumeMounts": [{"name": manifests.CHECKPOINT_VOLUME,
-                                              "mountPath": manifests.CHECKPOINTS_MOUNT, "readOnly": True}],
-                            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}}}],
-            "volumes": [{"name": manifests.CHECKPOINT_VOLUME,
-                         "persistentVolumeClaim": {"claimName": job.checkpoint_claim}}],
-            **({"nodeSelector": dict(job.node_selector)} if job.node_selector else {}),
-            **({"tolerations": [dict(t) for t in job.tolerations]} if job.tolerations else {}),
-            **({"imagePullSecrets": [{"name": s} for s in job.image_pull_secrets]} if job.image_pull_secrets else {}),
-        }}
-        self.api.create_pod(self.namespace, pod)
-        try:
-            self._wait_pod_done(name)
-            return self.api.read_pod_log(self.namespace, name, "list").decode("utf-8", errors="replace")
-        finally:
-            try:
-                self.api.delete_pod(self.namespace, name, grace_seconds=0)
-            except KubeError:
-                pass
-
-    def _wait_pod_done(self, name: str) -> None:
-        deadline = time.monotonic() + self.settings.lister_timeout_seconds
-        watch = ResumingWatch(self.api, "pods", self.namespace, f"{manifests.LABEL_COMPONENT}=checkpoint-lister",
-                              timeout_seconds=10)
-        for event in watch:
-            pods = (event["object"].get("items") or []) if event["type"] == RELISTED else [event["object"]]
-            mine = [p for p in pods if p["metadata"]["name"] == name]
-            if any(p.get("status", {}).get("phase") in ("Succeeded", "Failed") for p in mine):
-                return
-            waiting = {container_state(p, "list").get("waiting", {}).get("reason") for p in mine}
-            if waiting & START_ERRORS:  # the image cannot be pulled: it never will be in time
-                raise TimeoutError(f"checkpoint lister {name} cannot start: {sorted(waiting & START_ERRORS)}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"checkpoint lister {name} did not finish")
-
 
 def _say(on_line: LineSink | None, message: str) -> None:
     if on_line is not None:

@@ -31,6 +31,7 @@ from trainguard_entrypoint.redact import declared_secret_names
 from trainguard.core import ids
 from trainguard.core.backends import workspace
 from trainguard.core.backends.base import Launch, container_env
+from trainguard.core.backends.forensics import StackCapture
 from trainguard.core.backends.kubernetes import indexed
 from trainguard.core.backends.kubernetes.zipapp import ENTRYPOINT_FILE
 from trainguard.core.policy import MAX_MEMORY_FACTOR
@@ -102,6 +103,9 @@ class JobSettings:
     attempt_sub_path: bool = True
     # Training never calls the API: no token unless asked (then the service account decides).
     automount_service_account_token: bool = False
+    # The ranks' stacks before a stop; native frames only with SYS_PTRACE, which is opt-in.
+    stack_sweep_seconds: float = 30.0
+    sys_ptrace: bool = False
     # Several nodes: hold failed pods (backoffLimitPerIndex, Kubernetes 1.29+), else backoffLimit 0;
     # one pod per node by pod anti-affinity (opt-in); the port the ranks meet on at the first pod.
     hold_mode: bool = True
@@ -240,7 +244,8 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
     meeting = indexed.rendezvous(job_name(launch.run_id, launch.attempt), settings.master_port) \
         if launch.nodes > 1 else None
     env = container_env(launch, workspace=workspace_path(launch.run_id, launch.attempt),
-                        checkpoint_dir=checkpoint_path(launch.run_id), rendezvous=meeting)
+                        checkpoint_dir=checkpoint_path(launch.run_id), rendezvous=meeting,
+                        capture=StackCapture(settings.stack_sweep_seconds, native=settings.sys_ptrace))
     env["TRAINGUARD_TERMINATION_LOG"] = TERMINATION_LOG
     secrets = frozenset(secret_env(launch))
     mounts = [{"name": ENTRYPOINT_VOLUME, "mountPath": ENTRYPOINT_MOUNT, "readOnly": True},
@@ -262,6 +267,8 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
         body["workingDir"] = launch.workdir
     if settings.image_pull_policy:
         body["imagePullPolicy"] = settings.image_pull_policy
+    if settings.sys_ptrace:  # py-spy's native frames (and its reads where the runtime forbids them without it)
+        body["securityContext"] = {"capabilities": {"add": ["SYS_PTRACE"]}}
     return body
 
 

@@ -19,6 +19,7 @@ from typing import ClassVar
 from trainguard_entrypoint import safefiles
 
 from trainguard.core.backends import jobfiles, workspace_evidence
+from trainguard.core.backends.forensics import StackCapture
 from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.local import orphans
 from trainguard.core.backends.base import (
@@ -42,6 +43,7 @@ class LocalBackend:
     grace_seconds: float = 10.0
     python: str = sys.executable
     budget: Budget = Budget()
+    capture: StackCapture = StackCapture()  # the ranks' stacks before a stop: its sweep comes before the grace
     kind: str = KIND
     evidence_first: ClassVar[bool] = False  # a stopped process writes its crash report: collect after the stop
 
@@ -60,10 +62,11 @@ class LocalBackend:
                                   "run multi-node attempts on a Kubernetes or Slurm backend, or set nodes: 1")
         ws = self.workspace(ref)
         user_env = container_env(launch, workspace=str(ws.root), checkpoint_dir=str(ws.checkpoint_dir),
-                                 rendezvous=Rendezvous(master_port=free_port()))
+                                 rendezvous=Rendezvous(master_port=free_port()), capture=self.capture)
         if launch.workdir:
             user_env["TRAINGUARD_WORKDIR"] = os.path.abspath(launch.workdir)
-        runner = LocalProcessRunner(python=self.python, grace_seconds=self.grace_seconds, on_line=on_line)
+        runner = LocalProcessRunner(python=self.python, grace_seconds=self.grace_seconds, on_line=on_line,
+                                    sweep_seconds=self.capture.sweep_seconds)
         result = runner.run(list(launch.command), workspace=ws, env=user_env,
                             deadline_seconds=launch.deadline_seconds, stall_seconds=launch.stall_seconds)
         return outcome_of_process(result)
@@ -88,13 +91,17 @@ class LocalBackend:
                        events=outcome.events, log=source, error_files=torchrun.error_files(self.workspace(ref).root),
                        stacks=rankstacks.read_stacks(self.workspace(ref).root, outcome.node))
 
+    def placeable_nodes(self) -> list[str]:
+        """This machine: a local process runs nowhere else."""
+        return [os.uname().nodename]
+
     def checkpoints(self, run_id: str) -> list[str]:
         folder = run_checkpoint_dir(self.work_root, run_id)
         return [str(path) for path in workspace_evidence.newest_checkpoints(folder)] if folder.is_dir() else []
 
     def stop_orphan(self, ref: AttemptRef) -> str | None:
         """Stop the entrypoint (and its process group) a killed flow process left running."""
-        result = orphans.stop_leftover(self.workspace(ref).process_path, self.grace_seconds)
+        result = orphans.stop_leftover(self.workspace(ref).process_path, self.capture.stop_grace(self.grace_seconds))
         return result.message if result.stopped else None
 
     def runs(self) -> dict[str, float]:

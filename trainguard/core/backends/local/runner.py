@@ -28,6 +28,7 @@ import trainguard_entrypoint
 from trainguard_entrypoint import ORIGINAL_PYTHONPATH
 from trainguard_entrypoint.coredumps import signal_name
 from trainguard_entrypoint.files import read_json_object, write_json_atomic
+from trainguard_entrypoint.progress import HEARTBEAT
 from trainguard_entrypoint.redact import redact_argv
 
 from trainguard.core import masking
@@ -47,6 +48,8 @@ _TAIL_LINE_CHARS = 4096
 _WARNING = "trainguard-entrypoint: warning: "
 _LOG_FAILED = _WARNING + "log file write failed"
 _OS_ERROR = re.compile(r"\[Errno \d+\]")  # a warning about a file the entrypoint could not write
+_OWN = b"trainguard-entrypoint: "  # the entrypoint's own lines (the command's output has no such prefix)
+_HEARTBEAT = HEARTBEAT.encode()
 
 
 @dataclass(frozen=True)
@@ -92,14 +95,16 @@ class _OutputWatcher(threading.Thread):
     def run(self) -> None:
         pending = b""
         while data := os.read(self._fd, 65536):
-            self.last_output = self._clock()
             pending += data
             *lines, pending = pending.split(b"\n")
             if len(pending) > _MAX_LINE_BYTES:
                 lines.append(pending)
                 pending = b""
+            if any(map(_moves, lines)) or (pending and _moves(pending)):
+                self.last_output = self._clock()
             for line in lines:
-                self._emit(line)
+                if not line.startswith(_HEARTBEAT):  # progress in files, said for the stall window only
+                    self._emit(line)
         if pending:
             self._emit(pending)
 
@@ -120,6 +125,13 @@ class _OutputWatcher(threading.Thread):
             self._on_line = None
 
 
+def _moves(raw: bytes) -> bool:
+    """Whether a line of the entrypoint's output is progress: the command's output, or the entrypoint's
+    heartbeat (its rank logs or checkpoints moved while the console was quiet); not the entrypoint's
+    own notes (the stacks it took, a warning), which a hung command's entrypoint writes too."""
+    return raw.startswith(_HEARTBEAT) or not _OWN.startswith(raw[:len(_OWN)]) or not raw
+
+
 def _check_limit(name: str, value: float | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
         raise ValueError(f"{name} must be a positive number of seconds or None, got {value!r}")
@@ -136,9 +148,11 @@ class LocalProcessRunner:
         poll_interval_seconds: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
         on_line: Callable[[str], None] | None = None,
+        sweep_seconds: float = 0.0,
     ) -> None:
         self._python = python
         self._grace = grace_seconds
+        self._sweep = sweep_seconds  # the entrypoint takes the ranks' stacks before it passes a stop on
         self._poll = poll_interval_seconds
         self._clock = clock
         self._on_line = on_line if on_line is not None else _print_line
@@ -258,16 +272,20 @@ class LocalProcessRunner:
             return STALLED, f"no new log output for {stall_seconds:g}s (stall window); stopped"
 
     def _stop(self, proc: subprocess.Popen[bytes]) -> None:
-        """SIGTERM to the entrypoint (it forwards), then SIGKILL to the whole group after the grace period."""
+        """SIGTERM to the entrypoint (it takes the ranks' stacks, then forwards), then SIGKILL to the whole
+        group and every process below the entrypoint after the sweep and the grace period."""
         try:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
-                    proc.wait(timeout=self._grace)
+                    proc.wait(timeout=self._sweep + self._grace)
                 except subprocess.TimeoutExpired:
                     pass
         finally:
+            below = processes.descendants(proc.pid) if proc.poll() is None else []
             _kill_group(proc.pid)
+            for pid in below:  # a rank in a session of its own (torchrun's) that ignored the stop
+                _kill(pid)
             proc.wait()
 
     def _close(self, proc: subprocess.Popen[bytes], watcher: _OutputWatcher) -> None:
@@ -322,6 +340,13 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # nobody left in the group
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # gone already
 
 
 def _write_process_record(workspace: AttemptWorkspace, pid: int, started_at: datetime) -> None:

@@ -22,7 +22,7 @@ from typing import ClassVar
 from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core import masking
-from trainguard.core.backends import jobfiles, workspace_evidence
+from trainguard.core.backends import forensics, jobfiles, workspace_evidence
 from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.slurm import continuation, job, nodes
 from trainguard.core.backends.slurm import evidence as slurm_evidence
@@ -41,6 +41,7 @@ from trainguard.core.backends import processes, rankstacks, torchrun, workspace
 from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
 
 KIND = "slurm"
+_UNPLACEABLE = ("down", "drain", "fail")  # sinfo states (with their suffixes stripped) no job lands on
 _PASSED_THROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SLURM_CONF")
 
 
@@ -80,6 +81,7 @@ class SlurmBackend:
     odd_answers_limit: int = 5
     orphan_grace_seconds: float = 60.0
     budget: Budget = Budget()
+    capture: forensics.StackCapture = forensics.StackCapture()  # a stall's cancel waits for the ranks' stacks
     kind: str = KIND
     evidence_first: ClassVar[bool] = False  # scancel lets the job write its crash report: collect after the stop
 
@@ -228,7 +230,7 @@ class SlurmBackend:
         options = job.sbatch_options(self.settings, launch, workspace=str(ws.root),
                                            shared_folder=str(self.shared_folder), exclude=self._exclusions(launch))
         env = container_env(launch, workspace=str(ws.root), checkpoint_dir=str(ws.checkpoint_dir),
-                            base=self._base_env())
+                            base=self._base_env(), capture=self.capture)
         job_id = self.client.submit(str(script), options, env)
         continuation.write_job_record(ws, job_id, adopted=False, options=options)
         return job_id
@@ -236,6 +238,11 @@ class SlurmBackend:
     def _base_env(self) -> dict[str, str]:
         client_env = self.client.env if self.client.env is not None else os.environ
         return {name: client_env[name] for name in _PASSED_THROUGH if name in client_env}
+
+    def placeable_nodes(self) -> list[str]:
+        """The partition's nodes that can take a job now or soon (not down, drained or failed)."""
+        listed = self.client.nodes(self.settings.partition)
+        return sorted(node for node, state in listed if not state.rstrip("*~#!%$@^-+").startswith(_UNPLACEABLE))
 
     def _exclusions(self, launch: Launch) -> list[str]:
         """Nodes to keep off: those earlier attempts failed on, if the partition has others left."""
@@ -268,10 +275,11 @@ class SlurmBackend:
                 return stopped_for
             if state == "RUNNING":
                 running_since = running_since if running_since is not None else self.clock()
-                silent_since = max(running_since, tail.last_output)
+                silent_since = max(running_since, tail.last_output, nodes.last_progress(jw.root, self.clock))
                 if (stopped_for is None and launch.stall_seconds is not None
                         and self.clock() - silent_since >= launch.stall_seconds):
                     stopped_for = job.STALLED
+                    nodes.take_stacks(jw.root, self.capture, self.clock, self.sleep)
                     self._cancel_quietly(job_id)
                     delay = self.poll_min_seconds
             self.sleep(delay)

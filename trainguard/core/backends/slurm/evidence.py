@@ -212,7 +212,8 @@ def _other_files(s: _Slurm, ws: AttemptWorkspace, jw: AttemptWorkspace, node_fai
             s.guarded(f"slurm/{name}", partial(s.put_job_file, f"slurm/{name}", root / name, root))
     tasks = jw.root / "tasks"
     if os.path.lexists(tasks):
-        workspace_evidence.put_folder(s.c, "tasks", tasks, jw.root, SLURM, _task_file(s, tasks, jw.root))
+        workspace_evidence.put_folder(s.c, "tasks", tasks, jw.root, SLURM, _task_file(s, tasks, jw.root),
+                                      workspace_evidence.not_evidence)
 
 
 def _task_file(s: _Slurm, tasks: Path, root: Path) -> Callable[[Path], JobFile]:
@@ -223,7 +224,7 @@ def _task_file(s: _Slurm, tasks: Path, root: Path) -> Callable[[Path], JobFile]:
         part = path.relative_to(tasks).parts[1:2]
         if part == ("coredumps",):
             return JobFile(path, root, "core dump", cores)  # byte for byte, holes kept
-        if part == ("logs",):
+        if part in (("logs",), ("ranks",)):
             return JobFile(path, root, "log", masker=s.masker, cut=True)
         return JobFile(path, root, "report", jobfiles.SMALL_FILE_LIMIT_BYTES, s.masker)
 

@@ -8,12 +8,13 @@ hold is the job's, so files are read bounded and never through a link (`backends
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from trainguard_entrypoint.files import read_json_object
 
-from trainguard.core.backends import rankstacks, torchrun, workspace
+from trainguard.core.backends import forensics, rankstacks, torchrun, workspace
 from trainguard.core.backends.base import NodeEvidence
 from trainguard.core.backends.slurm import job
 from trainguard.core.backends.workspace import AttemptWorkspace
@@ -24,6 +25,25 @@ def node_folders(root: Path) -> list[tuple[int, Path]]:
     """Each task's folder with its index: the attempt's own for task 0, `tasks/N` for the others."""
     others = [(int(p.name), p) for p in (root / job.TASKS).glob("*") if p.name.isdigit()]
     return [(0, root), *sorted(others)]
+
+
+def last_progress(root: Path, clock: Callable[[], float]) -> float:
+    """When a task's entrypoint last saw its rank logs or checkpoints move (its `progress.json`), on
+    `clock`; minus infinity when none did. A job that logs only to files is not silent."""
+    at = forensics.last_progress([folder for _, folder in node_folders(root)])
+    return -float("inf") if at is None else clock() - max(0.0, time.time() - at)
+
+
+def take_stacks(root: Path, capture: forensics.StackCapture, clock: Callable[[], float],
+                sleep: Callable[[float], None]) -> None:
+    """Before a stall's cancel, whose SIGTERM reaches every process of the step at once: every task's
+    ranks' stacks, unless the entrypoint took them already as the window ran out, waited for within the
+    sweep's bound (through the `dump-stacks` file each task's entrypoint polls on the shared folder)."""
+    if capture.sweep_seconds <= 0 or forensics.stacks_taken(root) is not None:
+        return
+    since = time.time() - 1.0  # the node's clock may be a little behind this machine's
+    forensics.request_stacks([folder for _, folder in node_folders(root)])
+    forensics.wait_for_stacks(root, since, capture.sweep_seconds + 2.0, clock=clock, sleep=sleep)
 
 
 def node_list(root: Path) -> str:

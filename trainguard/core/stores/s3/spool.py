@@ -6,7 +6,10 @@ one is started). A record's presence means its data is whole; a data file withou
 the remains of a crash and is swept. Entries leave the spool only once uploaded, in the order they
 came (so an attempt's manifest, written last, is uploaded last). Besides object writes, an entry
 can be a tagging to apply to every object under a prefix (an attempt's outcome tags, decided while
-S3 was away). Uploading is ``s3store``'s job.
+S3 was away). The spool folder may be writable by a training job (it runs as the flow's user): a
+spool file is only ever read, and a lock only opened, if it is a regular file of the spool's own
+(through `safefiles`), so a link or a FIFO planted there is refused, never uploaded or waited on.
+Uploading is ``s3store``'s job.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -26,6 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Protocol
 
+from trainguard_entrypoint import safefiles
+
 from trainguard.core.stores.base import EvidenceStoreError, checksum_of_hex
 
 MIN_PART_BYTES = 5 * 1024 * 1024  # S3's smallest part but the last
@@ -33,6 +39,8 @@ MAX_PARTS = 10_000  # S3's most parts per upload
 _COPY_BYTES = 1024 * 1024
 _SEND_READ_BYTES = 64 * 1024
 _SEND_BUFFER_BYTES = 256 * 1024
+_MAX_RECORD_BYTES = 16 * 1024 * 1024  # a record lists at most 10,000 part digests
+_LOCK_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 PUT, TAG = "put", "tag"
 
 
@@ -179,7 +187,7 @@ class Spool:
         entries = []
         for record in sorted(self.root.glob("*.json")):
             try:
-                data = json.loads(record.read_text(encoding="utf-8"))
+                data = json.loads(safefiles.read_bytes(record, self.root, limit_bytes=_MAX_RECORD_BYTES))
                 data["part_sha256"] = tuple(data["part_sha256"])
                 entries.append(SpoolEntry(**data))
             except (OSError, ValueError, TypeError, KeyError, RecursionError):
@@ -196,13 +204,13 @@ class Spool:
 
     def read(self, entry: SpoolEntry, offset: int = 0, length: int | None = None) -> bytes:
         """``length`` bytes of an entry's data from ``offset`` (all of it by default)."""
-        with self.data_path(entry).open("rb") as handle:
+        with open_spooled(self.data_path(entry), self.root) as handle:
             handle.seek(offset)
             return handle.read(entry.size_bytes - offset if length is None else length)
 
     def open_range(self, entry: SpoolEntry, offset: int, length: int) -> RangeReader:
         """A file-like view of ``length`` bytes of an entry's data from ``offset``, read as it is sent."""
-        return RangeReader(self.data_path(entry), offset, length)
+        return RangeReader(self.data_path(entry), offset, length, root=self.root)
 
     def range_sha256(self, entry: SpoolEntry, offset: int, length: int) -> str:
         """SHA-256 (hex) of a range of an entry's data, read in 1 MiB chunks."""
@@ -213,7 +221,7 @@ class Spool:
         return digest.hexdigest()
 
     def chunks(self, entry: SpoolEntry) -> Iterator[bytes]:
-        with self.data_path(entry).open("rb") as handle:
+        with open_spooled(self.data_path(entry), self.root) as handle:
             while chunk := handle.read(_COPY_BYTES):
                 yield chunk
 
@@ -231,7 +239,7 @@ class Spool:
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
-        with (self._folder() / "lock").open("a") as handle:
+        with _lock_file(self._folder() / "lock") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield
@@ -244,7 +252,7 @@ class Spool:
 
         Yields False when another uploader still holds it after ``wait_seconds``.
         """
-        with (self._folder() / "upload.lock").open("a") as handle:
+        with _lock_file(self._folder() / "upload.lock") as handle:
             if not _lock_within(handle, wait_seconds):
                 yield False
                 return
@@ -254,7 +262,29 @@ class Spool:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _lock_within(handle: IO[str], wait_seconds: float) -> bool:
+def open_spooled(path: Path, root: Path, buffering: int = io.DEFAULT_BUFFER_SIZE) -> io.BufferedReader:
+    """A spool file opened for reading, only if it is a regular file of the spool's own (never a link or a FIFO)."""
+    try:
+        handle = safefiles.open_regular(path, root)
+    except safefiles.Refused as exc:
+        raise EvidenceStoreError(f"spooled data is not read: {exc.reason}") from exc
+    return io.BufferedReader(handle.detach(), buffering)
+
+
+def _lock_file(path: Path) -> IO[bytes]:
+    """A lock file opened without following a link or waiting on a FIFO (refused unless a regular file)."""
+    try:
+        fd = os.open(path, _LOCK_FLAGS, 0o600)
+    except OSError as exc:
+        raise EvidenceStoreError(f"cannot open the spool's lock {safefiles.safe_name(str(path))}: "
+                                 f"{exc.strerror or exc} (a link or a FIFO in its place is not used)") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise EvidenceStoreError(f"the spool's lock {safefiles.safe_name(str(path))} is not a regular file; remove it")
+    return os.fdopen(fd, "ab")
+
+
+def _lock_within(handle: IO[bytes], wait_seconds: float) -> bool:
     """Take an exclusive flock on ``handle``, trying for up to ``wait_seconds``; whether it was taken."""
     deadline, delay = time.monotonic() + wait_seconds, 0.01
     while True:
@@ -271,11 +301,12 @@ def _lock_within(handle: IO[str], wait_seconds: float) -> bool:
 class RangeReader(io.RawIOBase):
     """A seekable, sized, read-only window onto part of a file, so a part streams from disk."""
 
-    def __init__(self, path: Path, offset: int, length: int, hashing: bool = True) -> None:
+    def __init__(self, path: Path, offset: int, length: int, hashing: bool = True, root: Path | None = None) -> None:
         super().__init__()
         # a 256 KiB buffer answers the sender's 16 KiB reads without a system call each: every call
         # hands the GIL to another sending thread and waits to get it back
-        self._file = path.open("rb", buffering=_SEND_BUFFER_BYTES)
+        self._file = (path.open("rb", buffering=_SEND_BUFFER_BYTES) if root is None  # a file of trainguard's own
+                      else open_spooled(path, root, _SEND_BUFFER_BYTES))
         self._start, self._length, self._pos = offset, length, 0
         self._file.seek(offset)
         self._digest, self._hashed, self._hashing = hashlib.sha256(), 0, hashing

@@ -1,0 +1,80 @@
+"""The fleet analysis over generated histories: the suspect rule, recurring fingerprints, per-node rows."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from histories import START, attempt, fleet
+
+from trainguard.core.evidence import index
+from trainguard.core.fleet import suspects
+from trainguard.core.fleet.analysis import Tally
+
+
+def records(history) -> list[dict]:
+    return [index.entry(summary, when) for summary, when in history]
+
+
+def test_a_planted_bad_node_among_fifty_is_the_one_suspect() -> None:
+    view = Tally().add_all(records(fleet())).view()
+
+    assert [s.node for s in view.suspects] == ["gpu-07"]
+    test = view.suspects[0].test
+    assert test.failures >= 10 and test.p_value <= test.threshold == 0.01 / 50
+    assert sum(view.suspects[0].by_category.values()) == test.failures
+    assert len(view.suspects[0].examples) == 3
+
+
+def test_a_healthy_fleet_has_no_suspect() -> None:
+    assert Tally().add_all(records(fleet(bad=None))).view().suspects == ()
+
+
+def test_two_failures_in_three_attempts_is_not_enough() -> None:
+    small = [(attempt(f"small-{k}", 1, "gpu-99", c), START) for k, c in enumerate(["gpu_fault", "nccl_error", None])]
+
+    view = Tally().add_all(records([*fleet(bad=None), *small])).view()
+
+    row = next(r for r in view.nodes if r.node == "gpu-99")
+    assert (row.attempts, sum(row.failures.values())) == (3, 2)
+    assert view.suspects == ()
+
+
+def test_the_same_fingerprint_across_three_runs_on_three_nodes_is_one_row() -> None:
+    same = [(attempt(f"run-{n}", 1, f"gpu-0{n}", "nccl_error", fingerprint="fp-watchdog",
+                     signature=f"Watchdog caught collective operation timeout (run {n})"), START.replace(day=20 + n))
+            for n in range(3)]
+
+    view = Tally().add_all(records(same)).view()
+
+    (row,) = view.fingerprints
+    assert (row.fingerprint, row.runs, row.attempts, row.nodes) == ("fp-watchdog", 3, 3, ("gpu-00", "gpu-01", "gpu-02"))
+    assert (row.first_seen, row.last_seen) == ("2026-11-20T00:00:00Z", "2026-11-22T00:00:00Z")
+    assert row.example == "Watchdog caught collective operation timeout (run 2)"
+
+
+def test_a_multi_node_failure_is_placed_on_the_culprits_node_only() -> None:
+    multi = attempt("r1", 1, "gpu-02", "gpu_fault", root_cause={"index": 1, "node": "gpu-02"},
+                    victims=({"index": 0, "node": "gpu-01", "rank": 0},))
+
+    view = Tally().add_all(records([(multi, START)])).view()
+
+    rows = {r.node: r for r in view.nodes}
+    assert rows["gpu-02"].failures == {"gpu_fault": 1} and rows["gpu-01"].failures == {}
+    assert rows["gpu-01"].attempts == rows["gpu-02"].attempts == 1
+
+
+def test_gpu_hours_wasted_and_the_last_failure_per_node() -> None:
+    history = [(attempt("r1", 1, "gpu-01", "cuda_oom"), START), (attempt("r2", 1, "gpu-01", "gpu_fault"),
+               START.replace(day=21)), (attempt("r3", 1, "gpu-01", None), START.replace(day=22))]
+
+    (row,) = Tally().add_all(records(history)).view().nodes
+
+    assert row.gpu_hours_wasted == 2 * 8 * 1800 / 3600 and row.failure_rate == 2 / 3
+    assert row.last_failure == "2026-11-21T00:00:00Z gpu_fault"
+
+
+def test_the_binomial_tail_matches_the_closed_form() -> None:
+    assert abs(suspects.binomial_tail(2, 3, 0.5) - 0.5) < 1e-12
+    assert abs(suspects.binomial_tail(1, 10, 0.1) - (1 - 0.9 ** 10)) < 1e-12
+    assert suspects.binomial_tail(0, 5, 0.2) == 1.0 and suspects.binomial_tail(6, 5, 0.2) == 0.0
+    assert suspects.binomial_tail(900, 1000, 0.01) < 1e-300  # far out in the tail: no overflow, no error

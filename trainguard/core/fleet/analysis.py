@@ -1,0 +1,194 @@
+"""Tallying verdict index records into the fleet view: per node, per fingerprint, and the suspects.
+
+`Tally.add` takes one record at a time (as ``index.IndexReader.records`` yields them), so a month of
+verdicts is never held in memory at once; `Tally.view` turns the counts into rows. Records come
+from a store anyone with write access could have edited: every field is checked for its type here,
+and text is left for the renderers to escape.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.core.fleet import suspects as rule_of
+from trainguard.core.fleet.suspects import HARDWARE, NodeTest, SuspectRule
+
+EXAMPLES = 3  # failures kept per suspect as its evidence
+
+
+@dataclass
+class _Node:
+    attempts: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    hardware: int = 0
+    wasted_seconds: float = 0.0
+    last_failure: tuple[str, str] | None = None  # (ended_at, category)
+    examples: list[dict[str, Any]] = field(default_factory=list)  # the newest hardware failures
+
+
+@dataclass
+class _Fingerprint:
+    category: str
+    rule: str
+    first_seen: str
+    last_seen: str
+    example: str
+    runs: set[str] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    node: str
+    attempts: int
+    failures: Mapping[str, int]  # category -> failures placed on the node
+    failure_rate: float
+    gpu_hours_wasted: float
+    last_failure: str | None  # "<ended_at> <category>"
+
+
+@dataclass(frozen=True)
+class FingerprintRow:
+    fingerprint: str
+    category: str
+    rule: str
+    first_seen: str
+    last_seen: str
+    runs: int
+    attempts: int
+    nodes: tuple[str, ...]
+    example: str
+
+
+@dataclass(frozen=True)
+class Suspect:
+    node: str
+    test: NodeTest
+    by_category: Mapping[str, int]  # hardware failures by category
+    examples: tuple[Mapping[str, Any], ...]  # {run, attempt, ended_at, category, fingerprint, signature}
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """What `trainguard fleet` shows: totals, the node and fingerprint tables, and the suspects."""
+
+    attempts: int
+    failures: int
+    hardware_failures: int
+    gpu_hours_wasted: float
+    nodes: tuple[NodeRow, ...]
+    fingerprints: tuple[FingerprintRow, ...]
+    suspects: tuple[Suspect, ...]
+    rule: SuspectRule
+
+
+class Tally:
+    """Counts records per node and per fingerprint, one record at a time."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, _Node] = {}
+        self.fingerprints: dict[str, _Fingerprint] = {}
+        self.attempts = self.failures = 0
+
+    def add_all(self, records: Iterable[Mapping[str, Any]]) -> Tally:
+        for record in records:
+            self.add(record)
+        return self
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        """Count one index record (see ``index.entry`` for its fields)."""
+        culprit = _text(record.get("node"))
+        nodes = record.get("nodes")
+        if type(nodes) is list and nodes == [culprit]:  # one node: the common case, counted without a set
+            placed = {culprit}
+        else:
+            placed = {n for n in nodes if isinstance(n, str) and n} if isinstance(nodes, list) else set()
+            placed |= {culprit} if culprit else set()
+        self.attempts += 1
+        for name in placed:
+            node = self.nodes.get(name)
+            if node is None:
+                node = self.nodes[name] = _Node()
+            node.attempts += 1
+        if record.get("state") == "Completed":
+            return
+        self.failures += 1
+        category = _text(record.get("category")) or "unknown"
+        if culprit:
+            self._fail(self.nodes[culprit], record, category)
+        fingerprint = _text(record.get("fingerprint"))
+        if fingerprint:
+            self._recur(fingerprint, record, category, placed)
+
+    def _fail(self, node: _Node, record: Mapping[str, Any], category: str) -> None:
+        node.failures[category] += 1
+        gpu_seconds = record.get("gpu_seconds")
+        node.wasted_seconds += float(gpu_seconds) if isinstance(gpu_seconds, int | float) else 0.0
+        ended = str(record["ended_at"])
+        if node.last_failure is None or ended >= node.last_failure[0]:
+            node.last_failure = (ended, category)
+        if category in HARDWARE:
+            node.hardware += 1
+            node.examples = sorted([*node.examples, _example(record, category)],
+                                   key=lambda e: str(e["ended_at"]))[-EXAMPLES:]
+
+    def _recur(self, fingerprint: str, record: Mapping[str, Any], category: str, placed: set[str]) -> None:
+        ended = str(record["ended_at"])
+        found = self.fingerprints.get(fingerprint)
+        if found is None:
+            found = self.fingerprints[fingerprint] = _Fingerprint(
+                category, _text(record.get("rule")), ended, ended, _text(record.get("signature")))
+        found.first_seen = min(found.first_seen, ended)
+        if ended >= found.last_seen:  # the newest example line and names stand for the row
+            found.last_seen, found.example = ended, _text(record.get("signature")) or found.example
+        found.runs.add(str(record["run"]))
+        found.nodes |= placed
+        found.attempts += 1
+
+    def view(self, rule: SuspectRule | None = None) -> FleetView:
+        """The counts as rows, worst first, with the nodes `suspects` picks."""
+        rule = rule or SuspectRule()
+        hardware = sum(node.hardware for node in self.nodes.values())
+        node_attempts = sum(node.attempts for node in self.nodes.values())
+        rows = sorted((_node_row(name, node) for name, node in self.nodes.items()),
+                      key=lambda r: (-sum(r.failures.values()), -r.failure_rate, r.node))
+        found = []
+        for name, node in self.nodes.items():
+            tested = rule_of.judge(node.hardware, node.attempts, hardware - node.hardware,
+                                   node_attempts - node.attempts, len(self.nodes), rule)
+            if tested.suspect:
+                by_category = {c: n for c, n in node.failures.items() if c in HARDWARE}
+                found.append(Suspect(name, tested, by_category, tuple(reversed(node.examples))))
+        found.sort(key=lambda s: (s.test.p_value, s.node))
+        wasted = sum(node.wasted_seconds for node in self.nodes.values()) / 3600
+        prints = sorted((_fingerprint_row(key, fp) for key, fp in self.fingerprints.items()),
+                        key=lambda r: (-r.runs, -r.attempts, r.fingerprint))
+        return FleetView(self.attempts, self.failures, hardware, wasted, tuple(rows), tuple(prints),
+                         tuple(found), rule)
+
+
+def _node_row(name: str, node: _Node) -> NodeRow:
+    failed = sum(node.failures.values())
+    last = f"{node.last_failure[0]} {node.last_failure[1]}" if node.last_failure else None
+    return NodeRow(name, node.attempts, dict(node.failures.most_common()), failed / node.attempts if node.attempts
+                   else 0.0, node.wasted_seconds / 3600, last)
+
+
+def _fingerprint_row(key: str, found: _Fingerprint) -> FingerprintRow:
+    return FingerprintRow(key, found.category, found.rule, found.first_seen, found.last_seen, len(found.runs),
+                          found.attempts, tuple(sorted(found.nodes)), found.example)
+
+
+def _example(record: Mapping[str, Any], category: str) -> dict[str, Any]:
+    return {"run": str(record["run"]), "attempt": record["attempt"], "ended_at": str(record["ended_at"]),
+            "category": category, "fingerprint": _text(record.get("fingerprint")),
+            "signature": _text(record.get("signature"))}
+
+
+def _text(value: object) -> str:
+    """A record's text field, or "" when it is missing or not text."""
+    return value if isinstance(value, str) else ""

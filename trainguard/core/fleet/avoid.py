@@ -1,0 +1,123 @@
+"""The shared avoid list: nodes no attempt should be placed on, each with a reason, an expiry and an author.
+
+The list is kept as plain JSON (a Prefect Variable, which people edit in the UI; the flow layer reads
+and writes it): a list of ``{node, reason, expires_at, added_by}``. `parse` reads it back and says in
+one line what is wrong with an entry a person mistyped; expired entries are not in force. At launch
+`plan` decides what the attempt avoids: every entry in force, unless that would leave fewer nodes
+than the attempt needs, in which case it runs anyway and says so. Nothing here reaches a cluster;
+the caller passes the nodes the backend could place the attempt on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+VARIABLE = "trainguard-avoid-nodes"
+EXAMPLE = '[{"node": "gpu-17", "reason": "3 gpu_fault in 40 attempts", "expires_at": "2026-12-31T00:00:00Z", ' \
+          '"added_by": "alice"}]'
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One node to avoid until ``expires_at`` (ISO-8601; UTC when it names no zone)."""
+
+    node: str
+    reason: str
+    expires_at: str
+    added_by: str
+
+    def expiry(self) -> datetime:
+        moment = datetime.fromisoformat(self.expires_at.replace("Z", "+00:00"))
+        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one launch does with the list.
+
+    Attributes:
+        in_force: The entries not yet expired (the verdict records them, applied or not).
+        avoid: The nodes the attempt is kept off.
+        note: Why the list was not applied (too few nodes would be left), or "".
+    """
+
+    in_force: tuple[Entry, ...]
+    avoid: tuple[str, ...]
+    note: str = ""
+
+
+class AvoidListError(ValueError):
+    """The list's value cannot be read; the message names the entry and field, and the fix."""
+
+
+def parse(value: Any) -> list[Entry]:
+    """The entries of the list's stored value (None: an empty list); raises `AvoidListError`."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise AvoidListError(f"{VARIABLE}: the value is a {type(value).__name__}, not a list; write e.g. {EXAMPLE}")
+    return [_entry(n, item) for n, item in enumerate(value)]
+
+
+def _entry(n: int, item: Any) -> Entry:
+    where = f"{VARIABLE}[{n}]"
+    if not isinstance(item, dict):
+        raise AvoidListError(f"{where}: not an object; write e.g. {EXAMPLE}")
+    for name in ("node", "expires_at"):
+        if not isinstance(item.get(name), str) or not item[name].strip():
+            raise AvoidListError(f"{where}.{name}: missing or not text; write e.g. {EXAMPLE}")
+    entry = Entry(item["node"].strip(), str(item.get("reason") or ""), item["expires_at"].strip(),
+                  str(item.get("added_by") or ""))
+    try:
+        entry.expiry()
+    except ValueError:
+        raise AvoidListError(f"{where}.expires_at: {entry.expires_at[:40]!r} is not a date; write ISO-8601 "
+                             "such as 2026-12-31T00:00:00Z") from None
+    return entry
+
+
+def in_force(entries: Iterable[Entry], now: datetime) -> list[Entry]:
+    """The entries that have not expired at ``now``."""
+    return [entry for entry in entries if entry.expiry() > now]
+
+
+def plan(entries: Iterable[Entry], now: datetime, known_nodes: Sequence[str] | None, needed: int) -> Plan:
+    """What a launch avoids: the nodes of the entries in force, if enough nodes are left without them.
+
+    Args:
+        entries: The list as read.
+        now: The launch's time (expired entries are ignored).
+        known_nodes: The nodes the backend could place the attempt on; None when it cannot say
+            (then the list is applied, and the platform says if nothing is left).
+        needed: The nodes the attempt needs.
+    """
+    active = tuple(in_force(entries, now))
+    nodes = tuple(sorted({entry.node for entry in active}))
+    if not nodes or known_nodes is None:
+        return Plan(active, nodes)
+    left = set(known_nodes) - set(nodes)
+    if len(left) >= needed:
+        return Plan(active, nodes)
+    avoided = sorted(set(known_nodes) & set(nodes))
+    note = (f"the shared avoid list was not applied: avoiding {', '.join(avoided)} would leave {len(left)} of "
+            f"{len(set(known_nodes))} nodes, and the attempt needs {needed}; it ran anyway")
+    return Plan(active, (), note)
+
+
+def add(entries: Sequence[Entry], nodes: Iterable[tuple[str, str]], now: datetime, days: float,
+        added_by: str) -> list[Entry]:
+    """The list with ``(node, reason)`` pairs added, each for ``days``; a node listed already gets the
+    later expiry and the new reason."""
+    expires = (now + timedelta(days=days)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kept = {entry.node: entry for entry in entries}
+    for node, reason in nodes:
+        old = kept.get(node)
+        if old is None or old.expiry() < now + timedelta(days=days):
+            kept[node] = Entry(node, reason, expires, added_by)
+    return list(kept.values())
