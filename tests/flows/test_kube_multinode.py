@@ -160,20 +160,31 @@ def test_a_gpu_fault_on_rank_3_keeps_only_its_node_off_the_next_attempt(sim: Any
     assert f"| kept off | {culprit}" in report and "| placement | one pod per node was relaxed" in report
 
 
-def test_a_hang_is_retried_once_and_then_the_run_stops(kb: dict[str, Any]) -> None:
-    spec = ddp("mn-hang", "--fault", "hang", "--fault-rank", "3", "--timeout-seconds", "20", "--steps", "6")
+def test_a_hang_is_named_on_its_rank_from_the_stacks_retried_once_and_then_the_run_stops(kb: dict[str, Any]) -> None:
+    """Rank 3 stops in the training loop; the others wait in DDP's all-reduce until gloo's 20 s timeout.
+
+    Each pod's entrypoint takes its ranks' stacks at most of the 22 s stall window, while they are
+    still alive (at about 17.6 s of silence): the three that wait and the one that does not.
+    """
+    spec = ddp("mn-hang", "--fault", "hang", "--fault-rank", "3", "--timeout-seconds", "20", "--steps", "6",
+               stall_seconds=22)
     state, history = run(spec, kb, "mn-hang-1")
     assert state.is_failed() and len(history) == 2
     first, second = history
-    assert first["decision"]["retry"] is True and second["decision"]["retry"] is False
-    assert first["category"] == second["category"] == "hang", [first["category"], first["rule_id"]]
-    for attempt in (1, 2):
-        both_pods(kb, "mn-hang-1", attempt)
+    assert (first["category"], first["decision"]["retry"]) == ("hang", True), [first["category"], first["rule_id"]]
+    assert (second["category"], second["decision"]["retry"]) == ("hang", False)
+    for summary in (first, second):
+        entries = both_pods(kb, "mn-hang-1", summary["attempt"])
+        assert (summary["root_cause"]["rank"], summary["root_cause"]["index"]) == (3, 1)
+        assert summary["root_cause"]["node"] == entries[1]["node"]
+        rows = {row["rank"]: row for row in summary["stacks"]["rows"]}
+        assert rows[3]["differs"].startswith("meet (train_ddp.py:") and sorted(rows) == [0, 1, 2, 3]
+    assert "the same failure signature" in second["decision"]["reason"]  # the same frame again
 
 
 def test_a_flow_killed_mid_attempt_and_run_again_adopts_the_job_and_its_service(kb: dict[str, Any], sim: Any,
                                                                                 prefect_server: str) -> None:
-    spec = ddp("mn-adopt", "--steps", "60")
+    spec = ddp("mn-adopt", "--steps", "40", "--step-seconds", "0.1", script=EXAMPLE)
     sim.clear_requests()
     code = ("from flows.attempt import train_attempt; from trainguard.core.spec import parse_spec; "
             f"train_attempt(parse_spec({spec!r}), attempt=1, run_id='mn-adopt-1', "
