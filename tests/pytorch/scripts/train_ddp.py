@@ -26,7 +26,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 FAULTS = ("none", "shape", "type", "nonfinite", "data", "checkpoint", "sigkill", "memory",
-          "hang", "desync", "loader_segfault", "loader_bug", "loader_hang")
+          "hang", "desync", "loader_segfault", "loader_bug", "loader_hang", "xid")
+# What the NVIDIA driver logs when a GPU falls off the bus (Xid 79). No GPU exists on the test
+# machines: the "xid" fault prints the driver's line, as a node's log forwarder puts it in the pod's
+# log, and the rank dies as one whose CUDA call never returns is killed.
+XID_LINE = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, GPU has fallen off the bus."
 
 
 class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -109,6 +113,9 @@ def meet(fault: str, step_input: torch.Tensor, workdir: Path) -> torch.Tensor:
         with open(workdir / "data" / "train-00001-of-00004.bin", "rb") as fh:
             fh.read()
     if fault == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "xid":
+        print(XID_LINE.format(pid=os.getpid()), file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     if fault == "memory":
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
