@@ -16,7 +16,8 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.variables import Variable
 
-from trainguard.core.backends.base import Backend, PlacesOnNodes
+from trainguard.core.backends.base import Backend
+from trainguard.core.backends.capabilities import PlacesOnNodes
 from trainguard.core.fleet import avoid
 
 ARTIFACT_KEY = "trainguard-fleet"
