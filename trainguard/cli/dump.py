@@ -21,7 +21,8 @@ from trainguard.cli.output import fail, plain, say
 from trainguard.cli.typer_app import app
 from trainguard.core import ids
 from trainguard.core.backends import forensics
-from trainguard.core.backends.base import Backend, Supervises
+from trainguard.core.backends.base import Backend
+from trainguard.core.backends.capabilities import Supervises
 
 
 @app.command("dump")

@@ -16,7 +16,7 @@ from trainguard.cli.output import console, escaped, fail, plain, say
 from trainguard.core.evidence import bundles
 from trainguard.core.evidence import manifest as manifests
 from blocks.factories import evidence_folder, local_backend
-from trainguard.core.backends.base import Supervises
+from trainguard.core.backends.capabilities import Supervises
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, EvidenceStoreError, SpoolingStore
 from trainguard.core.ids import InvalidId
 

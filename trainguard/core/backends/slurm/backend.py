@@ -27,8 +27,9 @@ from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.slurm import continuation, job, nodes
 from trainguard.core.backends.slurm import evidence as slurm_evidence
 from trainguard.core.backends.base import (
-    CANCELLED, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, NodeEvidence, container_env,
+    CANCELLED, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, container_env,
 )
+from trainguard.core.backends.capabilities import NodeEvidence
 from trainguard.core.backends.slurm.client import (
     TERMINAL_STATES, JobInfo, JobNotFound, SlurmClient, SlurmError, SlurmUnavailable, iso_time,
 )

@@ -15,7 +15,7 @@ from pathlib import Path
 from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core.backends import forensics, rankstacks, torchrun, workspace
-from trainguard.core.backends.base import NodeEvidence
+from trainguard.core.backends.capabilities import NodeEvidence
 from trainguard.core.backends.slurm import continuation, job
 from trainguard.core.backends.slurm import evidence as slurm_evidence
 from trainguard.core.backends.slurm.client import SlurmClient, SlurmError
