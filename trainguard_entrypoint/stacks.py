@@ -139,6 +139,15 @@ def _faulthandler(pid: int, folder: Path, timeout: float, clock: Callable[[], fl
         return _ask_faulthandler(pid, folder / "faulthandler.txt", timeout, clock)
 
 
+def ended(pid: int) -> bool:
+    """Whether the process is gone or a zombie (dead, not yet reaped): no stack will come from it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2:][:1] in ("Z", "X", "")
+
+
 def _ask_faulthandler(pid: int, path: Path, timeout: float, clock: Callable[[], float]) -> tuple[str, str]:
     if not path.exists():
         return "", "no faulthandler file: the command's processes do not run Python's faulthandler handler"
@@ -151,6 +160,8 @@ def _ask_faulthandler(pid: int, path: Path, timeout: float, clock: Callable[[], 
     while clock() < deadline:
         time.sleep(0.05)
         now = path.stat().st_size
+        if now == before and ended(pid):  # a stop reached it first: nothing will come
+            return "", "it ended before it could dump its stack"
         if now > before and now == size:  # it grew, and stopped growing: the dump is whole
             with path.open("rb") as handle:
                 handle.seek(before)

@@ -167,6 +167,8 @@ class SlurmBackend:
         state = self.client.state(job_id) if job_id is not None else None
         if job_id is None or state is None or state in TERMINAL_STATES:
             return None
+        if state == "RUNNING":  # scancel's SIGTERM reaches every rank at once: their stacks first
+            nodes.take_stacks(continuation.job_workspace(ws).root, self.capture, self.clock, self.sleep)
         self.client.cancel(job_id)
         deadline = self.clock() + self.orphan_grace_seconds
         while (now := self.client.state(job_id)) is not None and now not in TERMINAL_STATES and self.clock() < deadline:
