@@ -108,6 +108,7 @@ def train_attempt(
         run_id=run_id, attempt=attempt, max_attempts=retry_policy.max_attempts,
         state="Completed" if outcome.succeeded else "Failed", flow_run_id=str(current_run.id),
         flow_run_name=current_run.name, gpus=spec.total_gpus, memory_factor=memory_factor, resumed_from=resume_from,
+        avoided_nodes=tuple(avoid_nodes or ()),
         newest_checkpoint=checkpoints[0] if checkpoints else None, storage_problems=outcome.storage_problems,
         progress=read_progress(backend, ref, outcome), avoid_list=shared["in_force"], avoid_note=shared["note"],
         **outcome.summary_fields(),

@@ -109,6 +109,11 @@ class ProgressWatch:
         now = self.clock()
         console_moved, console_sign = self._moved([self.console_log])
         files_moved, files_sign = self._moved(self._files())
+        sign = console_sign or files_sign
+        if sign and self._hang_called:
+            # a peer's timeout once the stacks were taken is that hang ending, not progress: another
+            # sweep now would find the waiting ranks already unwinding, and replace their stacks
+            return
         if console_moved:
             self._last_console = self._last_progress = now
         if files_moved:
@@ -120,7 +125,7 @@ class ProgressWatch:
             if quiet and now - self._last_heartbeat >= self.heartbeat_seconds:
                 self._last_heartbeat = now
                 self.say(f"{HEARTBEAT} {files_moved[0]} moved while the console was quiet")
-        if sign := console_sign or files_sign:
+        if sign:
             self._hang(f"a rank's log says its peer is gone or timed out: {sign}")
         elif self.stall_seconds and now - self._last_progress >= self.hang_fraction * self.stall_seconds:
             self._hang(f"nothing moved for {now - self._last_progress:.0f}s of a {self.stall_seconds:g}s stall window")

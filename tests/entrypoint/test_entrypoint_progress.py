@@ -104,3 +104,19 @@ def test_a_hang_after_the_job_moved_again_asks_for_the_stacks_again(tmp_path: Pa
     clock.now += 4
     watch.poll()
     assert len(hangs) == 2 and watch.last_progress == clock.now - 9
+
+
+def test_the_peer_timeout_that_ends_a_hang_whose_stacks_were_taken_is_not_progress(tmp_path: Path) -> None:
+    """Silence took the stacks while the ranks waited; the timeout the waiting ranks then raise is that
+    hang ending: asking again would sweep ranks already unwinding and replace the stacks on record."""
+    clock = Clock()
+    watch, _, hangs = _watch(tmp_path, clock, stall_seconds=22)
+    clock.now += 18
+    watch.poll()
+    assert len(hangs) == 1 and "nothing moved" in hangs[0]
+    logs = (json.loads(line).get("log") or "" for line in CORPUS.read_text().splitlines())
+    timeout = next(log for log in logs if "Timed out waiting" in log)
+    (tmp_path / "logs" / "train.log").write_text(timeout)
+    clock.now += 2
+    watch.poll()
+    assert len(hangs) == 1 and watch.last_progress == clock.now - 20  # still when the silence began

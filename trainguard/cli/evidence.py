@@ -67,7 +67,7 @@ def _show_unstored(store: EvidenceStore, run_id: str, work: Path) -> None:
             "store could not take it (a full disk?); what the attempt left is still in its work folder", "red"))
         say("  ", str(folder))
         for name in files:
-            say("  not stored: ", name)
+            say("  not stored: ", escaped(name))
     fail(f"the evidence of run {run_id!r} is missing from {store.describe()}; free space there and keep the "
          f"work folder above, which holds what the attempts left", code=1)
 

@@ -75,6 +75,8 @@ class AttemptSummary:
     storage_problems: Sequence[str] = ()  # what trainguard could not write (log, reports, evidence), and why
     node: str | None = None
     memory_factor: float = 1.0  # the attempt's memory request and limit scale (host_oom policy)
+    avoided_nodes: Sequence[str] = ()  # the run's avoid list this attempt was placed with (culprits' nodes)
+    placement: str | None = None  # what the backend had to change about where the attempt ran
     progress: Sequence[tuple[int, float | None]] = ()  # (step, loss) points from the log, thinned
     decision: Mapping[str, Any] = field(default_factory=dict)
     # how sure the call is: triage's strength of the deciding evidence, what broke a tie, and whether
@@ -204,6 +206,7 @@ class AttemptSummary:
         data["decision"] = dict(self.decision)
         data["progress"] = [list(point) for point in self.progress]
         data["storage_problems"] = list(self.storage_problems)
+        data["avoided_nodes"] = list(self.avoided_nodes)
         data["root_cause"] = dict(self.root_cause) if self.root_cause is not None else None
         data["victims"] = [dict(v) for v in self.victims]
         data["avoid_list"] = [dict(entry) for entry in self.avoid_list]
@@ -215,6 +218,8 @@ class AttemptSummary:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["progress"] = _progress(values.get("progress"))
+        avoided = values.get("avoided_nodes")
+        values["avoided_nodes"] = tuple(str(n) for n in avoided) if isinstance(avoided, list | tuple) else ()
         problems = values.get("storage_problems")
         values["storage_problems"] = tuple(str(p) for p in problems) if isinstance(problems, list | tuple) else ()
         root = values.get("root_cause")

@@ -26,7 +26,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 FAULTS = ("none", "shape", "type", "nonfinite", "data", "checkpoint", "sigkill", "memory",
-          "hang", "desync", "loader_segfault", "loader_bug", "loader_hang")
+          "hang", "desync", "loader_segfault", "loader_bug", "loader_hang", "xid")
+# What the NVIDIA driver logs when a GPU falls off the bus (Xid 79). No GPU exists on the test
+# machines: the "xid" fault prints the driver's line, as a node's log forwarder puts it in the pod's
+# log, and the rank dies as one whose CUDA call never returns is killed.
+XID_LINE = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, GPU has fallen off the bus."
 
 
 class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -62,7 +66,6 @@ def parse() -> argparse.Namespace:
                         help="meet the fault only in attempts up to this one (TRAINGUARD_ATTEMPT); 0 = in every run")
     parser.add_argument("--checkpoint-every", type=int, default=0,
                         help="rank 0 saves the model to TRAINGUARD_CHECKPOINT_DIR every N steps (0 = never)")
-    parser.add_argument("--step-seconds", type=float, default=0.05, help="the pause after each step")
     parser.add_argument("--ignore-sigterm", action="store_true",
                         help="every rank ignores SIGTERM, as a rank stuck in native code or a careless handler does")
     return parser.parse_args()
@@ -110,6 +113,9 @@ def meet(fault: str, step_input: torch.Tensor, workdir: Path) -> torch.Tensor:
         with open(workdir / "data" / "train-00001-of-00004.bin", "rb") as fh:
             fh.read()
     if fault == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "xid":
+        print(XID_LINE.format(pid=os.getpid()), file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     if fault == "memory":
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -160,7 +166,7 @@ def main() -> None:
         print(f"step {step} loss {loss.item():.4f}", flush=True)
         if args.checkpoint_every and rank == 0 and (step + 1) % args.checkpoint_every == 0:
             save_checkpoint(model.module, step + 1)
-        time.sleep(args.step_seconds)
+        time.sleep(0.05)
     dist.barrier(group=group)
     dist.destroy_process_group()
 

@@ -119,6 +119,8 @@ class AttemptOutcome:
         storage_problems: Files of the attempt that could not be written (a full disk), one line each.
         instance: The backend's own name for what ran the command and decided the outcome (a pod),
             where it has one; evidence about "the" attempt is read from that one, not a replacement.
+        placement: What the backend had to change about where the attempt ran, for the report (one pod
+            per node relaxed to preferred), where it changed anything.
     """
 
     exit_code: int | None
@@ -135,6 +137,7 @@ class AttemptOutcome:
     log_tail: str = ""
     storage_problems: tuple[str, ...] = ()
     instance: str | None = None
+    placement: str | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -143,7 +146,7 @@ class AttemptOutcome:
     def summary_fields(self) -> dict[str, Any]:
         """The attempt summary's fields this outcome decides (`AttemptSummary`'s names)."""
         return {"exit_code": self.exit_code, "termination_reason": self.reason, "node": self.node,
-                "duration_seconds": self.duration_seconds}
+                "duration_seconds": self.duration_seconds, "placement": self.placement}
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -140,6 +140,11 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
         f"| duration | {summary.duration_seconds:.1f} s |",
         f"| GPU-seconds | {summary.gpu_seconds:.1f} ({summary.gpus} GPU x wall time) |",
     ]
+    if summary.avoided_nodes:
+        lines.append(f"| kept off | {_cell(', '.join(summary.avoided_nodes))} (nodes where earlier attempts' "
+                     "culprits had a GPU fault or a node failure) |")
+    if summary.placement:
+        lines.append(f"| placement | {_cell(summary.placement)} |")
     if summary.memory_factor != 1.0:
         lines.append(f"| memory | {summary.memory_factor:g}x the backend's memory request and limit "
                      "(raised after a host OOM) |")

@@ -151,10 +151,11 @@ class KubeApi:
         return self._json(f"list jobs in {namespace}", self.batch.list_namespaced_job, namespace,
                           label_selector=label_selector or "")
 
-    def delete_job(self, namespace: str, name: str) -> Wire:
-        """Delete a Job and, in the background, its pods (Jobs orphan their pods by default)."""
+    def delete_job(self, namespace: str, name: str, propagation: str = "Background") -> Wire:
+        """Delete a Job and its pods, in the background or (`Foreground`) before the Job itself goes
+        (Jobs orphan their pods by default)."""
         return self._json(f"delete job {namespace}/{name}", self.batch.delete_namespaced_job, name, namespace,
-                          body={"propagationPolicy": "Background"})
+                          body={"propagationPolicy": propagation})
 
     def patch_job_ttl(self, namespace: str, name: str, ttl_seconds: int) -> Wire:
         """Set `ttlSecondsAfterFinished`, so the cluster deletes the finished Job after that long."""

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
-import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,29 +24,19 @@ from trainguard.core.backends import workspace_evidence
 from trainguard.core.backends.base import (
     COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
 )
-from trainguard.core.backends.kubernetes import collector, evidence, indexed, manifests, zipapp
+from trainguard.core.backends.capabilities import NodeEvidence
+from trainguard.core.backends.kubernetes import collector, evidence, indexed, lister, manifests, nodes, placement, zipapp
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotFound
 from trainguard.core.backends.kubernetes.supervise import (
-    START_ERRORS, Ending, Limits, Supervisor, blocking_wait, container_state, job_condition,
+    Ending, Limits, Supervisor, blocking_wait, container_state, job_condition,
 )
 from trainguard.core.backends.kubernetes.supervise_nodes import NodesSupervisor
-from trainguard.core.backends.kubernetes.watch import RELISTED, ResumingWatch
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import Signals
 
 KIND = "kubernetes"
-_LISTER = (
-    "import json, os, sys\n"
-    "d = sys.argv[1]\n"
-    "names = sorted(os.listdir(d)) if os.path.isdir(d) else []\n"
-    "stats = [(n, os.stat(os.path.join(d, n))) for n in names]\n"
-    "# an empty file (a full disk leaves those) is no checkpoint to resume from\n"
-    "print(json.dumps([[n, s.st_mtime] for n, s in stats if s.st_size or os.path.isdir(os.path.join(d, n))]))\n"
-)
-
-
 JOB_DELETED = "JobDeleted"  # someone deleted the Job while it ran: triage reads a cancellation
 # Job-level reasons that say the Job failed but not why; the pod evidence names the cause.
 _JOB_VERDICTS = frozenset({"BackoffLimitExceeded", "PodFailurePolicy", "Error", "Failed"})
@@ -108,10 +96,35 @@ class KubernetesBackend:
                           details={"namespace": self.namespace, "config_map": body["metadata"]["name"]})
 
     def run(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None = None) -> AttemptOutcome:
-        """Create (or adopt) the attempt's Job (and Service, on several nodes) and follow it until it is terminal."""
+        """Create (or adopt) the attempt's Job (and Service, on several nodes) and follow it until it is terminal.
+
+        Where one pod per node is required and the scheduler says the cluster cannot give each pod
+        its own node, the Job is made again with the anti-affinity preferred (`placement`), once.
+        """
+        started = self._start(ref, launch, on_line)
+        if isinstance(started, AttemptOutcome):
+            return started
+        relaxable = launch.nodes > 1 and self.settings.job.one_pod_per_node
+        ending = self._supervisor(launch, on_line, started, relaxable).run()
+        if ending.why != placement.SPREAD:
+            return outcome_of_ending(ending)
+        note = placement.relaxed_note(launch.nodes, ending.message)
+        _say(on_line, note)
+        try:
+            placement.delete_and_wait(self.api, self.namespace, ref.name, manifests.selector(ref.run_id, ref.attempt))
+        except (KubeError, TimeoutError) as exc:
+            return AttemptOutcome(None, None, START_ERROR, f"{note}; but the Job could not be made again: {exc}")
+        started = self._start(ref, launch, on_line, indexed.PREFERRED)
+        if isinstance(started, AttemptOutcome):
+            return replace(started, placement=note)
+        return replace(outcome_of_ending(self._supervisor(launch, on_line, started, False).run()), placement=note)
+
+    def _start(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None,
+               spread: str | None = None) -> dict[str, Any] | None | AttemptOutcome:
+        """Create the attempt's Job (None: adopted one already there) and what it owns; an outcome if it cannot start."""
         config_map = ref.details.get("config_map") or zipapp.config_map_name()
         try:
-            body = manifests.job_manifest(self.settings.job, launch, config_map)
+            body = manifests.job_manifest(self.settings.job, launch, config_map, spread)
         except ValueError as exc:
             return AttemptOutcome(None, None, START_ERROR, str(exc))
         created: dict[str, Any] | None = None
@@ -127,15 +140,16 @@ class KubernetesBackend:
             self._complete_job(ref, launch, created)
         except KubeError as exc:
             return AttemptOutcome(None, None, START_ERROR, f"could not give the Job its Service or secret_env: {exc}")
-        return outcome_of_ending(self._supervisor(launch, on_line, created).run())
+        return created
 
-    def _supervisor(self, launch: Launch, on_line: LineSink | None, created: dict[str, Any] | None) -> Supervisor:
+    def _supervisor(self, launch: Launch, on_line: LineSink | None, created: dict[str, Any] | None,
+                    relaxable: bool = False) -> Supervisor:
         limits = Limits(unschedulable_seconds=self.settings.unschedulable_seconds,
                         start_error_seconds=self.settings.start_error_seconds,
                         stall_seconds=launch.stall_seconds, deadline_seconds=launch.deadline_seconds)
         args = (self.api, self.namespace, launch.run_id, launch.attempt, limits)
         if launch.nodes > 1:
-            return NodesSupervisor(*args, on_line=on_line, created=created, nodes=launch.nodes,
+            return NodesSupervisor(*args, on_line=on_line, created=created, nodes=launch.nodes, relaxable=relaxable,
                                    grace_seconds=self.settings.survivor_grace_seconds, hold=self.settings.job.hold_mode)
         return Supervisor(*args, on_line=on_line, created=created)
 
@@ -198,6 +212,14 @@ class KubernetesBackend:
             events=tuple(facts.get("events") or outcome.events), log=log,
         )
 
+    def node_signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> list[NodeEvidence]:
+        """Each pod's signals, by node rank, for an attempt of several pods; [] for one pod.
+
+        Read from what collection kept on this machine (`nodes.keep_nodes`): each pod's exit code,
+        reason, conditions and events, its node's log, torchrun error files and ranks' stacks.
+        """
+        return nodes.node_evidence(self.local_dir(ref.run_id, ref.attempt), ref.run_id, ref.attempt)
+
     def placeable_nodes(self) -> list[str]:
         """Nodes the Job's pods could land on: those matching the block's node selector, not cordoned."""
         selector = ",".join(f"{k}={v}" for k, v in sorted(self.settings.job.node_selector.items()))
@@ -208,7 +230,8 @@ class KubernetesBackend:
         """The run's checkpoints, newest first, as paths inside the containers (the same in every attempt)."""
         folder = manifests.checkpoint_path(run_id)
         try:
-            listed = json.loads(self._run_lister(run_id, folder).strip().splitlines()[-1])
+            listed = json.loads(lister.run(self.api, self.settings.job, run_id, folder,
+                                           self.settings.lister_timeout_seconds).strip().splitlines()[-1])
         except (KubeError, ValueError, IndexError, TimeoutError):
             return []
         return [f"{folder}/{name}" for name in workspace_evidence.rank_checkpoints((n, float(t)) for n, t in listed)]
@@ -255,51 +278,6 @@ class KubernetesBackend:
         except NotFound:
             return None
         return f"deleted the Job {self.namespace}/{ref.name}, still running without its flow run"
-
-    # -- the checkpoint lister pod --------------------------------------------------------
-
-    def _run_lister(self, run_id: str, folder: str) -> str:
-        job = self.settings.job
-        name = f"tg-ckpt-{uuid.uuid4().hex[:10]}"
-        labels = {**manifests.labels_for(job, run_id, 0, component="checkpoint-lister")}
-        labels.pop(manifests.LABEL_ATTEMPT)
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": {
-            "restartPolicy": "Never", "automountServiceAccountToken": False,
-            "containers": [{"name": "list", "image": job.image, "command": [job.python, "-c", _LISTER, folder],
-                            "volumeMounts": [{"name": manifests.CHECKPOINT_VOLUME,
-                                              "mountPath": manifests.CHECKPOINTS_MOUNT, "readOnly": True}],
-                            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}}}],
-            "volumes": [{"name": manifests.CHECKPOINT_VOLUME,
-                         "persistentVolumeClaim": {"claimName": job.checkpoint_claim}}],
-            **({"nodeSelector": dict(job.node_selector)} if job.node_selector else {}),
-            **({"tolerations": [dict(t) for t in job.tolerations]} if job.tolerations else {}),
-            **({"imagePullSecrets": [{"name": s} for s in job.image_pull_secrets]} if job.image_pull_secrets else {}),
-        }}
-        self.api.create_pod(self.namespace, pod)
-        try:
-            self._wait_pod_done(name)
-            return self.api.read_pod_log(self.namespace, name, "list").decode("utf-8", errors="replace")
-        finally:
-            try:
-                self.api.delete_pod(self.namespace, name, grace_seconds=0)
-            except KubeError:
-                pass
-
-    def _wait_pod_done(self, name: str) -> None:
-        deadline = time.monotonic() + self.settings.lister_timeout_seconds
-        watch = ResumingWatch(self.api, "pods", self.namespace, f"{manifests.LABEL_COMPONENT}=checkpoint-lister",
-                              timeout_seconds=10)
-        for event in watch:
-            pods = (event["object"].get("items") or []) if event["type"] == RELISTED else [event["object"]]
-            mine = [p for p in pods if p["metadata"]["name"] == name]
-            if any(p.get("status", {}).get("phase") in ("Succeeded", "Failed") for p in mine):
-                return
-            waiting = {container_state(p, "list").get("waiting", {}).get("reason") for p in mine}
-            if waiting & START_ERRORS:  # the image cannot be pulled: it never will be in time
-                raise TimeoutError(f"checkpoint lister {name} cannot start: {sorted(waiting & START_ERRORS)}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"checkpoint lister {name} did not finish")
-
 
 def _say(on_line: LineSink | None, message: str) -> None:
     if on_line is not None:

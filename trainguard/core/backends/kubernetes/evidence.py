@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.core import masking
-from trainguard.core.backends.kubernetes import collector
+from trainguard.core.backends.kubernetes import collector, nodes
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.describe import describe_pod
 from trainguard.core.backends.kubernetes.errors import Forbidden, KubeError, NotFound
@@ -187,6 +187,27 @@ def _collect_events_and_describe(c: ClusterWriter, s: Scene) -> None:
         c.put_text(f"kubernetes/pods/{meta.get('name')}/describe.txt", text, KUBERNETES)
 
 
+def _collect_service(c: ClusterWriter, s: Scene) -> None:
+    """The headless Service of a multi-node attempt (its pods' DNS names), or why it is not there."""
+    try:
+        s.service = c.api.read_service(s.namespace, s.job_name)
+    except KubeError as exc:
+        c.absent("kubernetes/service.json", KUBERNETES, _gone("Service", s.job_name, exc))
+        return
+    c.put_json("kubernetes/service.json", s.service, KUBERNETES)
+
+
+def _map_nodes(c: ClusterWriter, s: Scene, log_dir: Path | None) -> None:
+    """``attempt.json`` (each node rank's pod, node, end and evidence) and, with ``log_dir``, each
+    node's files kept there for triage."""
+    mapped = nodes.map_attempt(c, s)
+    if log_dir is not None:
+        try:
+            nodes.keep_nodes(c, s, mapped, log_dir)
+        except OSError as exc:
+            c.absent(f"{log_dir}/{nodes.ATTEMPT_MAP}", KUBERNETES, f"could not keep the nodes' files locally: {exc}")
+
+
 def _collect_termination_message(c: ClusterWriter, s: Scene, facts: ClusterFacts) -> None:
     if facts.termination_message:
         c.put_text("termination-message.txt", facts.termination_message, KUBERNETES)
@@ -267,9 +288,14 @@ def collect_kubernetes_evidence(
         ]
         for name, step in steps:
             c.guarded(name, KUBERNETES, step)
+        several = nodes.multi_node(s)
+        if several:
+            c.guarded("kubernetes/service.json", KUBERNETES, lambda: _collect_service(c, s))
         facts = facts_of(s)
         c.guarded("termination-message.txt", KUBERNETES, lambda: _collect_termination_message(c, s, facts))
         c.guarded(TRIAGE_NAME, KUBERNETES, lambda: _keep_for_triage(c, s, facts, log_dir))
+        if several:
+            c.guarded(nodes.ATTEMPT_MAP, KUBERNETES, lambda: _map_nodes(c, s, log_dir))
         for name, data in (extra or {}).items():
             c.guarded(str(name), FLOW, partial(_put_extra, c, str(name), data))
     manifest = Manifest(run_id, attempt, now().isoformat(), tuple(c.items), tuple(c.missing))

@@ -120,6 +120,10 @@ class Scene:
     volume_log: tuple[str, Path] | None = None  # (item name, spool) of the entrypoint's log
     crash_report: Path | None = None  # the spooled crash-report.json from the volume
     supervised_pod: str | None = None  # the pod the supervisor ended on, when it saw one
+    # several nodes: the files of every node's folder triage reads (item name -> masked spool), and
+    # the attempt's headless Service
+    node_files: dict[str, Path] = field(default_factory=dict)
+    service: dict[str, Any] | None = None
 
     def sorted_events(self) -> list[dict[str, Any]]:
         return sorted(self.events.values(), key=lambda e: (event_time(e), str((e.get("metadata") or {}).get("name"))))
@@ -238,15 +242,15 @@ class ClusterFacts:
                        events=self.events, log=Path(log) if log else self.termination_message)
 
 
-def _terminated(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def terminated_state(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
     state = status.get("state") or {}
     return state.get("terminated") or (status.get("lastState") or {}).get("terminated")
 
 
-def _reason(pod: Mapping[str, Any], job: Mapping[str, Any] | None, status: Mapping[str, Any]) -> tuple[str | None, str]:
+def pod_reason(pod: Mapping[str, Any], job: Mapping[str, Any] | None, status: Mapping[str, Any]) -> tuple[str | None, str]:
     job_failed = next((c for c in ((job or {}).get("status") or {}).get("conditions") or ()
                        if c.get("type") == "Failed" and c.get("status") == "True"), None)
-    done, waiting = _terminated(status) or {}, blocking_wait(pod, (status.get("state") or {}).get("waiting") or {})
+    done, waiting = terminated_state(status) or {}, blocking_wait(pod, (status.get("state") or {}).get("waiting") or {})
     pod_status = pod.get("status") or {}
     candidates: list[tuple[object, object]] = [(pod_status.get("reason"), pod_status.get("message"))]
     if job_failed and job_failed.get("reason") == "DeadlineExceeded":
@@ -279,7 +283,7 @@ def facts_of(s: Scene) -> ClusterFacts:
     conditions = list(((s.job or {}).get("status") or {}).get("conditions") or ())
     events = tuple(s.sorted_events())
     if pod is None:
-        reason, message = _reason({}, s.job, {})
+        reason, message = pod_reason({}, s.job, {})
         log_item, log_path = _log_choice(s, None, None)
         return ClusterFacts(s.namespace, s.job_name, node=s.node(), reason=reason, message=message,
                             conditions=tuple(conditions), events=events, log_item=log_item,
@@ -288,8 +292,8 @@ def facts_of(s: Scene) -> ClusterFacts:
     container = str((training_container(spec) or {}).get("name") or "") or None
     cstatus: Mapping[str, Any] = next(
         (cs for cs in status.get("containerStatuses") or () if cs.get("name") == container), {})
-    done = _terminated(cstatus) or {}
-    reason, message = _reason(pod, s.job, cstatus)
+    done = terminated_state(cstatus) or {}
+    reason, message = pod_reason(pod, s.job, cstatus)
     log_item, log_path = _log_choice(s, str(pod["metadata"]["name"]), container)
     exit_code = done.get("exitCode")
     signal = done.get("signal") or (exit_code - 128 if isinstance(exit_code, int) and exit_code > 128 else None)

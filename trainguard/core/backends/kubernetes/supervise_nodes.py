@@ -10,7 +10,8 @@ pod's log, each line prefixed with its node rank (`[node 1] ...`), and ends the 
   Job controller deletes the survivors at once, so the attempt ends at once, to read them while
   they terminate;
 - one pod is unschedulable or cannot start for longer than allowed, the whole attempt is silent
-  for `stall_seconds`, or it outlived its deadline; or the Job was deleted.
+  for `stall_seconds`, or it outlived its deadline; or the Job was deleted;
+- where one pod per node may be relaxed, a pod is unschedulable because of it (`placement.SPREAD`).
 
 The pod that failed first is the outcome's pod; every pod seen is in `Ending.pods`. Like the
 single-pod supervisor it never deletes anything.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainguard.core.backends.kubernetes import indexed
+from trainguard.core.backends.kubernetes import indexed, placement
 from trainguard.core.backends.kubernetes.supervise import (
     START_ERRORS, Supervisor, Wire, blocking_wait, has_condition, job_condition, pod_terminal, unschedulable_since,
 )
@@ -37,9 +38,10 @@ class NodesSupervisor(Supervisor):
     """Watches one attempt of `nodes` pods (an Indexed Job's, or a PyTorchJob's) until it is over."""
 
     def __init__(self, *args: Any, nodes: int, grace_seconds: float, hold: bool = True,
-                 index_of: Any = indexed.index_of, **kwargs: Any) -> None:
+                 index_of: Any = indexed.index_of, relaxable: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.nodes, self.grace_seconds, self.hold, self.index_of = nodes, grace_seconds, hold, index_of
+        self.relaxable = relaxable  # one pod per node is required and may become preferred
         self.first_failed: str | None = None
 
     def _apply_pod(self, pod: Wire) -> None:
@@ -84,6 +86,10 @@ class NodesSupervisor(Supervisor):
                 return "pod"
         if ending.job_deleted:
             return "deleted"
+        blocked = [p for p in ending.pods.values() if placement.blocked_by_spread(p)] if self.relaxable else []
+        if blocked:
+            ending.pod, ending.message = blocked[0], str(placement.blocked_by_spread(blocked[0]))
+            return placement.SPREAD
         return self._waited_too_long(self._stuck(), started, now)
 
     def _stuck(self) -> Wire | None:

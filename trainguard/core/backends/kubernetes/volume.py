@@ -13,6 +13,7 @@ could send only in part is stored up to where it was whole and listed as cut.
 from __future__ import annotations
 
 import posixpath
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -28,7 +29,11 @@ from trainguard.core.backends.kubernetes.scene import ClusterWriter, Scene, fact
 from trainguard.core.stores.base import EvidenceStoreError, validate_key
 
 VOLUME = "kubernetes-volume"
-_KNOWN = ("logs/", "snapshot/", "coredumps/", "crash-report.json")
+# the entrypoint's files, torchrun's rank logs and error file, the ranks' stacks, and other nodes' folders
+_KNOWN = ("logs/", "snapshot/", "coredumps/", "crash-report.json", "ranks/", "torchelastic/", "stacks/", "tasks/")
+# what triage reads of each node's folder (the first node's is the attempt's own, node N's `tasks/N`)
+_NODE_FILE = re.compile(r"(tasks/\d+/)?(logs/train-[^/]+\.log|crash-report\.json|torchelastic/error\.json|"
+                        r"ranks/[^/]+/attempt_\d+/\d+/error\.json|snapshot/env\.json|stacks/[^/]+)")
 
 
 def _template_spec(s: Scene) -> dict[str, Any] | None:
@@ -95,6 +100,8 @@ def _unpack(c: ClusterWriter, s: Scene, tar_path: Path, cut: dict[str, dict[str,
             found.add(name)
             if name == log_item:
                 s.volume_log = (name, spool)
+            if _NODE_FILE.fullmatch(name):
+                s.node_files[name] = spool
             if name == "crash-report.json":
                 s.crash_report = spool
     return found

@@ -1,0 +1,105 @@
+"""KubernetesBackend with an attempt of two nodes against kubesim, without Prefect: the Indexed Job
+and its Service as the cluster sees them, real torchrun over gloo across the two pods, the live log
+of both, the survivors' grace, and what release leaves.
+
+kubesim's nodes advertise `nvidia.com/gpu`, the only stand-in (no GPU exists here). The ranks are
+real PyTorch processes meeting at the first pod's DNS name (tests/pytorch/scripts/train_ddp.py).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import kubesim.fixture
+from trainguard.core.backends.base import Launch
+from trainguard.core.backends.kubernetes import indexed
+from trainguard.core.backends.kubernetes.api import KubeApi
+from trainguard.core.backends.kubernetes.backend import KubernetesBackend, KubeSettings
+from trainguard.core.backends.kubernetes.errors import NotFound
+from trainguard.core.backends.kubernetes.manifests import JobSettings
+from waiting import wait_for
+
+DDP = str(Path(__file__).resolve().parents[2] / "pytorch" / "scripts" / "train_ddp.py")
+
+
+def free_port() -> int:
+    """A port no other test's ranks meet on: kubesim's pods share this host's network."""
+    with socket.socket(socket.AF_INET6) as probe:  # c10d's store listens on every address
+        probe.bind(("::", 0))
+        return int(probe.getsockname()[1])
+
+
+def two_nodes(kube: KubeApi, ns: str, tmp_path: Path, **fields: Any) -> KubernetesBackend:
+    job = JobSettings(image="python:3.11", namespace=ns, master_port=free_port(),
+                      **{k: fields.pop(k) for k in ("hold_mode", "one_pod_per_node") if k in fields})
+    return KubernetesBackend(lambda: kube, KubeSettings(job, local_root=str(tmp_path / "local"), **fields))
+
+
+def ddp(run_id: str, tmp_path: Path, *args: str) -> Launch:
+    command = (sys.executable, "-m", "torch.distributed.run", DDP, "--workdir", str(tmp_path), *args)
+    return Launch(run_id=run_id, attempt=1, command=command, nodes=2, processes_per_node=2, gpus=1)
+
+
+def test_two_pods_train_together_and_every_line_says_its_node(kube: KubeApi, sim: kubesim.fixture.Sim, ns: str,
+                                                               tmp_path: Path) -> None:
+    b = two_nodes(kube, ns, tmp_path)
+    ref = b.provision("mn-ok", 1)
+    lines: list[str] = []
+    outcome = b.run(ref, ddp("mn-ok", tmp_path, "--steps", "3"), on_line=lines.append)
+    assert outcome.succeeded, outcome
+    job = kube.read_job(ns, ref.name)
+    assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["backoffLimitPerIndex"]) == (
+        "Indexed", 2, 0)
+    assert job["status"]["completedIndexes"] == "0,1"
+    service = kube.read_service(ns, ref.name)
+    assert service["spec"]["clusterIP"] == "None" and service["metadata"]["ownerReferences"][0]["uid"] == \
+        job["metadata"]["uid"]
+    for node in (0, 1):  # torchrun prints each rank's lines as [defaultN]:..., under the node's prefix
+        assert any(line.startswith(f"[node {node}] [default") and "step 2 loss" in line for line in lines), lines
+    made = Counter((r["verb"], r["resource"]) for r in sim.requests(namespace=ns))
+    assert made[("watch", "jobs")] == made[("watch", "pods")] == 1 and made[("create", "services")] == 1
+    b.release(ref)
+    wait_for(lambda: _gone(kube, ns, ref.name), timeout=30, what="the succeeded Job and its Service deleted")
+
+
+def test_the_survivors_get_their_grace_and_the_first_failed_pod_is_the_outcomes(kube: KubeApi, ns: str,
+                                                                                tmp_path: Path) -> None:
+    """Rank 2 (node 1) raises; node 0's ranks lose their peer and fail on their own within the grace."""
+    b = two_nodes(kube, ns, tmp_path, survivor_grace_seconds=60.0)
+    ref = b.provision("mn-shape", 1)
+    started = time.monotonic()
+    outcome = b.run(ref, ddp("mn-shape", tmp_path, "--fault", "shape", "--fault-rank", "2", "--timeout-seconds", "30"))
+    assert time.monotonic() - started < 60, "the attempt ended when both pods had, not after the grace"
+    assert outcome.exit_code == 1 and outcome.instance and outcome.instance.startswith(f"{ref.name}-1-")
+    pods = kube.list_pods(ns, f"job-name={ref.name}")["items"]
+    assert sorted(p["status"]["phase"] for p in pods) == ["Failed", "Failed"]  # hold mode deleted neither
+
+
+def test_a_survivor_still_running_after_the_grace_ends_the_attempt_and_release_deletes_it(
+        kube: KubeApi, ns: str, tmp_path: Path) -> None:
+    """Rank 3 sleeps in the training loop: the others wait in a collective for 600 s, far past the grace."""
+    b = two_nodes(kube, ns, tmp_path, survivor_grace_seconds=2.0)
+    ref = b.provision("mn-grace", 1)
+    code = "import os, sys, time\nif os.environ['NODE_RANK'] == '1': sys.exit(3)\ntime.sleep(600)"
+    launch = Launch(run_id="mn-grace", attempt=1, command=("python", "-c", code), nodes=2, gpus=1)
+    outcome = b.run(ref, launch)
+    assert outcome.exit_code == 3 and outcome.instance and outcome.instance.startswith(f"{ref.name}-1-")
+    running = [p for p in kube.list_pods(ns, f"job-name={ref.name}")["items"] if p["status"]["phase"] == "Running"]
+    assert [indexed.index_of(p) for p in running] == [0]  # still there for the evidence
+    b.release(ref)
+    wait_for(lambda: _gone(kube, ns, ref.name), timeout=30, what="the Job, its survivor and its Service deleted")
+
+
+def _gone(kube: KubeApi, ns: str, name: str) -> bool:
+    for read in (kube.read_job, kube.read_service):
+        try:
+            read(ns, name)
+            return False
+        except NotFound:
+            continue
+    return True

@@ -1,0 +1,210 @@
+"""Attempts of two nodes on Kubernetes through the flows, against a 2-node kubesim: an Indexed Job of
+two pods behind a headless Service, each pod a torchrun agent of two ranks.
+
+The ranks are real PyTorch (torch.distributed over gloo, tests/pytorch/scripts/train_ddp.py) meeting
+at the first pod's DNS name; the evictions, exit codes and logs are real. The GPUs are the one
+stand-in: kubesim's nodes advertise nvidia.com/gpu, and the GPU fault is the driver's Xid line the
+script prints before its rank dies (no GPU exists here). Each scenario checks the category, the
+retry decision, the root cause across the pods, its victims, and the evidence of both pods.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simfixtures import sim_fixture
+from kube_helpers import kept, kube_blocks
+from flows.run import training_run
+from rbac_check import allowed_by_rbac, calls
+from trainguard.core.attempt import AttemptSummary
+from trainguard.core.backends.kubernetes import indexed, manifests
+from trainguard.core.reports.attempt import render_attempt
+from trainguard.core.spec import parse_spec
+from waiting import wait_for
+
+sim = sim_fixture()
+DDP = str(Path(__file__).resolve().parents[1] / "pytorch" / "scripts" / "train_ddp.py")
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "ddp" / "train.py")  # checkpoints and resumes
+
+
+def free_port() -> int:
+    """A rendezvous port of the test's own: kubesim's pods share this host's network."""
+    with socket.socket(socket.AF_INET6) as probe:
+        probe.bind(("::", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def kb(sim: Any, prefect_server: str, tmp_path: Path) -> dict[str, Any]:
+    return kube_blocks(sim, tmp_path, master_port=free_port(), survivor_grace_seconds=30)
+
+
+def ddp(name: str, *args: str, script: str = DDP, **fields: Any) -> dict[str, Any]:
+    retry = {"delay_seconds": 0, **fields.pop("retry", {})}
+    return {"name": name, "nodes": 2, "processes_per_node": 2, "gpus": 1, "retry": retry,
+            "command": ["python", "-m", "torch.distributed.run", script, *args], **fields}
+
+
+def run(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[Any, list[dict[str, Any]]]:
+    state = training_run(parse_spec(spec), run_id=run_id, backend_block=kb["backend_block"],
+                         evidence_block=kb["evidence_block"], return_state=True)
+    return state, state.result(raise_on_failure=False)
+
+
+def in_background(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[threading.Thread, list[Any]]:
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(run(spec, kb, run_id)), daemon=True)
+    thread.start()
+    return thread, box
+
+
+def pod_at(kb: dict[str, Any], run_id: str, attempt: int, index: int) -> dict[str, Any] | None:
+    """The attempt's running pod of one node rank."""
+    for pod in kb["api"].list_pods(kb["namespace"], manifests.selector(run_id, attempt))["items"]:
+        if indexed.index_of(pod) == index and pod["status"].get("phase") == "Running":
+            return dict(pod)
+    return None
+
+
+def both_pods(kb: dict[str, Any], run_id: str, attempt: int) -> dict[int, dict[str, Any]]:
+    """attempt.json's entries by node rank, each with its pod's own items in the evidence."""
+    mapped = kept(kb["evidence"], run_id, attempt, "attempt.json")
+    entries = {e["index"]: e for e in mapped["indexes"]}
+    assert sorted(entries) == [0, 1] and mapped["service"] == manifests.job_name(run_id, attempt)
+    for index, entry in entries.items():
+        assert entry["ranks"] == [2 * index, 2 * index + 1]
+        assert f"kubernetes/pods/{entry['pod']}/logs/train.log" in entry["evidence"]
+        assert f"kubernetes/pods/{entry['pod']}/describe.txt" in entry["evidence"]
+        kept(kb["evidence"], run_id, attempt, f"kubernetes/pods/{entry['pod']}/logs/train.log")  # it is there
+    return entries
+
+
+def test_all_ranks_succeed_and_both_pods_logs_are_in_the_evidence(kb: dict[str, Any]) -> None:
+    state, history = run(ddp("mn-ok", "--steps", "3"), kb, "mn-ok-1")
+    assert state.is_completed(), state.message
+    assert [h["state"] for h in history] == ["Completed"]
+    entries = both_pods(kb, "mn-ok-1", 1)
+    assert [entries[i]["exit_code"] for i in (0, 1)] == [0, 0]
+    log_name = "train-mn-ok-1-attempt-1.log"
+    for folder in ("logs", "tasks/1/logs"):  # each node's entrypoint log, from the attempt volume
+        assert "step 2 loss" in kept(kb["evidence"], "mn-ok-1", 1, f"{folder}/{log_name}")
+    assert kept(kb["evidence"], "mn-ok-1", 1, "kubernetes/service.json")["spec"]["clusterIP"] == "None"
+
+
+def test_rank_2_s_shape_mismatch_is_its_code_error_though_node_0_names_a_victim(kb: dict[str, Any]) -> None:
+    spec = ddp("mn-shape", "--fault", "shape", "--fault-rank", "2", "--timeout-seconds", "30")
+    state, history = run(spec, kb, "mn-shape-1")
+    assert state.is_failed() and len(history) == 1
+    only = history[0]
+    assert (only["category"], only["decision"]["retry"]) == ("code_error", False)
+    root = only["root_cause"]
+    entries = both_pods(kb, "mn-shape-1", 1)
+    assert (root["index"], root["rank"], root["pod"]) == (1, 2, entries[1]["pod"])
+    assert root["node"] == entries[1]["node"] and root["first_error_at"]
+    assert {v["index"] for v in only["victims"]} >= {0} and entries[1]["pod"] != entries[0]["pod"]
+    node_0 = kept(kb["evidence"], "mn-shape-1", 1, f"kubernetes/pods/{entries[0]['pod']}/logs/train.log")
+    assert "Root Cause" in node_0 and "mat1 and mat2 shapes cannot be multiplied" not in node_0
+    error = kept(kb["evidence"], "mn-shape-1", 1, "tasks/1/torchelastic/error.json")
+    assert "mat1 and mat2 shapes cannot be multiplied" in str(error)
+
+
+def test_an_evicted_pod_is_preempted_on_index_1_retried_and_resumed(kb: dict[str, Any], sim: Any) -> None:
+    spec = ddp("mn-evict", "--steps", "60", "--checkpoint-every", "5", "--step-seconds", "0.1", script=EXAMPLE)
+    thread, box = in_background(spec, kb, "mn-evict-1")
+    folder = sim.root / "pvc" / kb["namespace"] / "trainguard-checkpoints" / "mn-evict-1"
+    wait_for(lambda: (folder / "step-000005.pt").exists(), timeout=240, what="attempt 1's first checkpoint")
+    victim = wait_for(lambda: pod_at(kb, "mn-evict-1", 1, 1), timeout=30, what="index 1's pod running")
+    sim.evict(kb["namespace"], victim["metadata"]["name"])
+    thread.join(600)
+    state, history = box[0]
+    assert state.is_completed(), state.message
+    first, second = history
+    assert (first["category"], first["decision"]["retry"]) == ("preempted", True)
+    assert (first["root_cause"]["index"], first["root_cause"]["pod"]) == (1, victim["metadata"]["name"])
+    assert first["root_cause"]["first_error_at"] and {v["index"] for v in first["victims"]} == {0}
+    assert second["resumed_from"] and second["resumed_from"].startswith("/trainguard/checkpoints/mn-evict-1/step-")
+    entries = both_pods(kb, "mn-evict-1", 1)
+    assert entries[1]["reason"] == "Evicted"
+    assert "resumed from /trainguard/checkpoints/mn-evict-1/step-" in kept(
+        kb["evidence"], "mn-evict-1", 2, "tasks/1/logs/train-mn-evict-1-attempt-2.log")
+    assert "step 60 loss" in kept(kb["evidence"], "mn-evict-1", 2, "logs/train-mn-evict-1-attempt-2.log")
+
+
+def test_a_gpu_fault_on_rank_3_keeps_only_its_node_off_the_next_attempt(sim: Any, prefect_server: str,
+                                                                        tmp_path: Path) -> None:
+    kb = kube_blocks(sim, tmp_path, master_port=free_port(), one_pod_per_node=True)
+    spec = ddp("mn-xid", "--fault", "xid", "--fault-rank", "3", "--fault-attempts", "1", "--steps", "4")
+    state, history = run(spec, kb, "mn-xid-1")
+    assert state.is_completed(), state.message
+    first, second = history
+    assert (first["category"], first["decision"]["retry"]) == ("gpu_fault", True)
+    entries = both_pods(kb, "mn-xid-1", 1)
+    culprit, victim = entries[1]["node"], entries[0]["node"]
+    assert culprit != victim  # one pod per node: the victim's node is a different one, and stays usable
+    assert (first["root_cause"]["index"], first["root_cause"]["node"]) == (1, culprit)
+    assert first["decision"]["avoid_nodes"] == [culprit] and second["avoided_nodes"] == [culprit]
+    again = both_pods(kb, "mn-xid-1", 2)
+    assert {again[0]["node"], again[1]["node"]} == {victim}
+    # two pods, one node left: one pod per node became preferred, and the report says so
+    assert "one pod per node was relaxed to preferred" in (second["placement"] or "")
+    report = render_attempt(AttemptSummary.from_dict(second))
+    assert f"| kept off | {culprit}" in report and "| placement | one pod per node was relaxed" in report
+
+
+def test_a_hang_is_named_on_its_rank_from_the_stacks_retried_once_and_then_the_run_stops(kb: dict[str, Any]) -> None:
+    """Rank 3 stops in the training loop; the others wait in DDP's all-reduce until gloo's 20 s timeout.
+
+    Each pod's entrypoint takes its ranks' stacks at most of the 22 s stall window, while they are
+    still alive (at about 17.6 s of silence): the three that wait and the one that does not.
+    """
+    spec = ddp("mn-hang", "--fault", "hang", "--fault-rank", "3", "--timeout-seconds", "20", "--steps", "6",
+               stall_seconds=22)
+    state, history = run(spec, kb, "mn-hang-1")
+    assert state.is_failed() and len(history) == 2
+    first, second = history
+    assert (first["category"], first["decision"]["retry"]) == ("hang", True), [first["category"], first["rule_id"]]
+    assert (second["category"], second["decision"]["retry"]) == ("hang", False)
+    for summary in (first, second):
+        entries = both_pods(kb, "mn-hang-1", summary["attempt"])
+        assert (summary["root_cause"]["rank"], summary["root_cause"]["index"]) == (3, 1)
+        assert summary["root_cause"]["node"] == entries[1]["node"]
+        rows = {row["rank"]: row for row in summary["stacks"]["rows"]}
+        assert rows[3]["differs"].startswith("meet (train_ddp.py:") and sorted(rows) == [0, 1, 2, 3]
+    assert "the same failure signature" in second["decision"]["reason"]  # the same frame again
+
+
+def test_a_flow_killed_mid_attempt_and_run_again_adopts_the_job_and_its_service(kb: dict[str, Any], sim: Any,
+                                                                                prefect_server: str) -> None:
+    spec = ddp("mn-adopt", "--steps", "40", "--step-seconds", "0.1", script=EXAMPLE)
+    sim.clear_requests()
+    code = ("from flows.attempt import train_attempt; from trainguard.core.spec import parse_spec; "
+            f"train_attempt(parse_spec({spec!r}), attempt=1, run_id='mn-adopt-1', "
+            f"backend_block={kb['backend_block']!r}, evidence_block={kb['evidence_block']!r})")
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PYTHONPATH": os.pathsep.join(sys.path)}
+    first = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: pod_at(kb, "mn-adopt-1", 1, 0) and pod_at(kb, "mn-adopt-1", 1, 1), timeout=240,
+                 what="both pods of attempt 1 running")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    from flows.attempt import train_attempt
+
+    state = train_attempt(parse_spec(spec), attempt=1, run_id="mn-adopt-1", backend_block=kb["backend_block"],
+                          evidence_block=kb["evidence_block"], return_state=True)
+    assert state.is_completed(), state.message
+    ns = kb["namespace"]
+    assert [c["code"] for c in sim.requests(verb="create", resource="jobs", namespace=ns)] == [201, 409]
+    assert [c["code"] for c in sim.requests(verb="create", resource="services", namespace=ns)] == [201, 409]
+    both_pods(kb, "mn-adopt-1", 1)
+    assert calls(sim, ns) <= allowed_by_rbac(ns), calls(sim, ns) - allowed_by_rbac(ns)

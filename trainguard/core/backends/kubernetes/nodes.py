@@ -1,0 +1,171 @@
+"""The nodes of a multi-node Kubernetes attempt as evidence and triage read them: one pod per node rank.
+
+At collection (`map_attempt`, `keep_nodes`): ``attempt.json`` maps each node rank (the pod's
+completion index) to its pod, node, global ranks, exit code, termination reason, first-error time
+and its evidence items, with a pod already gone recorded as absent and why; and the files triage
+reads of each node (its log, torchrun's error files, its ranks' stacks, its environment snapshot,
+masked as stored) are kept on the flow's machine beside ``triage.json``, in the attempt folder's
+own layout (node 0 in the folder itself, node N in ``tasks/N``). At judging (`node_evidence`): one
+`NodeEvidence` per node from what was kept, read as the job's files are (regular files only, never
+through a link, bounded). Which items are collected is ``evidence``'s business.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from trainguard_entrypoint.files import read_json_object
+
+from trainguard.core.backends import rankstacks, torchrun, workspace
+from trainguard.core.backends.capabilities import NodeEvidence
+from trainguard.core.backends.kubernetes import indexed
+from trainguard.core.backends.kubernetes.collector import training_container
+from trainguard.core.backends.kubernetes.scene import KUBERNETES, ClusterWriter, Scene, pod_reason, terminated_state
+from trainguard.core.triage.signals import Signals
+
+ATTEMPT_MAP = "attempt.json"
+NODE_FOLDERS = "tasks"
+KEPT_VOLUME, KEPT_PODS = "volume", "pods"
+IndexOf = Callable[[Mapping[str, Any]], int | None]
+
+
+def multi_node(s: Scene) -> bool:
+    """Whether the attempt ran on several pods: an Indexed Job of two or more completions."""
+    spec = (s.job or {}).get("spec") or {}
+    return spec.get("completionMode") == "Indexed" and int(spec.get("completions") or 1) > 1 or \
+        len({indexed.index_of(p) for p in s.pods} - {None}) > 1
+
+
+def pods_by_index(s: Scene, index_of: IndexOf = indexed.index_of) -> dict[int, dict[str, Any]]:
+    """Each node rank's pod: the first one of the index that ended (a replacement after an ignored
+    disruption came later), else its newest."""
+    chosen: dict[int, dict[str, Any]] = {}
+    for pod in s.pods:  # oldest first
+        index = index_of(pod)
+        if index is None:
+            continue
+        held = chosen.get(index)
+        if held is None or (held.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            chosen[index] = pod
+    return chosen
+
+
+def _node_prefix(index: int) -> str:
+    return "" if index == 0 else f"{NODE_FOLDERS}/{index}/"
+
+
+def _iso_epoch(stamp: Any) -> float | None:
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _entry(s: Scene, index: int, pod: Mapping[str, Any], nprocs: int, names: list[str]) -> dict[str, Any]:
+    """What `attempt.json` says of one node rank's pod."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    container = str((training_container(spec) or {}).get("name") or "")
+    cstatus: Mapping[str, Any] = next(
+        (c for c in status.get("containerStatuses") or () if c.get("name") == container), {})
+    done = terminated_state(cstatus) or {}
+    reason, message = pod_reason(pod, s.job, cstatus)
+    failed = done.get("exitCode") not in (None, 0) or status.get("phase") == "Failed"
+    own = f"kubernetes/pods/{meta.get('name')}"
+    prefix = _node_prefix(index)
+    items = [n for n in names if n == f"{own}.json" or n.startswith(f"{own}/")
+             or (n.startswith(prefix) if prefix else not n.startswith(("kubernetes/", f"{NODE_FOLDERS}/")))]
+    return {"index": index, "pod": meta.get("name"), "node": spec.get("nodeName"),
+            "ranks": [index * nprocs + r for r in range(nprocs)], "exit_code": done.get("exitCode"),
+            "reason": reason, "message": message, "started_at": done.get("startedAt") or status.get("startTime"),
+            "finished_at": done.get("finishedAt"), "first_error_at": done.get("finishedAt") if failed else None,
+            "conditions": list(status.get("conditions") or ()), "evidence": sorted(items)}
+
+
+def map_attempt(c: ClusterWriter, s: Scene, index_of: IndexOf = indexed.index_of) -> dict[str, Any]:
+    """``attempt.json``: every node rank of the attempt, its pod and its evidence; stored and returned."""
+    names = [item.name for item in c.items]
+    template = (((s.job or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    env = {e.get("name"): e.get("value") for e in (training_container(template) or {}).get("env") or ()}
+    nprocs = int(env.get("PET_NPROC_PER_NODE") or 1) if str(env.get("PET_NPROC_PER_NODE") or "").isdigit() else 1
+    width = int(((s.job or {}).get("spec") or {}).get("completions") or 0)
+    entries = {i: _entry(s, i, pod, nprocs, names) for i, pod in pods_by_index(s, index_of).items()}
+    for missing in c.missing:  # a pod already gone: its name still says its index
+        pod = missing.name.removeprefix("kubernetes/pods/").removesuffix(".json")
+        index = indexed.index_from_name(pod, s.job_name) if missing.name.startswith("kubernetes/pods/") else None
+        if index is not None and index not in entries:
+            entries[index] = {"index": index, "pod": pod, "absent": missing.reason,
+                              "ranks": [index * nprocs + r for r in range(nprocs)], "evidence": []}
+    for index in range(width):
+        entries.setdefault(index, {"index": index, "pod": None, "ranks": [index * nprocs + r for r in range(nprocs)],
+                                   "absent": "no pod of this index was seen: never created, or deleted without a trace",
+                                   "evidence": []})
+    mapped = {"job": s.job_name, "nodes": max(width, len(entries)), "processes_per_node": nprocs,
+              "service": (s.service or {}).get("metadata", {}).get("name"),
+              "indexes": [entries[i] for i in sorted(entries)]}
+    c.put_json(ATTEMPT_MAP, mapped, KUBERNETES)
+    return mapped
+
+
+def keep_nodes(c: ClusterWriter, s: Scene, mapped: Mapping[str, Any], log_dir: Path) -> None:
+    """Keep what triage reads of every node on this machine: the map, each node's files, each pod's log."""
+    shutil.rmtree(log_dir / KEPT_VOLUME, ignore_errors=True)
+    for name, spool in s.node_files.items():
+        target = log_dir / KEPT_VOLUME / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(spool, target)
+    (log_dir / KEPT_PODS).mkdir(parents=True, exist_ok=True)
+    for (pod, container, previous), spool in s.logs.items():
+        if not previous and container == _container_of(s, pod):
+            shutil.copyfile(spool, log_dir / KEPT_PODS / f"{pod}.log")
+    (log_dir / ATTEMPT_MAP).write_text(json.dumps(mapped, indent=2, sort_keys=True), "utf-8")
+
+
+def _container_of(s: Scene, pod_name: str) -> str | None:
+    pod = next((p for p in s.pods if (p.get("metadata") or {}).get("name") == pod_name), None)
+    return str((training_container((pod or {}).get("spec") or {}) or {}).get("name") or "") or None
+
+
+def node_evidence(log_dir: Path, run_id: str, attempt: int) -> list[NodeEvidence]:
+    """One entry per node rank, from what `keep_nodes` kept; [] when nothing was (one node, or no evidence)."""
+    mapped = read_json_object(log_dir / ATTEMPT_MAP) or {}
+    found = []
+    for entry in mapped.get("indexes") or ():
+        if not isinstance(entry, dict) or not isinstance(entry.get("index"), int):
+            continue
+        index, ranks = entry["index"], entry.get("ranks") or []
+        folder = log_dir / KEPT_VOLUME / _node_prefix(index)
+        signals = _signals(log_dir, folder, entry, run_id, attempt)
+        # the error files date a rank's own failure to the second; without them the pod's end does
+        found.append(NodeEvidence(
+            index, signals, node=entry.get("node"), instance=entry.get("pod"),
+            ranks=range(min(ranks), max(ranks) + 1) if ranks else None,
+            first_error_at=None if signals.error_files else _iso_epoch(entry.get("first_error_at"))))
+    return found if len(found) > 1 else []
+
+
+def _signals(log_dir: Path, folder: Path, entry: Mapping[str, Any], run_id: str, attempt: int) -> Signals:
+    node = entry.get("node")
+    kept = folder / workspace.LOGS / workspace.log_name(run_id, attempt)
+    pod_log = log_dir / KEPT_PODS / f"{entry.get('pod')}.log"
+    log = kept if kept.is_file() else pod_log if entry.get("pod") and pod_log.is_file() else None
+    events = [e for e in _events(log_dir) if _about(e, entry.get("pod"), node)]
+    code = entry.get("exit_code")
+    return Signals(exit_code=code if isinstance(code, int) else None, reason=entry.get("reason"),
+                   conditions=tuple(entry.get("conditions") or ()), events=tuple(events), log=log,
+                   error_files=torchrun.nodes_error_files([(int(entry["index"]), folder)]),
+                   stacks=rankstacks.read_stacks(folder, node if isinstance(node, str) else None))
+
+
+def _events(log_dir: Path) -> list[Mapping[str, Any]]:
+    facts = read_json_object(log_dir / "triage.json") or {}
+    return [e for e in facts.get("events") or () if isinstance(e, Mapping)]
+
+
+def _about(event: Mapping[str, Any], pod: Any, node: Any) -> bool:
+    involved = event.get("involvedObject") or {}
+    return (involved.get("kind"), involved.get("name")) in (("Pod", pod), ("Node", node))
