@@ -17,7 +17,6 @@ from trainguard.core.backends.kubernetes.api import KubeApi
 
 Wire = dict[str, Any]
 JOB, PYTORCHJOB = "Job", pytorchjob.KIND
-KINDS = (JOB, PYTORCHJOB)
 
 
 def manifest(settings: manifests.JobSettings, launch: Launch, config_map: str, spread: str | None = None) -> Wire:
