@@ -120,7 +120,8 @@ def _service(s: Scene) -> str | None:
     """The headless Service the pods meet through: the attempt's own, or the PyTorchJob master's."""
     if s.kind == kinds.PYTORCHJOB:
         return f"{s.job_name}-master-0"  # the operator's, which MASTER_ADDR names
-    return (s.service or {}).get("metadata", {}).get("name")
+    name = ((s.service or {}).get("metadata") or {}).get("name")
+    return str(name) if name else None
 
 
 def keep_nodes(c: ClusterWriter, s: Scene, mapped: Mapping[str, Any], log_dir: Path) -> None:
