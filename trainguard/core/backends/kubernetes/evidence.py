@@ -290,7 +290,7 @@ def collect_kubernetes_evidence(
         for name, step in steps:
             c.guarded(name, KUBERNETES, step)
         several = nodes.multi_node(s)
-        if several:
+        if several and s.kind == kinds.JOB:  # a PyTorchJob's Services are the operator's, one per replica
             c.guarded("kubernetes/service.json", KUBERNETES, lambda: _collect_service(c, s))
         facts = facts_of(s)
         c.guarded("termination-message.txt", KUBERNETES, lambda: _collect_termination_message(c, s, facts))
