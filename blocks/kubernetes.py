@@ -117,6 +117,11 @@ class KubernetesJobBackend(Block):
         default=False, title="Add SYS_PTRACE (native stacks)",
         description="Off (the default): the training container gets no extra capability and the stacks are "
         "Python's. On: SYS_PTRACE is added, so py-spy can read native (C/C++) frames too.")
+    job_kind: Literal["Job", "PyTorchJob"] = Field(
+        default="Job", title="Kind of each attempt",
+        description="Job: a batch/v1 Job (an Indexed Job and a headless Service on several nodes). PyTorchJob: "
+        "a Kubeflow PyTorchJob (kubeflow.org/v1; Master and Worker replicas, restartPolicy Never, "
+        "runPolicy.backoffLimit 0, cleanPodPolicy None) for clusters that run the training operator.")
     hold_mode: bool = Field(
         default=True, title="Hold failed pods (several nodes; Kubernetes 1.29+)",
         description="On: a multi-node attempt's Indexed Job has backoffLimitPerIndex 0, so a failed pod is not "
@@ -178,6 +183,7 @@ class KubernetesJobBackend(Block):
             automount_service_account_token=self.mount_service_account_token,
             stack_sweep_seconds=self.stack_sweep_seconds, sys_ptrace=self.sys_ptrace,
             hold_mode=self.hold_mode, one_pod_per_node=self.one_pod_per_node, master_port=self.master_port,
+            job_kind=self.job_kind,
         )
         return KubeSettings(job=job, unschedulable_seconds=self.unschedulable_seconds,
                             start_error_seconds=self.start_error_seconds,

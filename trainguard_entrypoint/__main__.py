@@ -142,10 +142,17 @@ def _seconds(value: str | None, environ: Mapping[str, str], option: str, default
     return seconds
 
 
+def node_index(environ: Mapping[str, str]) -> str:
+    """This node's rank: `TRAINGUARD_NODE_INDEX`, or the variable `TRAINGUARD_NODE_INDEX_FROM` names (a
+    PyTorchJob's operator sets `PET_NODE_RANK` itself); "" when the attempt has one node."""
+    index = environ.get(NODE_INDEX) or environ.get(environ.get(NODE_INDEX + "_FROM") or "", "")
+    return index if index.isdigit() else ""
+
+
 def node_folder(workspace: Path, environ: Mapping[str, str]) -> Path:
     """The folder this node's files go to: the attempt's own for node 0, else `tasks/<index>` in it."""
-    index = environ.get(NODE_INDEX, "")
-    return workspace / NODE_FOLDERS / index if index.isdigit() and int(index) > 0 else workspace
+    index = node_index(environ)
+    return workspace / NODE_FOLDERS / index if index and int(index) > 0 else workspace
 
 
 def child_environment(options: Options, environ: Mapping[str, str]) -> dict[str, str]:
@@ -155,6 +162,8 @@ def child_environment(options: Options, environ: Mapping[str, str]) -> dict[str,
     where they were trainguard's defaults in the attempt's folder.
     """
     env = dict(environ)
+    if node_index(environ) and not env.get("NODE_RANK"):
+        env["NODE_RANK"] = node_index(environ)  # for launchers other than torchrun, as on the other kinds
     base = environ.get("TRAINGUARD_WORKSPACE")
     if base and Path(base).absolute() != options.workspace:
         for name, place in _TORCHRUN_PLACES:

@@ -75,16 +75,17 @@ def pod_at(kb: dict[str, Any], run_id: str, attempt: int, index: int) -> dict[st
     return None
 
 
-def both_pods(kb: dict[str, Any], run_id: str, attempt: int) -> dict[int, dict[str, Any]]:
+def both_pods(kb: dict[str, Any], run_id: str, attempt: int, service: str = "",
+              container: str = "train") -> dict[int, dict[str, Any]]:
     """attempt.json's entries by node rank, each with its pod's own items in the evidence."""
     mapped = kept(kb["evidence"], run_id, attempt, "attempt.json")
     entries = {e["index"]: e for e in mapped["indexes"]}
-    assert sorted(entries) == [0, 1] and mapped["service"] == manifests.job_name(run_id, attempt)
+    assert sorted(entries) == [0, 1] and mapped["service"] == (service or manifests.job_name(run_id, attempt))
     for index, entry in entries.items():
         assert entry["ranks"] == [2 * index, 2 * index + 1]
-        assert f"kubernetes/pods/{entry['pod']}/logs/train.log" in entry["evidence"]
+        assert f"kubernetes/pods/{entry['pod']}/logs/{container}.log" in entry["evidence"]
         assert f"kubernetes/pods/{entry['pod']}/describe.txt" in entry["evidence"]
-        kept(kb["evidence"], run_id, attempt, f"kubernetes/pods/{entry['pod']}/logs/train.log")  # it is there
+        kept(kb["evidence"], run_id, attempt, f"kubernetes/pods/{entry['pod']}/logs/{container}.log")  # it is there
     return entries
 
 
@@ -207,4 +208,31 @@ def test_a_flow_killed_mid_attempt_and_run_again_adopts_the_job_and_its_service(
     assert [c["code"] for c in sim.requests(verb="create", resource="jobs", namespace=ns)] == [201, 409]
     assert [c["code"] for c in sim.requests(verb="create", resource="services", namespace=ns)] == [201, 409]
     both_pods(kb, "mn-adopt-1", 1)
+    assert calls(sim, ns) <= allowed_by_rbac(ns), calls(sim, ns) - allowed_by_rbac(ns)
+
+
+def test_a_pytorchjob_attempt_finds_rank_2_s_code_error_on_its_first_worker(sim: Any, prefect_server: str,
+                                                                            tmp_path: Path) -> None:
+    """The same attempt as a Kubeflow PyTorchJob (kubesim emulates the training operator): the operator
+    names the rendezvous and the pods; the evidence and the root cause are the Indexed Job's."""
+    kb = kube_blocks(sim, tmp_path, master_port=free_port(), job_kind="PyTorchJob")
+    sim.clear_requests()
+    spec = ddp("mn-ptj", "--fault", "shape", "--fault-rank", "2", "--timeout-seconds", "30")
+    state, history = run(spec, kb, "mn-ptj-1")
+    assert state.is_failed() and len(history) == 1
+    only = history[0]
+    assert (only["category"], only["decision"]["retry"]) == ("code_error", False)
+    name = manifests.job_name("mn-ptj-1", 1)
+    entries = both_pods(kb, "mn-ptj-1", 1, service=f"{name}-master-0", container="pytorch")
+    assert [entries[0]["pod"], entries[1]["pod"]] == [f"{name}-master-0", f"{name}-worker-0"]
+    assert (only["root_cause"]["index"], only["root_cause"]["rank"], only["root_cause"]["pod"]) == (
+        1, 2, f"{name}-worker-0")
+    assert {v["index"] for v in only["victims"]} >= {0}
+    job = kept(kb["evidence"], "mn-ptj-1", 1, "kubernetes/job.json")
+    assert (job["kind"], job["spec"]["runPolicy"]["backoffLimit"], job["spec"]["runPolicy"]["cleanPodPolicy"]) == (
+        "PyTorchJob", 0, "None")
+    assert {r["restartPolicy"] for r in job["spec"]["pytorchReplicaSpecs"].values()} == {"Never"}
+    assert "mat1 and mat2 shapes cannot be multiplied" in str(
+        kept(kb["evidence"], "mn-ptj-1", 1, "tasks/1/torchelastic/error.json"))
+    ns = kb["namespace"]
     assert calls(sim, ns) <= allowed_by_rbac(ns), calls(sim, ns) - allowed_by_rbac(ns)

@@ -8,6 +8,7 @@ real PyTorch processes meeting at the first pod's DNS name (tests/pytorch/script
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import time
@@ -103,3 +104,25 @@ def _gone(kube: KubeApi, ns: str, name: str) -> bool:
         except NotFound:
             continue
     return True
+
+
+def test_without_hold_mode_the_attempt_ends_at_the_first_failure_and_reads_the_survivor_while_it_terminates(
+        kube: KubeApi, ns: str, tmp_path: Path) -> None:
+    """A cluster before 1.29: backoffLimit 0, so the Job controller deletes the survivors when one pod fails."""
+    from trainguard.core.stores.folder import LocalEvidenceStore
+
+    b = two_nodes(kube, ns, tmp_path, hold_mode=False, survivor_grace_seconds=120.0)
+    ref = b.provision("mn-old", 1)
+    code = ("import os, sys, time\nprint('node', os.environ['NODE_RANK'], 'up', flush=True)\n"
+            "if os.environ['NODE_RANK'] == '1': time.sleep(1); sys.exit(3)\ntime.sleep(600)")
+    started = time.monotonic()
+    outcome = b.run(ref, Launch(run_id="mn-old", attempt=1, command=("python", "-c", code), nodes=2, gpus=1))
+    assert time.monotonic() - started < 60, "ended at the first failure, not after the survivors' grace"
+    assert outcome.exit_code == 3 and outcome.instance and outcome.instance.startswith(f"{ref.name}-1-")
+    job = kube.read_job(ns, ref.name)
+    assert job["spec"]["backoffLimit"] == 0 and "backoffLimitPerIndex" not in job["spec"]
+    b.collect_evidence(ref, LocalEvidenceStore(tmp_path / "evidence"), outcome)
+    mapped = json.loads((tmp_path / "evidence" / "runs" / "mn-old" / "attempt-1" / "attempt.json").read_text())
+    survivor = next(e for e in mapped["indexes"] if e["index"] == 0)
+    # read while it terminated, or recorded as gone with why: never silently missing
+    assert survivor.get("absent") or any(n.endswith("/logs/train.log") for n in survivor["evidence"])

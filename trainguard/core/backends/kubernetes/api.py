@@ -17,6 +17,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,6 +33,7 @@ T = TypeVar("T")
 Wire = dict[str, Any]
 
 # Connect and read timeouts of one ordinary request (seconds); streams set their own.
+PYTORCHJOBS = ("kubeflow.org", "v1", "pytorchjobs")  # group, version, plural of the training operator's jobs
 REQUEST_TIMEOUT = (5.0, 30.0)
 STREAM_CHUNK_BYTES = 64 * 1024
 LOG_READ_TIMEOUT = (5.0, 120.0)  # connect, then per read: a whole log of a busy node may come slowly
@@ -80,6 +82,7 @@ class KubeApi:
         self.api_client = api_client
         self.batch = k8s.BatchV1Api(api_client)
         self.core = k8s.CoreV1Api(api_client)
+        self.custom = k8s.CustomObjectsApi(api_client)
         self.retry, self.sleep, self.clock = retry, sleep, clock
 
     @classmethod
@@ -166,6 +169,31 @@ class KubeApi:
         """Set `suspend: false`: the Job controller creates its pod now."""
         body = {"spec": {"suspend": False}}
         return self._json(f"patch job {namespace}/{name}", self.batch.patch_namespaced_job, name, namespace, body)
+
+    # -- Kubeflow PyTorchJobs (kubeflow.org/v1), for clusters that run the training operator --
+
+    def create_pytorchjob(self, namespace: str, body: Mapping[str, Any]) -> Wire:
+        name = body.get("metadata", {}).get("name", "?")
+        return self._json(f"create pytorchjob {namespace}/{name}", self.custom.create_namespaced_custom_object,
+                          *PYTORCHJOBS[:2], namespace, PYTORCHJOBS[2], dict(body))
+
+    def read_pytorchjob(self, namespace: str, name: str) -> Wire:
+        return self._json(f"read pytorchjob {namespace}/{name}", self.custom.get_namespaced_custom_object,
+                          *PYTORCHJOBS[:2], namespace, PYTORCHJOBS[2], name)
+
+    def list_pytorchjobs(self, namespace: str, label_selector: str | None = None) -> Wire:
+        return self._json(f"list pytorchjobs in {namespace}", self.custom.list_namespaced_custom_object,
+                          *PYTORCHJOBS[:2], namespace, PYTORCHJOBS[2], label_selector=label_selector or "")
+
+    def delete_pytorchjob(self, namespace: str, name: str, propagation: str = "Background") -> Wire:
+        return self._json(f"delete pytorchjob {namespace}/{name}", self.custom.delete_namespaced_custom_object,
+                          *PYTORCHJOBS[:2], namespace, PYTORCHJOBS[2], name, body={"propagationPolicy": propagation})
+
+    def patch_pytorchjob(self, namespace: str, name: str, run_policy: Mapping[str, Any]) -> Wire:
+        """Merge ``run_policy`` into the job's `runPolicy` (`ttlSecondsAfterFinished`, `suspend`)."""
+        body = {"spec": {"runPolicy": dict(run_policy)}}
+        return self._json(f"patch pytorchjob {namespace}/{name}", self.custom.patch_namespaced_custom_object,
+                          *PYTORCHJOBS[:2], namespace, PYTORCHJOBS[2], name, body)
 
     # -- The headless Service of a multi-node attempt -------------------------------------
 
@@ -275,12 +303,14 @@ class KubeApi:
         self, resource: str, namespace: str, *, resource_version: str | None = None,
         label_selector: str | None = None, field_selector: str | None = None, timeout_seconds: int = 30,
     ) -> Iterator[Wire]:
-        """Raw watch events (`{"type", "object"}`) of `jobs` or `pods` until the server ends the stream.
+        """Raw watch events (`{"type", "object"}`) of `jobs`, `pytorchjobs` or `pods` until the server ends the stream.
 
         An ERROR event is raised as its error (410 → Expired); a cut connection as Transient.
         Resuming is `trainguard.core.backends.kubernetes.watch`'s business.
         """
-        lister = {"jobs": self.batch.list_namespaced_job, "pods": self.core.list_namespaced_pod}[resource]
+        lister = {"jobs": self.batch.list_namespaced_job, "pods": self.core.list_namespaced_pod,
+                  "pytorchjobs": partial(self.custom.list_namespaced_custom_object, *PYTORCHJOBS[:2], plural=PYTORCHJOBS[2])
+                  }[resource]
         what = f"watch {resource} in {namespace}"
         response = self.call(
             what, lister, namespace, watch=True, allow_watch_bookmarks=True, resource_version=resource_version or "",

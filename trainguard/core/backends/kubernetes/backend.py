@@ -25,7 +25,9 @@ from trainguard.core.backends.base import (
     COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
 )
 from trainguard.core.backends.capabilities import NodeEvidence
-from trainguard.core.backends.kubernetes import collector, evidence, indexed, lister, manifests, nodes, placement, zipapp
+from trainguard.core.backends.kubernetes import (
+    collector, evidence, indexed, kinds, lister, manifests, nodes, placement, zipapp,
+)
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotFound
 from trainguard.core.backends.kubernetes.supervise import (
@@ -111,7 +113,8 @@ class KubernetesBackend:
         note = placement.relaxed_note(launch.nodes, ending.message)
         _say(on_line, note)
         try:
-            placement.delete_and_wait(self.api, self.namespace, ref.name, manifests.selector(ref.run_id, ref.attempt))
+            placement.delete_and_wait(self.api, self.kind_of_job, self.namespace, ref.name,
+                                      manifests.selector(ref.run_id, ref.attempt))
         except (KubeError, TimeoutError) as exc:
             return AttemptOutcome(None, None, START_ERROR, f"{note}; but the Job could not be made again: {exc}")
         started = self._start(ref, launch, on_line, indexed.PREFERRED)
@@ -124,12 +127,12 @@ class KubernetesBackend:
         """Create the attempt's Job (None: adopted one already there) and what it owns; an outcome if it cannot start."""
         config_map = ref.details.get("config_map") or zipapp.config_map_name()
         try:
-            body = manifests.job_manifest(self.settings.job, launch, config_map, spread)
+            body = kinds.manifest(self.settings.job, launch, config_map, spread)
         except ValueError as exc:
             return AttemptOutcome(None, None, START_ERROR, str(exc))
         created: dict[str, Any] | None = None
         try:
-            created = self.api.create_job(self.namespace, body)
+            created = kinds.create(self.api, self.namespace, body)
         except Conflict:
             pass  # this attempt's Job is already there: follow it (from a fresh list), never start a second
         except KubeError as exc:
@@ -147,11 +150,21 @@ class KubernetesBackend:
         limits = Limits(unschedulable_seconds=self.settings.unschedulable_seconds,
                         start_error_seconds=self.settings.start_error_seconds,
                         stall_seconds=launch.stall_seconds, deadline_seconds=launch.deadline_seconds)
+        kind = self.kind_of_job
         args = (self.api, self.namespace, launch.run_id, launch.attempt, limits)
+        watched: dict[str, Any] = {"on_line": on_line, "created": created, "job_resource": kinds.resource(kind)}
         if launch.nodes > 1:
-            return NodesSupervisor(*args, on_line=on_line, created=created, nodes=launch.nodes, relaxable=relaxable,
-                                   grace_seconds=self.settings.survivor_grace_seconds, hold=self.settings.job.hold_mode)
-        return Supervisor(*args, on_line=on_line, created=created)
+            # a PyTorchJob is Failed from its first failed replica on, with the survivors still running
+            done = ("Complete", "Failed") if kind == kinds.JOB else (kinds.succeeded(kind),)
+            return NodesSupervisor(*args, **watched, done=done, nodes=launch.nodes, relaxable=relaxable,
+                                   grace_seconds=self.settings.survivor_grace_seconds, index_of=kinds.index_of(kind),
+                                   hold=self.settings.job.hold_mode or kind == kinds.PYTORCHJOB)
+        return Supervisor(*args, **watched, done=(kinds.succeeded(kind), "Failed"))
+
+    @property
+    def kind_of_job(self) -> str:
+        """What each attempt is: a Job (an Indexed Job on several nodes), or a PyTorchJob."""
+        return kinds.PYTORCHJOB if self.settings.job.job_kind == kinds.PYTORCHJOB else kinds.JOB
 
     def _complete_job(self, ref: AttemptRef, launch: Launch, created: dict[str, Any] | None) -> None:
         """Create what the Job needs before its pods start, owned by it, then let the suspended Job start:
@@ -161,9 +174,9 @@ class KubernetesBackend:
         waits suspended, with or without its Service and Secret) finishes them: a 409 means the
         earlier run created it under this Job. Both go with the Job (garbage collection).
         """
-        job = created if created is not None else self.api.read_job(self.namespace, ref.name)
+        job = created if created is not None else kinds.read(self.api, self.kind_of_job, self.namespace, ref.name)
         owned: list[tuple[Callable[[str, dict[str, Any]], Any], dict[str, Any]]] = []
-        if launch.nodes > 1:
+        if launch.nodes > 1 and self.kind_of_job == kinds.JOB:  # the operator makes a PyTorchJob's
             owned.append((self.api.create_service, indexed.service_manifest(job)))
         secret = manifests.secret_manifest(self.settings.job, launch, job)
         if secret is not None:
@@ -173,8 +186,8 @@ class KubernetesBackend:
                 create(self.namespace, body)
             except Conflict:
                 pass
-        if (job.get("spec") or {}).get("suspend"):
-            self.api.resume_job(self.namespace, ref.name)
+        if kinds.suspended(job):
+            kinds.resume(self.api, self.kind_of_job, self.namespace, ref.name)
 
     def collect_evidence(
         self, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None,
@@ -187,7 +200,7 @@ class KubernetesBackend:
         manifest = evidence.collect_kubernetes_evidence(
             self.api, self.namespace, ref.name, ref.run_id, ref.attempt, store, extra=extra,
             log_dir=self.local_dir(ref.run_id, ref.attempt), pod=outcome.instance if outcome else None,
-            copy_budget_bytes=self.settings.evidence_copy_budget_bytes)
+            copy_budget_bytes=self.settings.evidence_copy_budget_bytes, kind=self.kind_of_job)
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
@@ -245,12 +258,13 @@ class KubernetesBackend:
         the running pods needed it.
         """
         try:
-            job = self.api.read_job(self.namespace, ref.name)
+            job = kinds.read(self.api, self.kind_of_job, self.namespace, ref.name)
             failed = job_condition(job, "Failed")
             if not failed or self.settings.failed_job_ttl_seconds <= 0:
-                self.api.delete_job(self.namespace, ref.name)
+                kinds.delete(self.api, self.kind_of_job, self.namespace, ref.name)
             else:
-                self.api.patch_job_ttl(self.namespace, ref.name, self.settings.failed_job_ttl_seconds)
+                kinds.patch_ttl(self.api, self.kind_of_job, self.namespace, ref.name,
+                                self.settings.failed_job_ttl_seconds)
         except NotFound:
             job = {}  # already gone (deleted by someone, or its TTL ran out); the Service with it
         if (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("subdomain") == ref.name:
@@ -267,17 +281,17 @@ class KubernetesBackend:
         the flow would have (a failed Job keeps its TTL), so it is not left behind for good.
         """
         try:
-            job = self.api.read_job(self.namespace, ref.name)
+            job = kinds.read(self.api, self.kind_of_job, self.namespace, ref.name)
         except NotFound:
             return None
-        if job_condition(job, "Complete", "Failed"):
+        if job_condition(job, kinds.succeeded(self.kind_of_job), "Failed"):
             self.release(ref)
             return None
         try:
-            self.api.delete_job(self.namespace, ref.name)
+            kinds.delete(self.api, self.kind_of_job, self.namespace, ref.name)
         except NotFound:
             return None
-        return f"deleted the Job {self.namespace}/{ref.name}, still running without its flow run"
+        return f"deleted the {self.kind_of_job} {self.namespace}/{ref.name}, still running without its flow run"
 
 def _say(on_line: LineSink | None, message: str) -> None:
     if on_line is not None:

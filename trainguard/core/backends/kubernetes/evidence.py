@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.core import masking
-from trainguard.core.backends.kubernetes import collector, nodes
+from trainguard.core.backends.kubernetes import collector, kinds, nodes
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.describe import describe_pod
 from trainguard.core.backends.kubernetes.errors import Forbidden, KubeError, NotFound
@@ -64,9 +64,9 @@ def _gone(kind: str, name: str, exc: KubeError) -> str:
 
 def _collect_job(c: ClusterWriter, s: Scene) -> None:
     try:
-        s.job = c.api.read_job(s.namespace, s.job_name)
+        s.job = kinds.read(c.api, s.kind, s.namespace, s.job_name)
     except KubeError as exc:
-        c.absent("kubernetes/job.json", KUBERNETES, _gone("Job", s.job_name, exc))
+        c.absent("kubernetes/job.json", KUBERNETES, _gone(s.kind, s.job_name, exc))
         return
     c.put_json("kubernetes/job.json", scrub(s.job), KUBERNETES)
 
@@ -89,11 +89,11 @@ def _list_events(c: ClusterWriter, s: Scene, namespace: str, kind: str, name: st
 
 
 def _collect_pods(c: ClusterWriter, s: Scene) -> None:
-    job_events = _list_events(c, s, s.namespace, "Job", s.job_name)
+    job_events = _list_events(c, s, s.namespace, s.kind, s.job_name)
     created = {str(e.get("message", "")).removeprefix("Created pod: ") for e in job_events
-               if e.get("reason") == "SuccessfulCreate"}
+               if e.get("reason") in ("SuccessfulCreate", "SuccessfulCreatePod")}  # the Job's, the operator's
     try:
-        listed = c.api.list_pods(s.namespace, label_selector=f"job-name={s.job_name}").get("items") or []
+        listed = c.api.list_pods(s.namespace, label_selector=kinds.pods_selector(s.kind, s.job_name)).get("items") or []
     except KubeError as exc:
         c.absent("kubernetes/pods", KUBERNETES, f"the Job's pods could not be listed: API error: {exc}")
         return
@@ -102,10 +102,10 @@ def _collect_pods(c: ClusterWriter, s: Scene) -> None:
     for name in sorted(created - present):
         _list_events(c, s, s.namespace, "Pod", name)
         c.absent(f"kubernetes/pods/{name}.json", KUBERNETES,
-                 f"pod {name} of Job {s.job_name} is gone: deleted (by the Job's TTL, a person, the garbage "
+                 f"pod {name} of {s.kind} {s.job_name} is gone: deleted (by the Job's TTL, a person, the garbage "
                  "collector or pod GC) before evidence was collected; its logs went with it, its events remain")
     if not s.pods and not created:
-        c.absent("kubernetes/pods", KUBERNETES, f"no pod of Job {s.job_name} exists: never created, or deleted")
+        c.absent("kubernetes/pods", KUBERNETES, f"no pod of {s.kind} {s.job_name} exists: never created, or deleted")
     for pod in s.pods:
         name = str(pod["metadata"]["name"])
         c.guarded(f"kubernetes/pods/{name}.json", KUBERNETES, partial(_collect_pod, c, s, pod))
@@ -250,7 +250,7 @@ def collect_kubernetes_evidence(
     api: KubeApi, namespace: str, job_name: str, run_id: str, attempt: int, store: EvidenceStore, *,
     extra: Mapping[str, bytes] | None = None, log_dir: Path | None = None,
     copy_budget_bytes: int = collector.DEFAULT_BUDGET_BYTES, collector_timeout_seconds: float = 120.0,
-    now: Callable[[], datetime] = _utc_now, pod: str | None = None,
+    now: Callable[[], datetime] = _utc_now, pod: str | None = None, kind: str = "Job",
 ) -> Manifest:
     """Freeze everything the cluster knows about one attempt's Job into ``store``; write the manifest.
 
@@ -271,6 +271,7 @@ def collect_kubernetes_evidence(
             are listed as missing with where they stay.
         collector_timeout_seconds: How long the collector pod may take to start.
         now: The clock for ``collected_at`` stamps and describe ages.
+        kind: What the attempt is: a `Job`, or a Kubeflow `PyTorchJob` (its pods are the operator's).
         pod: The pod the attempt ended on, as its supervisor saw it: it supplies the triage facts,
             the termination message and the node, even when a newer pod replaced it (after a
             disruption the Job ignored). The newest pod when None or gone.
@@ -278,7 +279,7 @@ def collect_kubernetes_evidence(
     c = ClusterWriter(api, store, attempt_prefix(run_id, attempt), now)
     with tempfile.TemporaryDirectory(prefix="trainguard-kube-evidence-") as tmp:
         s = Scene(namespace=namespace, job_name=job_name, run_id=run_id, attempt=attempt, spool=Path(tmp),
-                  supervised_pod=pod)
+                  supervised_pod=pod, kind=kind)
         steps: list[tuple[str, Callable[[], None]]] = [
             ("kubernetes/job.json", lambda: _collect_job(c, s)),
             ("kubernetes/pods", lambda: _collect_pods(c, s)),
@@ -289,7 +290,7 @@ def collect_kubernetes_evidence(
         for name, step in steps:
             c.guarded(name, KUBERNETES, step)
         several = nodes.multi_node(s)
-        if several:
+        if several and s.kind == kinds.JOB:  # a PyTorchJob's Services are the operator's, one per replica
             c.guarded("kubernetes/service.json", KUBERNETES, lambda: _collect_service(c, s))
         facts = facts_of(s)
         c.guarded("termination-message.txt", KUBERNETES, lambda: _collect_termination_message(c, s, facts))

@@ -111,6 +111,7 @@ class JobSettings:
     hold_mode: bool = True
     one_pod_per_node: bool = False
     master_port: int = 29500
+    job_kind: str = "Job"  # or "PyTorchJob": the same pods, handed to Kubeflow's training operator
 
 
 def job_name(run_id: str, attempt: int) -> str:
@@ -148,7 +149,8 @@ def secret_manifest(settings: JobSettings, launch: Launch, job: Mapping[str, Any
     if not values:
         return None
     meta = job.get("metadata") or {}
-    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta.get("name"), "uid": meta.get("uid")}
+    owner = {"apiVersion": job.get("apiVersion") or "batch/v1", "kind": job.get("kind") or "Job",
+             "name": meta.get("name"), "uid": meta.get("uid")}
     return {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": True,
         "metadata": {"name": secret_name(launch.run_id, launch.attempt), "namespace": settings.namespace,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core.backends import rankstacks, torchrun, workspace
 from trainguard.core.backends.capabilities import NodeEvidence
-from trainguard.core.backends.kubernetes import indexed
+from trainguard.core.backends.kubernetes import kinds
 from trainguard.core.backends.kubernetes.collector import training_container
 from trainguard.core.backends.kubernetes.scene import KUBERNETES, ClusterWriter, Scene, pod_reason, terminated_state
 from trainguard.core.triage.signals import Signals
@@ -31,19 +31,19 @@ from trainguard.core.triage.signals import Signals
 ATTEMPT_MAP = "attempt.json"
 NODE_FOLDERS = "tasks"
 KEPT_VOLUME, KEPT_PODS = "volume", "pods"
-IndexOf = Callable[[Mapping[str, Any]], int | None]
 
 
 def multi_node(s: Scene) -> bool:
-    """Whether the attempt ran on several pods: an Indexed Job of two or more completions."""
-    spec = (s.job or {}).get("spec") or {}
-    return spec.get("completionMode") == "Indexed" and int(spec.get("completions") or 1) > 1 or \
-        len({indexed.index_of(p) for p in s.pods} - {None}) > 1
+    """Whether the attempt ran on several pods: an Indexed Job of two or more completions, a PyTorchJob
+    of two or more replicas (or, with the object gone, pods of two node ranks)."""
+    index_of = kinds.index_of(s.kind)
+    return kinds.pods_of(s.job or {}) > 1 or len({index_of(p) for p in s.pods} - {None}) > 1
 
 
-def pods_by_index(s: Scene, index_of: IndexOf = indexed.index_of) -> dict[int, dict[str, Any]]:
+def pods_by_index(s: Scene) -> dict[int, dict[str, Any]]:
     """Each node rank's pod: the first one of the index that ended (a replacement after an ignored
     disruption came later), else its newest."""
+    index_of = kinds.index_of(s.kind)
     chosen: dict[int, dict[str, Any]] = {}
     for pod in s.pods:  # oldest first
         index = index_of(pod)
@@ -86,17 +86,22 @@ def _entry(s: Scene, index: int, pod: Mapping[str, Any], nprocs: int, names: lis
             "conditions": list(status.get("conditions") or ()), "evidence": sorted(items)}
 
 
-def map_attempt(c: ClusterWriter, s: Scene, index_of: IndexOf = indexed.index_of) -> dict[str, Any]:
+def _nprocs(s: Scene) -> int:
+    """Ranks per node: the pods' `PET_NPROC_PER_NODE` (a PyTorchJob's operator sets it from `nprocPerNode`)."""
+    template = kinds.pod_template(s.job or {}) or {}
+    env = {e.get("name"): e.get("value") for e in (training_container(template) or {}).get("env") or ()}
+    value = str(env.get("PET_NPROC_PER_NODE") or ((s.job or {}).get("spec") or {}).get("nprocPerNode") or "")
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
+def map_attempt(c: ClusterWriter, s: Scene) -> dict[str, Any]:
     """``attempt.json``: every node rank of the attempt, its pod and its evidence; stored and returned."""
     names = [item.name for item in c.items]
-    template = (((s.job or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
-    env = {e.get("name"): e.get("value") for e in (training_container(template) or {}).get("env") or ()}
-    nprocs = int(env.get("PET_NPROC_PER_NODE") or 1) if str(env.get("PET_NPROC_PER_NODE") or "").isdigit() else 1
-    width = int(((s.job or {}).get("spec") or {}).get("completions") or 0)
-    entries = {i: _entry(s, i, pod, nprocs, names) for i, pod in pods_by_index(s, index_of).items()}
+    nprocs, width = _nprocs(s), kinds.pods_of(s.job or {}) if s.job else 0
+    entries = {i: _entry(s, i, pod, nprocs, names) for i, pod in pods_by_index(s).items()}
     for missing in c.missing:  # a pod already gone: its name still says its index
         pod = missing.name.removeprefix("kubernetes/pods/").removesuffix(".json")
-        index = indexed.index_from_name(pod, s.job_name) if missing.name.startswith("kubernetes/pods/") else None
+        index = kinds.index_from_name(s.kind, pod, s.job_name) if missing.name.startswith("kubernetes/pods/") else None
         if index is not None and index not in entries:
             entries[index] = {"index": index, "pod": pod, "absent": missing.reason,
                               "ranks": [index * nprocs + r for r in range(nprocs)], "evidence": []}
@@ -105,10 +110,18 @@ def map_attempt(c: ClusterWriter, s: Scene, index_of: IndexOf = indexed.index_of
                                    "absent": "no pod of this index was seen: never created, or deleted without a trace",
                                    "evidence": []})
     mapped = {"job": s.job_name, "nodes": max(width, len(entries)), "processes_per_node": nprocs,
-              "service": (s.service or {}).get("metadata", {}).get("name"),
+              "service": _service(s),
               "indexes": [entries[i] for i in sorted(entries)]}
     c.put_json(ATTEMPT_MAP, mapped, KUBERNETES)
     return mapped
+
+
+def _service(s: Scene) -> str | None:
+    """The headless Service the pods meet through: the attempt's own, or the PyTorchJob master's."""
+    if s.kind == kinds.PYTORCHJOB:
+        return f"{s.job_name}-master-0"  # the operator's, which MASTER_ADDR names
+    name = ((s.service or {}).get("metadata") or {}).get("name")
+    return str(name) if name else None
 
 
 def keep_nodes(c: ClusterWriter, s: Scene, mapped: Mapping[str, Any], log_dir: Path) -> None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from trainguard.core.backends.kubernetes import kinds
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import NotFound
 from trainguard.core.backends.kubernetes.supervise import unschedulable_since
@@ -40,19 +41,20 @@ def relaxed_note(nodes: int, message: str) -> str:
             f"attempt's {nodes} pods (the scheduler: {message.strip()[:300]})")
 
 
-def delete_and_wait(api: KubeApi, namespace: str, job_name: str, selector: str, timeout_seconds: float = 120.0,
-                    clock: Callable[[], float] = time.monotonic) -> None:
+def delete_and_wait(api: KubeApi, kind: str, namespace: str, job_name: str, selector: str,
+                    timeout_seconds: float = 120.0, clock: Callable[[], float] = time.monotonic) -> None:
     """Delete the Job in the foreground and return once it is gone (its pods and owned objects first).
 
     Raises:
         TimeoutError: It was still there after ``timeout_seconds``.
     """
     try:
-        api.delete_job(namespace, job_name, propagation="Foreground")
+        kinds.delete(api, kind, namespace, job_name, propagation="Foreground")
     except NotFound:
         return
     deadline = clock() + timeout_seconds
-    for event in ResumingWatch(api, "jobs", namespace, selector, timeout_seconds=max(1, int(timeout_seconds))):
+    watch = ResumingWatch(api, kinds.resource(kind), namespace, selector, timeout_seconds=max(1, int(timeout_seconds)))
+    for event in watch:
         listed = (event["object"].get("items") or []) if event["type"] == RELISTED else None
         names = {str(j["metadata"]["name"]) for j in listed} if listed is not None else set()
         if listed is not None and job_name not in names:

@@ -124,6 +124,7 @@ class Scene:
     # the attempt's headless Service
     node_files: dict[str, Path] = field(default_factory=dict)
     service: dict[str, Any] | None = None
+    kind: str = "Job"  # or "PyTorchJob"
 
     def sorted_events(self) -> list[dict[str, Any]]:
         return sorted(self.events.values(), key=lambda e: (event_time(e), str((e.get("metadata") or {}).get("name"))))

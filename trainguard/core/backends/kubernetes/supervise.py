@@ -40,6 +40,7 @@ LineSink = Callable[[str], None]
 START_ERRORS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
                           "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
 _ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
+TRAINING_CONTAINERS = (manifests.CONTAINER, "pytorch")  # a PyTorchJob's must be named `pytorch`
 LOG_TAIL_LINES = 200
 LINE_LIMIT_CHARS = 8192  # what is shown of a line (or of a piece of a longer one)
 LINE_PIECE_BYTES = 64 * 1024  # a longer line is handed out in pieces, as the local runner and the Slurm tail do
@@ -77,12 +78,15 @@ class Supervisor:
 
     def __init__(self, api: Any, namespace: str, run_id: str, attempt: int, limits: Limits, *,
                  on_line: LineSink | None = None, clock: Callable[[], float] = time.monotonic,
-                 created: Wire | None = None, masker: masking.Masker | None = None) -> None:
+                 created: Wire | None = None, masker: masking.Masker | None = None,
+                 job_resource: str = "jobs", done: tuple[str, ...] = ("Complete", "Failed")) -> None:
         self.api, self.namespace, self.limits, self.clock = api, namespace, limits, clock
         self.masker = masker or masking.current()  # the attempt's secrets are registered by now
         self.job_name = manifests.job_name(run_id, attempt)
         self.selector = manifests.selector(run_id, attempt)
         self.on_line = on_line
+        # the attempt's object (a Job, or a PyTorchJob) and the conditions that say it has ended
+        self.job_resource, self.done = job_resource, done
         self.events: queue.Queue[tuple[str, Wire]] = queue.Queue()
         self.stop = threading.Event()
         self.ending = Ending(job=None, pod=None)
@@ -95,12 +99,12 @@ class Supervisor:
         version = ((created or {}).get("metadata") or {}).get("resourceVersion")
         if created is not None and version:
             self.ending.job, self.since = created, str(version)
-            self.listed = {"jobs", "pods"}
+            self.listed = {job_resource, "pods"}
 
     def run(self) -> Ending:
         """Block until the attempt is terminal (or a limit ran out); the watches stop either way."""
         started = self.clock()
-        threads = [self._thread(self._pump, "jobs"), self._thread(self._pump, "pods")]
+        threads = [self._thread(self._pump, self.job_resource), self._thread(self._pump, "pods")]
         try:
             while True:
                 try:
@@ -159,12 +163,12 @@ class Supervisor:
         except KubeError as exc:  # the API is gone for longer than KubeApi retries: say so, end
             self.events.put((resource, {"type": "FAILED", "object": {"message": str(exc)}}))
 
-    def _follow_log(self, pod_name: str, prefix: str = "") -> None:
+    def _follow_log(self, pod_name: str, prefix: str = "", container: str = manifests.CONTAINER) -> None:
         seen = 0
         for _ in range(20):  # a dropped stream is resumed; lines already handed out are skipped
             count, cutter = 0, LineCutter()
             try:
-                for chunk in self.api.stream_pod_log(self.namespace, pod_name, manifests.CONTAINER,
+                for chunk in self.api.stream_pod_log(self.namespace, pod_name, container,
                                                      read_timeout_seconds=self.limits.log_read_timeout_seconds):
                     for raw in cutter.feed(chunk):
                         count += 1
@@ -202,7 +206,7 @@ class Supervisor:
         objects = (obj.get("items") or []) if kind == RELISTED else [obj]
         if kind == RELISTED:
             self.listed.add(source)
-        if source == "jobs":
+        if source == self.job_resource:
             self._apply_job(kind, objects)
         else:
             for pod in objects:
@@ -230,7 +234,7 @@ class Supervisor:
         if ("running" in state or "terminated" in state) and name not in self.followed:
             self.followed.add(name)
             self.last_output = self.clock()
-            self.followers.append(self._thread(self._follow_log, name, prefix))
+            self.followers.append(self._thread(self._follow_log, name, prefix, training_name(pod)))
 
     def _verdict(self, started: float) -> str:
         """Why the attempt is over now, or "" while it is not."""
@@ -240,7 +244,7 @@ class Supervisor:
         if len(self.listed) < 2:
             return ""
         job, pod = ending.job, ending.pod
-        if job is not None and job_condition(job, "Complete", "Failed"):
+        if job is not None and job_condition(job, *self.done):
             return "job"
         if pod is not None and pod_terminal(pod):
             if has_condition(pod, "DisruptionTarget") or job_condition(job or {}, "FailureTarget"):
@@ -301,12 +305,19 @@ class LineCutter:
 
 # -- reading wire-form objects ------------------------------------------------------------
 
-def container_state(pod: Mapping[str, Any] | None, name: str = manifests.CONTAINER) -> Wire:
-    """The training container's `state` (running/waiting/terminated), or {}."""
+def container_state(pod: Mapping[str, Any] | None, name: str | None = None) -> Wire:
+    """The training container's `state` (running/waiting/terminated), or {}: the one named ``name``, else
+    trainguard's (`train` in a Job, `pytorch` in a PyTorchJob's replica)."""
     for status in (pod or {}).get("status", {}).get("containerStatuses") or []:
-        if status.get("name") == name:
+        if status.get("name") == name or (name is None and status.get("name") in TRAINING_CONTAINERS):
             return dict(status.get("state") or {})
     return {}
+
+
+def training_name(pod: Mapping[str, Any]) -> str:
+    """The name of the pod's training container."""
+    names = [str(c.get("name")) for c in (pod.get("spec") or {}).get("containers") or ()]
+    return next((n for n in names if n in TRAINING_CONTAINERS), manifests.CONTAINER)
 
 
 def blocking_wait(pod: Mapping[str, Any] | None, own: Mapping[str, Any] | None = None) -> Wire:

@@ -71,8 +71,10 @@ class NodesSupervisor(Supervisor):
         if len(self.listed) < 2:
             return ""
         job = ending.job or {}
-        if job_condition(job, "Complete", "Failed"):
+        if job_condition(job, *self.done):
             return "job"
+        if job_condition(job, "Failed") and self.first_failed is None:
+            return "job"  # a PyTorchJob failed with no pod of it failed (its deadline): nothing to wait for
         if self.first_failed is not None:
             if not self.hold or job_condition(job, "FailureTarget"):
                 return "pod"  # the controller is deleting the survivors: read them now

@@ -24,7 +24,7 @@ from trainguard_entrypoint.files import read_json_object, read_tail_lines
 
 from trainguard.core.backends import workspace
 from trainguard.core.backends.workspace_evidence import CRASH_TAIL_LINES, ENTRYPOINT, EXPECTED_SNAPSHOTS
-from trainguard.core.backends.kubernetes import collector
+from trainguard.core.backends.kubernetes import collector, kinds
 from trainguard.core.backends.kubernetes.scene import ClusterWriter, Scene, facts_of
 from trainguard.core.stores.base import EvidenceStoreError, validate_key
 
@@ -37,7 +37,7 @@ _NODE_FILE = re.compile(r"(tasks/\d+/)?(logs/train-[^/]+\.log|crash-report\.json
 
 
 def _template_spec(s: Scene) -> dict[str, Any] | None:
-    template = (((s.job or {}).get("spec") or {}).get("template") or {}).get("spec")
+    template = kinds.pod_template(s.job or {})
     if isinstance(template, dict):
         return template
     pod = s.main_pod()
@@ -179,7 +179,9 @@ def store_volume_files(c: ClusterWriter, s: Scene, *, budget_bytes: int, start_t
             c.absent("volume", VOLUME, "the files are on a hostPath volume and neither a pod nor an event says "
                                       "which node held it")
         else:
-            job = s.job or {"metadata": {"name": s.job_name}, "spec": {"template": {"spec": template}}}
+            # Job-shaped for the collector pod, whatever the kind: its name, labels and pod template
+            meta = (s.job or {}).get("metadata") or {"name": s.job_name}
+            job = {"metadata": meta, "spec": {"template": {"spec": template}}}
             fetched = collector.fetch(c.api, s.namespace, job, plan, s.spool / "volume.tar.gz", node=node,
                                       budget_bytes=budget_bytes, start_timeout_seconds=start_timeout_seconds)
             for problem in fetched.problems:

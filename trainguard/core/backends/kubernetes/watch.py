@@ -25,6 +25,7 @@ class WatchApi(Protocol):
     """The part of `KubeApi` a watch needs."""
 
     def list_jobs(self, namespace: str, label_selector: str | None = None) -> Wire: ...
+    def list_pytorchjobs(self, namespace: str, label_selector: str | None = None) -> Wire: ...
     def list_pods(self, namespace: str, label_selector: str | None = None,
                   field_selector: str | None = None) -> Wire: ...
     def watch(self, resource: str, namespace: str, *, resource_version: str | None = None,
@@ -66,6 +67,8 @@ class ResumingWatch:
         """List now and remember the list's resourceVersion as the resume point."""
         if self.resource == "jobs":
             listing = self.api.list_jobs(self.namespace, self.selector)
+        elif self.resource == "pytorchjobs":
+            listing = self.api.list_pytorchjobs(self.namespace, self.selector)
         else:
             listing = self.api.list_pods(self.namespace, self.selector)
         self.stats.lists += 1
