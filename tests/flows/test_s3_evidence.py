@@ -82,8 +82,9 @@ def test_an_attempts_bundle_round_trips_through_s3_with_checksums_links_and_no_s
     assert all(item.checksum_sha256 for item in manifest.items)
     assert bundles.verify(store, manifest) == {} and bundles.verify(store, manifest, deep=True) == {}
     stored = s3.objects(block.bucket)
-    assert set(stored) == {f"evidence/{item.key}" for item in manifest.items} | {
+    assert set(stored) - set(index_records(stored)) == {f"evidence/{item.key}" for item in manifest.items} | {
         f"evidence/runs/{run_id}/attempt-1/manifest.json"}
+    assert [key.rpartition("/")[2] for key in index_records(stored)] == [f"{run_id}.a1.json"]  # the fleet's record
     for key, data in stored.items():
         assert SECRET.encode() not in data and CREDENTIALS["AWS_SECRET_ACCESS_KEY"].encode() not in data, key
         assert SESSION_TOKEN.encode() not in data, key
@@ -186,6 +187,11 @@ def test_s3_dying_mid_upload_then_hanging_leaves_both_attempts_spooled_and_flush
     _assert_both_bundles_complete_and_tagged(block, s3)
 
 
+def index_records(stored: dict[str, bytes]) -> list[str]:
+    """The verdict index's records among the bucket's keys (one per judged attempt, beside the bundles)."""
+    return sorted(key for key in stored if key.startswith("evidence/index/verdicts/"))
+
+
 def _assert_both_bundles_complete_and_tagged(block: S3EvidenceStore, s3) -> None:
     store, expected = block.store(), set()
     for attempt in (1, 2):
@@ -195,10 +201,12 @@ def _assert_both_bundles_complete_and_tagged(block: S3EvidenceStore, s3) -> None
         expected |= {f"evidence/{item.key}" for item in manifest.items}
         expected.add(f"evidence/runs/s3-outage/attempt-{attempt}/manifest.json")
     stored = s3.objects(block.bucket)
-    assert sorted(stored) == sorted(expected)  # nothing duplicated or lost
+    assert sorted(set(stored) - set(index_records(stored))) == sorted(expected)  # nothing duplicated or lost
+    assert sorted(key.rpartition("/")[2] for key in index_records(stored)) == ["s3-outage.a1.json", "s3-outage.a2.json"]
     wait_for(lambda: s3.client().list_multipart_uploads(Bucket=block.bucket).get("Uploads", []) == [],
              what="no multipart upload left behind")
-    for key in stored:  # uploaded before the outage or spooled during it: all carry their attempt's outcome
+    for key in set(stored) - set(index_records(stored)):  # uploaded before the outage or spooled during it: all
+        # of a bundle carry their attempt's outcome (the index's records are the fleet's, kept apart from bundles)
         outcome = "failed" if "/attempt-1/" in key else "succeeded"
         assert s3.client().get_object_tagging(Bucket=block.bucket, Key=key)["TagSet"] == [
             {"Key": OUTCOME_TAG, "Value": outcome}], key
