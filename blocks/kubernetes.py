@@ -112,7 +112,8 @@ class KubernetesJobBackend(Block):
     stack_sweep_seconds: float = Field(
         default=30.0, ge=0, title="Stack capture bound (s)",
         description="Before a stop reaches the ranks, the entrypoint takes every rank's stack (py-spy, else "
-        "Python's faulthandler) within this many seconds; keep it inside the pod's termination grace. 0 = off.")
+        "Python's faulthandler) within this many seconds; the pod's termination grace is 30 s plus this, so the "
+        "command keeps its own 30 s after the stop reaches it. 0 = off (and the pod's grace is the default).")
     sys_ptrace: bool = Field(
         default=False, title="Add SYS_PTRACE (native stacks)",
         description="Off (the default): the training container gets no extra capability and the stacks are "

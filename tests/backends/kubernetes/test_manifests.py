@@ -126,6 +126,15 @@ def test_sys_ptrace_is_added_only_when_asked_and_then_the_stacks_are_native() ->
     assert {item["name"]: item.get("value") for item in plain["env"]}["TRAINGUARD_STACK_NATIVE"] == "0"
 
 
+def test_the_pods_grace_gains_the_stack_sweep_so_the_stacks_do_not_eat_the_commands_own() -> None:
+    def pod(settings: JobSettings) -> dict[str, Any]:
+        found: dict[str, Any] = manifests.job_manifest(settings, LAUNCH, CONFIG_MAP)["spec"]["template"]["spec"]
+        return found
+
+    assert pod(JobSettings(image="x", stack_sweep_seconds=12.5))["terminationGracePeriodSeconds"] == 30 + 13
+    assert "terminationGracePeriodSeconds" not in pod(JobSettings(image="x", stack_sweep_seconds=0))  # the default 30
+
+
 def test_the_job_never_retries_by_itself_and_fails_fast_on_hopeless_exit_codes() -> None:
     job = manifests.job_manifest(*CASES["full"], CONFIG_MAP)
     spec = job["spec"]

@@ -43,6 +43,7 @@ ENTRYPOINT_MOUNT = "/trainguard/entrypoint"
 ATTEMPTS_MOUNT = "/trainguard/attempts"
 CHECKPOINTS_MOUNT = "/trainguard/checkpoints"
 TERMINATION_LOG = "/dev/termination-log"
+DEFAULT_GRACE_SECONDS = 30  # the pod's own default: what the command has after the stop reaches it
 ATTEMPT_VOLUME, CHECKPOINT_VOLUME, ENTRYPOINT_VOLUME, SHM_VOLUME = "trainguard-attempts", "trainguard-checkpoints", \
     "trainguard-entrypoint", "dshm"
 
@@ -238,6 +239,8 @@ def pod_spec(settings: JobSettings, launch: Launch, entrypoint_config_map: str) 
     spec.update({key: value for key, value in optional.items() if value})
     if not settings.automount_service_account_token:
         spec["automountServiceAccountToken"] = False
+    if settings.stack_sweep_seconds > 0:  # the stacks are taken before the stop is passed on: not out of its grace
+        spec["terminationGracePeriodSeconds"] = DEFAULT_GRACE_SECONDS + math.ceil(settings.stack_sweep_seconds)
     return spec
 
 
