@@ -14,10 +14,9 @@ from typing import Literal
 from prefect.blocks.core import Block
 from pydantic import Field
 
-from trainguard.core.backends.forensics import DEFAULT_SWEEP_SECONDS, StackCapture
-from trainguard.core.backends.jobfiles import (
-    DEFAULT_CORE_DUMP_BUDGET_BYTES, DEFAULT_EVIDENCE_BUDGET_BYTES, DEFAULT_LOG_BUDGET_BYTES, Budget,
-)
+from blocks import jobfields
+from trainguard.core.backends.forensics import StackCapture
+from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.slurm.client import SlurmClient
 from trainguard.core.backends.slurm.backend import SlurmBackend as SlurmAdapter
 from trainguard.core.backends.slurm.job import JobSettings
@@ -92,35 +91,13 @@ class SlurmBackend(Block):
         "ControllerUnreachable, with the evidence it can still collect (the job may run on and be adopted later).",
     )
 
-    evidence_budget_bytes: int = Field(
-        default=DEFAULT_EVIDENCE_BUDGET_BYTES, ge=0, title="Evidence budget (bytes)",
-        description="At most this much of what the job left (logs of every task, reports, snapshots, the "
-                    "job's stdout and stderr, the newest checkpoint, core dumps) is copied into the evidence per "
-                    "attempt, counted by apparent size, so a sparse 10 TB file costs what it claims. What does "
-                    "not fit stays on the shared folder and is listed as missing with its size; a log is cut.",
-    )
-    core_dump_budget_bytes: int = Field(
-        default=DEFAULT_CORE_DUMP_BUDGET_BYTES, ge=0, title="Core dump budget (bytes)",
-        description="Core dumps of all tasks together, within the evidence budget; a core over it stays on the "
-                    "shared folder (listed as missing with its size). Cores are copied whole, holes kept.",
-    )
-    log_budget_bytes: int = Field(
-        default=DEFAULT_LOG_BUDGET_BYTES, ge=0, title="Log budget (bytes)",
-        description="Each log the job writes (the console log, each rank's and each task's log), within the "
-                    "evidence budget: a longer log is stored masked up to there, said to be cut, and kept whole "
-                    "in the shared folder; its last lines are in crash-tail.txt.",
-    )
+    evidence_budget_bytes: int = jobfields.evidence_budget("logs of every task, reports, snapshots, the job's stdout and stderr, "
+                                                            "the newest checkpoint, core dumps", "on the shared folder")
+    core_dump_budget_bytes: int = jobfields.core_dump_budget("on the shared folder")
+    log_budget_bytes: int = jobfields.log_budget("on the shared folder")
 
-    stack_sweep_seconds: float = Field(
-        default=DEFAULT_SWEEP_SECONDS, ge=0, title="Stack capture bound (s)",
-        description="Before a hung or stalled job is cancelled, every rank's stack is taken on its node (py-spy, "
-                    "else Python's faulthandler) within this many seconds; the cancel waits for it. 0 = no capture.",
-    )
-    native_stacks: bool = Field(
-        default=True, title="Native frames in the stacks",
-        description="Ask py-spy for native (C/C++) frames too; where the node's ptrace policy forbids it the "
-                    "Python stack is kept.",
-    )
+    stack_sweep_seconds: float = jobfields.stack_sweep("a hung or stalled job is cancelled (the cancel waits for it)")
+    native_stacks: bool = jobfields.native_stacks()
 
     def backend(self) -> SlurmAdapter:
         """The Slurm adapter this block describes."""
