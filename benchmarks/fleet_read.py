@@ -5,14 +5,17 @@ into a folder store and into S3 (moto in server mode on loopback, started here),
 each reader so every closed day is compacted into one JSON-lines object, as the first `fleet` of a
 day does. Then, interleaved, best of 3: trainguard's read + analysis (`IndexReader` + `Tally.view`,
 what the command does before printing) vs the baseline, which lists the same day prefixes, gets the
-same objects through the same store and runs `json.loads` over every line. Peak memory of the
-trainguard side is tracemalloc's, measured in a pass of its own. Prints the figures and the ratios.
+same objects through the same store and runs `json.loads` over every line. Best wall-clock and
+best CPU time of each side, and the load average as it ends (other work shares the cores). Peak
+memory of the trainguard side is tracemalloc's, measured in a pass of its own. Prints the figures
+and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import sys
@@ -72,25 +75,28 @@ def bare_read(store: EvidenceStore, now: datetime) -> int:
     return count
 
 
-def best(call: Callable[[], int], rounds: list[float]) -> None:
-    started = time.perf_counter()
+def timed(call: Callable[[], int], rounds: list[tuple[float, float]]) -> None:
+    """One round's wall-clock and CPU seconds (the process's: with moto, its server thread's too)."""
+    wall, cpu = time.perf_counter(), time.process_time()
     call()
-    rounds.append(time.perf_counter() - started)
+    rounds.append((time.perf_counter() - wall, time.process_time() - cpu))
 
 
 def measure(name: str, store: EvidenceStore, now: datetime, repeat: int) -> None:
-    ours: list[float] = []
-    bare: list[float] = []
+    ours: list[tuple[float, float]] = []
+    bare: list[tuple[float, float]] = []
     for _ in range(repeat):  # interleaved, so load from other work weighs on both alike
-        best(lambda: bare_read(store, now), bare)
-        best(lambda: trainguard_read(store, now), ours)
+        timed(lambda: bare_read(store, now), bare)
+        timed(lambda: trainguard_read(store, now), ours)
     tracemalloc.start()
     attempts = trainguard_read(store, now)
     peak = tracemalloc.get_traced_memory()[1] / 2**20
     tracemalloc.stop()
-    print(f"{name}: {attempts:,} verdicts; bare json.loads loop {min(bare):.2f} s, trainguard fleet read+analysis "
-          f"{min(ours):.2f} s: {min(ours) / min(bare):.2f}x (goal <= 2x); peak traced memory {peak:.1f} MiB "
-          f"(goal <= 100 MiB)")
+    (wall, cpu), (bare_wall, bare_cpu) = (tuple(map(min, zip(*rounds))) for rounds in (ours, bare))
+    print(f"{name}: {attempts:,} verdicts; bare json.loads loop {bare_wall:.2f} s, trainguard fleet read+analysis "
+          f"{wall:.2f} s: {wall / bare_wall:.2f}x (goal <= 2x; CPU {bare_cpu:.2f} s vs {cpu:.2f} s: "
+          f"{cpu / bare_cpu:.2f}x); peak traced memory {peak:.1f} MiB (goal <= 100 MiB); "
+          f"load average {os.getloadavg()[0]:.1f}")
 
 
 def s3_store(root: Path) -> tuple[EvidenceStore, Callable[[], None]]:
@@ -101,6 +107,7 @@ def s3_store(root: Path) -> tuple[EvidenceStore, Callable[[], None]]:
     from trainguard.core.stores.s3.store import S3Store, UploadPolicy
 
     os.environ.update({"AWS_ACCESS_KEY_ID": "AKIABENCH", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"})
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

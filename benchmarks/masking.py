@@ -10,14 +10,23 @@ no assignments. Also shown: a plain copy of the bytes (decode and encode), the f
 Each figure is the CPU time (process_time) of the best of ``--repeat`` runs, so other work on a
 shared machine inflates it less than wall time would; the ratio against the
 baseline measured in the same run is what counts). Linearity: a 4 MB single line must cost about
-four times a 1 MB one. Usage: .venv/bin/python benchmarks/masking.py [--repeat 5] [--mb 4]
+four times a 1 MB one.
+
+Then the evidence copy of a log that is one 1 GB line (``--copy-gb``; a progress bar with a secret
+every 4 MiB): `jobfiles.masked_copy`, which masks in bounded overlapping windows, vs a plain copy of
+the same file (`safefiles.copy`) as the baseline, each in a child process of its own whose peak RSS
+(VmHWM) is read as the copy ends, with their wall and CPU time; the masked copy is then checked to
+hold no secret. Usage: .venv/bin/python benchmarks/masking.py [--repeat 5] [--mb 4] [--copy-gb 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -92,11 +101,67 @@ def report(name: str, mb: float, masked: float, baseline: float, floor: float) -
           f"copy {floor / mb:6.3f} s/MB  ratio {masked / baseline:5.1f}x")
 
 
+COPY_CHILD = r"""
+import json, os, sys, tempfile, time
+sys.path.insert(0, sys.argv[4])
+from trainguard.core.backends import jobfiles
+from trainguard_entrypoint import safefiles
+from trainguard_entrypoint.redact import Masker
+mode, source, secrets = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+vmhwm = lambda: next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
+wall, cpu, leaked = time.monotonic(), time.process_time(), None
+with safefiles.open_regular(source) as handle:
+    size = os.fstat(handle.fileno()).st_size
+    if mode == "masked":
+        with jobfiles.masked_copy(handle, size, Masker(secrets), wall + 3600) as (path, copied):
+            wall, cpu, peak = time.monotonic() - wall, time.process_time() - cpu, vmhwm()
+            with open(path, "rb") as out:  # in pieces that overlap by more than a secret
+                tail, leaked = b"", False
+                while piece := out.read(1024 * 1024):
+                    leaked = leaked or any(s.encode() in tail + piece for s in secrets)
+                    tail = piece[-64:]
+    else:
+        with tempfile.NamedTemporaryFile() as out:
+            copied = safefiles.copy(handle, out).copied_bytes
+            wall, cpu, peak = time.monotonic() - wall, time.process_time() - cpu, vmhwm()
+print(json.dumps({"wall": wall, "cpu": cpu, "peak_mib": peak, "copied": copied, "leaked": leaked}))
+"""
+
+
+def one_line_log(folder: Path, gigabytes: float) -> Path:
+    """A log that is one line of ``gigabytes`` GB: a progress bar (``\\r``, no ``\\n``), a secret every 4 MiB."""
+    path = folder / "one-line.log"
+    bar = ("\r 42%|████▏     | 2100/5000 [00:51<01:10, 41.2it/s]" * (4 * MB // 60)).encode()[: 4 * MB - 64]
+    with path.open("wb") as out:
+        for index in range(int(gigabytes * 1024 / 4)):
+            out.write(bar + f" HF_TOKEN={SECRETS[index % len(SECRETS)]} ".encode().ljust(64, b"="))
+    return path
+
+
+def masked_copy_figures(gigabytes: float) -> None:
+    with tempfile.TemporaryDirectory(prefix="trainguard-bench-") as folder:
+        source = one_line_log(Path(folder), gigabytes)
+        runs = {}
+        for mode in ("plain", "masked"):
+            argv = [sys.executable, "-c", COPY_CHILD, mode, str(source), ",".join(SECRETS),
+                    str(Path(__file__).resolve().parents[1])]
+            runs[mode] = json.loads(subprocess.run(argv, capture_output=True, check=True, text=True).stdout)
+        plain, masked = runs["plain"], runs["masked"]
+        assert masked["leaked"] is False and masked["copied"] == plain["copied"] == source.stat().st_size
+        print(f"evidence copy of a {source.stat().st_size / MB:,.0f} MiB single line: masked {masked['wall']:.1f} s "
+              f"(CPU {masked['cpu']:.1f} s), peak RSS {masked['peak_mib']:.1f} MiB; plain copy {plain['wall']:.1f} s "
+              f"(CPU {plain['cpu']:.1f} s), peak RSS {plain['peak_mib']:.1f} MiB; peak RSS ratio "
+              f"{masked['peak_mib'] / plain['peak_mib']:.2f}x, time ratio {masked['wall'] / plain['wall']:.1f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--mb", type=int, default=4, help="size of the ordinary log and of the long single line")
+    parser.add_argument("--copy-gb", type=float, default=1.0, help="size of the one-line log copied (0: skip)")
     args = parser.parse_args()
+    if args.copy_gb:
+        masked_copy_figures(args.copy_gb)
     masker = Masker(SECRETS)
     lines = ordinary_lines(args.mb * MB)
     block = "".join(lines)

@@ -13,7 +13,9 @@ from pydantic import Field
 from blocks.factories import local_backend
 from trainguard.core.backends.base import Backend
 from trainguard.core.backends.forensics import DEFAULT_SWEEP_SECONDS, StackCapture
-from trainguard.core.backends.jobfiles import DEFAULT_CORE_DUMP_BUDGET_BYTES, DEFAULT_EVIDENCE_BUDGET_BYTES, Budget
+from trainguard.core.backends.jobfiles import (
+    DEFAULT_CORE_DUMP_BUDGET_BYTES, DEFAULT_EVIDENCE_BUDGET_BYTES, DEFAULT_LOG_BUDGET_BYTES, Budget,
+)
 
 
 class LocalProcessBackend(Block):
@@ -48,6 +50,12 @@ class LocalProcessBackend(Block):
         description="Core dumps together, within the evidence budget; a core over it stays in the work folder "
                     "(listed as missing with its size). Cores are copied whole, holes kept, or not at all.",
     )
+    log_budget_bytes: int = Field(
+        default=DEFAULT_LOG_BUDGET_BYTES, ge=0, title="Log budget (bytes)",
+        description="Each log the job writes (the console log, each rank's and each task's log), within the "
+                    "evidence budget: a longer log is stored masked up to there, said to be cut, and kept whole "
+                    "in the work folder; its last lines are in crash-tail.txt.",
+    )
 
     stack_sweep_seconds: float = Field(
         default=DEFAULT_SWEEP_SECONDS, ge=0, title="Stack capture bound (s)",
@@ -64,5 +72,6 @@ class LocalProcessBackend(Block):
         """The local-process adapter this block describes."""
         return local_backend(self.work_root, self.grace_seconds, self.python,
                              budget=Budget(total_bytes=self.evidence_budget_bytes,
-                                           core_dump_bytes=self.core_dump_budget_bytes),
+                                           core_dump_bytes=self.core_dump_budget_bytes,
+                                           log_bytes=self.log_budget_bytes),
                              capture=StackCapture(self.stack_sweep_seconds, self.native_stacks))

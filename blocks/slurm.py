@@ -15,7 +15,9 @@ from prefect.blocks.core import Block
 from pydantic import Field
 
 from trainguard.core.backends.forensics import DEFAULT_SWEEP_SECONDS, StackCapture
-from trainguard.core.backends.jobfiles import DEFAULT_CORE_DUMP_BUDGET_BYTES, DEFAULT_EVIDENCE_BUDGET_BYTES, Budget
+from trainguard.core.backends.jobfiles import (
+    DEFAULT_CORE_DUMP_BUDGET_BYTES, DEFAULT_EVIDENCE_BUDGET_BYTES, DEFAULT_LOG_BUDGET_BYTES, Budget,
+)
 from trainguard.core.backends.slurm.client import SlurmClient
 from trainguard.core.backends.slurm.backend import SlurmBackend as SlurmAdapter
 from trainguard.core.backends.slurm.job import JobSettings
@@ -102,6 +104,12 @@ class SlurmBackend(Block):
         description="Core dumps of all tasks together, within the evidence budget; a core over it stays on the "
                     "shared folder (listed as missing with its size). Cores are copied whole, holes kept.",
     )
+    log_budget_bytes: int = Field(
+        default=DEFAULT_LOG_BUDGET_BYTES, ge=0, title="Log budget (bytes)",
+        description="Each log the job writes (the console log, each rank's and each task's log), within the "
+                    "evidence budget: a longer log is stored masked up to there, said to be cut, and kept whole "
+                    "in the shared folder; its last lines are in crash-tail.txt.",
+    )
 
     stack_sweep_seconds: float = Field(
         default=DEFAULT_SWEEP_SECONDS, ge=0, title="Stack capture bound (s)",
@@ -128,6 +136,7 @@ class SlurmBackend(Block):
             shared_folder=Path(self.shared_folder).expanduser().resolve(), settings=settings,
             python=self.python or sys.executable, client=SlurmClient(env=env, timeout_seconds=self.command_timeout_seconds),
             poll_max_seconds=self.poll_max_seconds, controller_timeout_seconds=self.controller_timeout_seconds,
-            budget=Budget(total_bytes=self.evidence_budget_bytes, core_dump_bytes=self.core_dump_budget_bytes),
+            budget=Budget(total_bytes=self.evidence_budget_bytes, core_dump_bytes=self.core_dump_budget_bytes,
+                          log_bytes=self.log_budget_bytes),
             capture=StackCapture(self.stack_sweep_seconds, self.native_stacks),
         )

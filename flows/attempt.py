@@ -25,7 +25,7 @@ from tasks.training import TrainingFailed, provision_workspace, release_attempt,
 from tasks.triage import classify_failure, decide_retry
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, history_records, new_run_id
 from trainguard.core.evidence import afterupload, manifest
-from trainguard.core.backends.base import AttemptOutcome, launch_for
+from trainguard.core.backends.base import AttemptOutcome, Launch, launch_for
 from trainguard.core.policy import RetryDecision
 from trainguard.core.spec import TrainingSpec
 from trainguard.core.stores.base import EvidenceStore
@@ -85,12 +85,7 @@ def train_attempt(
     retry_policy = resolve_policy(spec, retry_policy_block)
     held = afterupload.hold(store)  # S3 gets the evidence after the verdict: judging never waits on it
     shared = read_avoid_list(backend, spec.nodes)  # the fleet's avoid list, when it leaves enough nodes
-    launch = launch_for(
-        spec.command, run_id=run_id, attempt=attempt, env=spec.env, gpus=spec.gpus, nodes=spec.nodes,
-        processes_per_node=spec.nprocs, workdir=spec.workdir,
-        deadline_seconds=spec.deadline_seconds, stall_seconds=spec.stall_seconds, resume_from=resume_from,
-        avoid_nodes=[*(avoid_nodes or ()), *shared["avoid"]], memory_factor=memory_factor,
-    )
+    launch = _launch(spec, run_id, attempt, resume_from, [*(avoid_nodes or ()), *shared["avoid"]], memory_factor)
     ref, train_state, evidence_state = None, None, None
     # before the attempt can fill the disk: space for the manifest and verdict that say what happened
     unreserved = manifest.reserve_space(store, run_id, attempt)
@@ -119,6 +114,17 @@ def train_attempt(
     publish_report(summary, [AttemptSummary.from_dict(item) for item in history or []])
     events.report_attempt(summary)
     return _ends(summary, decision)
+
+
+def _launch(spec: TrainingSpec, run_id: str, attempt: int, resume_from: str | None, avoid_nodes: list[str],
+            memory_factor: float) -> Launch:
+    """What the backend is asked to run: the spec's command and limits, for this attempt."""
+    return launch_for(
+        spec.command, run_id=run_id, attempt=attempt, env=spec.env, gpus=spec.gpus, nodes=spec.nodes,
+        processes_per_node=spec.nprocs, workdir=spec.workdir,
+        deadline_seconds=spec.deadline_seconds, stall_seconds=spec.stall_seconds, resume_from=resume_from,
+        avoid_nodes=avoid_nodes, memory_factor=memory_factor,
+    )
 
 
 def _keep_verdict(store: EvidenceStore, summary: AttemptSummary, evidence: Any, held: bool) -> AttemptSummary:

@@ -32,7 +32,8 @@ from tasks.report import publish_run_report
 from trainguard.core.evidence import index, manifest
 from trainguard.core.reports import progress
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef, StopsOrphans
+from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef
+from trainguard.core.backends.capabilities import StopsOrphans
 from trainguard.core.spec import parse_spec
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
 

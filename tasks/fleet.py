@@ -16,10 +16,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.variables import Variable
 
-from trainguard.core.backends.base import Backend, PlacesOnNodes
+from trainguard.core.backends.base import Backend
+from trainguard.core.backends.capabilities import PlacesOnNodes
 from trainguard.core.fleet import avoid
 
 ARTIFACT_KEY = "trainguard-fleet"
+ROUNDS = 3  # writes of the avoid list before giving up on others writing over it
 
 
 def read_list() -> list[avoid.Entry]:
@@ -27,11 +29,34 @@ def read_list() -> list[avoid.Entry]:
     return avoid.parse(Variable.get(avoid.VARIABLE, default=None))
 
 
-def add_to_list(nodes: Sequence[tuple[str, str]], days: float, added_by: str) -> list[avoid.Entry]:
-    """Add ``(node, reason)`` pairs to the list for ``days``; returns the list as written."""
-    entries = avoid.add(read_list(), nodes, datetime.now(UTC), days, added_by)
-    Variable.set(avoid.VARIABLE, [entry.to_dict() for entry in entries], overwrite=True)
-    return entries
+def add_to_list(seen: Sequence[avoid.Entry], nodes: Sequence[tuple[str, str]], days: float,
+                added_by: str) -> tuple[list[avoid.Entry], list[str]]:
+    """Add ``(node, reason)`` pairs to the list for ``days``, keeping what others changed meanwhile.
+
+    A Variable has no compare-and-set, so the list is re-read right before writing and the pairs
+    are added to it as it is then: an edit made since the caller read ``seen`` (a person in the UI)
+    is kept, not overwritten. After writing, the list is read back; if someone wrote over it from
+    an older copy, the pairs are added again on top of theirs (at most `ROUNDS` times). What is
+    left unguarded is a write landing between the re-read and the write, one request apart.
+
+    Returns:
+        The list as written, and one phrase per edit of someone else's that was merged.
+    """
+    ours = [node for node, _ in nodes]
+    merged: list[str] = []
+    current = read_list()
+    for _ in range(ROUNDS):
+        merged += avoid.changes(seen, current, ignore=ours)
+        entries = avoid.add(current, nodes, datetime.now(UTC), days, added_by)
+        Variable.set(avoid.VARIABLE, [entry.to_dict() for entry in entries], overwrite=True)
+        seen, current = entries, read_list()
+        if current == entries:
+            return entries, merged
+    raise AvoidListBusy(f"{avoid.VARIABLE} changed under every one of {ROUNDS} writes; try again")
+
+
+class AvoidListBusy(RuntimeError):
+    """Others kept writing the list while it was being added to."""
 
 
 @task(name="read_avoid_list", cache_policy=NO_CACHE)

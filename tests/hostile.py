@@ -74,6 +74,18 @@ def host_file(folder: Path) -> Path:
     return path
 
 
+def _stored(store: EvidenceStore, evidence_root: Path | None, prefix: str) -> list[tuple[str, bytes]]:
+    if evidence_root is None:
+        return [(key, store.get_bytes(key)) for key in store.list_keys(prefix + "/")]
+    found = []
+    for folder, _, files in os.walk(evidence_root):
+        for name in files:
+            path = Path(folder) / name
+            assert stat.S_ISREG(path.lstat().st_mode), f"{path} is not a regular file in the evidence"
+            found.append((str(path), path.read_bytes()))
+    return found
+
+
 def within(seconds: float, action: Callable[[], T], what: str) -> T:
     """``action``'s result if it returns within ``seconds``; fails (leaving it blocked in a daemon thread) if not."""
     box: dict[str, object] = {}
@@ -91,17 +103,16 @@ def within(seconds: float, action: Callable[[], T], what: str) -> T:
     return box["result"]  # type: ignore[return-value]
 
 
-def check_evidence(manifest: Manifest, store: EvidenceStore, evidence_root: Path, prefix: str) -> None:
-    """No host bytes, no secret, no FIFO or device content, within budget, printable keys, each refusal with why."""
-    for folder, _, files in os.walk(evidence_root):
-        for name in files:
-            path = Path(folder) / name
-            info = path.lstat()
-            assert stat.S_ISREG(info.st_mode), f"{path} is not a regular file in the evidence"
-            assert info.st_size < 16 * 1024 * 1024, f"{path} holds {info.st_size} bytes"
-            data = path.read_bytes()
-            assert HOST_MARKER not in data, f"{path} holds the host file's bytes"
-            assert SECRET.encode() not in data and SHAPED.encode() not in data, f"{path} holds a secret"
+def check_evidence(manifest: Manifest, store: EvidenceStore, evidence_root: Path | None, prefix: str) -> None:
+    """No host bytes, no secret, no FIFO or device content, within budget, printable keys, each refusal with why.
+
+    ``evidence_root``: the folder store's root, whose files are checked on disk; None for a store
+    read through its keys (S3).
+    """
+    for where, data in _stored(store, evidence_root, prefix):
+        assert len(data) < 16 * 1024 * 1024, f"{where} holds {len(data)} bytes"
+        assert HOST_MARKER not in data, f"{where} holds the host file's bytes"
+        assert SECRET.encode() not in data and SHAPED.encode() not in data, f"{where} holds a secret"
     keys = store.list_keys(prefix + "/")
     assert keys and all(key.isprintable() for key in keys), [k for k in keys if not k.isprintable()]
     assert all(item.name.isprintable() and item.key.isprintable() for item in manifest.items)

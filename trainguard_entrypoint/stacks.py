@@ -139,6 +139,15 @@ def _faulthandler(pid: int, folder: Path, timeout: float, clock: Callable[[], fl
         return _ask_faulthandler(pid, folder / "faulthandler.txt", timeout, clock)
 
 
+def ended(pid: int) -> bool:
+    """Whether the process is gone or a zombie (dead, not yet reaped): no stack will come from it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2:][:1] in ("Z", "X", "")
+
+
 def _ask_faulthandler(pid: int, path: Path, timeout: float, clock: Callable[[], float]) -> tuple[str, str]:
     if not path.exists():
         return "", "no faulthandler file: the command's processes do not run Python's faulthandler handler"
@@ -151,6 +160,8 @@ def _ask_faulthandler(pid: int, path: Path, timeout: float, clock: Callable[[], 
     while clock() < deadline:
         time.sleep(0.05)
         now = path.stat().st_size
+        if now == before and ended(pid):  # a stop reached it first: nothing will come
+            return "", "it ended before it could dump its stack"
         if now > before and now == size:  # it grew, and stopped growing: the dump is whole
             with path.open("rb") as handle:
                 handle.seek(before)
@@ -178,31 +189,7 @@ def capture(root: int, workspace: Path, *, budget_seconds: float = 30.0, native:
     found = ranks(root)
 
     def one(item: tuple[int, int]) -> tuple[int, dict[str, Any]]:
-        rank, pid = item
-        left = max(1.0, deadline - clock())
-        text, reasons, source = "", [], ""
-        if tool:
-            for attempt_native in ((True, False) if native else (False,)):
-                text, reason = _py_spy(pid, attempt_native, left, tool)
-                if text:
-                    source = "py-spy --native" if attempt_native else "py-spy"
-                    break
-                reasons.append(reason)
-        else:
-            reasons.append("py-spy is not installed beside the entrypoint or on PATH")
-        if not text:
-            text, reason = _faulthandler(pid, folder, max(1.0, deadline - clock()), clock)
-            source = "faulthandler" if text else ""
-            if reason:
-                reasons.append(reason)
-        entry: dict[str, Any] = {"pid": pid, "source": source}
-        if text:
-            name = f"rank-{rank}.txt"
-            (folder / name).write_text(text, encoding="utf-8", errors="replace")
-            entry["file"] = name
-        else:
-            entry["absent"] = "; ".join(reasons)
-        return rank, entry
+        return item[0], _one_rank(item, folder, tool, native, deadline, clock)
 
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(found)))) as pool:
         results = dict(pool.map(one, sorted(found.items())))
@@ -212,6 +199,34 @@ def capture(root: int, workspace: Path, *, budget_seconds: float = 30.0, native:
     tmp.write_text(json.dumps(index, indent=2), encoding="utf-8")
     os.replace(tmp, folder / INDEX)
     return index
+
+
+def _one_rank(item: tuple[int, int], folder: Path, tool: str | None, native: bool, deadline: float,
+              clock: Callable[[], float]) -> dict[str, Any]:
+    """One rank's stack into `folder` (py-spy, native frames first where asked, else faulthandler): its index entry."""
+    rank, pid = item
+    text, reasons, source = "", [], ""
+    if tool:
+        for attempt_native in ((True, False) if native else (False,)):
+            text, reason = _py_spy(pid, attempt_native, max(1.0, deadline - clock()), tool)
+            if text:
+                source = "py-spy --native" if attempt_native else "py-spy"
+                break
+            reasons.append(reason)
+    else:
+        reasons.append("py-spy is not installed beside the entrypoint or on PATH")
+    if not text:
+        text, reason = _faulthandler(pid, folder, max(1.0, deadline - clock()), clock)
+        source = "faulthandler" if text else ""
+        if reason:
+            reasons.append(reason)
+    entry: dict[str, Any] = {"pid": pid, "source": source}
+    if text:
+        entry["file"] = f"rank-{rank}.txt"
+        (folder / entry["file"]).write_text(text, encoding="utf-8", errors="replace")
+    else:
+        entry["absent"] = "; ".join(reasons)
+    return entry
 
 
 def _find_py_spy() -> str | None:

@@ -14,8 +14,9 @@ import pytest
 from trainguard.core import recovery, triage
 from trainguard.core.attempt import AttemptSummary, next_parameters
 from trainguard.core.backends.base import (
-    AttemptOutcome, Backend, Launch, Rendezvous, StopsOrphans, Supervises, container_env,
+    AttemptOutcome, Backend, Launch, Rendezvous, container_env,
 )
+from trainguard.core.backends.capabilities import StopsOrphans, Supervises
 from trainguard.core.backends.forensics import StackCapture
 from trainguard.core.backends.local.runner import _write_process_record
 from trainguard.core.backends.local.backend import LocalBackend

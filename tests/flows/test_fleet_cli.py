@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import uuid
+from types import SimpleNamespace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -159,6 +160,62 @@ def test_apply_adds_the_suspect_to_the_shared_avoid_list(prefect_server, tmp_pat
     expires = datetime.fromisoformat(entries["gpu-07"]["expires_at"].replace("Z", "+00:00"))
     assert timedelta(days=2.9) < expires - NOW < timedelta(days=3.1)
     assert "hardware failures in" in entries["gpu-07"]["reason"] and "trainguard fleet" in entries["gpu-07"]["added_by"]
+    Variable.unset(VARIABLE)
+
+
+def listed(node: str, added_by: str) -> dict[str, str]:
+    return {"node": node, "reason": "by hand", "expires_at": "2099-01-01T00:00:00Z", "added_by": added_by}
+
+
+def test_apply_keeps_an_edit_made_in_the_ui_while_it_ran_and_says_so(prefect_server, tmp_path: Path,
+                                                                       monkeypatch) -> None:
+    """bob removes alice's entry and adds his own while the command reads the index (after it read the list)."""
+    store = LocalEvidenceStore(tmp_path / "evidence")
+    keep_history(store, list(fleet()))
+    Variable.set(VARIABLE, [listed("gpu-33", "alice")], overwrite=True)
+    reading = index.IndexReader.records
+
+    def records_while_bob_edits(self, *args, **kwargs):
+        Variable.set(VARIABLE, [listed("gpu-44", "bob")], overwrite=True)
+        return reading(self, *args, **kwargs)
+
+    monkeypatch.setattr(index.IndexReader, "records", records_while_bob_edits)
+
+    shown = runner.invoke(app, ["fleet", "--since", "30d", "--root", str(tmp_path / "evidence"), "--apply"],
+                          terminal_width=400)
+
+    assert shown.exit_code == 0, shown.output
+    assert {e["node"] for e in Variable.get(VARIABLE)} == {"gpu-44", "gpu-07"}  # alice's stays removed
+    (merged,) = [line for line in shown.output.splitlines() if "while this ran" in line]
+    assert "gpu-44 added by bob" in merged and "gpu-33 removed" in merged and "gpu-07" not in merged
+    Variable.unset(VARIABLE)
+
+
+def test_apply_adds_its_nodes_again_when_a_stale_copy_is_written_over_them(prefect_server, tmp_path: Path,
+                                                                           monkeypatch) -> None:
+    """carol's tool read the list before --apply wrote it and writes its copy back right after."""
+    import tasks.fleet
+
+    store = LocalEvidenceStore(tmp_path / "evidence")
+    keep_history(store, list(fleet()))
+    Variable.set(VARIABLE, [listed("gpu-33", "alice")], overwrite=True)
+    writes: list[list[str]] = []
+
+    def set_then_carol_writes(name: str, value, overwrite: bool = False):
+        Variable.set(name, value, overwrite=overwrite)
+        writes.append([e["node"] for e in value])
+        if len(writes) == 1:
+            Variable.set(VARIABLE, [listed("gpu-33", "alice"), listed("gpu-55", "carol")], overwrite=True)
+
+    monkeypatch.setattr(tasks.fleet, "Variable", SimpleNamespace(get=Variable.get, set=set_then_carol_writes))
+
+    shown = runner.invoke(app, ["fleet", "--since", "30d", "--root", str(tmp_path / "evidence"), "--apply"],
+                          terminal_width=400)
+
+    assert shown.exit_code == 0, shown.output
+    assert writes == [["gpu-33", "gpu-07"], ["gpu-33", "gpu-55", "gpu-07"]]
+    assert [e["node"] for e in Variable.get(VARIABLE)] == ["gpu-33", "gpu-55", "gpu-07"]
+    assert "gpu-55 added by carol" in shown.output
     Variable.unset(VARIABLE)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.evidence import index
+from trainguard.core.fleet.analysis import Tally
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.stores.folder import LocalEvidenceStore
 
@@ -67,6 +68,26 @@ def test_rewriting_an_attempts_verdict_keeps_one_record_the_newest(store) -> Non
     assert [(r["run"], r["retried"]) for r in records] == [("r1", False)]
 
 
+def test_a_verdict_rewritten_after_midnight_is_one_record_the_newest_across_the_window(store) -> None:
+    """The retry controller settles an attempt at 00:00:10 whose flow judged it at 23:59:50: a record on each day."""
+    before_midnight = datetime(2026, 11, 3, 23, 59, 50, tzinfo=UTC)
+    index.keep(store, summary("r1", category="nccl_error"), before_midnight)
+    index.keep(store, summary("r2"), before_midnight)
+    index.keep(store, summary("r1", decision={"retry": False, "reason": "stopped"}, category="gpu_fault"),
+               before_midnight + timedelta(seconds=20))
+    assert len(store.list_keys("index/verdicts/")) == 3  # two days hold r1's attempt 1
+
+    for now in (DAY + timedelta(days=1, hours=12), LATER):  # the first day open, then both compacted
+        reader, records = read_all(store, now)
+        assert sorted((r["run"], r["ended_at"], r["retried"]) for r in records) == [
+            ("r1", "2026-11-04T00:00:10Z", False), ("r2", "2026-11-03T23:59:50Z", True)], now
+        assert Tally().add_all(records).view().attempts == 2
+
+    window_before_the_rewrite = list(index.IndexReader(store, now=LATER).records(DAY, before_midnight))
+    assert sorted((r["run"], r["category"]) for r in window_before_the_rewrite) == [("r1", "nccl_error"),
+                                                                                     ("r2", "gpu_fault")]
+
+
 def test_concurrent_writers_and_compactors_lose_no_record(store) -> None:
     """Writers keep writing into a closed day (late verdicts, skewed clocks) while two readers compact it."""
     for n in range(10):
@@ -86,7 +107,10 @@ def test_concurrent_writers_and_compactors_lose_no_record(store) -> None:
     assert reader.problems == []
     keys = store.list_keys("index/verdicts/2026-11-03/")
     assert len(keys) == 1 and keys[0].endswith(".jsonl"), keys
-    assert read_all(store)[1] == records
+    def by_run(found: list[dict]) -> list[dict]:
+        return sorted(found, key=lambda r: r["run"])
+
+    assert by_run(read_all(store)[1]) == by_run(records)  # the same records again, in whatever order the parts hold them
 
 
 def test_an_open_day_is_not_compacted(store) -> None:
@@ -125,6 +149,16 @@ def test_garbage_in_the_index_is_skipped_and_counted(store) -> None:
     reader, records = read_all(store, DAY + timedelta(minutes=1))
 
     assert [r["run"] for r in records] == ["r1"] and reader.skipped == 2
+
+
+def test_a_damaged_line_in_a_compacted_part_costs_only_itself(store) -> None:
+    good = [json.dumps(index.entry(summary(f"r{n}"), DAY + timedelta(minutes=n))) for n in range(3)]
+    body = f"{good[0]}\n".encode() + b"\xff\xfe{not utf-8}\n\n" + f"  {good[1]}\r\n{good[2]}\n".encode()
+    store.put_bytes("index/verdicts/2026-11-03/compacted-0123456789abcdef.jsonl", body)
+
+    reader, records = read_all(store)
+
+    assert [r["run"] for r in records] == ["r2", "r1", "r0"] and reader.skipped == 1  # newest first
 
 
 def test_a_folder_that_cannot_take_the_record_is_reported_not_raised(tmp_path: Path) -> None:

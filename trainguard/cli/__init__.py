@@ -12,7 +12,7 @@ import importlib
 import sys
 from typing import Any
 
-_COMMAND_MODULES = ("classify", "evidence", "evidence_ops", "fleet", "recent", "runs", "setup")
+_COMMAND_MODULES = ("classify", "dump", "evidence", "evidence_ops", "fleet", "recent", "runs", "setup")
 
 
 def _full_app() -> Any:

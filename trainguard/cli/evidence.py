@@ -16,7 +16,7 @@ from trainguard.cli.output import console, escaped, fail, plain, say
 from trainguard.core.evidence import bundles
 from trainguard.core.evidence import manifest as manifests
 from blocks.factories import evidence_folder, local_backend
-from trainguard.core.backends.base import Supervises
+from trainguard.core.backends.capabilities import Supervises
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, EvidenceStoreError, SpoolingStore
 from trainguard.core.ids import InvalidId
 
@@ -67,7 +67,7 @@ def _show_unstored(store: EvidenceStore, run_id: str, work: Path) -> None:
             "store could not take it (a full disk?); what the attempt left is still in its work folder", "red"))
         say("  ", str(folder))
         for name in files:
-            say("  not stored: ", name)
+            say("  not stored: ", escaped(name))
     fail(f"the evidence of run {run_id!r} is missing from {store.describe()}; free space there and keep the "
          f"work folder above, which holds what the attempts left", code=1)
 

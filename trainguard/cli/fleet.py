@@ -23,6 +23,7 @@ from trainguard.cli.typer_app import app
 from trainguard.core.evidence import index
 from trainguard.core.fleet import render
 from trainguard.core.fleet.analysis import FleetView, Tally
+from trainguard.core.fleet.avoid import VARIABLE, AvoidListError, Entry
 
 _SINCE = re.compile(r"(\d{1,4})([hdw])")
 _UNIT_HOURS = {"h": 1, "d": 24, "w": 24 * 7}
@@ -57,6 +58,7 @@ def fleet(
     if not 0 < avoid_days <= 90:
         fail(f"--avoid-days: {avoid_days:g} is out of range; give a number of days above 0 and at most 90")
     store = open_store(root, block)
+    seen = _read_list() if apply else []  # checked before a month of the index is read
     now = datetime.now(UTC)
     reader = index.IndexReader(store, now=now)
     view = Tally().add_all(reader.records(now - window, now)).view()
@@ -70,7 +72,7 @@ def fleet(
     else:
         _tables(view, title)
     if apply:
-        _apply(view, avoid_days)
+        _apply(view, avoid_days, seen)
 
 
 def _report_reading(reader: index.IndexReader, where: str) -> None:
@@ -127,20 +129,33 @@ def _publish(since: timedelta, root: Path, block: str | None) -> None:
     say(f"published the Prefect artifact {ARTIFACT_KEY!r}")
 
 
-def _apply(view: FleetView, days: float) -> None:
-    from tasks.fleet import add_to_list  # Prefect only when the list is changed
-    from trainguard.core.fleet.avoid import VARIABLE, AvoidListError
+def _read_list() -> list[Entry]:
+    from tasks.fleet import read_list  # Prefect only when the list is changed
+
+    try:
+        return read_list()
+    except AvoidListError as exc:
+        fail(f"--apply: {exc}; fix the Variable in the UI, then try again")
+    except Exception as exc:
+        fail(f"--apply: the Variable {VARIABLE!r} could not be read: {type(exc).__name__}: {exc}; "
+             "check PREFECT_API_URL")
+
+
+def _apply(view: FleetView, days: float, seen: list[Entry]) -> None:
+    from tasks.fleet import add_to_list
 
     if not view.suspects:
         say("--apply: no node to add to the shared avoid list")
         return
     pairs = [(s.node, render.evidence_line(s)) for s in view.suspects]
     try:
-        entries = add_to_list(pairs, days, f"trainguard fleet --apply ({getpass.getuser()})")
+        entries, merged = add_to_list(seen, pairs, days, f"trainguard fleet --apply ({getpass.getuser()})")
     except AvoidListError as exc:
         fail(f"--apply: {exc}; fix the Variable in the UI, then try again")
     except Exception as exc:
         fail(f"--apply: the Variable {VARIABLE!r} could not be updated: {type(exc).__name__}: {exc}; "
              "check PREFECT_API_URL")
+    if merged:
+        say(f"--apply: kept {len(merged)} edits others made to {VARIABLE} while this ran: ", "; ".join(merged))
     say(f"--apply: {VARIABLE} now holds {len(entries)} entries; added or extended for {days:g} days: ",
         ", ".join(node for node, _ in pairs))

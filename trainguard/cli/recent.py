@@ -19,7 +19,8 @@ from blocks.factories import evidence_folder, local_backend
 from trainguard.cli.typer_app import app
 from trainguard.cli.output import console, fail, plain
 from trainguard.core import ids, recovery
-from trainguard.core.backends.base import Backend, Supervises
+from trainguard.core.backends.base import Backend
+from trainguard.core.backends.capabilities import Supervises
 from trainguard.core.evidence import manifest
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
 

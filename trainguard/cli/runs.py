@@ -108,6 +108,13 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
         settle.stopped(spec, run_id, blocks, signum, spec_file)
     except (RuntimeError, OSError) as exc:
         fail(f"could not run on the Prefect API ({exc}); check PREFECT_API_URL or `prefect server start`", code=1)
+    _print_ending(state, run_id)
+    if not state.is_completed():
+        raise typer.Exit(1)
+
+
+def _print_ending(state: Any, run_id: str) -> None:
+    """The table of attempts, the final state, how sure the last call is, storage failures and where the evidence is."""
     history = state.result(raise_on_failure=False)
     summaries: list[AttemptSummary] = [AttemptSummary.from_dict(item) for item in history] if isinstance(history, list) else []
     console.print()
@@ -127,8 +134,6 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
         # the location is a path or an s3:// URI: Path() would fold "s3://" into "s3:/"
         run_location = summaries[-1].evidence.rstrip("/").rpartition("/")[0]
         say(f"evidence: {run_location}  (trainguard evidence show {run_id})")
-    if not state.is_completed():
-        raise typer.Exit(1)
 
 
 def _submit(spec: TrainingSpec, deployment: str, backend: str | None, evidence: str | None, retry_policy: str | None) -> None:

@@ -19,7 +19,8 @@ from trainguard.cli.output import attempts_table, console, fail, say
 from trainguard.core import recovery
 from trainguard.core.attempt import LINEAGE_TAG, AttemptSummary
 from trainguard.core.spec import TrainingSpec
-from trainguard.core.backends.base import Backend, StopsOrphans
+from trainguard.core.backends.base import Backend
+from trainguard.core.backends.capabilities import StopsOrphans
 from trainguard.core.stores.base import EvidenceStore
 
 if TYPE_CHECKING:

@@ -13,7 +13,8 @@ from dataclasses import replace
 
 from trainguard.core import triage
 from trainguard.core.attempt import Judgement
-from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, NodeEvidence, SeesNodes
+from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend
+from trainguard.core.backends.capabilities import NodeEvidence, SeesNodes
 from trainguard.core.triage import hangs
 
 

@@ -20,7 +20,8 @@ from trainguard_entrypoint.files import read_json_object
 from trainguard.core import judging, triage
 from trainguard.core.attempt import AttemptSummary, Judgement
 from trainguard.core.backends import workspace
-from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef, Backend, Supervises
+from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef, Backend
+from trainguard.core.backends.capabilities import Supervises
 from trainguard.core.evidence import index
 from trainguard.core.evidence.manifest import (
     VERDICT, attempt_prefix, attempts_in_store, read_manifest, write_verdict, release_space, storage_failures,

@@ -249,3 +249,35 @@ def test_a_checkpoint_folder_of_thousands_of_shards_keeps_the_volumes_evidence(
     assert b"step 100 loss" in kept.read("logs/train-run-1-attempt-1.log"), kept.why("volume")
     assert "crash-report.json" in kept.items and "snapshot/env.json" in kept.items
     assert len(kept.json("checkpoints.json")["files"]) == 3000
+
+
+def test_a_flood_of_files_and_a_log_over_its_share_cost_the_rest_of_the_evidence_nothing(
+    kube: KubeApi, ns: str, tmp_path: Path,
+) -> None:
+    script = ("import os, sys\n"
+              "ws, ck = os.environ['TRAINGUARD_WORKSPACE'], os.environ['TRAINGUARD_CHECKPOINT_DIR']\n"
+              "for folder in (ws + '/coredumps', ck + '/step-000002'):\n"
+              "    os.makedirs(folder, exist_ok=True)\n"
+              "    for i in range(5300):\n"
+              "        os.close(os.open(folder + '/core.%06d' % i, os.O_CREAT | os.O_WRONLY, 0o600))\n"
+              "for _ in range(2048):\n"
+              "    sys.stdout.write('step 1 loss 0.5 ' + 'x' * 1000 + '\\n')\n"
+              "print('TypeError: unsupported operand', flush=True)\n"
+              "raise SystemExit(1)\n")
+    job = trainguard_job(kube, ns, script)
+    _failed(kube, ns, job)
+    store = LocalEvidenceStore(tmp_path / "evidence")
+
+    manifest = within(240, lambda: collect_kubernetes_evidence(
+        kube, ns, job, "run-1", 1, store, log_dir=tmp_path / "triage", copy_budget_bytes=4 * 1024 * 1024,
+        collector_timeout_seconds=120), "collection to end")
+
+    kept = Kept(store, manifest)
+    assert "crash-report.json" in kept.items and "snapshot/env.json" in kept.items, kept.why("volume")
+    log = kept.read("logs/train-run-1-attempt-1.log")
+    assert log.startswith(b"step 1 loss") and len(log) == 1024 * 1024  # a quarter of the budget, not left out
+    assert "share of the copy budget" in kept.why("logs/train-run-1-attempt-1.log (cut)")
+    assert len(kept.names("coredumps/")) == 5000
+    stopped = [miss.reason for miss in manifest.missing if "the listing stops at 5000 entries" in miss.reason]
+    assert stopped and "300 entries from core.005000 on not listed" in stopped[0], stopped
+    assert kept.json("checkpoints.json")["left_out"] == 301  # the folder step-000002 is an entry too

@@ -66,7 +66,6 @@ def parse() -> argparse.Namespace:
                         help="meet the fault only in attempts up to this one (TRAINGUARD_ATTEMPT); 0 = in every run")
     parser.add_argument("--checkpoint-every", type=int, default=0,
                         help="rank 0 saves the model to TRAINGUARD_CHECKPOINT_DIR every N steps (0 = never)")
-    parser.add_argument("--step-seconds", type=float, default=0.05, help="the pause after each step")
     parser.add_argument("--ignore-sigterm", action="store_true",
                         help="every rank ignores SIGTERM, as a rank stuck in native code or a careless handler does")
     return parser.parse_args()
@@ -167,7 +166,7 @@ def main() -> None:
         print(f"step {step} loss {loss.item():.4f}", flush=True)
         if args.checkpoint_every and rank == 0 and (step + 1) % args.checkpoint_every == 0:
             save_checkpoint(model.module, step + 1)
-        time.sleep(args.step_seconds)
+        time.sleep(0.05)
     dist.barrier(group=group)
     dist.destroy_process_group()
 

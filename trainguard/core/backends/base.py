@@ -7,14 +7,15 @@ backend launches an attempt and waits until it is terminal, freezes its own evid
 
 Also here, because every backend must agree on them: the typed values that cross the seam
 (`Launch`, `AttemptRef`, `AttemptOutcome`) and `container_env`, the one function that builds the
-training container's environment. How each backend does its work lives in its own adapter module.
+training container's environment. The optional capabilities a backend may add beside the seam
+(`PlacesOnNodes`, `StopsOrphans`, `SeesNodes`, `Supervises`) are in `capabilities`. How each
+backend does its work lives in its own adapter module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from trainguard.core.backends import workspace as workspace_files
@@ -231,100 +232,6 @@ class Backend(Protocol):
 
     def release(self, ref: AttemptRef) -> None:
         """Let the platform clean the attempt up (delete it, or start its TTL). Called after evidence is kept."""
-        ...
-
-
-@runtime_checkable
-class PlacesOnNodes(Protocol):
-    """A backend that can name the nodes an attempt could be placed on (the avoid list needs enough left)."""
-
-    def placeable_nodes(self) -> list[str]:
-        """The nodes an attempt could be placed on now; raises when it cannot tell."""
-
-
-@runtime_checkable
-class StopsOrphans(Protocol):
-    """A backend that can stop an attempt whose supervising flow process died without a word.
-
-    Optional beside `Backend`: the retry controller and the crash hook call it, so no training keeps
-    running unsupervised next to the next attempt, on the same checkpoints. `evidence_first` says
-    when: False stops first and then collects what the stop left (a local process or a Slurm job
-    writes its crash report as it ends); True collects first, because stopping removes what
-    evidence is read from (deleting a Job deletes its pods and their logs).
-    """
-
-    @property
-    def evidence_first(self) -> bool:
-        """Whether evidence must be collected before the stop (True) or after it (False)."""
-        ...
-
-    def stop_orphan(self, ref: AttemptRef) -> str | None:
-        """Stop whatever still runs for `ref`; say what was stopped, or None when nothing ran."""
-        ...
-
-
-@dataclass(frozen=True)
-class NodeEvidence:
-    """What triage reads of one node of a multi-node attempt, and who the node is.
-
-    Attributes:
-        index: The node's index (its pod's completion index, its Slurm node id): the node rank.
-        signals: The node's own signals (its pod's exit code, reason, conditions, events, log, error files).
-        node: The machine it ran on, where known.
-        instance: The backend's name for it (a pod), where it has one.
-        ranks: The global ranks its processes held.
-        first_error_at: When it first failed, in seconds since the epoch, when the platform says
-            (a container's finish time).
-    """
-
-    index: int
-    signals: Signals
-    node: str | None = None
-    instance: str | None = None
-    ranks: range | None = None
-    first_error_at: float | None = None
-
-
-@runtime_checkable
-class SeesNodes(Protocol):
-    """A backend that runs one attempt on several nodes and can hand triage each node's signals.
-
-    Optional beside `Backend`: with two or more nodes, triage finds the culprit across them (the
-    node whose ranks failed on their own, not the ones that only lost a peer); `signals` still
-    gives the attempt's signals as one. Valid when `signals` is.
-    """
-
-    def node_signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> list[NodeEvidence]:
-        """One entry per node of the attempt, by index; one or none for a single-node attempt."""
-        ...
-
-
-@runtime_checkable
-class Supervises(Protocol):
-    """A backend that keeps a place per attempt where its supervisor is recorded (a folder it can read).
-
-    Optional beside `Backend`: `trainguard runs` and `trainguard run --resume` ask it which attempts
-    a run has beyond those in the evidence store (one lost before its evidence was kept), and
-    whether a process on this host still supervises one, so a run that is alive is never resumed
-    beside itself. The local and Slurm backends implement it (their attempt folders are on this
-    machine, or on a shared filesystem it mounts); the Kubernetes backend does not: its supervisor
-    may be a flow pod anywhere, and a run's attempts are known from the store and the cluster.
-    """
-
-    def runs(self) -> dict[str, float]:
-        """Every run with an attempt folder here, with the time (epoch seconds) it last changed."""
-        ...
-
-    def attempts(self, run_id: str) -> list[int]:
-        """The run's attempts that have a folder here, in order."""
-        ...
-
-    def supervisor_pid(self, run_id: str, attempt: int) -> int | None:
-        """The pid of the process still supervising the attempt on this host, if any."""
-        ...
-
-    def attempt_folder(self, run_id: str, attempt: int) -> Path:
-        """The attempt's folder on this machine (it may not exist): what it left when nothing could be stored."""
         ...
 
 

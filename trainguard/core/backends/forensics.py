@@ -18,13 +18,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from trainguard_entrypoint.files import read_json_object
 from trainguard_entrypoint.forensics import DUMP_REQUEST, flight_recorder_env
 from trainguard_entrypoint.progress import PROGRESS_RECORD
 from trainguard_entrypoint.stacks import INDEX, STACKS
 
-__all__ = ["StackCapture", "capture_env", "flight_recorder_env", "last_progress", "request_stacks", "stacks_taken"]
+__all__ = ["DumpsStacks", "NotRunning", "StackCapture", "capture_env", "flight_recorder_env", "last_progress",
+           "request_stacks", "stacks_taken"]
 
 DEFAULT_SWEEP_SECONDS = 30.0
 
@@ -49,6 +51,23 @@ class StackCapture:
     def stop_grace(self, grace_seconds: float) -> float:
         """How long a stopped attempt gets before SIGKILL: the stacks' sweep first, then the command's grace."""
         return grace_seconds + self.sweep_seconds
+
+
+class NotRunning(Exception):
+    """The attempt asked for its stacks is not running (or not here, or not ours); one line says which."""
+
+
+@runtime_checkable
+class DumpsStacks(Protocol):
+    """A backend that can ask a running attempt's entrypoint for every rank's stack now (`trainguard dump`)."""
+
+    def dump_stacks(self, run_id: str, attempt: int) -> str:
+        """Ask for them; return one line on how. The entrypoint writes them into the attempt's `stacks/`.
+
+        Raises:
+            NotRunning: The attempt does not run (here); the message says so and why.
+        """
+        ...
 
 
 def capture_env(stall_seconds: float | None, capture: StackCapture) -> dict[str, str]:

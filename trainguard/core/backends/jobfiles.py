@@ -28,6 +28,7 @@ from trainguard.core import masking
 GIB = 1024 ** 3
 DEFAULT_EVIDENCE_BUDGET_BYTES = 8 * GIB
 DEFAULT_CORE_DUMP_BUDGET_BYTES = 4 * GIB
+DEFAULT_LOG_BUDGET_BYTES = 1 * GIB
 DEFAULT_CHECKPOINT_COPY_LIMIT_BYTES = 256 * 1024 * 1024
 SMALL_FILE_LIMIT_BYTES = 64 * 1024 * 1024  # a report or snapshot file; trainguard's own are a few KiB
 DEFAULT_COPY_TIMEOUT_SECONDS = 600.0
@@ -42,6 +43,8 @@ class Budget:
         total_bytes: Everything copied from the job's folders together (logs, reports, snapshots,
             the newest checkpoint, core dumps). A log over what is left is cut there.
         core_dump_bytes: The core dumps together, within the total; a core over it stays where it is.
+        log_bytes: Each log the job writes (the console log, each rank's log, a task's log), within
+            the total; a longer one is stored up to there (its tail is in ``crash-tail.txt``).
         checkpoint_bytes: The newest checkpoint (a file, or a folder in all); over it, it stays.
         copy_timeout_seconds: How long one masked copy may take before it is cut.
     """
@@ -50,9 +53,10 @@ class Budget:
     core_dump_bytes: int = DEFAULT_CORE_DUMP_BUDGET_BYTES
     checkpoint_bytes: int = DEFAULT_CHECKPOINT_COPY_LIMIT_BYTES
     copy_timeout_seconds: float = DEFAULT_COPY_TIMEOUT_SECONDS
+    log_bytes: int = DEFAULT_LOG_BUDGET_BYTES
 
     def __post_init__(self) -> None:
-        for name in ("total_bytes", "core_dump_bytes", "checkpoint_bytes", "copy_timeout_seconds"):
+        for name in ("total_bytes", "core_dump_bytes", "checkpoint_bytes", "copy_timeout_seconds", "log_bytes"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"evidence budget {name} must be 0 or more, got {getattr(self, name)!r}")
 
@@ -110,6 +114,7 @@ class JobFile:
         limit_bytes: That kind's own limit (None: only the total).
         masker: Masks it on the way (None: byte for byte, holes kept).
         cut: Over budget it is cut at the budget (a log) instead of left out.
+        each_bytes: This one file at most (a log: the budget's ``log_bytes``), whatever its kind has left.
     """
 
     path: Path
@@ -118,6 +123,7 @@ class JobFile:
     limit_bytes: int | None = None
     masker: masking.Masker | None = None
     cut: bool = False
+    each_bytes: int | None = None
 
 
 def put(c: Writer, prefix: str, relative: str, source: str, job_file: JobFile) -> None:
@@ -135,6 +141,10 @@ def put(c: Writer, prefix: str, relative: str, source: str, job_file: JobFile) -
 def _put_open(c: Writer, name: str, original: str, source: str, job_file: JobFile, handle: BinaryIO) -> None:
     size = os.fstat(handle.fileno()).st_size
     left = c.spent.left(job_file.kind, job_file.limit_bytes)
+    if job_file.each_bytes is not None and job_file.each_bytes < left:
+        left, budget = job_file.each_bytes, f"{job_file.kind} budget of {job_file.each_bytes} bytes a file"
+    else:
+        budget = f"{job_file.kind} budget ({left} bytes left)"
     where = f"it stays at {shown(job_file.path)}"
     if size > left and not (job_file.cut and job_file.masker is not None):
         c.absent(name, source, f"{size} bytes (apparent size), over the {job_file.kind} budget ({left} bytes left "
@@ -151,7 +161,7 @@ def _put_open(c: Writer, name: str, original: str, source: str, job_file: JobFil
     with masked_copy(handle, taken, job_file.masker, deadline) as (path, copied):
         c.put_file(name, path, source, original)
     if copied < size:
-        why = "the copy's time bound" if taken == size else f"the {job_file.kind} budget ({left} bytes left)"
+        why = "the copy's time bound" if taken == size else f"the {budget}"
         c.absent(f"{name} (cut)", source, f"stored up to byte {copied} of {size} (apparent size): cut at {why}; "
                                          f"the whole file {where}", original)
 
@@ -190,6 +200,11 @@ def masked_copy(handle: BinaryIO, size: int, masker: masking.Masker, deadline: f
         out.write(rest.encode("utf-8", "surrogateescape"))
         out.flush()
         yield Path(out.name), offset
+
+
+def log_file(path: Path, root: Path, c: Writer, masker: masking.Masker) -> JobFile:
+    """How a log the job writes is put: masked, and cut at the budget's ``log_bytes`` or at what is left."""
+    return JobFile(path, root, "log", masker=masker, cut=True, each_bytes=c.spent.budget.log_bytes)
 
 
 def readable_log(path: Path, root: Path) -> Path | None:

@@ -39,6 +39,9 @@ JOB_FOLDERS = (RANKS, TORCHELASTIC, STACKS, FLIGHT_RECORDER)  # kept whole when 
 ENTRYPOINT, RUNNER, WORKSPACE, FLOW = "entrypoint", "runner", "local-workspace", "flow"
 
 _IGNORED_SUFFIXES = (".tmp", ".partial")
+# a run's checkpoints ranked to choose one to resume from (the evidence lists and copies fewer:
+# `safefiles.MAX_ENTRIES`); ranking needs every name, and a run keeps far fewer than this
+MAX_RANKED_CHECKPOINTS = 100_000
 EXPECTED_SNAPSHOTS = (
     "snapshot/env.json", "snapshot/host.json", "snapshot/gpu-before/index.json", "snapshot/gpu-after/index.json",
 )
@@ -83,9 +86,9 @@ def newest_checkpoints(checkpoint_dir: Path) -> list[Path]:
     training job wrote the folder, and reading such a thing could hang or lead outside it.
     """
     ranked: list[tuple[tuple[int, int, float], Path]] = []
-    for entry in safefiles.walk(checkpoint_dir, checkpoint_dir, max_depth=0):
-        if entry.name.endswith(_IGNORED_SUFFIXES) or entry.kind not in (safefiles.FILE, "limit"):
-            continue  # a link, a FIFO, a device; or the folder itself missing
+    for entry in safefiles.walk(checkpoint_dir, checkpoint_dir, max_depth=0, max_entries=MAX_RANKED_CHECKPOINTS):
+        if entry.name.endswith(_IGNORED_SUFFIXES) or entry.kind not in (safefiles.FILE, "limit") or entry.left_out:
+            continue  # a link, a FIFO, a device; the folder itself missing; or what is past the limit
         path = Path(entry.path)
         if not _usable(path, checkpoint_dir):
             continue
@@ -188,7 +191,7 @@ def _collect_log(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, masker:
         c.absent(name, ENTRYPOINT, f"no log file at {jobfiles.shown(ws.log_path)}: {why_absent}")
         c.absent("crash-tail.txt", WORKSPACE, "no log to take the tail of")
         return
-    log = JobFile(ws.log_path, ws.root, "log", masker=masker, cut=True)
+    log = jobfiles.log_file(ws.log_path, ws.root, c, masker)
     c.guarded(name, ENTRYPOINT, lambda: jobfiles.put(c, "logs", log_name, ENTRYPOINT, log))
 
     def tail() -> None:
@@ -295,11 +298,11 @@ def not_evidence(name: str) -> bool:
 
 def _collect_job_folders(c: BundleWriter, ws: AttemptWorkspace, masker: masking.Masker) -> None:
     """torchrun's rank logs and error files, the ranks' stacks and the flight recorder's dumps, each file
-    masked (a rank's log cut at the budget); a folder the attempt never made is simply not there."""
+    masked (a rank's log cut at the log budget); a folder the attempt never made is simply not there."""
     for folder in JOB_FOLDERS:
         if not os.path.lexists(ws.root / folder):
             continue
-        kind = (lambda path: JobFile(path, ws.root, "log", masker=masker, cut=True)) if folder == RANKS \
+        kind = (lambda path: jobfiles.log_file(path, ws.root, c, masker)) if folder == RANKS \
             else _report_file(ws, masker)
         c.guarded(folder, ENTRYPOINT, partial(put_folder, c, folder, ws.root / folder, ws.root, ENTRYPOINT, kind,
                                               not_evidence))

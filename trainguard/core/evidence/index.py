@@ -3,11 +3,12 @@
 Written at verdict time under ``index/verdicts/<YYYY-MM-DD>/`` (the UTC day the verdict was
 reached), one small object per attempt (``<run id>.a<n>.json``): a store has no append, and one
 object per writer needs no lock, on a folder or in S3. Rewriting an attempt's verdict rewrites its
-object. Once a day is closed (an hour past its end), a reader compacts it: every record of the
-day into one JSON-lines object (``compacted-<digest>.jsonl``), written before the objects it
-replaces are deleted, so every record is always in some object, whoever compacts at the same time
-(two compactors leave two parts, which the next compaction merges; readers keep one record per
-attempt, the newest). What the fleet view makes of the records is ``trainguard.core.fleet``'s.
+object; rewriting it on a later day (after midnight) leaves a record on each day. Once a day is
+closed (an hour past its end), a reader compacts it: every record of the day into one JSON-lines
+object (``compacted-<digest>.jsonl``), written before the objects it replaces are deleted, so every
+record is always in some object, whoever compacts at the same time (two compactors leave two
+parts, which the next compaction merges). Readers keep one record per attempt over the whole
+window, the newest. What the fleet view makes of the records is ``trainguard.core.fleet``'s.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def days(since: datetime, until: datetime) -> list[str]:
 
 
 class IndexReader:
-    """Reads the index's records of a time window day by day, compacting closed days on the way.
+    """Reads the index's records of a time window, newest day first, compacting closed days on the way.
 
     Attributes:
         problems: One line per thing that could not be read or compacted (the rest is still read).
@@ -96,56 +97,82 @@ class IndexReader:
         self.skipped = 0
 
     def records(self, since: datetime, until: datetime | None = None) -> Iterator[dict[str, Any]]:
-        """Every record from ``since`` to ``until`` (default now), one per attempt, day by day."""
+        """Every record from ``since`` to ``until`` (default now), one per attempt: its newest in the window.
+
+        A verdict rewritten on a later day (a retry controller settling an attempt after midnight)
+        leaves a record on each day; days are read newest first, so the first record of an attempt
+        met is its newest and the others are passed over. Only the attempts' ids are held, never
+        the window's records.
+        """
         low, high = _stamp(since), _stamp(until or self.now)
-        for day in days(since, until or self.now):
+        seen: set[tuple[str, int]] = set()
+        for day in reversed(days(since, until or self.now)):
             for record in self.day(day):
                 if low <= record["ended_at"] <= high:
-                    yield record
+                    ident = (record["run"], record["attempt"])
+                    if ident not in seen:
+                        seen.add(ident)
+                        yield record
 
-    def day(self, day: str) -> list[dict[str, Any]]:
-        """One day's records, one per attempt (the newest); compacted first if the day is closed."""
+    def day(self, day: str) -> Iterator[dict[str, Any]]:
+        """One day's records, one per attempt (the newest), newest first; compacted first if the day is closed.
+
+        A compacted day (one part, written one record per attempt, oldest first) is parsed line by
+        line from its end as it is consumed: no record outlives its turn.
+        """
         try:
             keys = self.store.list_keys(f"{PREFIX}{day}/")
         except Exception as exc:
             self.problems.append(f"the index of {day} could not be listed: {type(exc).__name__}: {exc}")
-            return []
+            return
+        if len(keys) == 1 and keys[0].endswith(".jsonl"):
+            yield from self._parsed(keys[0], newest_first=True)
+            return
         newest: dict[tuple[str, int], dict[str, Any]] = {}
         for key in keys:
-            for record in self._read(key):
+            for record in self._parsed(key):
                 ident = (record["run"], record["attempt"])
                 found = newest.get(ident)
                 if found is None or record["ended_at"] >= found["ended_at"]:
                     newest[ident] = record
-        records = list(newest.values())
-        if self.compact and self._closed(day) and (len(keys) > 1 or any(not k.endswith(".jsonl") for k in keys)):
-            self._compact(day, keys, sorted(records, key=lambda r: (r["ended_at"], r["run"], r["attempt"])))
-        return records
+        records = sorted(newest.values(), key=lambda r: (r["ended_at"], r["run"], r["attempt"]))
+        if self.compact and keys and self._closed(day):
+            self._compact(day, keys, records)
+        yield from reversed(records)
 
-    def _read(self, key: str) -> list[dict[str, Any]]:
+    def _parsed(self, key: str, newest_first: bool = False) -> Iterator[dict[str, Any]]:
+        """The records of one object (JSON lines, or one JSON value), each checked just enough to be used
+        safely: an object with ``run`` text, ``attempt`` a whole number and ``ended_at`` text (the other
+        fields are checked where they are used). Anything else is counted in ``skipped``."""
         try:
             data = self.store.get_bytes(key)
         except EvidenceNotFound:  # compacted away by another reader meanwhile: its part holds the records
-            return []
+            return
         except Exception as exc:
             self.problems.append(f"{key} could not be read: {type(exc).__name__}: {exc}")
-            return []
+            return
         self.objects += 1
-        kept = []
-        for line in data.splitlines() if key.endswith(".jsonl") else [data]:
-            record = _record(line)
-            if record is None:
-                self.skipped += 1
-            else:
-                kept.append(record)
-        return kept
+        texts = _texts(data, key.endswith(".jsonl"))
+        kept = 0
+        for text in reversed(texts) if newest_first else texts:
+            try:
+                record, end = _scan(text)  # one C scan of the line as it stands
+            except ValueError:
+                record, end = None, -1
+            if end != len(text):  # surrounding whitespace, as json.loads takes it, or not JSON at all
+                record = _lenient(text)
+            if type(record) is dict and type(record.get("run")) is str and type(record.get("attempt")) is int \
+                    and type(record.get("ended_at")) is str:
+                kept += 1
+                yield record
+        self.skipped += len(texts) - kept
 
     def _closed(self, day: str) -> bool:
         return self.now >= datetime.combine(date.fromisoformat(day), datetime.min.time(), UTC) + \
             timedelta(days=1) + CLOSED_AFTER
 
     def _compact(self, day: str, keys: list[str], records: list[dict[str, Any]]) -> None:
-        """One JSON-lines part for the day, written before the objects it replaces are deleted."""
+        """One JSON-lines part for the day (oldest first), written before the objects it replaces are deleted."""
         body = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode("utf-8")
         part = f"{PREFIX}{day}/{_PART}{hashlib.sha256(body).hexdigest()[:16]}.jsonl"
         try:
@@ -157,16 +184,36 @@ class IndexReader:
             self.problems.append(f"the index of {day} could not be compacted: {type(exc).__name__}: {exc}")
 
 
-def _record(line: bytes) -> dict[str, Any] | None:
-    """A record as written, or None for anything else (checked just enough to be used safely)."""
+_scan = json.JSONDecoder().raw_decode  # json.loads without its per-call detour (encoding, whitespace)
+
+
+def _texts(data: bytes, lines: bool) -> list[str]:
+    """The object's lines as text (blank ones left out); a line that is not UTF-8 becomes one that is
+    not JSON."""
     try:
-        record = json.loads(line)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:  # a damaged line must not cost the rest of the day
+        text = "\n".join(_decoded(line) for line in data.split(b"\n"))
+    if not lines:
+        return [text]
+    texts = text.split("\n")
+    if texts[-1] == "":  # the final newline
+        texts.pop()
+    return texts if "" not in texts else [t for t in texts if t]
+
+
+def _decoded(line: bytes) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError:
+        return "\ufffd"  # not JSON: skipped and counted
+
+
+def _lenient(text: str) -> Any:
+    try:
+        return json.loads(text)
     except ValueError:
         return None
-    if type(record) is not dict or type(record.get("run")) is not str \
-            or type(record.get("attempt")) is not int or type(record.get("ended_at")) is not str:
-        return None
-    return record
 
 
 def _stamp(moment: datetime) -> str:

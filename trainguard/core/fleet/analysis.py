@@ -8,7 +8,6 @@ and text is left for the renderers to escape.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,8 +20,9 @@ EXAMPLES = 3  # failures kept per suspect as its evidence
 
 @dataclass
 class _Node:
-    attempts: int = 0
-    failures: Counter[str] = field(default_factory=Counter)
+    """A node's failures (made at its first failure; its attempts are counted in a plain dict)."""
+
+    failures: dict[str, int] = field(default_factory=dict)
     hardware: int = 0
     wasted_seconds: float = 0.0
     last_failure: tuple[str, str] | None = None  # (ended_at, category)
@@ -87,45 +87,53 @@ class FleetView:
 
 
 class Tally:
-    """Counts records per node and per fingerprint, one record at a time."""
+    """Counts records per node and per fingerprint, one record at a time.
+
+    A successful attempt on one node, nearly every record, costs a few lookups and one count in a
+    plain dict; only failures build anything.
+    """
 
     def __init__(self) -> None:
-        self.nodes: dict[str, _Node] = {}
+        self.attempts_on: dict[str, int] = {}  # node -> attempts that ran on it
+        self.nodes: dict[str, _Node] = {}  # node -> its failures, for nodes with one
         self.fingerprints: dict[str, _Fingerprint] = {}
         self.attempts = self.failures = 0
 
     def add_all(self, records: Iterable[Mapping[str, Any]]) -> Tally:
+        add = self.add
         for record in records:
-            self.add(record)
+            add(record)
         return self
 
     def add(self, record: Mapping[str, Any]) -> None:
         """Count one index record (see ``index.entry`` for its fields)."""
-        culprit = _text(record.get("node"))
-        nodes = record.get("nodes")
-        if type(nodes) is list and nodes == [culprit]:  # one node: the common case, counted without a set
-            placed = {culprit}
-        else:
-            placed = {n for n in nodes if isinstance(n, str) and n} if isinstance(nodes, list) else set()
-            placed |= {culprit} if culprit else set()
+        culprit, nodes = record.get("node"), record.get("nodes")
         self.attempts += 1
-        for name in placed:
-            node = self.nodes.get(name)
-            if node is None:
-                node = self.nodes[name] = _Node()
-            node.attempts += 1
-        if record.get("state") == "Completed":
-            return
+        if type(culprit) is str and culprit and type(nodes) is list and len(nodes) == 1 and nodes[0] == culprit:
+            placed: Iterable[str] = nodes  # one node: the common case, counted without a set
+            self.attempts_on[culprit] = self.attempts_on.get(culprit, 0) + 1
+        else:
+            culprit = _text(culprit)
+            placed = _placed(culprit, nodes)
+            for name in placed:
+                self.attempts_on[name] = self.attempts_on.get(name, 0) + 1
+        if record.get("state") != "Completed":
+            self._failed(record, culprit, placed)
+
+    def _failed(self, record: Mapping[str, Any], culprit: str, placed: Iterable[str]) -> None:
         self.failures += 1
         category = _text(record.get("category")) or "unknown"
         if culprit:
-            self._fail(self.nodes[culprit], record, category)
+            node = self.nodes.get(culprit)
+            if node is None:
+                node = self.nodes[culprit] = _Node()
+            self._fail(node, record, category)
         fingerprint = _text(record.get("fingerprint"))
         if fingerprint:
             self._recur(fingerprint, record, category, placed)
 
     def _fail(self, node: _Node, record: Mapping[str, Any], category: str) -> None:
-        node.failures[category] += 1
+        node.failures[category] = node.failures.get(category, 0) + 1
         gpu_seconds = record.get("gpu_seconds")
         node.wasted_seconds += float(gpu_seconds) if isinstance(gpu_seconds, int | float) else 0.0
         ended = str(record["ended_at"])
@@ -136,7 +144,7 @@ class Tally:
             node.examples = sorted([*node.examples, _example(record, category)],
                                    key=lambda e: str(e["ended_at"]))[-EXAMPLES:]
 
-    def _recur(self, fingerprint: str, record: Mapping[str, Any], category: str, placed: set[str]) -> None:
+    def _recur(self, fingerprint: str, record: Mapping[str, Any], category: str, placed: Iterable[str]) -> None:
         ended = str(record["ended_at"])
         found = self.fingerprints.get(fingerprint)
         if found is None:
@@ -146,20 +154,23 @@ class Tally:
         if ended >= found.last_seen:  # the newest example line and names stand for the row
             found.last_seen, found.example = ended, _text(record.get("signature")) or found.example
         found.runs.add(str(record["run"]))
-        found.nodes |= placed
+        found.nodes.update(placed)
         found.attempts += 1
 
     def view(self, rule: SuspectRule | None = None) -> FleetView:
         """The counts as rows, worst first, with the nodes `suspects` picks."""
         rule = rule or SuspectRule()
         hardware = sum(node.hardware for node in self.nodes.values())
-        node_attempts = sum(node.attempts for node in self.nodes.values())
-        rows = sorted((_node_row(name, node) for name, node in self.nodes.items()),
+        node_attempts = sum(self.attempts_on.values())
+        rows = sorted((_node_row(name, attempts, self.nodes.get(name)) for name, attempts in self.attempts_on.items()),
                       key=lambda r: (-sum(r.failures.values()), -r.failure_rate, r.node))
         found = []
         for name, node in self.nodes.items():
-            tested = rule_of.judge(node.hardware, node.attempts, hardware - node.hardware,
-                                   node_attempts - node.attempts, len(self.nodes), rule)
+            if node.hardware < rule.min_failures:  # the rule's first condition: no test can make it a suspect
+                continue
+            attempts = self.attempts_on[name]
+            tested = rule_of.judge(node.hardware, attempts, hardware - node.hardware, node_attempts - attempts,
+                                   len(self.attempts_on), rule)
             if tested.suspect:
                 by_category = {c: n for c, n in node.failures.items() if c in HARDWARE}
                 found.append(Suspect(name, tested, by_category, tuple(reversed(node.examples))))
@@ -171,11 +182,20 @@ class Tally:
                          tuple(found), rule)
 
 
-def _node_row(name: str, node: _Node) -> NodeRow:
-    failed = sum(node.failures.values())
+def _placed(culprit: str, nodes: object) -> set[str]:
+    """The nodes an attempt ran on: every node text it names, and the culprit's."""
+    placed = {n for n in nodes if isinstance(n, str) and n} if isinstance(nodes, list) else set()
+    if culprit:
+        placed.add(culprit)
+    return placed
+
+
+def _node_row(name: str, attempts: int, node: _Node | None) -> NodeRow:
+    if node is None:
+        return NodeRow(name, attempts, {}, 0.0, 0.0, None)
     last = f"{node.last_failure[0]} {node.last_failure[1]}" if node.last_failure else None
-    return NodeRow(name, node.attempts, dict(node.failures.most_common()), failed / node.attempts if node.attempts
-                   else 0.0, node.wasted_seconds / 3600, last)
+    failures = dict(sorted(node.failures.items(), key=lambda kv: kv[1], reverse=True))  # most first, ties as met
+    return NodeRow(name, attempts, failures, sum(failures.values()) / attempts, node.wasted_seconds / 3600, last)
 
 
 def _fingerprint_row(key: str, found: _Fingerprint) -> FingerprintRow:

@@ -121,3 +121,18 @@ def add(entries: Sequence[Entry], nodes: Iterable[tuple[str, str]], now: datetim
         if old is None or old.expiry() < now + timedelta(days=days):
             kept[node] = Entry(node, reason, expires, added_by)
     return list(kept.values())
+
+
+def changes(before: Sequence[Entry], after: Sequence[Entry], ignore: Iterable[str] = ()) -> list[str]:
+    """What someone changed from ``before`` to ``after``, one phrase per node (added, changed, removed),
+    leaving out the nodes in ``ignore`` (the ones the caller is writing itself)."""
+    old, new, skip = {e.node: e for e in before}, {e.node: e for e in after}, set(ignore)
+    said = []
+    for node, entry in new.items():
+        by = f" by {entry.added_by}" if entry.added_by else ""
+        if node in skip or old.get(node) == entry:
+            continue
+        said.append(f"{node} {'added' if node not in old else 'changed'}{by} (until {entry.expires_at})")
+    said += [f"{node} removed" for node in old if node not in new and node not in skip]
+    return [" ".join(phrase.split()) for phrase in said]  # one line whatever a person typed
+

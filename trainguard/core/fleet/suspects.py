@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 HARDWARE = frozenset({"gpu_fault", "node_failure", "nccl_error"})
+_NEGLIGIBLE = 40.0  # log-space distance below the largest term at which the tail sum stops
 
 
 @dataclass(frozen=True)
@@ -50,16 +51,25 @@ def fleet_rate(failures: int, attempts: int) -> float:
 
 
 def binomial_tail(failures: int, attempts: int, rate: float) -> float:
-    """P(X >= failures) for X ~ Binomial(attempts, rate), summed in log space (no overflow)."""
+    """P(X >= failures) for X ~ Binomial(attempts, rate), summed in log space (no overflow).
+
+    Past the distribution's mode the terms only fall, so the sum stops once a term is below e^-40
+    of the largest: what is left changes the result by less than ``attempts`` times 4e-18 of it.
+    """
     if failures <= 0:
         return 1.0
     if failures > attempts:
         return 0.0
     log_p, log_q = math.log(rate), math.log1p(-rate)
-    base = math.lgamma(attempts + 1)
-    terms = [base - math.lgamma(i + 1) - math.lgamma(attempts - i + 1) + i * log_p + (attempts - i) * log_q
-             for i in range(failures, attempts + 1)]
-    top = max(terms)
+    base, mode = math.lgamma(attempts + 1), attempts * rate
+    terms: list[float] = []
+    top = -math.inf
+    for i in range(failures, attempts + 1):
+        term = base - math.lgamma(i + 1) - math.lgamma(attempts - i + 1) + i * log_p + (attempts - i) * log_q
+        terms.append(term)
+        top = max(top, term)
+        if i > mode and term < top - _NEGLIGIBLE:
+            break
     return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
 

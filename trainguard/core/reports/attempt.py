@@ -140,25 +140,7 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
         f"| duration | {summary.duration_seconds:.1f} s |",
         f"| GPU-seconds | {summary.gpu_seconds:.1f} ({summary.gpus} GPU x wall time) |",
     ]
-    if summary.avoided_nodes:
-        lines.append(f"| kept off | {_cell(', '.join(summary.avoided_nodes))} (nodes where earlier attempts' "
-                     "culprits had a GPU fault or a node failure) |")
-    if summary.placement:
-        lines.append(f"| placement | {_cell(summary.placement)} |")
-    if summary.memory_factor != 1.0:
-        lines.append(f"| memory | {summary.memory_factor:g}x the backend's memory request and limit "
-                     "(raised after a host OOM) |")
-    if summary.avoid_list or summary.avoid_note:
-        lines.append(f"| shared avoid list | {_avoid(summary)} |")
-    for problem in summary.storage_problems:
-        lines.append(f"| **storage failed** | {_cell(problem)} |")
-    if summary.evidence_spooled and summary.evidence_uploading:
-        lines.append(f"| uploading | {len(summary.evidence_spooled)} items go up to the object store after the "
-                     "verdict, from the local spool; this report is updated once they are up |")
-    elif summary.evidence_spooled:
-        lines.append(f"| not yet uploaded | {len(summary.evidence_spooled)} items wait in the local spool "
-                     f"({_cell(summary.evidence_upload_error or 'upload pending')}); "
-                     "`trainguard evidence flush` uploads them |")
+    lines += _placement_rows(summary) + _storage_rows(summary)
     if decision:
         lines.append(f"| next | {_cell(str(decision.get('reason', '-')))} |")
     if summary.signature:
@@ -167,6 +149,37 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
     lines += _links(summary)
     lines += ["", "## All attempts of this run", "", render_table([*earlier, summary])]
     return "\n".join(lines)
+
+
+def _placement_rows(summary: AttemptSummary) -> list[str]:
+    """Where the attempt was kept off, how it was placed, and its memory, where any of it differs from the plain."""
+    rows: list[str] = []
+    if summary.avoided_nodes:
+        rows.append(f"| kept off | {_cell(', '.join(summary.avoided_nodes))} (nodes where earlier attempts' "
+                    "culprits had a GPU fault or a node failure) |")
+    if summary.placement:
+        rows.append(f"| placement | {_cell(summary.placement)} |")
+    if summary.memory_factor != 1.0:
+        rows.append(f"| memory | {summary.memory_factor:g}x the backend's memory request and limit "
+                    "(raised after a host OOM) |")
+    if summary.avoid_list or summary.avoid_note:
+        rows.append(f"| shared avoid list | {_avoid(summary)} |")
+    return rows
+
+
+def _storage_rows(summary: AttemptSummary) -> list[str]:
+    """Storage failures, and evidence still on its way to the object store."""
+    rows: list[str] = []
+    for problem in summary.storage_problems:
+        rows.append(f"| **storage failed** | {_cell(problem)} |")
+    if summary.evidence_spooled and summary.evidence_uploading:
+        rows.append(f"| uploading | {len(summary.evidence_spooled)} items go up to the object store after the "
+                    "verdict, from the local spool; this report is updated once they are up |")
+    elif summary.evidence_spooled:
+        rows.append(f"| not yet uploaded | {len(summary.evidence_spooled)} items wait in the local spool "
+                    f"({_cell(summary.evidence_upload_error or 'upload pending')}); "
+                    "`trainguard evidence flush` uploads them |")
+    return rows
 
 
 def _avoid(summary: AttemptSummary) -> str:

@@ -30,17 +30,11 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from trainguard.core.triage.engines import (
-    HyperscanEngine,
-    Finders,
-    Pattern,
-    ReEngine,
-    hyperscan_available,
-    make_engine,
-    candidate_source,
-)
 from trainguard_entrypoint import safefiles
 
+from trainguard.core.triage.engines import (
+    Finders, HyperscanEngine, Pattern, ReEngine, candidate_source, hyperscan_available, make_engine,
+)
 from trainguard.core.triage.lines import Line, read_line
 from trainguard.core.triage.lineshapes import MASK
 from trainguard.core.triage.noisy import LiteralLines, Shapes, lines_of, shape_at

@@ -22,8 +22,9 @@ from typing import Any
 from trainguard.core import masking
 from trainguard.core.backends import workspace_evidence
 from trainguard.core.backends.base import (
-    COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, NodeEvidence,
+    COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
 )
+from trainguard.core.backends.capabilities import NodeEvidence
 from trainguard.core.backends.kubernetes import (
     collector, evidence, indexed, kinds, lister, manifests, nodes, placement, zipapp,
 )

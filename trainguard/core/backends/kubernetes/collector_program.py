@@ -32,10 +32,11 @@ RECORD_KINDS = ("META", "FILE", "SKIPPED", "CHECKPOINTS", "CHECKPOINT", "CHECKPO
 # Runs inside the collector pod with the image's own Python 3 (stdlib only). The checkpoint
 # listing is the entrypoint's own function, prepended as source, so both sides list alike.
 _SCRIPT = r'''
-import base64, errno, gzip, hashlib, json, os, stat, sys, tarfile, time
+import base64, dataclasses, errno, gzip, hashlib, json, os, stat, sys, tarfile, time
 MAGIC = "TRAINGUARD-EVIDENCE/2"
 MAX_RECORD_BYTES = 16 * 1024
-_ORDER = ("crash-report.json", "snapshot/", "logs/")
+_ORDER = ("crash-report.json", "snapshot/", "logs/", "torchelastic/", "ranks/")
+LOG_SHARE = 4  # a log the job writes takes at most this share of the budget, cut there: it starves no other file
 _ZEROS = bytes(1024 * 1024)
 
 
@@ -117,10 +118,26 @@ def _rank(name):
     return len(_ORDER)
 
 
+def _is_log(name):
+    return name.startswith("logs/") or (name.startswith("ranks/") and name.endswith(".log"))
+
+
+def entries(workspace):
+    """Every entry of the attempt folder, each of its folders walked with a limit of its own, so a
+    million files in one (cores, ranks) leave the crash report, the log and the snapshots listed."""
+    for entry in safefiles.walk(workspace, workspace, hidden=True, max_depth=0):
+        if entry.kind != "limit" or entry.left_out:
+            yield entry
+            continue
+        for inner in safefiles.walk(entry.path, workspace, hidden=True):
+            yield dataclasses.replace(inner, name="/".join(part for part in (entry.name, inner.name) if part))
+
+
 def choose(workspace, budget):
-    """(files to send, entries left out) of the attempt folder, by apparent size within the budget."""
+    """(files to send with how much of each, entries left out) of the attempt folder, by apparent size
+    within the budget; a log is cut at its share of the budget, or at what is left, rather than left out."""
     found, left_out = [], []
-    for entry in safefiles.walk(workspace, workspace, hidden=True):
+    for entry in entries(workspace):
         name = safefiles.safe_name(entry.name) or "."  # "": the folder itself could not be read
         if entry.kind == safefiles.FILE:
             found.append((_rank(name), name, entry))
@@ -129,13 +146,14 @@ def choose(workspace, budget):
                              "reason": entry.reason or entry.kind})
     chosen, spent = [], 0
     for _, name, entry in sorted(found, key=lambda item: item[:2]):
-        if spent + entry.size_bytes > budget:
+        size = min(entry.size_bytes, budget // LOG_SHARE, budget - spent) if _is_log(name) else entry.size_bytes
+        if spent + size > budget or (size < entry.size_bytes and size <= 0):
             reason = ("%d bytes (apparent size), over the %d-byte copy budget; it stays on the volume at %s"
                       % (entry.size_bytes, budget, safefiles.safe_name(entry.path)))
             left_out.append({"name": name, "size_bytes": entry.size_bytes, "kind": "budget", "reason": reason})
             continue
-        chosen.append((name, entry))
-        spent += entry.size_bytes
+        chosen.append((name, entry, size))
+        spent += size
     return chosen, left_out
 
 
@@ -151,8 +169,9 @@ class _Counted:
         return len(data)
 
 
-def send(out, name, entry, folder, deadline):
-    """One tar member, copied through safefiles from the file it is now; a note if it went wrong.
+def send(out, name, entry, folder, deadline, limit):
+    """One tar member of at most `limit` bytes, copied through safefiles from the file it is now; a note if
+    it went wrong or was cut.
 
     `folder` is the attempt folder's real path as reached without links: the open file must lie in
     it, whatever became of the path since it was checked.
@@ -171,20 +190,23 @@ def send(out, name, entry, folder, deadline):
                     "sent": False}
         info = os.fstat(handle.fileno())
         member = tarfile.TarInfo(name)
-        member.size, member.mtime, member.mode = info.st_size, int(info.st_mtime), 0o644
+        member.size, member.mtime, member.mode = min(info.st_size, limit), int(info.st_mtime), 0o644
         out.write(member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
         counted = _Counted(out)
         try:
-            copied = safefiles.copy(handle, counted, budget_bytes=info.st_size, truncate=True,
+            copied = safefiles.copy(handle, counted, budget_bytes=member.size, truncate=True,
                                     timeout_seconds=max(0.0, deadline - time.monotonic()))
             why = None if copied.complete else copied.reason
+            if why and "over the budget" in why:
+                why = ("cut at %d of %d bytes (apparent size): a log takes at most its share of the copy budget; "
+                       "the whole log stays on the volume" % (member.size, info.st_size))
         except OSError as exc:
             why = "cannot read: %s" % (exc.strerror or exc)
-        rest = info.st_size - counted.count
+        rest = member.size - counted.count
         while rest > 0:  # the tar says how long the member is: zeros stand for what was not copied
             out.write(_ZEROS[:min(rest, len(_ZEROS))])
             rest -= min(rest, len(_ZEROS))
-        out.write(bytes(-info.st_size % tarfile.BLOCKSIZE))
+        out.write(bytes(-member.size % tarfile.BLOCKSIZE))
         if why:
             return {"name": name, "reason": why, "valid_bytes": counted.count, "sent": True}
     return None
@@ -215,16 +237,16 @@ def main(workspace, root, checkpoint_dir, checkpoint_root, budget, timeout_secon
     chosen, left_out = choose(folder, budget) if absent is None else ([], [])
     for entry in left_out:
         record("SKIPPED", entry)
-    for name, entry in chosen:
+    for name, entry, _ in chosen:
         record("FILE", {"name": name, "size_bytes": entry.size_bytes})
     lines = _Lines()
     with gzip.GzipFile(fileobj=lines, mode="wb", mtime=0) as out:
-        for name, entry in chosen:
+        for name, entry, limit in chosen:
             if time.monotonic() > deadline:
                 note = {"name": name, "reason": "not sent: the collector's %gs time bound passed" % timeout_seconds,
                         "valid_bytes": 0, "sent": False}
             else:
-                note = send(out, name, entry, folder, deadline)
+                note = send(out, name, entry, folder, deadline, limit)
             if note:
                 out.flush()
                 lines.flush()

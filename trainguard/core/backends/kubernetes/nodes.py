@@ -22,7 +22,7 @@ from typing import Any
 from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core.backends import rankstacks, torchrun, workspace
-from trainguard.core.backends.base import NodeEvidence
+from trainguard.core.backends.capabilities import NodeEvidence
 from trainguard.core.backends.kubernetes import kinds
 from trainguard.core.backends.kubernetes.collector import training_container
 from trainguard.core.backends.kubernetes.scene import KUBERNETES, ClusterWriter, Scene, pod_reason, terminated_state

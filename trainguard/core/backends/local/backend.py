@@ -104,6 +104,10 @@ class LocalBackend:
         result = orphans.stop_leftover(self.workspace(ref).process_path, self.capture.stop_grace(self.grace_seconds))
         return result.message if result.stopped else None
 
+    def dump_stacks(self, run_id: str, attempt: int) -> str:
+        """SIGQUIT to the running attempt's entrypoint (found and checked from its `process.json`)."""
+        return orphans.ask_for_stacks(AttemptWorkspace.at(self.work_root, run_id, attempt).process_path)
+
     def runs(self) -> dict[str, float]:
         return {run_id: workspace.last_change(self.work_root, run_id) for run_id in workspace.runs_in(self.work_root)}
 

@@ -26,6 +26,7 @@ from typing import Any
 from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core.backends import processes
+from trainguard.core.backends.forensics import NotRunning
 from trainguard.core.backends.processes import process_start_ticks
 
 
@@ -79,6 +80,32 @@ def stop_leftover(
     how = "SIGKILL after the grace period" if escalated else "SIGTERM"
     return LeftoverStop(True, f"stopped the attempt's command left running without its supervisor "
                               f"(entrypoint pid {pid}, {how})", pid)
+
+
+def ask_for_stacks(process_record: Path) -> str:
+    """Send SIGQUIT to the attempt's entrypoint, which takes every rank's stack at once (beside the run).
+
+    The record is the job's to rewrite, so the process it names must be this attempt's entrypoint,
+    leading its recorded group and started when recorded, as for a stop.
+
+    Raises:
+        NotRunning: Nothing of the attempt runs here, or the process is not its entrypoint.
+    """
+    record = _record(process_record)
+    if record is None:
+        raise NotRunning(f"no process record at {process_record}: the attempt never started here")
+    pid, ticks = int(record["entrypoint_pid"]), record.get("start_ticks")
+    if record.get("host") not in (None, processes.host()):
+        raise NotRunning(f"the attempt runs on host {record.get('host')!r}, not here; ask there")
+    if ticks is None or process_start_ticks(pid) != ticks:
+        raise NotRunning(f"the attempt is not running: its entrypoint (pid {pid}) has ended")
+    if (refused := _not_the_entrypoint(pid, record.get("process_group"), process_record.parent)) is not None:
+        raise NotRunning(f"not asked: {refused}; the attempt's process.json may have been rewritten by its job")
+    try:
+        os.kill(pid, signal.SIGQUIT)
+    except OSError as exc:
+        raise NotRunning(f"could not signal the entrypoint (pid {pid}): {exc.strerror or exc}") from exc
+    return f"asked the attempt's entrypoint (pid {pid}) for every rank's stack (SIGQUIT)"
 
 
 def _not_the_entrypoint(pid: int, group: object, attempt_folder: Path) -> str | None:

@@ -27,8 +27,9 @@ from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.slurm import continuation, job, nodes
 from trainguard.core.backends.slurm import evidence as slurm_evidence
 from trainguard.core.backends.base import (
-    CANCELLED, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, NodeEvidence, container_env,
+    CANCELLED, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, container_env,
 )
+from trainguard.core.backends.capabilities import NodeEvidence
 from trainguard.core.backends.slurm.client import (
     TERMINAL_STATES, JobInfo, JobNotFound, SlurmClient, SlurmError, SlurmUnavailable, iso_time,
 )
@@ -166,6 +167,8 @@ class SlurmBackend:
         state = self.client.state(job_id) if job_id is not None else None
         if job_id is None or state is None or state in TERMINAL_STATES:
             return None
+        if state == "RUNNING":  # scancel's SIGTERM reaches every rank at once: their stacks first
+            nodes.take_stacks(continuation.job_workspace(ws).root, self.capture, self.clock, self.sleep)
         self.client.cancel(job_id)
         deadline = self.clock() + self.orphan_grace_seconds
         while (now := self.client.state(job_id)) is not None and now not in TERMINAL_STATES and self.clock() < deadline:
@@ -173,6 +176,10 @@ class SlurmBackend:
         info = self._final_info(ws, job_id)
         return (f"cancelled Slurm job {job_id}, left {state} without its supervisor; it ended "
                 f"{info.state if info is not None else now or 'out of Slurm memory'}")
+
+    def dump_stacks(self, run_id: str, attempt: int) -> str:
+        """The `dump-stacks` file in every task's folder of the attempt's running job (its entrypoints poll)."""
+        return nodes.ask_for_stacks(self.client, AttemptWorkspace.at(self.shared_folder, run_id, attempt))
 
     def runs(self) -> dict[str, float]:
         return {run_id: workspace.last_change(self.shared_folder, run_id)
@@ -343,7 +350,7 @@ class SlurmBackend:
         reason = job.termination(state, exit_code, signalled=signalled, stopped_for=stopped_for,
                                  memory_exceeded=job.memory_killed(stderr))
         hosts = self._hostnames(info.node_list) if info is not None and info.node_list else []
-        node = self._failed_node(ws, hosts) if reason == "NodeLost" else (hosts[0] if hosts else None)
+        node = nodes.failed_node(self.client, ws, hosts) if reason == "NodeLost" else (hosts[0] if hosts else None)
         message = job.ended_message(job_id, info, exit_code, sig, stopped_for, signalled)
         continuation.write_runner_report(ws, job_id, exit_code, reason, message, sig)
         event = {"type": "Warning" if reason != "Completed" else "Normal", "reason": state, "message": message,
@@ -370,18 +377,6 @@ class SlurmBackend:
             return self.client.hostnames(node_list)
         except SlurmError:
             return [node_list]
-
-    def _failed_node(self, ws: AttemptWorkspace, nodes: list[str]) -> str | None:
-        """The job's node Slurm marked down or failing (its `scontrol show node` kept), else the first."""
-        for node in nodes:
-            try:
-                text = self.client.show_node(node)
-            except SlurmError:
-                continue
-            slurm_evidence.keep(ws, f"scontrol-show-node-{node}.txt", text)
-            if any(word in text for word in ("State=DOWN", "+DRAIN", "State=FAIL", "NOT_RESPONDING", "State=DRAIN")):
-                return node
-        return nodes[0] if nodes else None
 
     def _never_started(self, ws: AttemptWorkspace, message: str) -> AttemptOutcome:
         continuation.write_runner_report(ws, None, None, "StartError", message)

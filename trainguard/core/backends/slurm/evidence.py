@@ -87,8 +87,8 @@ class _Slurm:
 
     def put_job_file(self, name: str, path: Path, root: Path, kind: str = "report") -> None:
         """A file in the attempt's folder, which the job can write: masked, within budget, never followed."""
-        limit = None if kind == "log" else jobfiles.SMALL_FILE_LIMIT_BYTES
-        job_file = JobFile(path, root, kind, limit, self.masker, cut=kind == "log")
+        job_file = jobfiles.log_file(path, root, self.c, self.masker) if kind == "log" else JobFile(
+            path, root, kind, jobfiles.SMALL_FILE_LIMIT_BYTES, self.masker)
         jobfiles.put(self.c, "", name, SLURM, job_file)
 
     def absent(self, name: str, reason: str) -> None:
@@ -225,7 +225,7 @@ def _task_file(s: _Slurm, tasks: Path, root: Path) -> Callable[[Path], JobFile]:
         if part == ("coredumps",):
             return JobFile(path, root, "core dump", cores)  # byte for byte, holes kept
         if part in (("logs",), ("ranks",)):
-            return JobFile(path, root, "log", masker=s.masker, cut=True)
+            return jobfiles.log_file(path, root, s.c, s.masker)
         return JobFile(path, root, "report", jobfiles.SMALL_FILE_LIMIT_BYTES, s.masker)
 
     return job_file

@@ -15,8 +15,10 @@ from pathlib import Path
 from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core.backends import forensics, rankstacks, torchrun, workspace
-from trainguard.core.backends.base import NodeEvidence
-from trainguard.core.backends.slurm import job
+from trainguard.core.backends.capabilities import NodeEvidence
+from trainguard.core.backends.slurm import continuation, job
+from trainguard.core.backends.slurm import evidence as slurm_evidence
+from trainguard.core.backends.slurm.client import SlurmClient, SlurmError
 from trainguard.core.backends.workspace import AttemptWorkspace
 from trainguard.core.triage.signals import Signals
 
@@ -44,6 +46,40 @@ def take_stacks(root: Path, capture: forensics.StackCapture, clock: Callable[[],
     since = time.time() - 1.0  # the node's clock may be a little behind this machine's
     forensics.request_stacks([folder for _, folder in node_folders(root)])
     forensics.wait_for_stacks(root, since, capture.sweep_seconds + 2.0, clock=clock, sleep=sleep)
+
+
+def ask_for_stacks(client: SlurmClient, ws: AttemptWorkspace) -> str:
+    """Write the `dump-stacks` file into every task's folder of the attempt's job, if the job runs.
+
+    Raises:
+        forensics.NotRunning: No job was recorded, Slurm cannot say, or the job is not running.
+    """
+    job_id = continuation.recorded_job_id(ws)
+    if job_id is None:
+        raise forensics.NotRunning(f"no Slurm job recorded in {ws.root}: the attempt was never submitted")
+    try:
+        state = client.state(job_id)
+    except SlurmError as exc:
+        raise forensics.NotRunning(f"could not ask Slurm about job {job_id}: {exc}") from exc
+    if state != "RUNNING":
+        raise forensics.NotRunning(f"Slurm job {job_id} is {state or 'gone from Slurm'}, not running")
+    folders = [folder for _, folder in node_folders(continuation.job_workspace(ws).root)]
+    if problems := forensics.request_stacks(folders):
+        raise forensics.NotRunning(f"could not ask job {job_id}'s entrypoints: {problems[0]}")
+    return f"asked the entrypoints of Slurm job {job_id} ({len(folders)} task folder(s)) for every rank's stack"
+
+
+def failed_node(client: SlurmClient, ws: AttemptWorkspace, hosts: list[str]) -> str | None:
+    """The job's node Slurm marked down or failing (its `scontrol show node` kept), else the first."""
+    for node in hosts:
+        try:
+            text = client.show_node(node)
+        except SlurmError:
+            continue
+        slurm_evidence.keep(ws, f"scontrol-show-node-{node}.txt", text)
+        if any(word in text for word in ("State=DOWN", "+DRAIN", "State=FAIL", "NOT_RESPONDING", "State=DRAIN")):
+            return node
+    return hosts[0] if hosts else None
 
 
 def node_list(root: Path) -> str:
