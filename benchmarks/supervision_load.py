@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import faulthandler
 import logging
@@ -62,6 +63,7 @@ from trainguard.core import judging  # noqa: E402
 from trainguard.core.backends.base import Launch  # noqa: E402
 from trainguard.core.backends.kubernetes import manifests, zipapp  # noqa: E402
 from trainguard.core.backends.kubernetes.api import KubeApi  # noqa: E402
+from trainguard.core.backends.kubernetes.errors import Conflict  # noqa: E402
 from trainguard.core.backends.kubernetes.backend import KubernetesBackend, KubeSettings  # noqa: E402
 from trainguard.core.backends.kubernetes.supervise import Limits, Supervisor  # noqa: E402
 from trainguard.core.stores.folder import LocalEvidenceStore  # noqa: E402
@@ -156,6 +158,11 @@ def run_prefect_pods(kubeconfig: Path, half: Half, attempts: list[tuple[str, flo
                      pods: int) -> None:
     """The same Indexed Jobs under prefect-kubernetes' run loop."""
     credentials = KubernetesCredentials(cluster_config=KubernetesClusterConfig.from_file(str(kubeconfig)))
+
+    api = KubeApi.from_kubeconfig(str(kubeconfig))
+    for index in range(len(attempts)):  # the pods mount it, as trainguard's do: this process's own digest
+        with contextlib.suppress(Conflict):
+            api.create_config_map(f"{half.namespace}-{index}", zipapp.config_map(f"{half.namespace}-{index}"))
 
     async def one(index: int, run_id: str, seconds: float) -> None:
         namespace = name = f"{half.namespace}-{index}"
