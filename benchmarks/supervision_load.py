@@ -17,7 +17,9 @@ Figures, all from the same run:
 
 With `--pods N` every attempt is N pods (an Indexed Job in hold mode behind its headless Service,
 each pod under trainguard's entrypoint; each attempt in a namespace of its own): one pod fails at
-the attempt's run time, the others on their own 3 s later, as ranks that lost a peer do. trainguard
+the attempt's run time, the others on their own 3 s later, as ranks that lost a peer do (until then
+each prints a step line every 10 s, as training does; a log stream silent for 5 minutes is
+reopened, which a silent pod would pay for on every stream). trainguard
 runs each attempt as the flow does (`KubernetesBackend.run`: two watches and a log stream per pod,
 then every pod's evidence, then the culprit across pods); the poll loop supervises the same
 Indexed Job (without the entrypoint). Figures: the same requests per supervised job-minute (goal:
@@ -97,6 +99,7 @@ def job_body(namespace: str, run_id: str, marks: Path, seconds: float, code: int
 
 
 SURVIVORS_SECONDS = 3.0  # the other pods fail on their own this long after the first
+STEP_SECONDS = 10.0  # the pods print a step line this often, as training does (a silent stream is reopened)
 
 
 def pods_script(mark: Path, seconds: float, first: int) -> str:
@@ -104,7 +107,9 @@ def pods_script(mark: Path, seconds: float, first: int) -> str:
     the moment; the others lose their peer 3 s later (gloo's words), as ranks on other nodes do."""
     own = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x12 and 16x4)"
     lost = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.7]:29500"
-    return (f'sleep {seconds:.1f}; if [ "$NODE_RANK" = {first} ]; then date +%s.%N > {mark}; '
+    steps, rest = divmod(seconds, STEP_SECONDS)  # a training pod logs its progress: one line per step
+    train = f"i=0; while [ $i -lt {int(steps)} ]; do echo \"step $i\"; sleep {STEP_SECONDS:g}; i=$((i+1)); done; "
+    return (train + f'sleep {rest:.1f}; if [ "$NODE_RANK" = {first} ]; then date +%s.%N > {mark}; '
             f"echo '{own}' >&2; exit 1; fi; sleep {SURVIVORS_SECONDS:g}; echo '{lost}' >&2; exit 1")
 
 
