@@ -16,12 +16,11 @@ from pathlib import Path
 import typer
 from trainguard_entrypoint.files import read_json_object
 
-from blocks.factories import local_backend
 from trainguard.cli.output import fail, plain, say
+from trainguard.cli.recent import backend_for
 from trainguard.cli.typer_app import app
 from trainguard.core import ids
 from trainguard.core.backends import forensics
-from trainguard.core.backends.base import Backend
 from trainguard.core.backends.capabilities import Supervises
 
 
@@ -39,7 +38,7 @@ def dump(
         ids.validate_run_id(run_id)
     except ids.InvalidId as exc:
         fail(f"RUN: {exc}")
-    backend = _backend(work, backend_block)
+    backend = backend_for(work, backend_block)
     if not isinstance(backend, forensics.DumpsStacks) or not isinstance(backend, Supervises):
         fail(f"the {backend.kind} backend cannot be asked for stacks from here; on Kubernetes, create the file "
              "dump-stacks in the attempt's folder on its volume (the entrypoint polls for it)")
@@ -58,17 +57,6 @@ def dump(
     if wait and not forensics.wait_for_stacks(folder, since, wait):
         fail(f"no stacks in {folder / 'stacks'} after {wait:g}s; the entrypoint's log says why", code=1)
     say(plain(_summary(folder) if wait else f"the stacks go to {folder / 'stacks'}"))
-
-
-def _backend(work: Path, reference: str | None) -> Backend:
-    if reference:
-        from blocks import BlockReferenceError, load_backend  # Prefect only when a saved block is asked for
-
-        try:
-            return load_backend(reference)
-        except BlockReferenceError as exc:
-            fail(f"--backend: {exc}")
-    return local_backend(work)
 
 
 def _summary(folder: Path) -> str:

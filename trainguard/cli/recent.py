@@ -37,7 +37,7 @@ def runs(
 ) -> None:
     """List recent runs: attempts, last state and category, and how to continue a lost one."""
     store = _store(root, block)
-    backend = _backend(work, backend_block)
+    backend = backend_for(work, backend_block)
     found = _runs(store, backend)
     if not found:
         fail(f"no runs in {store.describe() if store else root} or {work}; run `trainguard run SPEC` first", code=1)
@@ -64,7 +64,8 @@ def _store(root: Path, block: str | None) -> EvidenceStore | None:
     return evidence_folder(root) if root.is_dir() else None
 
 
-def _backend(work: Path, reference: str | None) -> Backend:
+def backend_for(work: Path, reference: str | None) -> Backend:
+    """The saved backend block `reference` names (`--backend`), else the local backend over `work`."""
     if reference:
         from blocks import BlockReferenceError, load_backend  # Prefect only when a saved block is asked for
 
