@@ -174,20 +174,25 @@ def run_prefect_pods(kubeconfig: Path, half: Half, attempts: list[tuple[str, flo
         launch = pods_launch(run_id, pods, marks / namespace, seconds, index % pods)
         block = KubernetesJob(v1_job=pods_body(namespace, launch), credentials=credentials, namespace=namespace,
                               delete_after_completion=False)
-        half.started[name] = time.time()
-        run = await block.atrigger()
-        try:
-            await run.await_for_completion()
-        except RuntimeError:
-            pass  # its way of saying the Job failed: noticed all the same
-        except Exception as exc:
-            half.errors.append(f"{name}: {type(exc).__name__}: {exc}")
-        half.noticed[name] = time.time()
+        await poll_until_done(half, name, block)
 
     async def every() -> None:
         await asyncio.gather(*(one(i, run_id, seconds) for i, (run_id, seconds, _) in enumerate(attempts)))
 
     asyncio.run(every())
+
+
+async def poll_until_done(half: Half, name: str, block: KubernetesJob) -> None:
+    """One Job under prefect-kubernetes' own run loop, from its trigger to the end it notices."""
+    half.started[name] = time.time()
+    run = await block.atrigger()
+    try:
+        await run.await_for_completion()
+    except RuntimeError:
+        pass  # its way of saying the Job failed: noticed all the same
+    except Exception as exc:
+        half.errors.append(f"{name}: {type(exc).__name__}: {exc}")
+    half.noticed[name] = time.time()
 
 
 def plan(jobs: int, seconds: float) -> list[tuple[str, float, int]]:
@@ -224,15 +229,7 @@ def run_prefect(kubeconfig: Path, half: Half, attempts: list[tuple[str, float, i
         name = body["metadata"]["name"]
         block = KubernetesJob(v1_job=body, credentials=credentials, namespace=half.namespace,
                               delete_after_completion=False)
-        half.started[name] = time.time()
-        run = await block.atrigger()
-        try:
-            await run.await_for_completion()
-        except RuntimeError:
-            pass  # its way of saying the Job failed: noticed all the same
-        except Exception as exc:
-            half.errors.append(f"{name}: {type(exc).__name__}: {exc}")
-        half.noticed[name] = time.time()
+        await poll_until_done(half, name, block)
 
     async def every() -> None:
         await asyncio.gather(*(one(*a) for a in attempts))
