@@ -17,7 +17,7 @@ from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.backend import KubernetesBackend, KubeSettings
 from trainguard.core.backends.kubernetes.manifests import JobSettings
 from trainguard.core import triage
-from trainguard.core.backends.kubernetes.supervise import printable
+from trainguard.core.backends.kubernetes.podstate import printable
 from trainguard.demo import SCRIPT
 from waiting import wait_for
 

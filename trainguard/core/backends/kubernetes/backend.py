@@ -30,9 +30,8 @@ from trainguard.core.backends.kubernetes import (
 )
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotFound
-from trainguard.core.backends.kubernetes.supervise import (
-    Ending, Limits, Supervisor, blocking_wait, container_state, job_condition,
-)
+from trainguard.core.backends.kubernetes.podstate import blocking_wait, container_state, job_condition
+from trainguard.core.backends.kubernetes.supervise import Ending, Limits, Supervisor
 from trainguard.core.backends.kubernetes.supervise_nodes import NodesSupervisor
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
@@ -229,9 +228,15 @@ class KubernetesBackend:
         """Each pod's signals, by node rank, for an attempt of several pods; [] for one pod.
 
         Read from what collection kept on this machine (`nodes.keep_nodes`): each pod's exit code,
-        reason, conditions and events, its node's log, torchrun error files and ranks' stacks.
+        reason, conditions and events, its node's log, torchrun error files and ranks' stacks. A pod never
+        bound to a node when the attempt ended unschedulable carries that reason: where no scheduler decided
+        on it, nothing the cluster kept says so.
         """
-        return nodes.node_evidence(self.local_dir(ref.run_id, ref.attempt), ref.run_id, ref.attempt)
+        found = nodes.node_evidence(self.local_dir(ref.run_id, ref.attempt), ref.run_id, ref.attempt)
+        if outcome.reason != "Unschedulable":
+            return found
+        return [replace(n, signals=replace(n.signals, reason="Unschedulable"))
+                if n.node is None and not n.signals.reason else n for n in found]
 
     def placeable_nodes(self) -> list[str]:
         """Nodes the Job's pods could land on: those matching the block's node selector, not cordoned."""

@@ -14,7 +14,7 @@ import uuid
 from trainguard.core.backends.kubernetes import manifests
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import KubeError
-from trainguard.core.backends.kubernetes.supervise import START_ERRORS, container_state
+from trainguard.core.backends.kubernetes.podstate import START_ERRORS, container_state
 from trainguard.core.backends.kubernetes.watch import RELISTED, ResumingWatch
 
 _LISTER = (

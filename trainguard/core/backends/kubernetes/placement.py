@@ -18,7 +18,7 @@ from typing import Any
 from trainguard.core.backends.kubernetes import kinds
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import NotFound
-from trainguard.core.backends.kubernetes.supervise import unschedulable_since
+from trainguard.core.backends.kubernetes.podstate import unschedulable_since
 from trainguard.core.backends.kubernetes.watch import RELISTED, ResumingWatch
 
 ANTI_AFFINITY = "didn't match pod anti-affinity rules"

@@ -27,7 +27,7 @@ from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.collector import training_container
 from trainguard.core.backends.kubernetes.describe import event_time
 from trainguard.core.backends.kubernetes.errors import Transient
-from trainguard.core.backends.kubernetes.supervise import blocking_wait
+from trainguard.core.backends.kubernetes.podstate import blocking_wait
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import Signals
 

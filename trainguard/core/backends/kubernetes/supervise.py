@@ -9,11 +9,16 @@ a watch is too old (410), watches resumed where they stopped. It ends the attemp
 
 - the Job is Complete or Failed, or it is failing (`FailureTarget`) and its pod has ended;
 - the pod failed with `DisruptionTarget` (the podFailurePolicy ignores it, the flow retries it);
-- the pod stays unschedulable longer than `unschedulable_seconds` (the scheduler's events are kept);
+- the pod stays unscheduled longer than `unschedulable_seconds`: refused by the scheduler (its events are
+  kept), or never decided on at all (no scheduler serves its `schedulerName`, or that scheduler is down);
 - the container cannot start (image pull, config) for `start_error_seconds`, or an init container
   or sidecar it waits for cannot;
 - nothing new was logged for `stall_seconds`, or the attempt outlived its deadline plus a margin;
 - the Job was deleted by someone else.
+
+While a pod is not running yet it says, at growing intervals (`waits.WaitNotice`), what the pod waits
+for and what is missing: the scheduler's last word or that none has decided, the container's waiting
+reason (`podstate.waiting_for`).
 
 It never deletes anything: on SIGTERM or cancellation it stops watching and re-raises, and the
 flow's `finally` keeps the evidence before `release` lets the cluster clean up.
@@ -22,27 +27,24 @@ flow's `finally` keeps the evidence before `release` lets the cluster clean up.
 from __future__ import annotations
 
 import queue
-import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.core import masking
 from trainguard.core.backends.kubernetes import manifests
 from trainguard.core.backends.kubernetes.errors import KubeError, Transient
+from trainguard.core.backends.kubernetes.podstate import (
+    START_ERRORS, Wire, blocking_wait, container_state, has_condition, job_condition, never_scheduled, not_scheduled,
+    pod_scheduled, pod_terminal, printable, training_name, waiting_for,
+)
 from trainguard.core.backends.kubernetes.watch import RELISTED, ResumingWatch, WatchApi
-
-Wire = dict[str, Any]
+from trainguard.core.backends.waits import FIRST_SECONDS, WaitNotice, span
 LineSink = Callable[[str], None]
-START_ERRORS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
-                          "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
-_ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
-TRAINING_CONTAINERS = (manifests.CONTAINER, "pytorch")  # a PyTorchJob's must be named `pytorch`
 LOG_TAIL_LINES = 200
-LINE_LIMIT_CHARS = 8192  # what is shown of a line (or of a piece of a longer one)
 LINE_PIECE_BYTES = 64 * 1024  # a longer line is handed out in pieces, as the local runner and the Slurm tail do
 
 
@@ -58,6 +60,7 @@ class Limits:
     settle_seconds: float = 3.0  # after the pod ends, how long to wait for the Job's own verdict
     watch_timeout_seconds: int = 300  # the server ends a watch then; it is resumed, not re-listed
     log_read_timeout_seconds: float = 300.0  # a silent log stream is reopened after this long
+    report_first_seconds: float = FIRST_SECONDS  # a pod not running yet is reported after this long, then less often
 
 
 @dataclass
@@ -94,6 +97,7 @@ class Supervisor:
         self.followed: set[str] = set()
         self.followers: list[threading.Thread] = []
         self.marks: dict[str, float] = {}  # when each waiting condition was first seen
+        self.notice = WaitNotice(limits.report_first_seconds, clock=clock)  # when to say what a pod waits for
         self.listed: set[str] = set()  # the resources listed at least once (a verdict needs both)
         self.since: str | None = None  # where both watches start when the caller holds the Job's state
         version = ((created or {}).get("metadata") or {}).get("resourceVersion")
@@ -118,6 +122,7 @@ class Supervisor:
                     self._settle(why)
                     self._drain_logs(self.clock() + self.limits.settle_seconds)
                     return self.ending
+                self._report_waits()
         finally:
             self.stop.set()
             del threads  # daemon threads end with their stream; nothing may block the caller
@@ -257,8 +262,11 @@ class Supervisor:
 
     def _waited_too_long(self, pod: Wire | None, started: float, now: float) -> str:
         limits = self.limits
-        stuck = pod is not None and unschedulable_since(pod) is not None
+        # refused by the scheduler, or never decided on (no scheduler of its name, or that scheduler is down)
+        stuck = pod is not None and not_scheduled(pod)
         if self._lasted("unschedulable", stuck, now) >= limits.unschedulable_seconds:
+            if pod is not None and not pod_scheduled(pod).get("message"):
+                self.ending.message = never_scheduled(pod, span(limits.unschedulable_seconds))
             return "unschedulable"
         waiting = blocking_wait(pod).get("reason") if pod else None
         if self._lasted("start-error", waiting in START_ERRORS, now) >= limits.start_error_seconds:
@@ -269,12 +277,63 @@ class Supervisor:
             return "deadline"
         return ""
 
+    # -- saying what the attempt waits for ------------------------------------------------
+
+    def _waiting_pods(self) -> list[Wire]:
+        """The pods whose training container may still have to start."""
+        return [self.ending.pod] if self.ending.pod is not None else []
+
+    def _report_waits(self) -> None:
+        """While a pod is not running yet, say at growing intervals what it waits for and what is missing."""
+        pods = self._waiting_pods()
+        waits: dict[tuple[str, str], list[str]] = {}
+        for pod in pods:
+            found = waiting_for(pod)
+            if found is not None:
+                waits.setdefault(found, []).append(str(pod["metadata"]["name"]))
+        no_pod = not pods and self.ending.job is not None and len(self.listed) == 2
+        elapsed = self.notice.due(bool(waits) or no_pod)
+        if elapsed is None:
+            return
+        if no_pod:
+            kind = "PyTorchJob" if self.job_resource == "pytorchjobs" else "Job"
+            self._say(f"waiting {span(elapsed)} for the {kind} {self.namespace}/{self.job_name} to create its pods")
+        for (what, missing), names in waits.items():
+            self._say(f"waiting {span(elapsed)}{self._bound(what, missing)} for {_pods(names)} {what}: {missing}")
+
+    def _bound(self, what: str, missing: str) -> str:
+        """How long this wait may last before it ends the attempt, where it does."""
+        if what == "to be scheduled":
+            return f" (of {span(self.limits.unschedulable_seconds)})"
+        if missing.split(":", 1)[0] in START_ERRORS:
+            return f" (of {span(self.limits.start_error_seconds)})"
+        return ""
+
+    def _say(self, message: str) -> None:
+        """trainguard's own line, beside the training output (never into the log tail)."""
+        line = f"trainguard: {message}"
+        if self.on_line is None:
+            print(line, flush=True)
+            return
+        try:
+            self.on_line(line)
+        except Exception:  # a broken sink must not end the supervision
+            self.on_line = None
+
     def _lasted(self, mark: str, holds: bool, now: float) -> float:
         """How long `holds` has been true without a break (-1 while it is not)."""
         if not holds:
             self.marks.pop(mark, None)
             return -1.0
         return now - self.marks.setdefault(mark, now)
+
+
+def _pods(names: list[str]) -> str:
+    """ "pod a", "pods a, b", "pods a, b, c and 5 more"."""
+    if len(names) == 1:
+        return f"pod {names[0]}"
+    shown = ", ".join(sorted(names)[:3])
+    return f"pods {shown}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 class LineCutter:
@@ -301,68 +360,3 @@ class LineCutter:
             cut += size
         self.pending = rest[cut:]
         return found
-
-
-# -- reading wire-form objects ------------------------------------------------------------
-
-def container_state(pod: Mapping[str, Any] | None, name: str | None = None) -> Wire:
-    """The training container's `state` (running/waiting/terminated), or {}: the one named ``name``, else
-    trainguard's (`train` in a Job, `pytorch` in a PyTorchJob's replica)."""
-    for status in (pod or {}).get("status", {}).get("containerStatuses") or []:
-        if status.get("name") == name or (name is None and status.get("name") in TRAINING_CONTAINERS):
-            return dict(status.get("state") or {})
-    return {}
-
-
-def training_name(pod: Mapping[str, Any]) -> str:
-    """The name of the pod's training container."""
-    names = [str(c.get("name")) for c in (pod.get("spec") or {}).get("containers") or ()]
-    return next((n for n in names if n in TRAINING_CONTAINERS), manifests.CONTAINER)
-
-
-def blocking_wait(pod: Mapping[str, Any] | None, own: Mapping[str, Any] | None = None) -> Wire:
-    """What keeps the training container waiting: its own `waiting` state (or `own`), or, while it
-    waits for the init containers (PodInitializing), the start error of an init container or
-    sidecar that cannot start (image pull, config)."""
-    mine = dict(own if own is not None else container_state(pod).get("waiting") or {})
-    if mine.get("reason") != "PodInitializing":
-        return mine
-    for status in (pod or {}).get("status", {}).get("initContainerStatuses") or []:
-        waiting = (status.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in START_ERRORS:
-            return dict(waiting)
-    return mine
-
-
-def pod_terminal(pod: Mapping[str, Any]) -> bool:
-    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
-
-
-def has_condition(obj: Mapping[str, Any], kind: str) -> bool:
-    return any(c.get("type") == kind and c.get("status") == "True"
-               for c in obj.get("status", {}).get("conditions") or [])
-
-
-def job_condition(job: Mapping[str, Any], *kinds: str) -> Wire | None:
-    """The first True condition of `job` among `kinds`."""
-    for condition in job.get("status", {}).get("conditions") or []:
-        if condition.get("type") in kinds and condition.get("status") == "True":
-            return dict(condition)
-    return None
-
-
-def unschedulable_since(pod: Mapping[str, Any]) -> str | None:
-    """The time the pod became unschedulable, while it still is."""
-    for condition in pod.get("status", {}).get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable" \
-                and condition.get("status") == "False":
-            return str(condition.get("lastTransitionTime") or "?")
-    return None
-
-
-def printable(raw: bytes) -> str:
-    """A log line safe to show: decoded leniently, control characters (ANSI escapes too) dropped, clipped."""
-    text = _ANSI.sub("", raw.rstrip(b"\r").decode("utf-8", errors="replace")[:LINE_LIMIT_CHARS])
-    return "".join(ch for ch in text if ch == "\t" or (ch >= " " and ch != "\x7f" and not "\x80" <= ch <= "\x9f"))
-
-

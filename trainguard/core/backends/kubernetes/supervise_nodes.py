@@ -9,7 +9,7 @@ pod's log, each line prefixed with its node rank (`[node 1] ...`), and ends the 
   and what they print meanwhile dates the failure. Without hold mode (clusters before 1.29) the
   Job controller deletes the survivors at once, so the attempt ends at once, to read them while
   they terminate;
-- one pod is unschedulable or cannot start for longer than allowed, the whole attempt is silent
+- one pod is unschedulable (refused, or never decided on) or cannot start for longer than allowed, the whole attempt is silent
   for `stall_seconds`, or it outlived its deadline; or the Job was deleted;
 - where one pod per node may be relaxed, a pod is unschedulable because of it (`placement.SPREAD`).
 
@@ -22,9 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.core.backends.kubernetes import indexed, placement
-from trainguard.core.backends.kubernetes.supervise import (
-    START_ERRORS, Supervisor, Wire, blocking_wait, has_condition, job_condition, pod_terminal, unschedulable_since,
+from trainguard.core.backends.kubernetes.podstate import (
+    START_ERRORS, Wire, blocking_wait, has_condition, job_condition, not_scheduled, pod_terminal, unschedulable_since,
 )
+from trainguard.core.backends.kubernetes.supervise import Supervisor
 
 FIRST_FAILURE = "first-failure"
 
@@ -53,6 +54,9 @@ class NodesSupervisor(Supervisor):
         self.ending.pod = self.ending.pods[chosen]
         index = self.index_of(pod)
         self._follow(pod, f"[node {index}] " if index is not None else f"[{name}] ")
+
+    def _waiting_pods(self) -> list[Wire]:
+        return list(self.ending.pods.values())
 
     def _order(self, name: str) -> tuple[int, str]:
         index = self.index_of(self.ending.pods[name])
@@ -97,7 +101,9 @@ class NodesSupervisor(Supervisor):
     def _stuck(self) -> Wire | None:
         """The pod that keeps the attempt waiting (unschedulable, or unable to start), else the outcome's."""
         pods = list(self.ending.pods.values())
+        # the scheduler's refusal says most; then a pod no scheduler decided on; then one that cannot start
         found = next((p for p in pods if unschedulable_since(p) is not None), None) or \
+            next((p for p in pods if not_scheduled(p)), None) or \
             next((p for p in pods if blocking_wait(p).get("reason") in START_ERRORS), None)
         if found is not None:
             self.ending.pod = found
