@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.core.backends.base import Launch
-from trainguard.core.backends.kubernetes import supervise
+from trainguard.core.backends.kubernetes import podstate, supervise
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.backend import KubernetesBackend, KubeSettings
 from trainguard.core.backends.kubernetes.manifests import JobSettings
@@ -39,7 +39,7 @@ def test_a_progress_bar_without_a_newline_is_shown_while_it_grows(kube: KubeApi,
     thread.join(60)
     assert box and box[0].reason == "JobDeleted"
     pieces = [line for line in shown if "progress" in line]
-    assert pieces and all(len(line) <= supervise.LINE_LIMIT_CHARS for line in pieces)
+    assert pieces and all(len(line) <= podstate.LINE_LIMIT_CHARS for line in pieces)
 
 
 class _Stream:

@@ -33,6 +33,7 @@ from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotF
 from trainguard.core.backends.kubernetes.podstate import blocking_wait, container_state, job_condition
 from trainguard.core.backends.kubernetes.supervise import Ending, Limits, Supervisor
 from trainguard.core.backends.kubernetes.supervise_nodes import NodesSupervisor
+from trainguard.core.backends.waits import FIRST_SECONDS
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import Signals
@@ -57,6 +58,8 @@ class KubeSettings:
     evidence_copy_budget_bytes: int = collector.DEFAULT_BUDGET_BYTES
     # several nodes: how long the other pods may take to fail on their own after the first failed
     survivor_grace_seconds: float = 30.0
+    # a pod not running yet is reported after this long, then at growing intervals (`waits.WaitNotice`)
+    report_first_seconds: float = FIRST_SECONDS
 
 
 class KubernetesBackend:
@@ -148,6 +151,7 @@ class KubernetesBackend:
                     relaxable: bool = False) -> Supervisor:
         limits = Limits(unschedulable_seconds=self.settings.unschedulable_seconds,
                         start_error_seconds=self.settings.start_error_seconds,
+                        report_first_seconds=self.settings.report_first_seconds,
                         stall_seconds=launch.stall_seconds, deadline_seconds=launch.deadline_seconds)
         kind = self.kind_of_job
         args = (self.api, self.namespace, launch.run_id, launch.attempt, limits)
