@@ -35,3 +35,14 @@ def attempt_runs(run_id: str) -> list[Any]:
             flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"trainguard-run:{run_id}"])),
             sort=FlowRunSort.EXPECTED_START_TIME_ASC,
         )
+
+
+def run_logs(flow_run_id: str) -> list[str]:
+    """The messages the Prefect API holds for one flow run (its tasks' included)."""
+    from uuid import UUID
+
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(flow_run_id)])))
+    return [entry.message for entry in logs]

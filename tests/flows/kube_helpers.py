@@ -15,6 +15,7 @@ from typing import Any
 import kubesim
 import kubesim.fixture
 from blocks import EvidenceFolder, KubernetesJobBackend
+from runs import run_logs  # noqa: F401  (the Kubernetes flow tests read their run logs through here)
 from trainguard.demo import SCRIPT
 
 GPU_FAULT = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus."
@@ -68,15 +69,3 @@ def pod_of(api: Any, namespace: str, run_id: str, attempt: int, phase: str = "Ru
         if pod["status"].get("phase") == phase:
             return str(pod["metadata"]["name"])
     return None
-
-
-def run_logs(flow_run_id: str) -> list[str]:
-    """The messages the Prefect API holds for one flow run."""
-    from uuid import UUID
-
-    from prefect import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(flow_run_id)])))
-    return [entry.message for entry in logs]

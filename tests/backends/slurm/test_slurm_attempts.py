@@ -12,6 +12,7 @@ import re
 from slurm_helpers import (
     Meanwhile, jobcomp_lines, log_says, run, running_job, sacct_steps, save_slurm_blocks, tiny_spec,
 )
+from runs import run_logs
 from waiting import wait_for
 
 from trainguard.core.evidence.manifest import read_manifest, verify_manifest
@@ -115,3 +116,14 @@ def _bytes(max_rss: str) -> float:
     """sacct's MaxRSS (`34320K`, `1.50M`, `0`) in bytes."""
     number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", max_rss).groups()
     return float(number) * 1024 ** " KMGT".index(unit or " ")
+
+
+def test_a_job_waiting_in_the_queue_is_reported_with_slurms_reason_while_it_waits(prefect_server, slurm_node_up, tmp_path):
+    blocks = save_slurm_blocks(slurm_node_up, tmp_path, extra_sbatch_options=["--begin=now+8"])
+    state, history = run(tiny_spec("slurm-queued", "--steps", "3"), blocks, "slurm-queued-1")
+    assert state.is_completed(), state.message
+    said = wait_for(lambda: [m for m in run_logs(history[0]["flow_run_id"]) if m.startswith("trainguard: waiting")],
+                    timeout=20, what="the waiting lines in Prefect")
+    # squeue's reason for a job held until its begin time, as `squeue` shows it in NODELIST(REASON)
+    assert re.fullmatch(r"trainguard: waiting [5-7]s for Slurm job \d+ to start: PENDING \(BeginTime\)", said[0]), said
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import json
+import re
 
 import pytest
 
@@ -34,6 +35,7 @@ class Script:
         self.sbatch_times_out = False
         self.odd_answers = 0  # squeue for a job id fails this many times with an error of no known kind
         self.earlier_running = True  # attempt 1's job 7 is still queued or running
+        self.pending = 0  # squeue says the job is pending (Resources) this many times before it ran and ended
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
@@ -57,8 +59,11 @@ class Script:
         if argv[0] == "squeue" and name is None and self.odd_answers > 0:
             self.odd_answers -= 1
             return CommandResult(1, "", "squeue: error: Unexpected message received")
+        if argv[0] == "squeue" and name is None and self.pending > 0:
+            self.pending -= 1
+            return CommandResult(0, "PENDING|Resources\n", "")
         if argv[0] == "squeue" and name is None:
-            return CommandResult(0, "COMPLETED\n", "")
+            return CommandResult(0, "COMPLETED|None\n", "")
         if argv[0] == "scontrol" and "job" in argv:
             return CommandResult(0, FINISHED, "")
         if argv[0] == "sinfo":
@@ -232,3 +237,27 @@ def test_stop_orphan_cancels_the_job_found_by_name_and_comment_and_keeps_its_end
     calls.clear()
     assert backend.stop_orphan(ref) is None  # nothing runs any more: nothing is stopped
     assert not [call for call in calls if call[0] == "scancel"]
+
+
+def test_a_queued_job_and_a_silent_controller_are_reported_while_they_last(tmp_path):
+    script = Script(str(tmp_path))
+    script.earlier_running, script.pending = False, 40  # about a minute in the queue at the longest poll interval
+    lines = []
+    backend = _backend(tmp_path, script)
+
+    assert backend.run(backend.provision("r", 2), Launch("r", 2, ("python", "-c", "pass")),
+                       on_line=lines.append).reason == "Completed"
+    waited = [re.fullmatch(r"trainguard: waiting (\d+)s for Slurm job 42 to start: PENDING \(Resources\)", line)
+              for line in lines]
+    seconds = [int(m[1]) for m in waited if m]
+    # growing intervals, each said at the first squeue poll (2 s apart at most) past its moment
+    assert all(waited) and len(seconds) == 4 and all(t <= s <= t + 2 for s, t in zip(seconds, (5, 10, 20, 40)))
+
+    script = Script(str(tmp_path / "silent"), down_after_submit=True)
+    lines = []
+    backend = _backend(tmp_path / "silent", script)
+    assert backend.run(backend.provision("r", 2), Launch("r", 2, ("python", "-c", "pass")),
+                       on_line=lines.append).reason == UNREACHABLE
+    assert lines and all(re.fullmatch(r"trainguard: waiting \d+s \(of 60s\) for the Slurm controller to answer "
+                                      r"squeue about job 42", line) for line in lines)
+

@@ -39,6 +39,7 @@ from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import Signals
 from trainguard.core.backends import processes, rankstacks, torchrun, workspace
+from trainguard.core.backends.waits import WaitNotice
 from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
 
 KIND = "slurm"
@@ -269,7 +270,7 @@ class SlurmBackend:
         jw = continuation.job_workspace(ws)
         tail = LogTail(jw.log_path, on_line, self.clock, jw.root)
         delay, running_since, stopped_for = self.poll_min_seconds, None, None
-        watch = _Watch(self.clock())
+        watch, notice = _Watch(self.clock()), WaitNotice(clock=self.clock)
         while True:
             tail.poll()
             try:
@@ -277,6 +278,8 @@ class SlurmBackend:
             except _ControllerLost:
                 tail.poll(final=True)
                 raise
+            if (elapsed := notice.due(state == "UNKNOWN" or state in job.WAITING_STATES)) is not None:
+                on_line(job.waiting_line(job_id, state, watch.reason, elapsed, self.controller_timeout_seconds))
             if state is None or state in TERMINAL_STATES:
                 tail.poll(final=True)
                 return stopped_for
@@ -295,7 +298,7 @@ class SlurmBackend:
     def _state(self, job_id: str, watch: _Watch) -> str | None:
         """squeue's word on the job; "UNKNOWN" while the controller is silent or odd, within bounds."""
         try:
-            state = self.client.state(job_id)
+            found = self.client.status(job_id)
         except SlurmUnavailable as exc:  # busy or restarting: ask again, later, within bounds
             if self.clock() - watch.answered >= self.controller_timeout_seconds:
                 raise _ControllerLost(self._lost_message(job_id, exc, self.clock() - watch.answered)) from exc
@@ -306,6 +309,7 @@ class SlurmBackend:
                 raise _ControllerLost(job.odd_answers_message(job_id, watch.odd, str(exc))) from exc
             return "UNKNOWN"
         watch.answered, watch.odd = self.clock(), 0
+        state, watch.reason = found if found is not None else (None, "")
         return state
 
     def _lost_message(self, job_id: str, exc: SlurmError, silent_seconds: float) -> str:
@@ -393,3 +397,4 @@ class _Watch:
 
     answered: float
     odd: int = 0
+    reason: str = ""  # squeue's reason for the job's state (why it is pending)

@@ -229,12 +229,21 @@ class SlurmClient:
 
     def state(self, job_id: str) -> str | None:
         """The job's state as squeue sees it; None once squeue no longer lists it."""
+        found = self.status(job_id)
+        return found[0] if found else None
+
+    def status(self, job_id: str) -> tuple[str, str] | None:
+        """The job's state and squeue's reason for it (why a pending job waits: `Resources`, `Priority`,
+        `BeginTime`, `ReqNodeNotAvail, ...`; `None` when there is none); None once squeue no longer lists it."""
         try:
-            out = self._run("squeue", "--noheader", f"--jobs={job_id}", "--states=all", "--format=%T")
+            out = self._run("squeue", "--noheader", f"--jobs={job_id}", "--states=all", "--format=%T|%r")
         except JobNotFound:
             return None
         lines = [line.strip() for line in out.splitlines() if line.strip()]
-        return lines[0] if lines else None
+        if not lines:
+            return None
+        state, _, reason = lines[0].partition("|")
+        return state.strip(), reason.strip()
 
     def show_job(self, job_id: str) -> JobInfo:
         """`scontrol show -o job ID`, parsed; raises `JobNotFound` once the record aged out."""

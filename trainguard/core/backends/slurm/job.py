@@ -20,6 +20,11 @@ from typing import Any
 from trainguard.core.backends import workspace
 from trainguard.core.backends.base import CANCELLED, COMPLETED, ERROR, Launch
 from trainguard.core.backends.slurm.client import JobInfo
+from trainguard.core.backends.waits import span
+
+# States in which a job has not started yet, or waits to start again (squeue's long names).
+WAITING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
+                            "SUSPENDED"})
 
 # Slurm's words for how a job ended, as the termination reasons the triage rules know.
 STATE_REASONS = {
@@ -273,3 +278,12 @@ def unanswered_submit_message(attempt: int, name: str, controller: str, error: s
     return (f"Slurm's controller did not answer when trainguard went to submit attempt {attempt} as job {name} "
             f"({controller}; error: {error}); bring slurmctld back (`scontrol ping`, its log): the next attempt "
             f"adopts a job sbatch may have queued under that name, or submits one")
+
+
+def waiting_line(job_id: str, state: str | None, reason: str, waited: float, controller_timeout_seconds: float) -> str:
+    """trainguard's line about a job that does not run yet (`WAITING_STATES`), or that squeue says nothing of."""
+    if state == "UNKNOWN":
+        return (f"trainguard: waiting {span(waited)} (of {span(controller_timeout_seconds)}) for the Slurm controller "
+                f"to answer squeue about job {job_id}")
+    why = f" ({reason})" if reason and reason != "None" else ""
+    return f"trainguard: waiting {span(waited)} for Slurm job {job_id} to start: {state}{why}"
