@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from trainguard.core.evidence import bundles, index, manifest, retention
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend
+from trainguard.core.backends.waits import said_while, span
 from trainguard.core.stores.base import EvidenceStore
 
 
@@ -23,7 +24,10 @@ def collect_evidence(
 
     ``held``: the store spools every write until the verdict is kept (`afterupload`), so nothing waits on S3 yet.
     """
-    collected = backend.collect_evidence(ref, store, outcome)
+    logger = get_run_logger()
+    with said_while(logger.info, lambda waited: f"trainguard: waiting {span(waited)} for the {backend.kind} backend to "
+                    "collect the attempt's evidence (the platform's records, the logs, the attempt's files)"):
+        collected = backend.collect_evidence(ref, store, outcome)
     failures = manifest.storage_failures(collected.manifest)
     if failures:  # said as a warning: a full evidence disk is the user's to fix, not a detail
         get_run_logger().warning("evidence could not be stored: %s", "; ".join(failures))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.core.backends.waits import WaitNotice, span
+from trainguard.core.backends.waits import WaitNotice, said_while, span
+from waiting import wait_for
 
 
 class Clock:
@@ -56,3 +57,26 @@ def test_a_late_look_says_one_line_for_the_intervals_it_missed() -> None:
     (0, "0s"), (7.9, "7s"), (95, "95s"), (245, "4m05s"), (600, "10m00s"), (3720, "1h02m"), (-3, "0s")])
 def test_a_wait_reads_in_seconds_then_minutes_then_hours(seconds: float, text: str) -> None:
     assert span(seconds) == text
+
+
+def test_a_blocking_wait_is_said_from_a_thread_until_it_ends() -> None:
+    said: list[str] = []
+    with said_while(said.append, lambda waited: f"waiting {span(waited)} for the collector", first_seconds=0.1,
+                    tick_seconds=0.02):
+        wait_for(lambda: len(said) >= 2, timeout=10, what="two lines while the block runs")
+    assert said[:2] == ["waiting 0s for the collector"] * 2  # after 0.1 s and 0.2 s
+
+
+def test_a_quick_blocking_call_says_nothing_and_a_broken_sink_breaks_nothing() -> None:
+    said: list[str] = []
+    with said_while(said.append, lambda waited: "never", first_seconds=60):
+        pass
+    assert said == []
+
+    def broken(line: str) -> None:
+        raise OSError("the log's disk is full")
+
+    calls: list[float] = []
+    with said_while(broken, lambda waited: calls.append(waited) or "line", first_seconds=0.05, tick_seconds=0.01):
+        wait_for(lambda: calls, timeout=10, what="the sink tried once")
+    assert len(calls) == 1  # not asked again after it failed

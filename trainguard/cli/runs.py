@@ -78,13 +78,16 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
     from flows.run import training_run
     from trainguard.cli import settle
     from trainguard.cli.server import start_temporary_server
+    from trainguard.core.backends.waits import said_while, span
     from trainguard.core.attempt import new_run_id
 
     resume, spec_file = blocks.pop("resume", None), blocks.pop("spec_file", None)
     if resume:  # refused before a server is started for nothing
         settle.check_resume(spec, resume, blocks)
     try:
-        start_temporary_server()
+        with said_while(lambda line: say(line), lambda waited: f"trainguard: waiting {span(waited)} for the temporary "
+                        "Prefect server to start (its first start sets up its database)"):
+            start_temporary_server()
     except (RuntimeError, OSError) as exc:
         fail(f"could not start a temporary Prefect server ({exc}); set PREFECT_API_URL or run `prefect server start`", code=1)
     run_id = resume or new_run_id(spec.name)

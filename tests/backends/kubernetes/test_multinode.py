@@ -88,8 +88,13 @@ def test_a_survivor_still_running_after_the_grace_ends_the_attempt_and_release_d
     ref = b.provision("mn-grace", 1)
     code = "import os, sys, time\nif os.environ['NODE_RANK'] == '1': sys.exit(3)\ntime.sleep(600)"
     launch = Launch(run_id="mn-grace", attempt=1, command=("python", "-c", code), nodes=2, gpus=1)
-    outcome = b.run(ref, launch)
+    lines: list[str] = []
+    outcome = b.run(ref, launch, on_line=lines.append)
     assert outcome.exit_code == 3 and outcome.instance and outcome.instance.startswith(f"{ref.name}-1-")
+    # the wait for the survivors is said once, with its bound
+    assert [line for line in lines if "waiting up to" in line] == [
+        f"trainguard: pod {outcome.instance} failed; waiting up to 2s for the other pods to end on their own "
+        "(what they print meanwhile dates the failure)"]
     running = [p for p in kube.list_pods(ns, f"job-name={ref.name}")["items"] if p["status"]["phase"] == "Running"]
     assert [indexed.index_of(p) for p in running] == [0]  # still there for the evidence
     b.release(ref)

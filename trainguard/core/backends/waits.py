@@ -5,13 +5,16 @@ pulled, a Slurm job pending in the queue, the evidence collector's pod) asks a `
 each look, whether a line is due; it is after 5 s of waiting, then 10 s, 20 s, 40 s..., the
 interval doubling up to a cap, so a long wait costs a line every few minutes and a short one costs
 none. What the line says (what is missing, the platform's last word) is the backend's; `span`
-writes the wait so far.
+writes the wait so far. A wait inside one blocking call (collecting evidence, starting a server) is
+said from a thread by `said_while`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 FIRST_SECONDS = 5.0
 CAP_SECONDS = 120.0  # the longest interval between two lines about one wait
@@ -46,6 +49,40 @@ class WaitNotice:
         while self.next <= elapsed:  # a late look says one line, not one per missed interval
             self.next = min(self.next * 2, self.next + self.cap)
         return elapsed
+
+
+@contextlib.contextmanager
+def said_while(say: Callable[[str], None], what: Callable[[float], str], *, first_seconds: float = FIRST_SECONDS,
+               tick_seconds: float = 0.25, clock: Callable[[], float] = time.monotonic) -> Iterator[None]:
+    """Run the block while a thread says ``what(waited so far)`` at `WaitNotice`'s moments (none if it is quick).
+
+    Args:
+        say: Shows one line; a sink that raises is not called again.
+        what: The line for the wait so far.
+        first_seconds: How long the block may take before its first line.
+        tick_seconds: How often the thread looks.
+        clock: Monotonic seconds.
+    """
+    notice, done = WaitNotice(first_seconds, clock=clock), threading.Event()
+
+    def tick() -> None:
+        notice.due(True)
+        while not done.wait(tick_seconds):
+            waited = notice.due(True)
+            if waited is None or done.is_set():
+                continue
+            try:
+                say(what(waited))
+            except Exception:  # a broken sink must not break what is being waited for
+                return
+
+    thread = threading.Thread(target=tick, daemon=True, name="trainguard-waiting")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(tick_seconds * 4)
 
 
 def span(seconds: float) -> str:

@@ -26,6 +26,7 @@ from trainguard.core.backends.kubernetes.podstate import (
     START_ERRORS, Wire, blocking_wait, has_condition, job_condition, not_scheduled, pod_terminal, unschedulable_since,
 )
 from trainguard.core.backends.kubernetes.supervise import Supervisor
+from trainguard.core.backends.waits import span
 
 FIRST_FAILURE = "first-failure"
 
@@ -44,6 +45,7 @@ class NodesSupervisor(Supervisor):
         self.nodes, self.grace_seconds, self.hold, self.index_of = nodes, grace_seconds, hold, index_of
         self.relaxable = relaxable  # one pod per node is required and may become preferred
         self.first_failed: str | None = None
+        self.said_grace = False
 
     def _apply_pod(self, pod: Wire) -> None:
         name = str(pod["metadata"]["name"])
@@ -85,6 +87,10 @@ class NodesSupervisor(Supervisor):
             ended_all = len(self._ended_indexes()) >= self.nodes
             if ended_all or self._lasted(FIRST_FAILURE, True, now) >= self.grace_seconds:
                 return "pod"
+            if not self.said_grace:  # a wait of up to the grace: say it once, with its bound
+                self.said_grace = True
+                self._say(f"pod {self.first_failed} failed; waiting up to {span(self.grace_seconds)} for the other "
+                          "pods to end on their own (what they print meanwhile dates the failure)")
             return ""
         succeeded = [p for p in ending.pods.values() if (p.get("status") or {}).get("phase") == "Succeeded"]
         if len(self._ended_indexes()) >= self.nodes and len(succeeded) >= self.nodes:
