@@ -9,12 +9,15 @@ the cluster's own words. The first line comes sooner here than the 5 s of produc
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
+from typing import Any
 
 from trainguard.core.backends.base import Launch
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.backend import KubernetesBackend, KubeSettings
 from trainguard.core.backends.kubernetes.manifests import JobSettings
+from waiting import wait_for
 
 REFUSED = ("default-scheduler says: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 "
            "nodes are available: 2 No preemption victims found for incoming pod.")
@@ -57,3 +60,22 @@ def test_a_pod_whose_image_cannot_be_pulled_is_reported_with_the_kubelets_words(
     # a start error names its bound; the kubelet's message names the image
     assert pulls and all(m[2] == " (of 2s)" and "registry.example.com/missing/train:9" in m[5] for m in pulls)
     b.release(ref)
+
+
+def test_a_job_that_creates_no_pod_is_reported_with_where_to_look(kube: KubeApi, ns: str, tmp_path: Path) -> None:
+    # parallelism 0 stands in for what holds a real Job's pods back (a ResourceQuota, an admission webhook)
+    settings = JobSettings(image="python:3.11", namespace=ns, job_template={"spec": {"parallelism": 0}})
+    b = KubernetesBackend(lambda: kube, KubeSettings(settings, local_root=str(tmp_path), report_first_seconds=0.3))
+    ref = b.provision("r-nopod", 1)
+    lines: list[str] = []
+    box: list[Any] = []
+    launch = Launch(run_id="r-nopod", attempt=1, command=("python", "-c", "pass"))
+    thread = threading.Thread(target=lambda: box.append(b.run(ref, launch, on_line=lines.append)), daemon=True)
+    thread.start()
+    line = wait_for(lambda: next((x for x in lines if "to create its pods" in x), None), timeout=30,
+                    what="the line about a Job without pods")
+    assert re.fullmatch(rf"trainguard: waiting \d+s for the Job {ns}/{ref.name} to create its pods "
+                        rf"\(`kubectl describe job -n {ns} {ref.name}` says what holds them\)", line)
+    kube.delete_job(ns, ref.name)  # nothing bounds this wait but the attempt's deadline: stop it from outside
+    thread.join(60)
+    assert box and box[0].reason == "JobDeleted"

@@ -297,7 +297,8 @@ class Supervisor:
             return
         if no_pod:
             kind = "PyTorchJob" if self.job_resource == "pytorchjobs" else "Job"
-            self._say(f"waiting {span(elapsed)} for the {kind} {self.namespace}/{self.job_name} to create its pods")
+            self._say(f"waiting {span(elapsed)} for the {kind} {self.namespace}/{self.job_name} to create its pods "
+                      f"(`kubectl describe {kind.lower()} -n {self.namespace} {self.job_name}` says what holds them)")
         for (what, missing), names in waits.items():
             self._say(f"waiting {span(elapsed)}{self._bound(what, missing)} for {_pods(names)} {what}: {missing}")
 
