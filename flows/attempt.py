@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as current_run
 from prefect.client.schemas.objects import State
 from prefect.states import Failed
@@ -25,7 +25,8 @@ from tasks.training import TrainingFailed, provision_workspace, release_attempt,
 from tasks.triage import classify_failure, decide_retry
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, history_records, new_run_id
 from trainguard.core.evidence import afterupload, manifest
-from trainguard.core.backends.base import AttemptOutcome, Launch, launch_for
+from trainguard.core.backends.base import AttemptOutcome, Backend, Launch, launch_for
+from trainguard.core.backends.waits import said_while, span
 from trainguard.core.policy import RetryDecision
 from trainguard.core.spec import TrainingSpec
 from trainguard.core.stores.base import EvidenceStore
@@ -98,7 +99,7 @@ def train_attempt(
             release_attempt(backend, ref, return_state=True)  # only now may the platform clean up
     outcome = _outcome(train_state)
     evidence = evidence_state.result(raise_on_failure=False) if evidence_state else None
-    checkpoints = backend.checkpoints(run_id)
+    checkpoints = _checkpoints(backend, run_id)
     summary = AttemptSummary(
         run_id=run_id, attempt=attempt, max_attempts=retry_policy.max_attempts,
         state="Completed" if outcome.succeeded else "Failed", flow_run_id=str(current_run.id),
@@ -125,6 +126,13 @@ def _launch(spec: TrainingSpec, run_id: str, attempt: int, resume_from: str | No
         deadline_seconds=spec.deadline_seconds, stall_seconds=spec.stall_seconds, resume_from=resume_from,
         avoid_nodes=avoid_nodes, memory_factor=memory_factor,
     )
+
+
+def _checkpoints(backend: Backend, run_id: str) -> list[str]:
+    """The run's checkpoints, newest first; listing them may take a pod of its own (Kubernetes): said if slow."""
+    with said_while(get_run_logger().info, lambda waited: f"trainguard: waiting {span(waited)} for the {backend.kind} "
+                    "backend to list the run's checkpoints"):
+        return backend.checkpoints(run_id)
 
 
 def _keep_verdict(store: EvidenceStore, summary: AttemptSummary, evidence: Any, held: bool) -> AttemptSummary:
