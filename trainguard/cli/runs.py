@@ -49,7 +49,7 @@ def run(
     if kubeconfig is not None:
         from trainguard.cli.kube import quick_backend
 
-        _temporary_server()  # before the block is saved, which would start one without the Ctrl-C guard
+        _start_server_first()
         backend = quick_backend(kubeconfig, context=context, namespace=namespace, image=image)
     if deployment:
         _submit(spec, deployment, backend, evidence, retry_policy)
@@ -70,31 +70,36 @@ def demo(
     _run_here(spec)
 
 
-def _temporary_server() -> None:
-    """Prefect's temporary server when no PREFECT_API_URL is set, started here so that it ignores the
-    terminal's Ctrl-C (see start_temporary_server); a second call finds it running."""
-    # Without PREFECT_API_URL Prefect starts a local ephemeral server; its first start migrates
-    # the database, which takes longer than Prefect's 20 s default on a busy 2-core machine.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+def _start_server_first() -> None:
+    """Start Prefect's temporary server (when no PREFECT_API_URL is set) before anything else asks
+    Prefect for one: saving a block would start it without the guard that keeps a Ctrl-C from it."""
     from trainguard.cli.server import start_temporary_server
 
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     try:
-        start_temporary_server()
+        start_temporary_server()  # _run_here's own call then finds it running
     except (RuntimeError, OSError) as exc:
         fail(f"could not start a temporary Prefect server ({exc}); set PREFECT_API_URL or run `prefect server start`", code=1)
 
 
 def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
+    # Without PREFECT_API_URL Prefect starts a local ephemeral server; its first start migrates
+    # the database, which takes longer than Prefect's 20 s default on a busy 2-core machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     from prefect.exceptions import TerminationSignal
 
     from flows.run import training_run
     from trainguard.cli import settle
+    from trainguard.cli.server import start_temporary_server
     from trainguard.core.attempt import new_run_id
 
     resume, spec_file = blocks.pop("resume", None), blocks.pop("spec_file", None)
     if resume:  # refused before a server is started for nothing
         settle.check_resume(spec, resume, blocks)
-    _temporary_server()
+    try:
+        start_temporary_server()
+    except (RuntimeError, OSError) as exc:
+        fail(f"could not start a temporary Prefect server ({exc}); set PREFECT_API_URL or run `prefect server start`", code=1)
     run_id = resume or new_run_id(spec.name)
     plan = settle.plan_resume(spec, run_id, blocks, spec_file) if resume else None
     rules = blocks.get("rules")
