@@ -12,6 +12,7 @@ from rich.text import Text
 from trainguard_entrypoint import safefiles
 
 from trainguard.cli.typer_app import app
+from trainguard.core.home import data_path
 from trainguard.cli.output import console, escaped, fail, plain, say
 from trainguard.core.evidence import bundles
 from trainguard.core.evidence import manifest as manifests
@@ -26,10 +27,10 @@ app.add_typer(evidence_app, name="evidence")
 @evidence_app.command("show")
 def show(
     run_id: str = typer.Argument(..., help="The run id printed by `trainguard run` / `demo`."),
-    root: Path = typer.Option(Path("trainguard-data/evidence"), help="Evidence folder (used without --block)."),
+    root: Path = typer.Option(Path("trainguard-data/evidence"), callback=data_path, help="Evidence folder (used without --block)."),
     block: str | None = typer.Option(None, help="A saved evidence block ('block-type-slug/name') instead of --root."),
     deep: bool = typer.Option(False, "--deep", help="Download and hash every item instead of trusting stored checksums."),
-    work: Path = typer.Option(Path("trainguard-data/work"), help="Work folder of the local backend, for a run "
+    work: Path = typer.Option(Path("trainguard-data/work"), callback=data_path, help="Work folder of the local backend, for a run "
                               "whose evidence could not be stored."),
 ) -> None:
     """List each attempt's evidence items, verify them against the manifest, and say why anything is missing.

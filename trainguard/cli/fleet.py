@@ -20,6 +20,7 @@ from rich.table import Table
 from trainguard.cli.evidence import open_store
 from trainguard.cli.output import console, errors, fail, plain, say
 from trainguard.cli.typer_app import app
+from trainguard.core.home import data_path
 from trainguard.core.evidence import index
 from trainguard.core.fleet import render
 from trainguard.core.fleet.analysis import FleetView, Tally
@@ -44,7 +45,7 @@ def parse_since(text: str) -> timedelta:
 @app.command("fleet")
 def fleet(
     since: str = typer.Option("7d", help="How far back: 36h, 7d, 2w."),
-    root: Path = typer.Option(Path("trainguard-data/evidence"), help="Evidence folder (used without --block)."),
+    root: Path = typer.Option(Path("trainguard-data/evidence"), callback=data_path, help="Evidence folder (used without --block)."),
     block: str | None = typer.Option(None, help="A saved evidence block ('block-type-slug/name') instead of --root."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole view as JSON."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown and publish it as the Prefect "
