@@ -72,7 +72,19 @@ def certainty(summary: AttemptSummary) -> str:
         return f"weak call ({how}): check the deciding log line and the evidence by hand"
     if summary.culprit_undetermined:
         return "the category is sure; which rank started it is not (every rank only lost a peer)"
-    return f"{summary.strength or 'cause'}-strength evidence"
+    if summary.decided_by == "stacks":
+        return "judged from every rank's stack, taken while the ranks were alive: strong"
+    return _JUDGED_FROM.get(summary.strength, "")
+
+
+# The triage rules' strength names are the rule writers' words; a person reads what the call rests on.
+_JUDGED_FROM = {
+    "verdict": "judged from what the platform reported (termination reason, scheduler or eviction): sure",
+    "cause": "judged from a root-cause line in the log: strong",
+    "error": "judged from the error line in the log: strong",
+    "crash": "judged from a native crash in the log, with no clearer cause beside it: fair",
+    "consequence": "judged from what the ranks reported after the failure, not the failure itself: fair",
+}
 
 
 _PATHS = re.compile(r"(?<!\S)\[?[\w.+-]*(?:/[\w.+-]+)+\.(?:py|pyx|cc|cpp|cu|c|h|hpp)(?::\d+)?\]?[,:]?(?=\s|$)")
