@@ -97,7 +97,7 @@ def _show_attempt(store: EvidenceStore, run_id: str, attempt: int, deep: bool) -
     problems += [f"{key}: not in the manifest (added after collection?)" for key in manifests.unlisted_keys(store, found)]
     spooled = set(store.pending(manifests.attempt_prefix(run_id, attempt) + "/")) if isinstance(
         store, SpoolingStore) else set()
-    partial = f" (partial: {len(found.missing)} absent)" if found.missing else ""
+    partial = f" (partial: {len(found.absent)} absent)" if found.absent else ""
     where = store.describe(manifests.attempt_prefix(run_id, attempt))
     table = Table(title=plain(f"{run_id} attempt {attempt}{partial}: {where}"))
     for column in ("item", "size", "sha256", "source", "status"):
@@ -109,7 +109,8 @@ def _show_attempt(store: EvidenceStore, run_id: str, attempt: int, deep: bool) -
         table.add_row(_names(item.name, item.original_name), f"{item.size_bytes:,}", plain(item.sha256[:12]),
                       plain(item.source), status)
     for missing in found.missing:
-        reason = Text.assemble(plain("absent", "yellow"), ": ", plain(missing.reason))
+        reason = Text.assemble(plain("absent", "yellow"), ": ", plain(missing.reason)) if missing.applicable \
+            else Text.assemble(plain("not applicable", "dim"), ": ", plain(missing.reason, "dim"))
         table.add_row(_names(missing.name, missing.original_name), "-", "-", plain(missing.source), reason)
     console.print(table)
     _print_crash_summary(store, run_id, attempt)
