@@ -211,11 +211,12 @@ class TrainingSpec(BaseModel):
             _check_variable_name(name)
             variable = reference.removeprefix("env:")
             if reference.startswith("env:") and not _VARIABLE.match(variable):
-                raise ValueError(f"entry {name}: {reference!r} does not name a variable; write 'env:NAME', e.g. 'env:HF_TOKEN'")
+                raise ValueError(f"entry {name}: {masking.for_people(repr(reference))} does not name a variable; write 'env:NAME', e.g. 'env:HF_TOKEN'")
             if not reference.startswith("env:") and not _SECRET_BLOCK.match(reference):
                 raise ValueError(
                     # "entry": what trainguard shows is masked, and `secret_env: NAME` reads as an assignment
-                    f"entry {name}: {reference!r} is neither a Prefect Secret block name (lowercase letters, digits, "
+                    # a value pasted where a reference goes may be the secret itself: its shape is masked
+                    f"entry {name}: {masking.for_people(repr(reference))} is neither a Prefect Secret block name (lowercase letters, digits, "
                     "dashes) nor 'env:NAME' for a variable of the worker's environment"
                 )
         return value
