@@ -97,6 +97,48 @@ def test_a_stopped_run_records_the_attempt_prints_the_table_and_says_how_to_resu
     assert not list((tmp_path / "trainguard-data/evidence/runs" / run_id).glob("attempt-2"))  # not retried here
 
 
+def test_sigterm_to_the_whole_process_group_still_records_the_stop_through_the_temporary_server(tmp_path):
+    # a wrapper's trap or `kill -- -PGID` signals every process of the group: the temporary server
+    # must outlive the CLI's recording of the stop, then end with it
+    slow_spec(tmp_path, "grouped")
+    cli = start(tmp_path, "run", "run.yaml", api_url=None)
+    wait_for(lambda: checkpoint_written(tmp_path), 240, "the first checkpoint")
+    server = next(p for p in _children(cli.pid) if "uvicorn" in _cmdline(p))
+    entrypoint = next(p for p in _children(cli.pid) if "trainguard_entrypoint" in _cmdline(p))
+
+    os.killpg(cli.pid, signal.SIGTERM)
+    out, err = cli.communicate(timeout=90)
+
+    assert cli.returncode == 143, out[-3000:] + err[-3000:]
+    assert "Stopped: trainguard run received SIGTERM; attempt 1 recorded as preempted." in out
+    assert "resume with: trainguard run run.yaml --resume grouped-" in out
+    assert "Traceback" not in err, err[-3000:]
+    for pid in (server, entrypoint):
+        wait_for(lambda: not alive(pid), 30, f"{pid} to end with the CLI")
+
+
+def test_a_temporary_server_that_dies_ends_the_run_at_once_with_one_line_saying_so(tmp_path):
+    slow_spec(tmp_path, "orphaned")
+    cli = start(tmp_path, "run", "run.yaml", api_url=None)
+    wait_for(lambda: checkpoint_written(tmp_path), 240, "the first checkpoint")
+    server = next(p for p in _children(cli.pid) if "uvicorn" in _cmdline(p))
+    entrypoint = next(p for p in _children(cli.pid) if "trainguard_entrypoint" in _cmdline(p))
+
+    os.kill(server, signal.SIGKILL)
+    # bounded: Prefect's client alone would retry the dead server for minutes
+    out, err = cli.communicate(timeout=60)
+
+    said = [line for line in out.splitlines() if "temporary Prefect server" in line]
+    assert said and said[0].startswith(f"the temporary Prefect server (pid {server}) died; stopping the run"), out
+    assert cli.returncode == 143, out[-3000:] + err[-3000:]
+    run_id = out[out.index("trainguard run orphaned-"):].split()[2]
+    assert f"resume with: trainguard run run.yaml --resume {run_id}" in out
+    wait_for(lambda: not alive(entrypoint), 30, "the attempt's entrypoint to be stopped")
+    verdict = json.loads((tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/verdict.json").read_text())
+    assert verdict["state"] == "Cancelled" and "temporary Prefect server" in verdict["signature"]
+    assert (tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/manifest.json").is_file()
+
+
 def test_a_stop_during_the_backoff_keeps_the_finished_attempts_verdict_and_says_how_to_resume(
     prefect_server, tmp_path
 ):
