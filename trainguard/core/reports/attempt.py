@@ -9,8 +9,10 @@ any backtick run inside, so no Markdown, HTML or link in it ever takes effect.
 from __future__ import annotations
 
 import html
+import shlex
+import urllib.parse
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePath
 
 from trainguard.core import masking
@@ -255,13 +257,29 @@ def _links(summary: AttemptSummary) -> list[str]:
         return []
     expiry = f" (links expire {summary.evidence_links_expire_at})" if summary.evidence_links_expire_at else ""
     lines = ["", f"## Evidence{expiry}", ""]
+    local = {name: url for name, url in summary.evidence_links.items() if url.startswith("file://")}
     for name, url in summary.evidence_links.items():
-        if name not in summary.evidence_spooled:
+        if name not in summary.evidence_spooled and name not in local:
             label = _cell(name)  # escaped: brackets included
             lines.append(f"- [{label}](<{url.replace('>', '%3E')}>)")
+    if local:  # no browser opens a file:// link from the UI: the commands that read the folder do
+        lines += _folder_commands(summary, local)
     waiting = "uploading" if summary.evidence_uploading else "spooled, not uploaded yet"
     lines += [f"- {_cell(name)} ({waiting})" for name in summary.evidence_spooled]
     return lines
+
+
+def _folder_commands(summary: AttemptSummary, links: Mapping[str, str]) -> list[str]:
+    """The `trainguard evidence` command lines that show and fetch a folder store's items."""
+    path = urllib.parse.unquote(urllib.parse.urlparse(next(iter(links.values()))).path)
+    marker = f"/runs/{summary.run_id}/attempt-{summary.attempt}/"
+    root = path[:path.index(marker)] if marker in path else ""
+    where = f" --root {shlex.quote(root)}" if root else ""
+    commands = [f"trainguard evidence show {shlex.quote(summary.run_id)}{where}"]
+    commands += [f"trainguard evidence get {shlex.quote(summary.run_id)} {summary.attempt} {shlex.quote(name)} "
+                 f"-o {shlex.quote(name.rsplit('/', 1)[-1])}{where}" for name in links]
+    return ["The evidence folder is on the machine that ran the attempt; there, these show and fetch it:", "",
+            fenced("\n".join(commands))]
 
 
 def render_table(summaries: Sequence[AttemptSummary]) -> str:
