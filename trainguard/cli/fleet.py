@@ -100,11 +100,11 @@ def _tables(view: FleetView, title: str) -> None:
         suggested.add_row(plain(suspect.node, "bold red"), plain(render.evidence_line(suspect)), plain(latest))
     console.print(suggested if view.suspects else plain("no node fails on hardware well above the fleet"))
     nodes = Table(title="nodes")
-    for column in ("node", "attempts", "failures", "failure rate", "GPU-h wasted", "last failure"):
+    for column in ("node", "attempts", *render.NODE_COLUMNS, "GPU-h wasted", "last failure"):
         nodes.add_column(column, overflow="fold")
     for row in view.nodes:
-        failures = ", ".join(f"{n} {c}" for c, n in row.failures.items()) or "-"
-        nodes.add_row(plain(row.node), str(row.attempts), plain(failures), f"{row.failure_rate:.1%}",
+        hardware, rate, others = render.node_cells(row)
+        nodes.add_row(plain(row.node), str(row.attempts), plain(hardware), rate, plain(others),
                       f"{row.gpu_hours_wasted:,.1f}", plain(row.last_failure or "-"))
     console.print(nodes)
     prints = Table(title="the same failure across runs")
