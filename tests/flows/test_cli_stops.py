@@ -16,7 +16,9 @@ import sys
 import threading
 from pathlib import Path
 
+import kubernetes
 import pytest
+from simfixtures import sim_fixture
 
 from processes import alive
 import yaml
@@ -137,6 +139,35 @@ def test_a_temporary_server_that_dies_ends_the_run_at_once_with_one_line_saying_
     verdict = json.loads((tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/verdict.json").read_text())
     assert verdict["state"] == "Cancelled" and "temporary Prefect server" in verdict["signature"]
     assert (tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/manifest.json").is_file()
+
+
+sim = sim_fixture()
+
+
+def test_sigterm_on_the_kubernetes_backend_stops_the_job_records_the_attempt_and_says_how_to_resume(
+    prefect_server, sim, tmp_path
+):
+    slow_spec(tmp_path, "kube-stopped")
+    spec = yaml.safe_load((tmp_path / "run.yaml").read_text())
+    spec["command"][0] = "python"  # the image's Python
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
+    cli = start(tmp_path, "run", "run.yaml", "--kubeconfig", str(sim.kubeconfig), "--image", "python:3.11",
+                api_url=prefect_server)
+    api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(str(sim.kubeconfig)))
+
+    def running_pod() -> str | None:
+        pods = api.list_namespaced_pod("default", label_selector="trainguard.io/run-id").items
+        return next((p.metadata.name for p in pods if p.status.phase == "Running"
+                     and "kube-stopped" in str(p.metadata.labels)), None)
+
+    pod = wait_for(running_pod, 240, "the attempt's pod to run")
+    cli.send_signal(signal.SIGTERM)
+    out, err = cli.communicate(timeout=120)
+
+    assert cli.returncode == 143, out[-3000:] + err[-3000:]
+    assert "attempt 1 recorded as preempted" in out and "resume with: trainguard run run.yaml --resume" in out
+    wait_for(lambda: not any(p.metadata.name == pod for p in api.list_namespaced_pod("default").items), 60,
+             f"the attempt's pod {pod} to be gone")
 
 
 def test_a_stop_during_the_backoff_keeps_the_finished_attempts_verdict_and_says_how_to_resume(
