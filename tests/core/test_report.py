@@ -33,3 +33,18 @@ def test_how_sure_a_call_is_is_said_in_words_a_user_knows_never_as_a_rule_streng
     for strength in ("verdict", "cause", "error", "crash", "consequence"):
         said = sure(category="code_error", strength=strength)
         assert said.startswith("judged from") and "strength" not in said
+
+
+def test_a_long_path_in_the_attempts_table_can_wrap_where_the_ui_would_clip_it() -> None:
+    import re
+
+    from trainguard.core.reports.attempt import render_table
+
+    folder = "/srv/shared/trainguard-data/evidence/runs/resnet-nightly-880a1f46/attempt-1"
+    summary = AttemptSummary(run_id="resnet-nightly-880a1f46", attempt=1, max_attempts=3, state="Failed",
+                             evidence=folder)
+    row = render_table([summary]).splitlines()[-1]
+
+    words = re.split(r"[\s\u200b]+", row)
+    assert max(len(word) for word in words) <= 40, words  # every word fits a narrow column
+    assert folder.replace("-", "\\-") in row.replace("\u200b", "") or folder in row.replace("\u200b", "")

@@ -286,8 +286,17 @@ def render_table(summaries: Sequence[AttemptSummary]) -> str:
     """The attempts as a Markdown table."""
     header = "| " + " | ".join(TABLE_COLUMNS) + " |"
     rule = "|" + "---|" * len(TABLE_COLUMNS)
-    rows = ["| " + " | ".join(_cell(v) for v in table_row(s).values()) + " |" for s in summaries]
+    rows = ["| " + " | ".join(_wrappable(_cell(v)) for v in table_row(s).values()) + " |" for s in summaries]
     return "\n".join([header, rule, *rows])
+
+
+_LONG_PATH = re.compile(r"\S{30,}")
+
+
+def _wrappable(cell: str) -> str:
+    """A cell whose long paths may wrap after each "/": the Prefect UI lays a table out no narrower than
+    its longest unbreakable word and clips what does not fit, with no scroll bar to reach it."""
+    return _LONG_PATH.sub(lambda m: m.group(0).replace("/", "/\u200b"), cell)
 
 
 def _signature(summary: AttemptSummary) -> str:
