@@ -36,7 +36,7 @@ from trainguard.core.backends.kubernetes.supervise import (
 from trainguard.core.backends.kubernetes.supervise_nodes import NodesSupervisor
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
-from trainguard.core.triage.signals import Signals
+from trainguard.core.triage.signals import LogSource, Signals
 
 KIND = "kubernetes"
 JOB_DELETED = "JobDeleted"  # someone deleted the Job while it ran: triage reads a cancellation
@@ -205,13 +205,7 @@ class KubernetesBackend:
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
         """The outcome's reason and exit code, with the conditions, events and log evidence kept."""
-        facts: dict[str, Any] = {}
-        try:
-            facts = json.loads((self.local_dir(ref.run_id, ref.attempt) / "triage.json").read_text("utf-8"))
-        except (OSError, ValueError):
-            pass  # evidence could not be kept: what the supervisor saw still classifies
-        log_path = facts.get("log_path")
-        log: Any = Path(log_path) if log_path and Path(log_path).is_file() else (outcome.log_tail or None)
+        facts = self._facts(ref)
         reason, exit_code = outcome.reason, outcome.exit_code
         if reason in _JOB_VERDICTS and facts.get("reason"):
             # The Job's own verdict says only that it failed; its pod says why (OOMKilled, Evicted, ...),
@@ -222,8 +216,24 @@ class KubernetesBackend:
         return Signals(
             exit_code=exit_code, reason=reason,
             conditions=tuple(facts.get("conditions") or outcome.conditions),
-            events=tuple(facts.get("events") or outcome.events), log=log,
+            events=tuple(facts.get("events") or outcome.events), log=self._log(facts, outcome),
         )
+
+    def log(self, ref: AttemptRef, outcome: AttemptOutcome) -> LogSource:
+        return self._log(self._facts(ref), outcome)
+
+    def _facts(self, ref: AttemptRef) -> dict[str, Any]:
+        facts: dict[str, Any] = {}
+        try:
+            facts = json.loads((self.local_dir(ref.run_id, ref.attempt) / "triage.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            pass  # evidence could not be kept: what the supervisor saw still classifies
+        return facts
+
+    @staticmethod
+    def _log(facts: dict[str, Any], outcome: AttemptOutcome) -> LogSource:
+        log_path = facts.get("log_path")
+        return Path(log_path) if log_path and Path(log_path).is_file() else (outcome.log_tail or None)
 
     def node_signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> list[NodeEvidence]:
         """Each pod's signals, by node rank, for an attempt of several pods; [] for one pod.

@@ -147,12 +147,13 @@ def node_evidence(log_dir: Path, run_id: str, attempt: int) -> list[NodeEvidence
     """One entry per node rank, from what `keep_nodes` kept; [] when nothing was (one node, or no evidence)."""
     mapped = read_json_object(log_dir / ATTEMPT_MAP) or {}
     found = []
+    budget = rankstacks.StackBudget()
     for entry in mapped.get("indexes") or ():
         if not isinstance(entry, dict) or not isinstance(entry.get("index"), int):
             continue
         index, ranks = entry["index"], entry.get("ranks") or []
         folder = log_dir / KEPT_VOLUME / _node_prefix(index)
-        signals = _signals(log_dir, folder, entry, run_id, attempt)
+        signals = _signals(log_dir, folder, entry, run_id, attempt, budget)
         # the error files date a rank's own failure to the second; without them the pod's end does
         found.append(NodeEvidence(
             index, signals, node=entry.get("node"), instance=entry.get("pod"),
@@ -161,7 +162,8 @@ def node_evidence(log_dir: Path, run_id: str, attempt: int) -> list[NodeEvidence
     return found if len(found) > 1 else []
 
 
-def _signals(log_dir: Path, folder: Path, entry: Mapping[str, Any], run_id: str, attempt: int) -> Signals:
+def _signals(log_dir: Path, folder: Path, entry: Mapping[str, Any], run_id: str, attempt: int,
+             budget: rankstacks.StackBudget) -> Signals:
     node = entry.get("node")
     kept = folder / workspace.LOGS / workspace.log_name(run_id, attempt)
     pod_log = log_dir / KEPT_PODS / f"{entry.get('pod')}.log"
@@ -171,7 +173,7 @@ def _signals(log_dir: Path, folder: Path, entry: Mapping[str, Any], run_id: str,
     return Signals(exit_code=code if isinstance(code, int) else None, reason=entry.get("reason"),
                    conditions=tuple(entry.get("conditions") or ()), events=tuple(events), log=log,
                    error_files=torchrun.nodes_error_files([(int(entry["index"]), folder)]),
-                   stacks=rankstacks.read_stacks(folder, node if isinstance(node, str) else None))
+                   stacks=rankstacks.read_stacks(folder, node if isinstance(node, str) else None, budget))
 
 
 def _events(log_dir: Path) -> list[Mapping[str, Any]]:
