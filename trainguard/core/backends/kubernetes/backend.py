@@ -12,12 +12,13 @@ short-lived pod. Nothing is deleted before evidence is kept.
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core import masking
 from trainguard.core.backends import workspace_evidence
@@ -26,7 +27,7 @@ from trainguard.core.backends.base import (
 )
 from trainguard.core.backends.capabilities import NodeEvidence
 from trainguard.core.backends.kubernetes import (
-    collector, evidence, indexed, kinds, lister, manifests, nodes, placement, zipapp,
+    collector, evidence, indexed, kinds, lister, localdir, manifests, nodes, placement, zipapp,
 )
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotFound
@@ -81,9 +82,15 @@ class KubernetesBackend:
         return self.settings.job.namespace
 
     def local_dir(self, run_id: str, attempt: int) -> Path:
-        """Where this machine keeps the attempt's triage facts and log."""
-        root = Path(self.settings.local_root or Path(tempfile.gettempdir()) / "trainguard-kube")
-        return root / attempt_prefix(run_id, attempt)
+        """Where this machine keeps the attempt's triage facts and log, made private (`localdir`).
+
+        Raises:
+            localdir.UnsafeFolder: The root may not be used; the message says why and how to fix it.
+        """
+        root = localdir.private_root(self.settings.local_root)
+        folder = root / attempt_prefix(run_id, attempt)
+        localdir.make_dirs(folder, root)
+        return folder
 
     def provision(self, run_id: str, attempt: int) -> AttemptRef:
         """Make sure the entrypoint ConfigMap exists; the Job itself is created by `run`."""
@@ -197,9 +204,14 @@ class KubernetesBackend:
         if outcome is not None:
             shown = masking.mask_tree(outcome.to_dict())
             extra.setdefault("kubernetes/outcome.json", json.dumps(shown, indent=2).encode())
+        log_dir, problem = None, None
+        try:
+            log_dir = self.local_dir(ref.run_id, ref.attempt)
+        except OSError as exc:  # the store still gets everything; triage reads what the supervisor saw
+            problem = f"not kept on this machine: {exc}"
         manifest = evidence.collect_kubernetes_evidence(
             self.api, self.namespace, ref.name, ref.run_id, ref.attempt, store, extra=extra,
-            log_dir=self.local_dir(ref.run_id, ref.attempt), pod=outcome.instance if outcome else None,
+            log_dir=log_dir, pod=outcome.instance if outcome else None, local_problem=problem,
             copy_budget_bytes=self.settings.evidence_copy_budget_bytes, kind=self.kind_of_job)
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
@@ -223,11 +235,15 @@ class KubernetesBackend:
         return self._log(self._facts(ref), outcome)
 
     def _facts(self, ref: AttemptRef) -> dict[str, Any]:
-        facts: dict[str, Any] = {}
+        """The triage facts collection kept, with ``log_path`` only where collection keeps the log;
+        {} when none are kept (or the folder may not be trusted): what the supervisor saw still classifies."""
         try:
-            facts = json.loads((self.local_dir(ref.run_id, ref.attempt) / "triage.json").read_text("utf-8"))
-        except (OSError, ValueError):
-            pass  # evidence could not be kept: what the supervisor saw still classifies
+            folder = self.local_dir(ref.run_id, ref.attempt)
+        except OSError:
+            return {}
+        facts = read_json_object(folder / "triage.json") or {}
+        if facts.get("log_path") != str(folder / "attempt.log"):
+            facts.pop("log_path", None)
         return facts
 
     @staticmethod
@@ -241,7 +257,11 @@ class KubernetesBackend:
         Read from what collection kept on this machine (`nodes.keep_nodes`): each pod's exit code,
         reason, conditions and events, its node's log, torchrun error files and ranks' stacks.
         """
-        return nodes.node_evidence(self.local_dir(ref.run_id, ref.attempt), ref.run_id, ref.attempt)
+        try:
+            folder = self.local_dir(ref.run_id, ref.attempt)
+        except OSError:
+            return []  # nothing kept there can be trusted: the attempt is judged as one
+        return nodes.node_evidence(folder, ref.run_id, ref.attempt)
 
     def placeable_nodes(self) -> list[str]:
         """Nodes the Job's pods could land on: those matching the block's node selector, not cordoned."""
