@@ -3,8 +3,9 @@
 The list is kept as plain JSON (a Prefect Variable, which people edit in the UI; the flow layer reads
 and writes it): a list of ``{node, reason, expires_at, added_by}``. `parse` reads it back and says in
 one line what is wrong with an entry a person mistyped; expired entries are not in force. At launch
-`plan` decides what the attempt avoids: every entry in force, unless that would leave fewer nodes
-than the attempt needs, in which case it runs anyway and says so. Nothing here reaches a cluster;
+`plan` decides what the attempt avoids: every entry in force that names a node the backend could
+place it on (an entry naming no such node, a typo or a note, is recorded and not applied), unless
+that would leave fewer nodes than the attempt needs, in which case it runs anyway and says so. Nothing here reaches a cluster;
 the caller passes the nodes the backend could place the attempt on.
 """
 
@@ -101,9 +102,15 @@ def plan(entries: Iterable[Entry], now: datetime, known_nodes: Sequence[str] | N
     nodes = tuple(sorted({entry.node for entry in active}))
     if not nodes or known_nodes is None:
         return Plan(active, nodes)
-    left = set(known_nodes) - set(nodes)
+    listed = set(known_nodes)
+    unknown = sorted(set(nodes) - listed)
+    nodes = tuple(node for node in nodes if node in listed)
+    note = (f"the shared avoid list names {len(unknown)} node(s) the attempt could not be placed on, not "
+            f"applied: {', '.join(repr(n[:60]) for n in unknown[:5])}{' ...' if len(unknown) > 5 else ''}"
+            if unknown else "")
+    left = listed - set(nodes)
     if len(left) >= needed:
-        return Plan(active, nodes)
+        return Plan(active, nodes, note)
     avoided = sorted(set(known_nodes) & set(nodes))
     note = (f"the shared avoid list was not applied: avoiding {', '.join(avoided)} would leave {len(left)} of "
             f"{len(set(known_nodes))} nodes, and the attempt needs {needed}; it ran anyway")

@@ -109,7 +109,9 @@ class KubernetesBackend:
 
         Where one pod per node is required and the scheduler says the cluster cannot give each pod
         its own node, the Job is made again with the anti-affinity preferred (`placement`), once.
+        The nodes to avoid are kept to those it can be kept off (`_avoiding`).
         """
+        launch = self._avoiding(launch, on_line)
         started = self._start(ref, launch, on_line)
         if isinstance(started, AttemptOutcome):
             return started
@@ -128,6 +130,29 @@ class KubernetesBackend:
         if isinstance(started, AttemptOutcome):
             return replace(started, placement=note)
         return replace(outcome_of_ending(self._supervisor(launch, on_line, started, False).run()), placement=note)
+
+    def _avoiding(self, launch: Launch, on_line: LineSink | None) -> Launch:
+        """The launch kept off only what names a schedulable Node, and only while enough are left.
+
+        A name that cannot be a Node's names none (the API refuses it in an affinity); one the
+        cluster does not list is left out; avoiding every node would leave the pods unschedulable for
+        good, so then nothing is avoided and the attempt says so. Where the account may not list the
+        nodes, the names are applied as they are.
+        """
+        if not launch.avoid_nodes:
+            return launch
+        wanted = tuple(dict.fromkeys(node for node in launch.avoid_nodes if manifests.node_name(node)))
+        try:
+            listed = set(self.placeable_nodes())
+        except KubeError:
+            return replace(launch, avoid_nodes=wanted)
+        avoid = tuple(node for node in wanted if node in listed)
+        left = len(listed - set(avoid))
+        if avoid and left < launch.nodes:
+            _say(on_line, f"not keeping the attempt off {', '.join(avoid)}: that would leave {left} of the "
+                          f"{len(listed)} schedulable nodes, and it needs {launch.nodes}")
+            return replace(launch, avoid_nodes=())
+        return replace(launch, avoid_nodes=avoid)
 
     def _start(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None,
                spread: str | None = None) -> dict[str, Any] | None | AttemptOutcome:
