@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from trainguard.core.fleet import avoid
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
@@ -30,3 +32,29 @@ def test_an_entry_alone_that_names_no_node_avoids_nothing() -> None:
 
     assert plan.avoid == () and "not applied" in plan.note
 
+
+def test_adding_drops_the_expired_entries_so_the_list_stays_what_is_in_force() -> None:
+    expired = [entry(f"gpu-{n:02d}", "2026-01-01T00:00:00Z") for n in range(60)]
+    assert avoid.stored_size(expired) > avoid.MAX_VALUE_BYTES  # the value a Variable refuses
+
+    entries = avoid.add(expired, [("gpu-new", "2 hardware failures")], NOW, 3, "trainguard fleet --apply")
+
+    assert [e.node for e in entries] == ["gpu-new"]
+    assert avoid.stored_size(entries) <= avoid.MAX_VALUE_BYTES
+
+
+def test_entries_in_force_that_cannot_fit_are_refused_in_one_line_naming_the_limit() -> None:
+    listed = [entry(f"gpu-{n:02d}") for n in range(60)]
+
+    with pytest.raises(avoid.AvoidListError) as raised:
+        avoid.add(listed, [("gpu-new", "x" * 10_000)], NOW, 3, "fleet")
+
+    message = str(raised.value)
+    assert "61 entries in force" in message and "over the 5,000 a Prefect Variable holds" in message
+    assert "\n" not in message
+
+
+def test_a_reason_trainguard_writes_is_one_line_and_bounded() -> None:
+    (added,) = avoid.add([], [("gpu-1", "a\nb " + "y" * 1000)], NOW, 3, "fleet")
+
+    assert added.reason.startswith("a b y") and len(added.reason) == avoid.REASON_CHARS
