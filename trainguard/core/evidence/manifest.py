@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass
 from typing import Any
 
@@ -173,7 +174,8 @@ def storage_failures(manifest: Manifest) -> list[str]:
 
 
 def write_verdict(
-    store: EvidenceStore, run_id: str, attempt: int, data: bytes, source: str, collected_at: str
+    store: EvidenceStore, run_id: str, attempt: int, data: bytes, source: str, collected_at: str,
+    items: Mapping[str, bytes] | None = None,
 ) -> str | None:
     """Keep ``verdict.json`` beside the attempt's evidence and list it in the manifest; never raise.
 
@@ -181,7 +183,7 @@ def write_verdict(
     saying what could not be stored and why.
     """
     try:
-        add_items(store, run_id, attempt, {VERDICT: data}, source, collected_at)
+        add_items(store, run_id, attempt, {**(items or {}), VERDICT: data}, source, collected_at)
         return None
     except Exception as exc:  # a store failure must not mask the attempt's own outcome
         problem = f"{type(exc).__name__}: {exc}"
