@@ -108,6 +108,11 @@ def _entry(entry: Any, field: str, kind: type) -> dict[str, Any]:
     required = {name for name, f in fields.items() if f.default is MISSING}
     if not isinstance(entry, dict) or not required <= set(entry) <= names:
         raise ManifestError(f"manifest field {field!r}: each entry needs exactly {sorted(names)}, got {entry!r}")
+    for name, value in entry.items():
+        wanted = int if fields[name].type in (int, "int") else str
+        if not isinstance(value, wanted) or isinstance(value, bool):
+            raise ManifestError(f"manifest field {field!r}: an entry's {name!r} must be "
+                                f"{'a whole number' if wanted is int else 'text'}, got {value!r:.80}")
     return entry
 
 
