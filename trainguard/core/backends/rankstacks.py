@@ -2,7 +2,7 @@
 
 The entrypoint writes `stacks/index.json` (what each rank's file is, or why it is absent) and one
 file per rank. They lie in the job's folder, so they are read as the job's files are: regular
-files only, never through a link, each once, within bounds that hold whatever the job wrote:
+files linked once, reached through no link (`jobfiles.read_small`), each once, within bounds that hold whatever the job wrote:
 
 - `MAX_STACK_BYTES` of one rank's file, and of the index;
 - `MAX_STACKS_BYTES` of all the files an attempt's ranks name, every node's together (`StackBudget`):
@@ -17,11 +17,10 @@ files only, never through a link, each once, within bounds that hold whatever th
 from __future__ import annotations
 
 import json
-import os
-import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from trainguard.core.backends import jobfiles
 from trainguard.core.triage import hangs
 
 STACKS, INDEX = "stacks", "index.json"
@@ -65,7 +64,7 @@ def read_stacks(folder: Path, node: str | None = None,
             absent = f"its stack file {name[:80]!r} is rank {named[name]}'s"
         elif isinstance(name, str) and "/" not in name and name not in ("", ".", ".."):
             named[name] = number
-            text, why = _read(folder / STACKS / name, budget)
+            text, why = _read(folder, f"{STACKS}/{name}", budget)
             if text is not None:
                 decoded = text.decode("utf-8", "replace")
                 del text
@@ -78,7 +77,7 @@ def read_stacks(folder: Path, node: str | None = None,
 
 
 def _index(folder: Path) -> dict[object, object]:
-    data = _read_bounded(folder / STACKS / INDEX, MAX_STACK_BYTES)
+    data = jobfiles.read_small(folder, f"{STACKS}/{INDEX}", MAX_STACK_BYTES)
     try:
         ranks = json.loads(data)["ranks"] if data and len(data) <= MAX_STACK_BYTES else {}
     except (ValueError, KeyError, TypeError, RecursionError):
@@ -97,12 +96,12 @@ def _main_only(threads: tuple[hangs.ThreadStack, ...]) -> tuple[hangs.ThreadStac
     return (replace(main, name=main.name[:200], frames=frames),)
 
 
-def _read(path: Path, budget: StackBudget) -> tuple[bytes | None, str | None]:
+def _read(folder: Path, relative: str, budget: StackBudget) -> tuple[bytes | None, str | None]:
     """A rank's file within the budget, and the reason when it is not read."""
     if budget.bytes_left <= 0:
         return None, f"not read: the attempt's stacks are over {MAX_STACKS_BYTES // (1024 * 1024)} MiB"
     limit = min(MAX_STACK_BYTES, budget.bytes_left)
-    data = _read_bounded(path, limit)
+    data = jobfiles.read_small(folder, relative, limit)
     if data is None:
         return None, None
     if len(data) > limit:
@@ -111,19 +110,3 @@ def _read(path: Path, budget: StackBudget) -> tuple[bytes | None, str | None]:
     budget.bytes_left -= len(data)
     return data, None
 
-
-def _read_bounded(path: Path, limit: int) -> bytes | None:
-    """At most ``limit`` + 1 bytes of a regular file, never through a link; None when it is not one."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, limit + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return data  # one byte over ``limit`` when the file is larger
