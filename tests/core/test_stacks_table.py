@@ -41,7 +41,7 @@ def test_4096_ranks_recorded_absent_keep_a_summary_small_and_sixteen_attempts_un
 
     table = summaries[0]["stacks"]
     assert len(table["rows"]) == STACK_ROWS and table["ranks"] == 4096 and table["left_out"] == 4096 - STACK_ROWS
-    assert table["rows"][0]["rank"] == 0 and table["culprits"] == [0], "the culprit first"
+    assert table["rows"][0]["rank"] == 0 and table["culprits"] == [0], "the culprit kept"
     assert table["states"] == {"elsewhere": 1, "waits in a collective": 2, "no stack": 4093}
     assert len(json.dumps(summaries[0])) < 32 * 1024
     assert len(json.dumps({"history": summaries})) < PREFECT_PARAMETERS_BYTES
@@ -55,3 +55,14 @@ def test_the_whole_table_has_every_row_and_the_report_says_where_it_is() -> None
 
     assert len(whole["rows"]) == 300 and whole["left_out"] == 0
     assert f"{300 - STACK_ROWS} more ranks in the evidence's {STACKS_TABLE}" in shown
+
+
+def test_a_culprit_past_the_rows_kept_is_kept_and_the_rows_stay_in_rank_order() -> None:
+    waiting = hangs.ThreadStack("MainThread", (hangs.Frame("all_reduce", "torch/distributed/c10d.py"),))
+    odd = hangs.ThreadStack("MainThread", (hangs.Frame("sleep", "train.py", 40),))
+    ranks = [hangs.RankStacks(r, (odd if r == 100 else waiting,)) for r in range(200)]
+
+    table = stacks_table(hangs.odd_ones_out(ranks), STACK_ROWS)
+
+    shown = [row["rank"] for row in table["rows"]]
+    assert 100 in shown and shown == sorted(shown) and len(shown) == STACK_ROWS

@@ -93,7 +93,7 @@ class AttemptSummary:
     culprit_undetermined: bool = False
     # every rank's stack as the report's table shows it, when they were taken before the attempt ended:
     # {kind, culprits, frame, reason, rows: [{rank, node, state, top, differs}], ranks, states, left_out};
-    # at most `STACK_ROWS` rows (the culprits first), its text cut: it travels in the next attempt's
+    # at most `STACK_ROWS` rows (the culprits' kept first), its text cut: it travels in the next attempt's
     # parameters. The whole table is the evidence's `STACKS_TABLE`.
     stacks: Mapping[str, Any] | None = None
     # the shared avoid list's entries in force at launch ({node, reason, expires_at, added_by}), and why
@@ -248,9 +248,10 @@ def stacks_table(verdict: HangVerdict, rows: int | None = None) -> dict[str, Any
         return text[:_CUT[kind]] if rows is not None else text
 
     chosen = list(verdict.rows)
-    if rows is not None:
+    if rows is not None:  # the culprits' rows first, then the others', shown in the table's order
         odd = set(verdict.culprits)
-        chosen = sorted(chosen, key=lambda r: r.rank not in odd)[:rows]
+        kept = set(sorted(range(len(chosen)), key=lambda i: chosen[i].rank not in odd)[:rows])
+        chosen = [row for i, row in enumerate(chosen) if i in kept]
     table_rows = [{"rank": r.rank, "node": cut(r.node, "node") if r.node is not None else None, "state": r.state,
                    "top": [cut(masking.for_people(f), "top") for f in r.top],
                    "differs": cut(masking.for_people(r.differs), "differs")} for r in chosen]
