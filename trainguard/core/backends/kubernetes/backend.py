@@ -173,6 +173,8 @@ class KubernetesBackend:
             _say(on_line, f"adopting the running Job {self.namespace}/{ref.name}")
         try:
             self._complete_job(ref, launch, created)
+        except ForeignSecret as exc:
+            return AttemptOutcome(None, None, START_ERROR, str(exc))
         except KubeError as exc:
             return AttemptOutcome(None, None, START_ERROR, f"could not give the Job its Service or secret_env: {exc}")
         return created
@@ -203,8 +205,11 @@ class KubernetesBackend:
         the headless Service its pods find each other through (several nodes), and its Secret.
 
         Every step is idempotent, so a flow run started again after dying between them (a Job that
-        waits suspended, with or without its Service and Secret) finishes them: a 409 means the
-        earlier run created it under this Job. Both go with the Job (garbage collection).
+        waits suspended, with or without its Service and Secret) finishes them: a 409 on an adopted
+        Job means the earlier run created it under this Job. Both go with the Job (garbage
+        collection). A Secret already there when the Job was just created is no earlier run's: this
+        account may not read it to check whose it is, so the Job is not resumed (`ForeignSecret`):
+        its pods would read values someone else chose.
         """
         job = created if created is not None else kinds.read(self.api, self.kind_of_job, self.namespace, ref.name)
         owned: list[tuple[Callable[[str, dict[str, Any]], Any], dict[str, Any]]] = []
@@ -217,7 +222,12 @@ class KubernetesBackend:
             try:
                 create(self.namespace, body)
             except Conflict:
-                pass
+                if created is not None and body is secret:
+                    name = body["metadata"]["name"]
+                    raise ForeignSecret(
+                        f"the Secret {self.namespace}/{name} was there before this attempt's Job, so it is not its "
+                        f"own (this account may not read Secrets to check whose it is); the Job was not started: "
+                        f"delete it (kubectl delete secret {name} -n {self.namespace}) and run again") from None
         if kinds.suspended(job):
             kinds.resume(self.api, self.kind_of_job, self.namespace, ref.name)
 
@@ -347,6 +357,10 @@ class KubernetesBackend:
         except NotFound:
             return None
         return f"deleted the {self.kind_of_job} {self.namespace}/{ref.name}, still running without its flow run"
+
+class ForeignSecret(Exception):
+    """The attempt's Secret was made by someone else; the message says so and what to do."""
+
 
 def _say(on_line: LineSink | None, message: str) -> None:
     if on_line is not None:
