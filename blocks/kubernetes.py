@@ -142,7 +142,9 @@ class KubernetesJobBackend(Block):
         "(they usually do within seconds, and what they print dates the failure) before evidence is collected "
         "from every pod and the Job is deleted.")
     local_root: str | None = Field(default=None, title="Local folder for triage facts",
-                                   description="On the flow's machine; a temporary folder when empty.")
+                                   description="On the flow's machine, this user's only (refused if another "
+                                   "user's or writable by others); trainguard-kube-<uid> in the temporary folder "
+                                   "when empty.")
 
     @classmethod
     def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:

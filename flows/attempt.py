@@ -7,6 +7,7 @@ decision in its message and data; the state hooks carry the decision out.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -23,7 +24,9 @@ from tasks.fleet import read_avoid_list
 from tasks.report import publish_report, read_progress
 from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
 from tasks.triage import classify_failure, decide_retry
-from trainguard.core.attempt import AttemptFailed, AttemptSummary, history_records, new_run_id
+from trainguard.core.attempt import (
+    STACKS_TABLE, AttemptFailed, AttemptSummary, Judgement, history_records, new_run_id, stacks_table,
+)
 from trainguard.core.evidence import afterupload, manifest
 from trainguard.core.backends.base import AttemptOutcome, Backend, Launch, launch_for
 from trainguard.core.backends.waits import said_while, span
@@ -100,6 +103,7 @@ def train_attempt(
     outcome = _outcome(train_state)
     evidence = evidence_state.result(raise_on_failure=False) if evidence_state else None
     checkpoints = _checkpoints(backend, run_id)
+    judgement = classify_failure(backend, ref, outcome, rules_file)
     summary = AttemptSummary(
         run_id=run_id, attempt=attempt, max_attempts=retry_policy.max_attempts,
         state="Completed" if outcome.succeeded else "Failed", flow_run_id=str(current_run.id),
@@ -108,10 +112,9 @@ def train_attempt(
         newest_checkpoint=checkpoints[0] if checkpoints else None, storage_problems=outcome.storage_problems,
         progress=read_progress(backend, ref, outcome), avoid_list=shared["in_force"], avoid_note=shared["note"],
         **outcome.summary_fields(),
-    ).with_evidence(evidence if isinstance(evidence, dict) else None, unreserved).with_judgement(
-        classify_failure(backend, ref, outcome, rules_file))
+    ).with_evidence(evidence if isinstance(evidence, dict) else None, unreserved).with_judgement(judgement)
     decision = decide_retry(retry_policy, [*history_records(history or []), summary.record()], checkpoints)
-    summary = _keep_verdict(store, summary.with_decision(decision), evidence, held)
+    summary = _keep_verdict(store, summary.with_decision(decision), evidence, held, _whole_stacks(judgement))
     publish_report(summary, [AttemptSummary.from_dict(item) for item in history or []])
     events.report_attempt(summary)
     return _ends(summary, decision)
@@ -135,12 +138,22 @@ def _checkpoints(backend: Backend, run_id: str) -> list[str]:
         return backend.checkpoints(run_id)
 
 
-def _keep_verdict(store: EvidenceStore, summary: AttemptSummary, evidence: Any, held: bool) -> AttemptSummary:
-    """Keep the verdict beside the evidence, then let a held store's uploads start; never raises or waits."""
+def _whole_stacks(judgement: Judgement) -> dict[str, bytes]:
+    """The whole stacks' table, every rank's row, as an evidence item (the summary carries a part of it)."""
+    if judgement.hang is None:
+        return {}
+    return {STACKS_TABLE: json.dumps(stacks_table(judgement.hang), indent=1).encode("utf-8")}
+
+
+def _keep_verdict(store: EvidenceStore, summary: AttemptSummary, evidence: Any, held: bool,
+                  items: dict[str, bytes] | None = None) -> AttemptSummary:
+    """Keep the verdict (and ``items``) beside the evidence, then let a held store's uploads start; never
+    raises or waits."""
     manifest_json = evidence.get("manifest") if isinstance(evidence, dict) else None
     also: tuple[str, ...] = ()  # the verdict index's record goes up with the bundle
     if evidence is not None:  # what the store cannot take is spooled, or said as a storage problem
-        kept = record_verdict(store, summary, manifest_json, held, return_state=True).result(raise_on_failure=False)
+        kept = record_verdict(store, summary, manifest_json, held, items,
+                              return_state=True).result(raise_on_failure=False)
         if isinstance(kept, dict):
             summary = summary.with_evidence_status(kept).with_storage_problems(
                 kept.get("storage_problem"), kept.get("index_problem"))

@@ -158,7 +158,7 @@ def _stop_orphan(backend: Any, ref: AttemptRef) -> str | None:
 
 def _progress(backend: Any, ref: AttemptRef, outcome: AttemptOutcome) -> list[tuple[int, float | None]]:
     try:
-        log = backend.signals(ref, outcome).log
+        log = backend.log(ref, outcome)
     except Exception:  # the chart is a nicety; a backend that cannot say is no reason to stop here
         return []
     if isinstance(log, bytes):

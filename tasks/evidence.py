@@ -43,7 +43,7 @@ def collect_evidence(
 
 @task(name="record_verdict", cache_policy=NO_CACHE)
 def record_verdict(store: EvidenceStore, summary: AttemptSummary, manifest_json: str | None,
-                   held: bool = False) -> dict[str, Any]:
+                   held: bool = False, items: dict[str, bytes] | None = None) -> dict[str, Any]:
     """Keep the attempt's classification and retry decision with its evidence (`verdict.json`), tagged,
     and its record in the store's verdict index.
 
@@ -52,7 +52,7 @@ def record_verdict(store: EvidenceStore, summary: AttemptSummary, manifest_json:
     which the attempt reports. Returns the bundle's upload status afterwards (what is still spooled,
     links), for the report, and the index record's key (``index_key``), which goes up with the bundle.
     """
-    kept = _keep_verdict(store, summary, manifest_json, held)
+    kept = _keep_verdict(store, summary, manifest_json, held, items or {})
     key, problem = index.keep(store, summary)
     if problem:
         get_run_logger().warning("%s; the verdict itself is kept, only the fleet view misses it", problem)
@@ -60,17 +60,17 @@ def record_verdict(store: EvidenceStore, summary: AttemptSummary, manifest_json:
 
 
 def _keep_verdict(store: EvidenceStore, summary: AttemptSummary, manifest_json: str | None,
-                  held: bool) -> dict[str, Any]:
+                  held: bool, items: dict[str, bytes]) -> dict[str, Any]:
     data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
     now = datetime.now(timezone.utc).isoformat()
     current = manifest.Manifest.from_json(manifest_json) if manifest_json else None
     try:
         if current is None:
             current = manifest.read_manifest(store, summary.run_id, summary.attempt)
-        updated = retention.add_verdict(store, current, data, summary.succeeded, "flow", now)
+        updated = retention.add_verdict(store, current, data, summary.succeeded, "flow", now, items)
     except Exception as exc:  # store what can be stored, and say what could not
         get_run_logger().warning("could not keep the verdict with its evidence: %s: %s", type(exc).__name__, exc)
-        problem = manifest.write_verdict(store, summary.run_id, summary.attempt, data, "flow", now)
+        problem = manifest.write_verdict(store, summary.run_id, summary.attempt, data, "flow", now, items)
         if problem:
             get_run_logger().warning("%s", problem)
         status = {**bundles.upload_status(store, current), "uploading": held} if current else {}

@@ -72,7 +72,7 @@ def read_avoid_list(backend: Backend, needed: int) -> dict[str, Any]:
     plan = avoid.plan(entries, datetime.now(UTC), _placeable(backend), needed)
     if plan.note:
         get_run_logger().warning("%s", plan.note)
-    elif plan.avoid:
+    if plan.avoid:
         get_run_logger().info("the shared avoid list keeps this attempt off %s", ", ".join(plan.avoid))
     return {"in_force": [e.to_dict() for e in plan.in_force], "avoid": list(plan.avoid), "note": plan.note}
 

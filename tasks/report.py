@@ -23,7 +23,7 @@ def read_progress(backend: Backend, ref: AttemptRef | None, outcome: AttemptOutc
     """(step, loss) points from the attempt's log, for the run report's chart."""
     if ref is None:
         return []
-    log = backend.signals(ref, outcome).log
+    log = backend.log(ref, outcome)
     if isinstance(log, bytes):
         log = log.decode("utf-8", errors="replace")
     return progress.read_progress(log if isinstance(log, str | Path) else None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -311,11 +312,18 @@ def _say(message: str) -> None:
         pass  # a closed stderr must not change the exit status
 
 
+def _too_early(signum: int, frame: object) -> None:
+    _say("the ranks' stacks were asked for before the command started: there are none yet; ask again once it runs")
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run the entrypoint; return the command's exit status (2 for a usage error)."""
     environ = dict(os.environ if environ is None else environ)
     forwarder = SignalForwarder()
     forwarder.install()  # early, so a SIGTERM during the snapshots is not lost
+    # SIGQUIT (`trainguard dump`) ends a process by default: until the watch takes it over, one that
+    # comes too early is said and dropped. A handler, unlike SIG_IGN, is not passed on to the command.
+    signal.signal(signal.SIGQUIT, _too_early)
     try:
         try:
             options = parse_options(sys.argv[1:] if argv is None else argv, environ)

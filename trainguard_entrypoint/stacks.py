@@ -8,8 +8,13 @@ budget for the whole sweep; where py-spy is missing or may not attach, it falls 
 `faulthandler`, which `faulthandler_site` installed in every Python process of the command (a
 `sitecustomize` that dumps all threads into one file of the attempt's folder on SIGUSR2, chaining to
 any handler and `sitecustomize` of the user's; the processes are asked one at a time, so each dump
-is known by where it starts in the file). A rank whose stack cannot be had is recorded as
-absent, with the reason. Everything lands in ``stacks/`` of the attempt's folder: one file per
+is known by where it starts in the file). SIGUSR2 ends a process that does not handle it, and
+runs the handler of one that has its own (a requeue handler), so only a process that runs the
+site's handler is signalled: it left its pid in `stacks/site/pids` and has not set a SIGUSR2 handler
+of its own since (the site removes the pid then), and the kernel shows it catches SIGUSR2
+(`SigCgt` in `/proc/<pid>/status`). A shell, a `torchrun --no-python` rank, `python -I/-E/-S`
+never ran the site: for a rank that is not Python itself its nearest Python descendant that runs
+the handler is asked instead. A rank whose stack cannot be had is recorded as absent, with the reason. Everything lands in ``stacks/`` of the attempt's folder: one file per
 rank and an ``index.json`` that says what each is. Comparing the stacks is triage's business.
 
 Stdlib only.
@@ -44,6 +49,23 @@ try:
         _file = open(_os.path.join(_dir, "faulthandler.txt"), "a", buffering=1)
         # chain only to a real handler: chaining to the default action would end the process
         _fh.register(_sig.SIGUSR2, file=_file, all_threads=True, chain=callable(_sig.getsignal(_sig.SIGUSR2)))
+        # say so (the entrypoint signals only processes that did), and stop saying so if the process
+        # sets a SIGUSR2 handler of its own, which replaces this one
+        _pids = _os.path.join(_dir, "site", "pids")
+        _os.makedirs(_pids, exist_ok=True)
+        _mark = _os.path.join(_pids, str(_os.getpid()))
+        open(_mark, "w").close()
+        _set = _sig.signal
+
+        def _signal(signalnum, handler, _set=_set, _mark=_mark, _os=_os, _sig=_sig):
+            if signalnum == _sig.SIGUSR2:
+                try:
+                    _os.unlink(_mark)
+                except OSError:
+                    pass
+            return _set(signalnum, handler)
+
+        _sig.signal = _signal
 except Exception:
     pass
 _here = _os.path.dirname(_os.path.abspath(__file__))
@@ -216,10 +238,16 @@ def _one_rank(item: tuple[int, int], folder: Path, tool: str | None, native: boo
     else:
         reasons.append("py-spy is not installed beside the entrypoint or on PATH")
     if not text:
-        text, reason = _faulthandler(pid, folder, max(1.0, deadline - clock()), clock)
-        source = "faulthandler" if text else ""
-        if reason:
-            reasons.append(reason)
+        target = dump_target(pid, folder)
+        if target is None:
+            reasons.append("not signalled: no process of this rank runs trainguard's faulthandler handler (not "
+                           "Python, python -I/-E/-S, or a SIGUSR2 handler of its own), and SIGUSR2 would end or "
+                           "disturb it")
+        else:
+            text, reason = _faulthandler(target, folder, max(1.0, deadline - clock()), clock)
+            source = "faulthandler" if text else ""
+            if reason:
+                reasons.append(reason)
     entry: dict[str, Any] = {"pid": pid, "source": source}
     if text:
         entry["file"] = f"rank-{rank}.txt"
@@ -227,6 +255,48 @@ def _one_rank(item: tuple[int, int], folder: Path, tool: str | None, native: boo
     else:
         entry["absent"] = "; ".join(reasons)
     return entry
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether the kernel shows a handler of ``signum`` in the process (`SigCgt` of its status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(errors="replace")
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            try:
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+            except (IndexError, ValueError):
+                return False
+    return False
+
+
+def runs_site_handler(pid: int, folder: Path) -> bool:
+    """Whether the process runs the site's SIGUSR2 handler (see the module docstring)."""
+    return (folder / "site" / "pids" / str(pid)).is_file() and catches(pid, DUMP_SIGNAL)
+
+
+def _python(pid: int) -> bool:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python")
+    except OSError:
+        return False
+
+
+def dump_target(pid: int, folder: Path, limit: int = 256) -> int | None:
+    """The process to ask for a rank's stack: the rank itself if it runs the site's handler; for a rank
+    that is not Python (a shell, a `--no-python` rank), its nearest Python descendant that does."""
+    queue, seen = [pid], 0
+    while queue and seen < limit:
+        current = queue.pop(0)
+        seen += 1
+        if runs_site_handler(current, folder):
+            return current
+        if current == pid and _python(current):
+            return None  # a Python rank that does not run it: its workers' stacks are not its own
+        queue += _children(current)
+    return None
 
 
 def _find_py_spy() -> str | None:

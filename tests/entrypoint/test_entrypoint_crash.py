@@ -143,3 +143,23 @@ def test_sigterm_during_the_snapshots_means_the_command_is_never_started(tmp_pat
     assert not ran.exists()
     report = json.loads((tmp_path / "ws" / "crash-report.json").read_text())
     assert report["start_error"] == "received SIGTERM before the command started; not started"
+
+
+def test_sigquit_during_the_snapshots_is_said_and_the_command_still_runs(tmp_path: Path) -> None:
+    """`trainguard dump` before the watch took SIGQUIT over: its default action would end the entrypoint."""
+    # the stand-in nvidia-smi (there is no GPU here) marks that the snapshot phase is under way
+    marker, bin_dir = tmp_path / "snapshotting", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\ntouch {marker}\nexec sleep 5\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    ran = tmp_path / "ran"
+    env = entrypoint_env({"TRAINGUARD_GPU_TIMEOUT_SECONDS": "1"}, path=f"{bin_dir}:/usr/bin:/bin")
+    proc = subprocess.Popen(entrypoint_argv(tmp_path / "ws", py(f"open({str(ran)!r}, 'w')")), cwd=tmp_path,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(marker.exists, 30, "the stand-in nvidia-smi to start")
+    proc.send_signal(signal.SIGQUIT)
+
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert ran.exists()
+    assert "asked for before the command started" in err

@@ -96,3 +96,22 @@ def test_a_nodes_hardware_failure_rate_is_apart_from_the_runs_own_code_and_confi
     markdown = render.markdown(view, "fleet")
     assert "| hardware failures | hardware failure rate | other failures (not the node's) |" in markdown
     assert "| 1 gpu\\_fault | 25.0% | 1 code\\_error, 1 config\\_error |" in markdown
+
+
+def test_one_run_retried_on_the_same_node_again_and_again_does_not_make_it_a_suspect() -> None:
+    """A run whose own bug prints an NCCL line wherever it lands, retried six times on gpu-77."""
+    again = [(attempt("flaky-run", k, "gpu-77", "nccl_error"), START) for k in range(1, 7)]
+
+    view = Tally().add_all(records([*fleet(bad=None), *again])).view()
+
+    row = next(r for r in view.nodes if r.node == "gpu-77")
+    assert (row.attempts, row.failures) == (6, {"nccl_error": 6})  # the table still shows every attempt
+    assert view.suspects == ()
+
+
+def test_three_runs_failing_on_one_node_in_few_attempts_make_it_a_suspect() -> None:
+    three = [(attempt(f"run-{k}", 1, "gpu-77", "gpu_fault"), START) for k in range(3)]
+
+    view = Tally().add_all(records([*fleet(bad=None), *three])).view()
+
+    assert [s.node for s in view.suspects] == ["gpu-77"] and view.suspects[0].test.failures == 3

@@ -214,3 +214,21 @@ def test_prune_deletes_expired_attempts_but_never_a_runs_newest_failure(kind, s3
     assert "r1 attempt 2: kept (the run's newest failure" in pruned.output
     remaining = {"/".join(key.split("/")[:3]) for key in store.list_keys("runs/")}
     assert remaining == {"runs/r1/attempt-2", "runs/r2/attempt-1", "runs/r3/attempt-1"}
+
+
+@pytest.mark.parametrize(("field", "value"), [("size_bytes", "12"), ("size_bytes", True), ("sha256", 5),
+                                              ("name", None)])
+def test_show_of_a_manifest_with_a_mistyped_field_is_one_line_naming_it(tmp_path, field: str, value: object) -> None:
+    store = LocalEvidenceStore(tmp_path / "ev")
+    _bundle(store, "r1", 1, "Failed")
+    path = tmp_path / "ev" / "runs" / "r1" / "attempt-1" / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["items"][0][field] = value
+    path.write_text(json.dumps(doc))
+
+    shown = runner.invoke(app, ["evidence", "show", "r1", "--root", str(tmp_path / "ev")])
+
+    assert shown.exit_code == 1 and isinstance(shown.exception, SystemExit), shown.output  # not a ValueError
+    first = shown.output.splitlines()[0]
+    assert "manifest.json is unreadable" in first and f"'{field}' must be" in first, shown.output
+    assert "Traceback" not in shown.output and "error: 1 evidence problem(s)" in shown.output

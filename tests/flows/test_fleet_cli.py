@@ -259,3 +259,20 @@ def test_the_fleet_report_flow_emits_one_event_per_suspect_node_with_its_evidenc
     assert event.resource["trainguard.node"] == "gpu-07"
     assert event.payload["node"] == "gpu-07" and event.payload["p_value"] <= event.payload["threshold"]
     assert event.payload["hardware_failures"] >= 3 and len(event.payload["examples"]) == 3
+
+
+def test_apply_drops_the_expired_entries_so_a_long_used_list_still_takes_new_nodes(prefect_server,
+                                                                                    tmp_path: Path) -> None:
+    """Forty nodes added over the months, all expired: with one more, over a Variable's 5,000 characters."""
+    store = LocalEvidenceStore(tmp_path / "evidence")
+    keep_history(store, list(fleet()))
+    old = [{"node": f"gpu-old-{n:02d}", "reason": "2 hardware failures in 9 attempts", "added_by": "alice",
+            "expires_at": "2026-01-01T00:00:00Z"} for n in range(40)]
+    Variable.set(VARIABLE, old, overwrite=True)
+
+    shown = runner.invoke(app, ["fleet", "--since", "30d", "--root", str(tmp_path / "evidence"), "--apply"],
+                          terminal_width=400)
+
+    assert shown.exit_code == 0, shown.output
+    assert [e["node"] for e in Variable.get(VARIABLE)] == ["gpu-07"]
+    Variable.unset(VARIABLE)

@@ -125,7 +125,7 @@ def test_gpu_fault_keeps_the_next_attempt_off_the_failed_node(kb: dict[str, Any]
     job = kept(kb["evidence"], "k-gpu-1", 2, "kubernetes/job.json")
     terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [bad]}]}]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [bad]}]}]
     assert history[1]["node"] != bad
 
 

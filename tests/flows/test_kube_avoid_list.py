@@ -56,8 +56,8 @@ def test_the_job_keeps_off_an_avoided_node_and_an_expired_entry_is_ignored(sim: 
     calls = [(r["verb"], r["resource"]) for r in sim.requests() if r["resource"] in ("nodes", "jobs")]
     assert calls.index(("list", "nodes")) < calls.index(("create", "jobs"))
     terms = job_affinity(sim, kb, "k-avoid-1").node_affinity.required_during_scheduling_ignored_during_execution
-    (expression,) = terms.node_selector_terms[0].match_expressions
-    assert (expression.key, expression.operator, expression.values) == ("kubernetes.io/hostname", "NotIn", ["gpu-node-1"])
+    (requirement,) = terms.node_selector_terms[0].match_fields
+    assert (requirement.key, requirement.operator, requirement.values) == ("metadata.name", "NotIn", ["gpu-node-1"])
     assert verdict["node"] == "gpu-node-2"
     assert [e["node"] for e in verdict["avoid_list"]] == ["gpu-node-1"] and verdict["avoid_note"] == ""
 
@@ -71,3 +71,15 @@ def test_an_avoid_list_that_leaves_no_node_is_not_applied_and_the_verdict_says_s
     assert job_affinity(sim, kb, "k-avoid-2") is None
     assert sorted(e["node"] for e in verdict["avoid_list"]) == ["gpu-node-1", "gpu-node-2"]
     assert "would leave 0 of 2 nodes" in verdict["avoid_note"] and "ran anyway" in verdict["avoid_note"]
+
+
+def test_an_entry_naming_no_node_is_recorded_not_applied_and_the_attempt_runs(sim: Any, kb: dict[str, Any]) -> None:
+    Variable.set(VARIABLE, [entry("gpu-b (ECC, RMA 4411)", LATER), entry("gpu-node-1", LATER)], overwrite=True)
+
+    state, verdict = attempt(kb, "k-avoid-3")
+
+    assert state.is_failed() and verdict["exit_code"] == 3, state.message  # it ran: the command's own exit
+    terms = job_affinity(sim, kb, "k-avoid-3").node_affinity.required_during_scheduling_ignored_during_execution
+    assert [r.values for r in terms.node_selector_terms[0].match_fields] == [["gpu-node-1"]]
+    assert verdict["node"] == "gpu-node-2"
+    assert "'gpu-b (ECC, RMA 4411)'" in verdict["avoid_note"] and "not applied" in verdict["avoid_note"]

@@ -158,6 +158,36 @@ def _containers_causes(spec: dict[str, Any], path: str) -> list[Cause]:
             for j, mount in enumerate(c.get("volumeMounts") or []):
                 causes += _sub_path_causes(str(mount.get("subPath") or ""),
                                            f"{path}.{key}[{i}].volumeMounts[{j}].subPath")
+    return causes + _node_affinity_causes(spec, path)
+
+
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+
+
+def _node_affinity_causes(spec: dict[str, Any], path: str) -> list[Cause]:
+    """pkg/apis/core/validation ValidateNodeSelector (1.32, kubernetes#128212): a matchExpressions value
+    is a label value (63 characters at most, alphanumerics with '-', '_' or '.' between); a matchFields
+    requirement keys `metadata.name` and, with In or NotIn, holds exactly one value."""
+    causes: list[Cause] = []
+    required = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                 .get("requiredDuringSchedulingIgnoredDuringExecution")) or {})
+    for t, term in enumerate(required.get("nodeSelectorTerms") or []):
+        where = f"{path}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{t}]"
+        for e, expression in enumerate(term.get("matchExpressions") or []):
+            for v, value in enumerate(expression.get("values") or []):
+                if len(str(value)) > 63 or not _LABEL_VALUE.fullmatch(str(value)):
+                    causes.append(("FieldValueInvalid", f"{where}.matchExpressions[{e}].values[{v}]",
+                                   f'Invalid value: "{value}": a valid label must be an empty string or consist of '
+                                   "alphanumeric characters, '-', '_' or '.', and must start and end with an "
+                                   "alphanumeric character"))
+        for f, requirement in enumerate(term.get("matchFields") or []):
+            if requirement.get("key") != "metadata.name":
+                causes.append(("FieldValueNotSupported", f"{where}.matchFields[{f}].key",
+                               f'Unsupported value: "{requirement.get("key")}": supported values: "metadata.name"'))
+            if requirement.get("operator") in ("In", "NotIn") and len(requirement.get("values") or []) != 1:
+                causes.append(("FieldValueRequired", f"{where}.matchFields[{f}].values",
+                               "Required value: must be only one value when `operator` is 'In' or 'NotIn' for node "
+                               "field selector"))
     return causes
 
 

@@ -9,8 +9,9 @@ same way. No Prefect here: the flows wrap these values in states.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -91,7 +92,9 @@ class AttemptSummary:
     victims: Sequence[Mapping[str, Any]] = ()
     culprit_undetermined: bool = False
     # every rank's stack as the report's table shows it, when they were taken before the attempt ended:
-    # {kind, culprits, frame, reason, rows: [{rank, node, state, top, differs}]}
+    # {kind, culprits, frame, reason, rows: [{rank, node, state, top, differs}], ranks, states, left_out};
+    # at most `STACK_ROWS` rows (the culprits' kept first), its text cut: it travels in the next attempt's
+    # parameters. The whole table is the evidence's `STACKS_TABLE`.
     stacks: Mapping[str, Any] | None = None
     # the shared avoid list's entries in force at launch ({node, reason, expires_at, added_by}), and why
     # they were not applied when they were not (they would have left too few nodes)
@@ -233,12 +236,34 @@ class AttemptSummary:
         return cls(**values)
 
 
+STACKS_TABLE = "stacks-table.json"
+STACK_ROWS = 32  # of the table a summary carries
+_CUT = {"node": 64, "top": 100, "differs": 160, "frame": 300, "reason": 400, "culprits": 64}
+
+
+def stacks_table(verdict: HangVerdict, rows: int | None = None) -> dict[str, Any]:
+    """The stacks' verdict as plain data (frames are masked for people): every rank's row, or with
+    ``rows`` at most that many, the culprits first, each text cut (`_CUT`), saying what was left out."""
+    def cut(text: str, kind: str) -> str:
+        return text[:_CUT[kind]] if rows is not None else text
+
+    chosen = list(verdict.rows)
+    if rows is not None:  # the culprits' rows first, then the others', shown in the table's order
+        odd = set(verdict.culprits)
+        kept = set(sorted(range(len(chosen)), key=lambda i: chosen[i].rank not in odd)[:rows])
+        chosen = [row for i, row in enumerate(chosen) if i in kept]
+    table_rows = [{"rank": r.rank, "node": cut(r.node, "node") if r.node is not None else None, "state": r.state,
+                   "top": [cut(masking.for_people(f), "top") for f in r.top],
+                   "differs": cut(masking.for_people(r.differs), "differs")} for r in chosen]
+    culprits = list(verdict.culprits)[:_CUT["culprits"]] if rows is not None else list(verdict.culprits)
+    return {"kind": verdict.kind, "culprits": culprits, "frame": cut(masking.for_people(verdict.frame), "frame"),
+            "reason": cut(masking.for_people(verdict.reason), "reason"), "rows": table_rows,
+            "ranks": len(verdict.rows), "states": dict(Counter(r.state for r in verdict.rows)),
+            "left_out": len(verdict.rows) - len(table_rows)}
+
+
 def _stacks_table(verdict: HangVerdict) -> dict[str, Any]:
-    """The stacks' verdict as plain data for the verdict file and the report (frames are masked for people)."""
-    rows = [{"rank": r.rank, "node": r.node, "state": r.state, "top": [masking.for_people(f) for f in r.top],
-             "differs": masking.for_people(r.differs)} for r in verdict.rows]
-    return {"kind": verdict.kind, "culprits": list(verdict.culprits), "frame": masking.for_people(verdict.frame),
-            "reason": masking.for_people(verdict.reason), "rows": rows}
+    return stacks_table(verdict, STACK_ROWS)
 
 
 def _iso(stamp: float | None) -> str | None:

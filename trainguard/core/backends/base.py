@@ -22,7 +22,7 @@ from trainguard.core.backends import workspace as workspace_files
 from trainguard.core.backends.forensics import StackCapture, capture_env, flight_recorder_env
 from trainguard.core.evidence.manifest import Manifest
 from trainguard.core.stores.base import EvidenceStore
-from trainguard.core.triage.signals import Signals
+from trainguard.core.triage.signals import LogSource, Signals
 
 # Reasons every backend uses for how an attempt ended, beside the platform's own words
 # (OOMKilled, Evicted, DeadlineExceeded, NODE_FAIL, ...), which backends pass through unchanged.
@@ -224,6 +224,11 @@ class Backend(Protocol):
         alone says. Each call gives a fresh log source, so two readers (triage, the progress
         chart) never share a stream.
         """
+        ...
+
+    def log(self, ref: AttemptRef, outcome: AttemptOutcome) -> LogSource:
+        """The attempt's log as `signals` gives it, alone: the ranks' error files and stacks are not read
+        (the progress chart needs the log only, and the job's files are read once, by triage)."""
         ...
 
     def checkpoints(self, run_id: str) -> list[str]:

@@ -88,17 +88,27 @@ def last_progress(folders: Sequence[Path]) -> float | None:
     times = []
     for folder in folders:
         record = read_json_object(folder / PROGRESS_RECORD, folder)
-        at = record.get("at") if record else None
-        if isinstance(at, int | float) and not isinstance(at, bool) and math.isfinite(at):
-            times.append(float(at))
+        if (at := _epoch(record.get("at") if record else None)) is not None:
+            times.append(at)
     return max(times, default=None)
 
 
 def stacks_taken(folder: Path) -> float | None:
     """When the entrypoint last wrote the ranks' stacks in this attempt folder (epoch seconds), if it did."""
     record = read_json_object(folder / STACKS / INDEX, folder)
-    started = record.get("started_at") if record else None
-    return float(started) if isinstance(started, int | float) and not isinstance(started, bool) else None
+    return _epoch(record.get("started_at") if record else None)
+
+
+def _epoch(value: object) -> float | None:
+    """A time the job's file gives, in epoch seconds: a finite number, else None (a 400-digit integer
+    is no time, and `float` would raise on it)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def request_stacks(folders: Sequence[Path]) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -214,3 +215,51 @@ def readable_log(path: Path, root: Path) -> Path | None:
             return path
     except OSError:
         return None
+
+
+def read_small(folder: Path, relative: str, limit_bytes: int) -> bytes | None:
+    """At most ``limit_bytes`` + 1 bytes of the job's file at ``relative`` ("/"-separated) under ``folder``:
+    a regular file linked once, reached through no link at all (no linked folder on the way either), never
+    waited on; None when it is anything else or cannot be read. One byte over says the file is larger."""
+    parts = relative.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return None
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        inner = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            return None
+        return os.read(fd, limit_bytes + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def folders(folder: Path, limit: int) -> list[str]:
+    """The names of the folders in ``folder`` that are folders, not links to one, sorted; at most ``limit``
+    entries read, so a million entries cost a listing of that many."""
+    names: list[str] = []
+    try:
+        with os.scandir(folder) as entries:
+            for seen, entry in enumerate(entries):
+                if seen >= limit:
+                    break
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        names.append(entry.name)
+                except OSError:
+                    continue
+    except OSError:
+        return []
+    return sorted(names)

@@ -1,20 +1,18 @@
 """What torchrun leaves in an attempt's folder, as triage reads it: the agent's root-cause error
 file and each rank's own, under the places `workspace.torchrun_env` points torchrun at.
 
-The files are the job's: each is read only if it is a regular file (never through a link) and at
-most `MAX_ERROR_FILE_BYTES` of it; what cannot be read is left out, since the log says the same in
+The files are the job's: each is read only if it is a regular file linked once, reached through no
+link (no linked folder on the way either), and at most `MAX_ERROR_FILE_BYTES` of it; what cannot be read is left out, since the log says the same in
 more words. A local rank becomes a global one with the node's rank and processes per node.
 """
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
 from trainguard_entrypoint.files import read_json_object
 
-from trainguard.core.backends import workspace
+from trainguard.core.backends import jobfiles, workspace
 from trainguard.core.triage.errorfile import ErrorFile, local_rank_of, parse_error_file
 
 MAX_ERROR_FILE_BYTES = 1024 * 1024  # a traceback; anything larger is not one
@@ -30,18 +28,30 @@ def error_files(folder: Path, *, node_rank: int = 0, processes_per_node: int = 1
         processes_per_node: Ranks per node, likewise.
     """
     found: list[ErrorFile] = []
-    agent = _parsed(folder / workspace.TORCHELASTIC / workspace.TORCHELASTIC_ERROR, None)
+    agent = _parsed(folder, f"{workspace.TORCHELASTIC}/{workspace.TORCHELASTIC_ERROR}", None)
     if agent is not None:
         found.append(agent)
-    ranks_dir = folder / workspace.RANKS
-    for count, path in enumerate(sorted(ranks_dir.glob(f"*/attempt_*/*/{workspace.TORCHELASTIC_ERROR}"))):
-        if count >= MAX_RANK_FILES:
-            break
-        local = local_rank_of(str(path))
+    for relative in _rank_error_files(folder)[:MAX_RANK_FILES]:
+        local = local_rank_of(relative)
         rank = None if local is None else node_rank * processes_per_node + local
-        if (parsed := _parsed(path, rank)) is not None:
+        if (parsed := _parsed(folder, relative, rank)) is not None:
             found.append(parsed)
     return tuple(found)
+
+
+def _rank_error_files(folder: Path) -> list[str]:
+    """``ranks/<run>/attempt_<n>/<local rank>/error.json`` under the node's folder, through no linked folder,
+    each level listed within `MAX_RANK_FILES` entries."""
+    ranks = folder / workspace.RANKS
+    found = []
+    for run in jobfiles.folders(ranks, MAX_RANK_FILES):
+        attempts = [a for a in jobfiles.folders(ranks / run, MAX_RANK_FILES) if a.startswith("attempt_")]
+        for attempt in attempts:
+            for local in jobfiles.folders(ranks / run / attempt, MAX_RANK_FILES):
+                found.append(f"{workspace.RANKS}/{run}/{attempt}/{local}/{workspace.TORCHELASTIC_ERROR}")
+                if len(found) >= MAX_RANK_FILES:
+                    return found
+    return found
 
 
 def nodes_error_files(folders: list[tuple[int, Path]]) -> tuple[ErrorFile, ...]:
@@ -60,19 +70,8 @@ def _nprocs(folder: Path) -> int:
     return int(value) if isinstance(value, str) and value.isdigit() and int(value) > 0 else 1
 
 
-def _parsed(path: Path, rank: int | None) -> ErrorFile | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None  # absent, a link, or unreadable
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None  # a FIFO or a device planted where the file should be
-        data = os.read(fd, MAX_ERROR_FILE_BYTES + 1)
-    except OSError:
+def _parsed(folder: Path, relative: str, rank: int | None) -> ErrorFile | None:
+    data = jobfiles.read_small(folder, relative, MAX_ERROR_FILE_BYTES)  # None: absent, a link, a FIFO, ...
+    if data is None or len(data) > MAX_ERROR_FILE_BYTES:
         return None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_ERROR_FILE_BYTES:
-        return None
-    return parse_error_file(data, rank=rank, source=str(path))
+    return parse_error_file(data, rank=rank, source=str(folder / relative))

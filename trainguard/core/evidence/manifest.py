@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass
 from typing import Any
 
@@ -120,6 +121,11 @@ def _entry(entry: Any, field: str, kind: type) -> dict[str, Any]:
     required = {name for name, f in fields.items() if f.default is MISSING}
     if not isinstance(entry, dict) or not required <= set(entry) <= names:
         raise ManifestError(f"manifest field {field!r}: each entry needs exactly {sorted(names)}, got {entry!r}")
+    for name, value in entry.items():
+        wanted = int if fields[name].type in (int, "int") else str
+        if not isinstance(value, wanted) or isinstance(value, bool):
+            raise ManifestError(f"manifest field {field!r}: an entry's {name!r} must be "
+                                f"{'a whole number' if wanted is int else 'text'}, got {value!r:.80}")
     return entry
 
 
@@ -186,7 +192,8 @@ def storage_failures(manifest: Manifest) -> list[str]:
 
 
 def write_verdict(
-    store: EvidenceStore, run_id: str, attempt: int, data: bytes, source: str, collected_at: str
+    store: EvidenceStore, run_id: str, attempt: int, data: bytes, source: str, collected_at: str,
+    items: Mapping[str, bytes] | None = None,
 ) -> str | None:
     """Keep ``verdict.json`` beside the attempt's evidence and list it in the manifest; never raise.
 
@@ -194,7 +201,7 @@ def write_verdict(
     saying what could not be stored and why.
     """
     try:
-        add_items(store, run_id, attempt, {VERDICT: data}, source, collected_at)
+        add_items(store, run_id, attempt, {**(items or {}), VERDICT: data}, source, collected_at)
         return None
     except Exception as exc:  # a store failure must not mask the attempt's own outcome
         problem = f"{type(exc).__name__}: {exc}"

@@ -9,7 +9,7 @@ training cycle plus two retry windows); objects not tagged yet are never expired
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -76,15 +76,15 @@ def mark_outcome(store: EvidenceStore, run_id: str, attempt: int, succeeded: boo
 
 
 def add_verdict(store: EvidenceStore, manifest: Manifest, verdict: bytes, succeeded: bool, source: str,
-                   recorded_at: str) -> Manifest:
+                   recorded_at: str, items: Mapping[str, bytes] | None = None) -> Manifest:
     """Keep an attempt's verdict beside its evidence, list it in ``manifest``, and tag the attempt with its outcome.
 
     Nothing here reads the store back, so an object store that is away costs no waiting: the S3
     store spools the verdict, the rewritten manifest and the tagging (in that order) once S3 has
     failed, and `flush` carries them up later. Returns the manifest as it now stands.
     """
-    updated = add_items(store, manifest.run_id, manifest.attempt, {VERDICT: verdict}, source, recorded_at,
-                        current=manifest)
+    updated = add_items(store, manifest.run_id, manifest.attempt, {**(items or {}), VERDICT: verdict}, source,
+                        recorded_at, current=manifest)
     mark_outcome(store, manifest.run_id, manifest.attempt, succeeded)
     return updated
 

@@ -27,6 +27,7 @@ class _Node:
     wasted_seconds: float = 0.0
     last_failure: tuple[str, str] | None = None  # (ended_at, category)
     examples: list[dict[str, Any]] = field(default_factory=list)  # the newest hardware failures
+    hardware_runs: set[str] = field(default_factory=set)  # the runs with a hardware failure placed on it
 
 
 @dataclass
@@ -148,6 +149,7 @@ class Tally:
             node.last_failure = (ended, category)
         if category in HARDWARE:
             node.hardware += 1
+            node.hardware_runs.add(str(record["run"]))
             node.examples = sorted([*node.examples, _example(record, category)],
                                    key=lambda e: str(e["ended_at"]))[-EXAMPLES:]
 
@@ -172,11 +174,13 @@ class Tally:
         rows = sorted((_node_row(name, attempts, self.nodes.get(name)) for name, attempts in self.attempts_on.items()),
                       key=lambda r: (-r.hardware_failures, -sum(r.failures.values()), -r.failure_rate, r.node))
         found = []
+        failing_runs = sum(len(node.hardware_runs) for node in self.nodes.values())
         for name, node in self.nodes.items():
-            if node.hardware < rule.min_failures:  # the rule's first condition: no test can make it a suspect
+            runs = len(node.hardware_runs)  # one run failing there again and again is one failure (`suspects`)
+            if runs < rule.min_failures:  # the rule's first condition: no test can make it a suspect
                 continue
             attempts = self.attempts_on[name]
-            tested = rule_of.judge(node.hardware, attempts, hardware - node.hardware, node_attempts - attempts,
+            tested = rule_of.judge(runs, attempts, failing_runs - runs, node_attempts - attempts,
                                    len(self.attempts_on), rule)
             if tested.suspect:
                 by_category = {c: n for c, n in node.failures.items() if c in HARDWARE}

@@ -3,19 +3,23 @@
 The list is kept as plain JSON (a Prefect Variable, which people edit in the UI; the flow layer reads
 and writes it): a list of ``{node, reason, expires_at, added_by}``. `parse` reads it back and says in
 one line what is wrong with an entry a person mistyped; expired entries are not in force. At launch
-`plan` decides what the attempt avoids: every entry in force, unless that would leave fewer nodes
-than the attempt needs, in which case it runs anyway and says so. Nothing here reaches a cluster;
+`plan` decides what the attempt avoids: every entry in force that names a node the backend could
+place it on (an entry naming no such node, a typo or a note, is recorded and not applied), unless
+that would leave fewer nodes than the attempt needs, in which case it runs anyway and says so. Nothing here reaches a cluster;
 the caller passes the nodes the backend could place the attempt on.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 VARIABLE = "trainguard-avoid-nodes"
+MAX_VALUE_BYTES = 5000  # what a Prefect Variable holds, as compact JSON
+REASON_CHARS = 160  # of a reason trainguard writes; a person's stays as typed
 EXAMPLE = '[{"node": "gpu-17", "reason": "3 gpu_fault in 40 attempts", "expires_at": "2026-12-31T00:00:00Z", ' \
           '"added_by": "alice"}]'
 
@@ -101,9 +105,15 @@ def plan(entries: Iterable[Entry], now: datetime, known_nodes: Sequence[str] | N
     nodes = tuple(sorted({entry.node for entry in active}))
     if not nodes or known_nodes is None:
         return Plan(active, nodes)
-    left = set(known_nodes) - set(nodes)
+    listed = set(known_nodes)
+    unknown = sorted(set(nodes) - listed)
+    nodes = tuple(node for node in nodes if node in listed)
+    note = (f"the shared avoid list names {len(unknown)} node(s) the attempt could not be placed on, not "
+            f"applied: {', '.join(repr(n[:60]) for n in unknown[:5])}{' ...' if len(unknown) > 5 else ''}"
+            if unknown else "")
+    left = listed - set(nodes)
     if len(left) >= needed:
-        return Plan(active, nodes)
+        return Plan(active, nodes, note)
     avoided = sorted(set(known_nodes) & set(nodes))
     note = (f"the shared avoid list was not applied: avoiding {', '.join(avoided)} would leave {len(left)} of "
             f"{len(set(known_nodes))} nodes, and the attempt needs {needed}; it ran anyway")
@@ -113,14 +123,29 @@ def plan(entries: Iterable[Entry], now: datetime, known_nodes: Sequence[str] | N
 def add(entries: Sequence[Entry], nodes: Iterable[tuple[str, str]], now: datetime, days: float,
         added_by: str) -> list[Entry]:
     """The list with ``(node, reason)`` pairs added, each for ``days``; a node listed already gets the
-    later expiry and the new reason."""
+    later expiry and the new reason. Expired entries are dropped: they avoid nothing, and the list
+    must fit in its Variable (`MAX_VALUE_BYTES`).
+
+    Raises:
+        AvoidListError: The entries in force do not fit, even so; the message says how many and what to do.
+    """
     expires = (now + timedelta(days=days)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    kept = {entry.node: entry for entry in entries}
+    kept = {entry.node: entry for entry in entries if entry.expiry() > now}
     for node, reason in nodes:
         old = kept.get(node)
         if old is None or old.expiry() < now + timedelta(days=days):
-            kept[node] = Entry(node, reason, expires, added_by)
-    return list(kept.values())
+            kept[node] = Entry(node, " ".join(reason.split())[:REASON_CHARS], expires, added_by)
+    result = list(kept.values())
+    if (size := stored_size(result)) > MAX_VALUE_BYTES:
+        raise AvoidListError(f"{VARIABLE}: its {len(result)} entries in force would take {size:,} characters, over "
+                             f"the {MAX_VALUE_BYTES:,} a Prefect Variable holds; remove the entries no longer "
+                             "needed (or shorten their reasons)")
+    return result
+
+
+def stored_size(entries: Sequence[Entry]) -> int:
+    """The list's size as its Variable stores it (compact JSON, UTF-8)."""
+    return len(json.dumps([e.to_dict() for e in entries], separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def changes(before: Sequence[Entry], after: Sequence[Entry], ignore: Iterable[str] = ()) -> list[str]:

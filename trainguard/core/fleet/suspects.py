@@ -2,9 +2,12 @@
 
 A node is a suspect when all of these hold:
 
-1. at least `SuspectRule.min_failures` hardware-class failures (``gpu_fault``, ``node_failure``,
-   ``nccl_error``) were placed on it as the culprit;
-2. its rate of them is at least `SuspectRule.min_ratio` times the rest of the fleet's;
+1. hardware-class failures (``gpu_fault``, ``node_failure``, ``nccl_error``) were placed on it as
+   the culprit in at least `SuspectRule.min_failures` distinct runs: a failure is counted once per
+   run, so one run retried again and again, printing an NCCL or Xid line wherever it lands (its
+   own bug, or its own data), cannot make a node a suspect alone;
+2. its rate of them (runs failing there per attempt there) is at least `SuspectRule.min_ratio`
+   times the rest of the fleet's, counted the same way;
 3. a one-sided binomial test says so: the chance of that many or more such failures in its
    attempts, were its rate the rest of the fleet's, is at most `SuspectRule.alpha` divided by the
    number of nodes tested (Bonferroni: with fifty nodes, one of them looks bad by luck often).

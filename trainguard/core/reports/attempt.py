@@ -14,9 +14,10 @@ import urllib.parse
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePath
+from typing import Any
 
 from trainguard.core import masking
-from trainguard.core.attempt import AttemptSummary
+from trainguard.core.attempt import STACKS_TABLE, AttemptSummary
 
 _MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+!|~])")
 _BACKTICKS = re.compile(r"`+")
@@ -238,8 +239,14 @@ def _stacks(summary: AttemptSummary) -> list[str]:
         top = "; ".join(str(frame) for frame in (row.get("top") or [])[:3])
         lines.append(f"| {_cell(str(row.get('rank')))} | {_cell(str(row.get('node') or '-'))} | "
                      f"{_cell(str(row.get('state')))} | {_cell(top or '-')} | {_cell(str(row.get('differs') or '-'))} |")
-    if len(rows) > 256:
-        lines.append(f"| ... | | {len(rows) - 256} more ranks in verdict.json | | |")
+    left = table.get("left_out")
+    left_out = left if isinstance(left, int) else max(0, len(rows) - 256)
+    if left_out > 0:
+        found = table.get("states")
+        states: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        counted = ", ".join(f"{_cell(str(state))}: {_cell(str(n))}" for state, n in list(states.items())[:8])
+        lines.append(f"| ... | | {left_out} more ranks in the evidence's {STACKS_TABLE} | "
+                     f"{counted or '-'} | |")
     return lines
 
 

@@ -19,6 +19,7 @@ failure report in the log names the file. Parsing only; reading files is the cal
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -76,14 +77,14 @@ def parse_error_file(data: str | bytes, *, rank: int | None = None,
 
     Returns:
         The error it records, or None when it records none: empty (the worker was killed by a
-        signal) or not torchelastic's JSON.
+        signal), not torchelastic's JSON, or nested too deeply to parse.
     """
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     if not text.strip():
         return None
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
         return None
     outer = doc.get("message") if isinstance(doc, dict) else None
     if isinstance(outer, str):  # a plain message, as record_exception writes for a non-Python error
@@ -109,9 +110,10 @@ def local_rank_of(path: str) -> int | None:
 
 def _number(value: Any) -> float | None:
     try:
-        return float(value) if value is not None and not isinstance(value, bool) else None
-    except (TypeError, ValueError):
+        number = float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError, OverflowError):  # a 400-digit integer is no timestamp
         return None
+    return number if number is not None and math.isfinite(number) else None
 
 
 def _whole(value: Any) -> int | None:

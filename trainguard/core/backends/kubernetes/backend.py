@@ -12,12 +12,13 @@ short-lived pod. Nothing is deleted before evidence is kept.
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core import masking
 from trainguard.core.backends import workspace_evidence
@@ -26,7 +27,7 @@ from trainguard.core.backends.base import (
 )
 from trainguard.core.backends.capabilities import NodeEvidence
 from trainguard.core.backends.kubernetes import (
-    collector, evidence, indexed, kinds, lister, manifests, nodes, placement, zipapp,
+    collector, evidence, indexed, kinds, lister, localdir, manifests, nodes, placement, zipapp,
 )
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotFound
@@ -36,7 +37,7 @@ from trainguard.core.backends.kubernetes.supervise_nodes import NodesSupervisor
 from trainguard.core.backends.waits import FIRST_SECONDS
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
-from trainguard.core.triage.signals import Signals
+from trainguard.core.triage.signals import LogSource, Signals
 
 KIND = "kubernetes"
 JOB_DELETED = "JobDeleted"  # someone deleted the Job while it ran: triage reads a cancellation
@@ -83,9 +84,15 @@ class KubernetesBackend:
         return self.settings.job.namespace
 
     def local_dir(self, run_id: str, attempt: int) -> Path:
-        """Where this machine keeps the attempt's triage facts and log."""
-        root = Path(self.settings.local_root or Path(tempfile.gettempdir()) / "trainguard-kube")
-        return root / attempt_prefix(run_id, attempt)
+        """Where this machine keeps the attempt's triage facts and log, made private (`localdir`).
+
+        Raises:
+            localdir.UnsafeFolder: The root may not be used; the message says why and how to fix it.
+        """
+        root = localdir.private_root(self.settings.local_root)
+        folder = root / attempt_prefix(run_id, attempt)
+        localdir.make_dirs(folder, root)
+        return folder
 
     def provision(self, run_id: str, attempt: int) -> AttemptRef:
         """Make sure the entrypoint ConfigMap exists; the Job itself is created by `run`."""
@@ -104,7 +111,9 @@ class KubernetesBackend:
 
         Where one pod per node is required and the scheduler says the cluster cannot give each pod
         its own node, the Job is made again with the anti-affinity preferred (`placement`), once.
+        The nodes to avoid are kept to those it can be kept off (`_avoiding`).
         """
+        launch = self._avoiding(launch, on_line)
         started = self._start(ref, launch, on_line)
         if isinstance(started, AttemptOutcome):
             return started
@@ -123,6 +132,29 @@ class KubernetesBackend:
         if isinstance(started, AttemptOutcome):
             return replace(started, placement=note)
         return replace(outcome_of_ending(self._supervisor(launch, on_line, started, False).run()), placement=note)
+
+    def _avoiding(self, launch: Launch, on_line: LineSink | None) -> Launch:
+        """The launch kept off only what names a schedulable Node, and only while enough are left.
+
+        A name that cannot be a Node's names none (the API refuses it in an affinity); one the
+        cluster does not list is left out; avoiding every node would leave the pods unschedulable for
+        good, so then nothing is avoided and the attempt says so. Where the account may not list the
+        nodes, the names are applied as they are.
+        """
+        if not launch.avoid_nodes:
+            return launch
+        wanted = tuple(dict.fromkeys(node for node in launch.avoid_nodes if manifests.node_name(node)))
+        try:
+            listed = set(self.placeable_nodes())
+        except KubeError:
+            return replace(launch, avoid_nodes=wanted)
+        avoid = tuple(node for node in wanted if node in listed)
+        left = len(listed - set(avoid))
+        if avoid and left < launch.nodes:
+            _say(on_line, f"not keeping the attempt off {', '.join(avoid)}: that would leave {left} of the "
+                          f"{len(listed)} schedulable nodes, and it needs {launch.nodes}")
+            return replace(launch, avoid_nodes=())
+        return replace(launch, avoid_nodes=avoid)
 
     def _start(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None,
                spread: str | None = None) -> dict[str, Any] | None | AttemptOutcome:
@@ -143,6 +175,8 @@ class KubernetesBackend:
             _say(on_line, f"adopting the running Job {self.namespace}/{ref.name}")
         try:
             self._complete_job(ref, launch, created)
+        except ForeignSecret as exc:
+            return AttemptOutcome(None, None, START_ERROR, str(exc))
         except KubeError as exc:
             return AttemptOutcome(None, None, START_ERROR, f"could not give the Job its Service or secret_env: {exc}")
         return created
@@ -174,8 +208,11 @@ class KubernetesBackend:
         the headless Service its pods find each other through (several nodes), and its Secret.
 
         Every step is idempotent, so a flow run started again after dying between them (a Job that
-        waits suspended, with or without its Service and Secret) finishes them: a 409 means the
-        earlier run created it under this Job. Both go with the Job (garbage collection).
+        waits suspended, with or without its Service and Secret) finishes them: a 409 on an adopted
+        Job means the earlier run created it under this Job. Both go with the Job (garbage
+        collection). A Secret already there when the Job was just created is no earlier run's: this
+        account may not read it to check whose it is, so the Job is not resumed (`ForeignSecret`):
+        its pods would read values someone else chose.
         """
         job = created if created is not None else kinds.read(self.api, self.kind_of_job, self.namespace, ref.name)
         owned: list[tuple[Callable[[str, dict[str, Any]], Any], dict[str, Any]]] = []
@@ -188,7 +225,12 @@ class KubernetesBackend:
             try:
                 create(self.namespace, body)
             except Conflict:
-                pass
+                if created is not None and body is secret:
+                    name = body["metadata"]["name"]
+                    raise ForeignSecret(
+                        f"the Secret {self.namespace}/{name} was there before this attempt's Job, so it is not its "
+                        f"own (this account may not read Secrets to check whose it is); the Job was not started: "
+                        f"delete it (kubectl delete secret {name} -n {self.namespace}) and run again") from None
         if kinds.suspended(job):
             kinds.resume(self.api, self.kind_of_job, self.namespace, ref.name)
 
@@ -200,21 +242,20 @@ class KubernetesBackend:
         if outcome is not None:
             shown = masking.mask_tree(outcome.to_dict())
             extra.setdefault("kubernetes/outcome.json", json.dumps(shown, indent=2).encode())
+        log_dir, problem = None, None
+        try:
+            log_dir = self.local_dir(ref.run_id, ref.attempt)
+        except OSError as exc:  # the store still gets everything; triage reads what the supervisor saw
+            problem = f"not kept on this machine: {exc}"
         manifest = evidence.collect_kubernetes_evidence(
             self.api, self.namespace, ref.name, ref.run_id, ref.attempt, store, extra=extra,
-            log_dir=self.local_dir(ref.run_id, ref.attempt), pod=outcome.instance if outcome else None,
+            log_dir=log_dir, pod=outcome.instance if outcome else None, local_problem=problem,
             copy_budget_bytes=self.settings.evidence_copy_budget_bytes, kind=self.kind_of_job)
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
         """The outcome's reason and exit code, with the conditions, events and log evidence kept."""
-        facts: dict[str, Any] = {}
-        try:
-            facts = json.loads((self.local_dir(ref.run_id, ref.attempt) / "triage.json").read_text("utf-8"))
-        except (OSError, ValueError):
-            pass  # evidence could not be kept: what the supervisor saw still classifies
-        log_path = facts.get("log_path")
-        log: Any = Path(log_path) if log_path and Path(log_path).is_file() else (outcome.log_tail or None)
+        facts = self._facts(ref)
         reason, exit_code = outcome.reason, outcome.exit_code
         if reason in _JOB_VERDICTS and facts.get("reason"):
             # The Job's own verdict says only that it failed; its pod says why (OOMKilled, Evicted, ...),
@@ -225,8 +266,28 @@ class KubernetesBackend:
         return Signals(
             exit_code=exit_code, reason=reason,
             conditions=tuple(facts.get("conditions") or outcome.conditions),
-            events=tuple(facts.get("events") or outcome.events), log=log,
+            events=tuple(facts.get("events") or outcome.events), log=self._log(facts, outcome),
         )
+
+    def log(self, ref: AttemptRef, outcome: AttemptOutcome) -> LogSource:
+        return self._log(self._facts(ref), outcome)
+
+    def _facts(self, ref: AttemptRef) -> dict[str, Any]:
+        """The triage facts collection kept, with ``log_path`` only where collection keeps the log;
+        {} when none are kept (or the folder may not be trusted): what the supervisor saw still classifies."""
+        try:
+            folder = self.local_dir(ref.run_id, ref.attempt)
+        except OSError:
+            return {}
+        facts = read_json_object(folder / "triage.json") or {}
+        if facts.get("log_path") != str(folder / "attempt.log"):
+            facts.pop("log_path", None)
+        return facts
+
+    @staticmethod
+    def _log(facts: dict[str, Any], outcome: AttemptOutcome) -> LogSource:
+        log_path = facts.get("log_path")
+        return Path(log_path) if log_path and Path(log_path).is_file() else (outcome.log_tail or None)
 
     def node_signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> list[NodeEvidence]:
         """Each pod's signals, by node rank, for an attempt of several pods; [] for one pod.
@@ -236,7 +297,11 @@ class KubernetesBackend:
         bound to a node when the attempt ended unschedulable carries that reason: where no scheduler decided
         on it, nothing the cluster kept says so.
         """
-        found = nodes.node_evidence(self.local_dir(ref.run_id, ref.attempt), ref.run_id, ref.attempt)
+        try:
+            folder = self.local_dir(ref.run_id, ref.attempt)
+        except OSError:
+            return []  # nothing kept there can be trusted: the attempt is judged as one
+        found = nodes.node_evidence(folder, ref.run_id, ref.attempt)
         if outcome.reason != "Unschedulable":
             return found
         return [replace(n, signals=replace(n.signals, reason="Unschedulable"))
@@ -301,6 +366,10 @@ class KubernetesBackend:
         except NotFound:
             return None
         return f"deleted the {self.kind_of_job} {self.namespace}/{ref.name}, still running without its flow run"
+
+class ForeignSecret(Exception):
+    """The attempt's Secret was made by someone else; the message says so and what to do."""
+
 
 def _say(on_line: LineSink | None, message: str) -> None:
     if on_line is not None:

@@ -18,7 +18,6 @@ already gone, no previous instance, API error). The facts triage needs are writt
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -27,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.core import masking
-from trainguard.core.backends.kubernetes import collector, kinds, nodes
+from trainguard_entrypoint.files import read_json_object
+
+from trainguard.core.backends.kubernetes import collector, kinds, localdir, nodes
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.describe import describe_pod
 from trainguard.core.backends.kubernetes.errors import Forbidden, KubeError, NotFound
@@ -233,12 +234,12 @@ def _keep_for_triage(c: ClusterWriter, s: Scene, facts: ClusterFacts, log_dir: P
     """Store the triage facts; with ``log_dir``, also keep them and the attempt's log there."""
     if log_dir is not None:
         try:
-            log_dir.mkdir(parents=True, exist_ok=True)
+            localdir.ensure_private(log_dir)
             if facts.log_path:
                 kept = log_dir / "attempt.log"
-                shutil.copyfile(facts.log_path, kept)
+                localdir.copy_private(facts.log_path, kept)
                 facts = facts.with_log(str(kept))
-            (log_dir / "triage.json").write_bytes(json_bytes(masking.mask_tree(facts.to_dict(), c.masker)))
+            localdir.write_private(log_dir / "triage.json", json_bytes(masking.mask_tree(facts.to_dict(), c.masker)))
         except OSError as exc:
             c.absent(f"{log_dir}/triage.json", KUBERNETES, f"could not keep the triage facts locally: {exc}")
             facts = facts.with_log(None)
@@ -251,6 +252,7 @@ def collect_kubernetes_evidence(
     extra: Mapping[str, bytes] | None = None, log_dir: Path | None = None,
     copy_budget_bytes: int = collector.DEFAULT_BUDGET_BYTES, collector_timeout_seconds: float = 120.0,
     now: Callable[[], datetime] = _utc_now, pod: str | None = None, kind: str = "Job",
+    local_problem: str | None = None,
 ) -> Manifest:
     """Freeze everything the cluster knows about one attempt's Job into ``store``; write the manifest.
 
@@ -275,6 +277,7 @@ def collect_kubernetes_evidence(
         pod: The pod the attempt ended on, as its supervisor saw it: it supplies the triage facts,
             the termination message and the node, even when a newer pod replaced it (after a
             disruption the Job ignored). The newest pod when None or gone.
+        local_problem: Why nothing can be kept locally (``log_dir`` is None then), for the manifest.
     """
     c = ClusterWriter(api, store, attempt_prefix(run_id, attempt), now)
     with tempfile.TemporaryDirectory(prefix="trainguard-kube-evidence-") as tmp:
@@ -295,6 +298,8 @@ def collect_kubernetes_evidence(
         facts = facts_of(s)
         c.guarded("termination-message.txt", KUBERNETES, lambda: _collect_termination_message(c, s, facts))
         c.guarded(TRIAGE_NAME, KUBERNETES, lambda: _keep_for_triage(c, s, facts, log_dir))
+        if local_problem:
+            c.absent("triage.json (kept on this machine)", KUBERNETES, local_problem)
         if several:
             c.guarded(nodes.ATTEMPT_MAP, KUBERNETES, lambda: _map_nodes(c, s, log_dir))
         for name, data in (extra or {}).items():
@@ -309,18 +314,19 @@ def read_triage_facts(store: EvidenceStore, run_id: str, attempt: int, log_dir: 
     Raises:
         EvidenceNotFound: Neither holds them (collection did not run or could not store them).
     """
-    if log_dir is not None and (log_dir / "triage.json").is_file():
-        facts = ClusterFacts.from_dict(json.loads((log_dir / "triage.json").read_text("utf-8")))
-        if facts.log_path is None or Path(facts.log_path).is_file():
+    kept = read_json_object(log_dir / "triage.json") if log_dir is not None else None
+    if log_dir is not None and kept is not None:
+        facts = ClusterFacts.from_dict(kept)
+        if facts.log_path is None or (facts.log_path == str(log_dir / "attempt.log") and Path(facts.log_path).is_file()):
             return facts
     data = store.get_bytes(f"{attempt_prefix(run_id, attempt)}/{TRIAGE_NAME}")
     facts = ClusterFacts.from_dict(json.loads(data.decode("utf-8", errors="replace")))
     if log_dir is None or not facts.log_item:
         return facts
     try:
-        log_dir.mkdir(parents=True, exist_ok=True)
+        localdir.ensure_private(log_dir)
         local = log_dir / "attempt.log"
-        local.write_bytes(store.get_bytes(f"{attempt_prefix(run_id, attempt)}/{facts.log_item}"))
+        localdir.write_private(local, store.get_bytes(f"{attempt_prefix(run_id, attempt)}/{facts.log_item}"))
     except (EvidenceNotFound, OSError):
         return facts
     return facts.with_log(str(local))

@@ -322,13 +322,27 @@ def volumes(settings: JobSettings, entrypoint_config_map: str) -> list[Wire]:
     return found + [dict(v) for v in settings.volumes]
 
 
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def node_name(text: str) -> bool:
+    """Whether ``text`` can name a Node (a DNS-1123 subdomain): anything else names none."""
+    return len(text) <= 253 and _NODE_NAME.fullmatch(text) is not None
+
+
 def avoid_nodes_affinity(nodes: tuple[str, ...]) -> Wire | None:
-    """Required node anti-affinity keeping the pod off `nodes` (by hostname label)."""
-    if not nodes:
+    """Required node anti-affinity keeping the pod off `nodes`, by the Node's own name.
+
+    `matchFields` on `metadata.name` is exact, where the `kubernetes.io/hostname` label may differ
+    from the name; it takes one value per requirement, and the requirements of a term all hold.
+    What cannot name a Node is left out: the API refuses it (1.32+), or no node then fits.
+    """
+    names = sorted({node for node in nodes if node_name(node)})
+    if not names:
         return None
-    expression = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": sorted(set(nodes))}
+    fields = [{"key": "metadata.name", "operator": "NotIn", "values": [name]} for name in names]
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": [expression]}]}}}
+        "nodeSelectorTerms": [{"matchFields": fields}]}}}
 
 
 def scale_quantity(quantity: str | None, factor: float) -> str | None:

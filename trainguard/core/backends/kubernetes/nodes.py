@@ -23,7 +23,8 @@ from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core.backends import rankstacks, torchrun, workspace
 from trainguard.core.backends.capabilities import NodeEvidence
-from trainguard.core.backends.kubernetes import kinds
+from trainguard.core import masking
+from trainguard.core.backends.kubernetes import kinds, localdir
 from trainguard.core.backends.kubernetes.collector import training_container
 from trainguard.core.backends.kubernetes.scene import KUBERNETES, ClusterWriter, Scene, pod_reason, terminated_state
 from trainguard.core.triage.signals import Signals
@@ -126,16 +127,19 @@ def _service(s: Scene) -> str | None:
 
 def keep_nodes(c: ClusterWriter, s: Scene, mapped: Mapping[str, Any], log_dir: Path) -> None:
     """Keep what triage reads of every node on this machine: the map, each node's files, each pod's log."""
+    localdir.ensure_private(log_dir)
     shutil.rmtree(log_dir / KEPT_VOLUME, ignore_errors=True)
     for name, spool in s.node_files.items():
         target = log_dir / KEPT_VOLUME / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(spool, target)
-    (log_dir / KEPT_PODS).mkdir(parents=True, exist_ok=True)
+        localdir.make_dirs(target.parent, log_dir)
+        localdir.copy_private(spool, target)
+    localdir.make_dirs(log_dir / KEPT_PODS, log_dir)
     for (pod, container, previous), spool in s.logs.items():
         if not previous and container == _container_of(s, pod):
-            shutil.copyfile(spool, log_dir / KEPT_PODS / f"{pod}.log")
-    (log_dir / ATTEMPT_MAP).write_text(json.dumps(mapped, indent=2, sort_keys=True), "utf-8")
+            localdir.copy_private(spool, log_dir / KEPT_PODS / f"{pod}.log")
+    # the termination messages in it can be a log's tail, secrets and all: masked as the store's copy is
+    masked = masking.mask_tree(dict(mapped), c.masker)
+    localdir.write_private(log_dir / ATTEMPT_MAP, json.dumps(masked, indent=2, sort_keys=True).encode("utf-8"))
 
 
 def _container_of(s: Scene, pod_name: str) -> str | None:
@@ -147,12 +151,13 @@ def node_evidence(log_dir: Path, run_id: str, attempt: int) -> list[NodeEvidence
     """One entry per node rank, from what `keep_nodes` kept; [] when nothing was (one node, or no evidence)."""
     mapped = read_json_object(log_dir / ATTEMPT_MAP) or {}
     found = []
+    budget = rankstacks.StackBudget()
     for entry in mapped.get("indexes") or ():
         if not isinstance(entry, dict) or not isinstance(entry.get("index"), int):
             continue
         index, ranks = entry["index"], entry.get("ranks") or []
         folder = log_dir / KEPT_VOLUME / _node_prefix(index)
-        signals = _signals(log_dir, folder, entry, run_id, attempt)
+        signals = _signals(log_dir, folder, entry, run_id, attempt, budget)
         # the error files date a rank's own failure to the second; without them the pod's end does
         found.append(NodeEvidence(
             index, signals, node=entry.get("node"), instance=entry.get("pod"),
@@ -161,7 +166,8 @@ def node_evidence(log_dir: Path, run_id: str, attempt: int) -> list[NodeEvidence
     return found if len(found) > 1 else []
 
 
-def _signals(log_dir: Path, folder: Path, entry: Mapping[str, Any], run_id: str, attempt: int) -> Signals:
+def _signals(log_dir: Path, folder: Path, entry: Mapping[str, Any], run_id: str, attempt: int,
+             budget: rankstacks.StackBudget) -> Signals:
     node = entry.get("node")
     kept = folder / workspace.LOGS / workspace.log_name(run_id, attempt)
     pod_log = log_dir / KEPT_PODS / f"{entry.get('pod')}.log"
@@ -171,7 +177,7 @@ def _signals(log_dir: Path, folder: Path, entry: Mapping[str, Any], run_id: str,
     return Signals(exit_code=code if isinstance(code, int) else None, reason=entry.get("reason"),
                    conditions=tuple(entry.get("conditions") or ()), events=tuple(events), log=log,
                    error_files=torchrun.nodes_error_files([(int(entry["index"]), folder)]),
-                   stacks=rankstacks.read_stacks(folder, node if isinstance(node, str) else None))
+                   stacks=rankstacks.read_stacks(folder, node if isinstance(node, str) else None, budget))
 
 
 def _events(log_dir: Path) -> list[Mapping[str, Any]]:

@@ -82,14 +82,17 @@ class LocalBackend:
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
+        return Signals(exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
+                       events=outcome.events, log=self.log(ref, outcome),
+                       error_files=torchrun.error_files(self.workspace(ref).root),
+                       stacks=rankstacks.read_stacks(self.workspace(ref).root, outcome.node))
+
+    def log(self, ref: AttemptRef, outcome: AttemptOutcome) -> LogSource:
         ws = self.workspace(ref)
         log = jobfiles.readable_log(Path(outcome.log_path) if outcome.log_path else ws.log_path, ws.root)
-        source: LogSource = log
         if outcome.log_tail:  # the log file is incomplete (a full disk): what it holds, then the runner's tail
-            source = io.BufferedReader(PartialLogThenTail(log, outcome.log_tail)) if log else outcome.log_tail
-        return Signals(exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
-                       events=outcome.events, log=source, error_files=torchrun.error_files(self.workspace(ref).root),
-                       stacks=rankstacks.read_stacks(self.workspace(ref).root, outcome.node))
+            return io.BufferedReader(PartialLogThenTail(log, outcome.log_tail)) if log else outcome.log_tail
+        return log
 
     def placeable_nodes(self) -> list[str]:
         """This machine: a local process runs nowhere else."""

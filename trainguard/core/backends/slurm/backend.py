@@ -37,7 +37,7 @@ from trainguard.core.backends.slurm.continuation import JOB_RECORD
 from trainguard.core.backends.slurm.tail import LogTail, last_bytes
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
-from trainguard.core.triage.signals import Signals
+from trainguard.core.triage.signals import LogSource, Signals
 from trainguard.core.backends import processes, rankstacks, torchrun, workspace
 from trainguard.core.backends.waits import WaitNotice
 from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
@@ -132,14 +132,17 @@ class SlurmBackend:
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
-        jw = continuation.job_workspace(self.workspace(ref))
-        log = jobfiles.readable_log(jw.log_path, jw.root)
         return Signals(
             exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
-            events=outcome.events, log=log if log is not None else (outcome.log_tail or None),
+            events=outcome.events, log=self.log(ref, outcome),
             error_files=torchrun.nodes_error_files(nodes.node_folders(self.workspace(ref).root)),
             stacks=rankstacks.read_stacks(self.workspace(ref).root, outcome.node),
         )
+
+    def log(self, ref: AttemptRef, outcome: AttemptOutcome) -> LogSource:
+        jw = continuation.job_workspace(self.workspace(ref))
+        log = jobfiles.readable_log(jw.log_path, jw.root)
+        return log if log is not None else (outcome.log_tail or None)
 
     def node_signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> list[NodeEvidence]:
         """Each node's signals, for an attempt of one task per node (the spec's `nodes`); [] otherwise."""

@@ -103,6 +103,7 @@ def node_evidence(ws: AttemptWorkspace, reason: str, hostnames: Callable[[], lis
     folders = node_folders(ws.root)
     hosts = hostnames() if len(folders) > 1 else []
     found = []
+    budget = rankstacks.StackBudget()
     for index, folder in folders:
         crash = read_json_object(folder / workspace.CRASH_REPORT) or {}
         code = crash.get("exit_code") if isinstance(crash.get("exit_code"), int) else None
@@ -110,7 +111,7 @@ def node_evidence(ws: AttemptWorkspace, reason: str, hostnames: Callable[[], lis
         host = hosts[index] if index < len(hosts) else None
         signals = Signals(exit_code=code, reason=reason if index == 0 else None, log=log if log.is_file() else None,
                           error_files=torchrun.nodes_error_files([(index, folder)]),
-                          stacks=rankstacks.read_stacks(folder, host))
+                          stacks=rankstacks.read_stacks(folder, host, budget))
         found.append(NodeEvidence(index, signals, node=hosts[index] if index < len(hosts) else None,
                                   instance=f"task {index}"))
     return found
