@@ -171,6 +171,8 @@ def _diagnosis(rule: Rule, choice: Choice, previous: Sequence[Diagnosis]) -> Dia
         remediation=remediation, fingerprint=fp, strength=strength_name(rule.strength),
         victims=choice.victims, culprit_undetermined=choice.undetermined,
         decided_by=choice.decided_by, failed_at=choice.failed_at,
+        provenance=("platform" if c.line_number is None and c.origin is None
+                    else "log" if c.origin is None else "error file"),
     )
 
 
