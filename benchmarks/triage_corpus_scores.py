@@ -7,6 +7,7 @@ with the rule that decided. The blind set of fresh public reports lives in
 
     .venv/bin/python benchmarks/triage_corpus_scores.py                       # every corpus
     .venv/bin/python benchmarks/triage_corpus_scores.py tests/triage/corpus/fresh/dev.jsonl -v
+    .venv/bin/python benchmarks/triage_corpus_scores.py --nearest-vote tests/triage/corpus/fresh/*.jsonl
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 CORPORA = REPO / "tests" / "triage" / "corpus"
 
 
-def judge(corpus: Path) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
-    """The corpus's rows and the batch CLI's verdict on each."""
+def judge(corpus: Path, vote: bool = False,
+          ) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """The corpus's rows and the batch CLI's verdict on each (``vote``: with --nearest-vote)."""
     rows = [json.loads(line) for line in corpus.read_text().splitlines() if line.strip()]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-c", "from trainguard.cli import main; main()", "classify", "--jsonl", "-"],
+        [sys.executable, "-c", "from trainguard.cli import main; main()", "classify", "--jsonl", "-",
+         *(["--nearest-vote"] if vote else [])],
         input=corpus.read_bytes(), capture_output=True, cwd=REPO, env=env, timeout=600, check=True)
     return rows, [json.loads(line) for line in done.stdout.decode().splitlines()]
 
@@ -48,12 +51,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("corpora", nargs="*", type=Path)
     parser.add_argument("-v", "--verbose", action="store_true", help="list every miss")
+    parser.add_argument("--nearest-vote", action="store_true",
+                        help="let the nearest labelled failures vote when no rule decides")
     args = parser.parse_args()
     corpora = args.corpora or sorted(CORPORA.glob("**/*.jsonl"))
     for corpus in corpora:
-        rows, results = judge(corpus)
+        rows, results = judge(corpus, args.nearest_vote)
         s = scores(rows, results)
-        print(f"{corpus.relative_to(REPO) if corpus.is_absolute() else corpus}: {s['rows']} rows, "
+        name = corpus.relative_to(REPO) if corpus.resolve().is_relative_to(REPO) else corpus
+        print(f"{name}: {s['rows']} rows, "
               f"retry {s['retry']:.3f}, category {s['category']:.3f}, unknown {s['unknown']:.3f}, "
               f"weak {s['weak']:.3f}")
         if args.verbose:

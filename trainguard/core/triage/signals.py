@@ -14,6 +14,7 @@ from typing import Any, BinaryIO
 from trainguard.core.taxonomy import Category
 from trainguard.core.triage.errorfile import ErrorFile
 from trainguard.core.triage.hangs import RankStacks
+from trainguard.core.triage.nearest import Neighbour
 
 LogSource = bytes | str | os.PathLike[str] | BinaryIO | None
 # Categories that say who stopped an attempt on purpose: a person, or the platform taking its
@@ -84,6 +85,8 @@ class Diagnosis:
     evidence says (an error file, torchrun's failure report). ``provenance`` says where the
     deciding evidence came from: ``platform`` (the backend's own record: exit code, termination
     reason, conditions, events), ``log`` or ``error file``; None when nothing decided.
+    ``nearest`` names, when no rule decided, the labelled public failures most like this one
+    (``nearest``): a lead for a person, and (only when asked for) a weak vote.
     """
 
     category: Category
@@ -100,6 +103,7 @@ class Diagnosis:
     decided_by: str = "strength"
     failed_at: float | None = None
     provenance: str | None = None
+    nearest: tuple[Neighbour, ...] = ()
 
     @property
     def weak(self) -> bool:
@@ -128,4 +132,5 @@ class Diagnosis:
             "decided_by": self.decided_by,
             "failed_at": self.failed_at,
             "provenance": self.provenance,
+            "nearest": [n.to_dict() for n in self.nearest],
         }
