@@ -204,3 +204,23 @@ def test_a_stop_record_wins_a_tie_with_a_log_verdict_of_another_stop() -> None:
     assert (from_log.category, from_log.weak) == (Category.PREEMPTED, True)
     assert (both.category, both.decided_by, both.weak) == (
         Category.USER_CANCELLED, "platform record", False)
+
+
+@pytest.mark.parametrize(("source", "log"), [
+    ("github.com/sdatkinson/NAMTrainerColab/issues/7",
+     "--> 518             torch._foreach_add_(\n    519                 device_state_steps, "
+     "torch.tensor(1.0, device=\"cpu\"), alpha=1.0\n\nKeyboardInterrupt: \n\nDuring handling of the "
+     "above exception, another exception occurred:\n\nNameError                                 "
+     "Traceback (most recent call last)\n[<ipython-input-1-2c9b0f02eea8>](https://localhost:8080/#) "
+     "in <cell line: 69>()"),
+    ("github.com/k2-fsa/icefall/issues/1084",
+     "    fd_event_list = self._selector.poll(timeout)\nKeyboardInterrupt\n^CProcess Process-3:2:\n"
+     "Process Process-3:11:\nTraceback (most recent call last):\nError in atexit._run_exitfuncs:\n"
+     "  File \"/home/anaconda3/envs/k2/lib/python3.8/multiprocessing/process.py\", line 318, in "
+     "_bootstrap\n    util._exit_function()"),
+], ids=["NAMTrainerColab-7", "icefall-1084"])
+def test_an_error_in_the_teardown_after_ctrl_c_is_the_persons_stop(source: str, log: str) -> None:
+    d = triage.classify(triage.Signals(exit_code=1, log=log))
+    assert d is not None
+    assert (d.category, d.rule_id) == (Category.USER_CANCELLED, "cancelled.keyboard_teardown"), source
+    assert d.weak and d.provenance == "log"
