@@ -58,7 +58,7 @@ def main() -> None:
     for corpus in corpora:
         rows, results = judge(corpus, args.nearest_vote)
         s = scores(rows, results)
-        name = corpus.relative_to(REPO) if corpus.resolve().is_relative_to(REPO) else corpus
+        name = corpus.resolve().relative_to(REPO) if corpus.resolve().is_relative_to(REPO) else corpus
         print(f"{name}: {s['rows']} rows, "
               f"retry {s['retry']:.3f}, category {s['category']:.3f}, unknown {s['unknown']:.3f}, "
               f"weak {s['weak']:.3f}")
