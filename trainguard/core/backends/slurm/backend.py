@@ -133,9 +133,14 @@ class SlurmBackend:
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
         jw = continuation.job_workspace(self.workspace(ref))
         log = jobfiles.readable_log(jw.log_path, jw.root)
+        source: Path | str | None = log if log is not None else (outcome.log_tail or None)
+        if source is None and outcome.reason == "StartError" and outcome.message:
+            # sbatch refused the job: its own words say whether waiting can help (a submit limit)
+            # or the request must change (an invalid partition, a node shape no node has).
+            source = outcome.message
         return Signals(
             exit_code=outcome.exit_code, reason=outcome.reason, conditions=outcome.conditions,
-            events=outcome.events, log=log if log is not None else (outcome.log_tail or None),
+            events=outcome.events, log=source,
             error_files=torchrun.nodes_error_files(nodes.node_folders(self.workspace(ref).root)),
             stacks=rankstacks.read_stacks(self.workspace(ref).root, outcome.node),
         )
