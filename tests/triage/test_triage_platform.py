@@ -224,3 +224,35 @@ def test_an_error_in_the_teardown_after_ctrl_c_is_the_persons_stop(source: str, 
     assert d is not None
     assert (d.category, d.rule_id) == (Category.USER_CANCELLED, "cancelled.keyboard_teardown"), source
     assert d.weak and d.provenance == "log"
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("github.com/pulp/pulp-operator/issues/1315",
+     '(combined from similar events): Error creating: pods "pulp-reset-admin-password-qph9d-7jfr2" is '
+     'forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false '
+     '(container "reset-admin-password" must set securityContext.allowPrivilegeEscalation=false)'),
+    ("github.com/open-policy-agent/gatekeeper/issues/2695",
+     'Error creating: pods "gatekeeper-update-crds-hook-rgzh6" is forbidden: violates PodSecurity '
+     '"restricted:v1.24": seccompProfile (pod or container "install-oneagent" must set '
+     'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost")'),
+    ("github.com/openkruise/kruise/issues/1863",
+     'Error creating: admission webhook "mpod.kb.io" denied the request: Internal error occurred: the '
+     'spec replicas field ".spec.pytorchReplicaSpecs.Worker.replicas" does not exist'),
+], ids=["pulp-operator-1315", "gatekeeper-2695", "kruise-1863"])
+def test_admission_refusing_the_pods_is_a_configuration_error(source: str, message: str) -> None:
+    """Read from the Job's FailedCreate event (the platform's record) and from the same text in a log."""
+    event = {"type": "Warning", "reason": "FailedCreate", "message": message}
+    from_event = triage.classify(triage.Signals(events=(event,)))
+    from_log = triage.classify(triage.Signals(log="  Warning  FailedCreate  2m6s  job-controller  " + message))
+    assert from_event is not None and from_log is not None
+    assert (from_event.category, from_event.rule_id, from_event.provenance) == (
+        Category.CONFIG_ERROR, "event.admission_refused", "platform"), source
+    assert (from_log.category, from_log.rule_id) == (Category.CONFIG_ERROR, "k8s.admission_refused")
+
+
+def test_a_pod_refused_while_its_pod_group_waits_is_not_a_configuration_error() -> None:
+    # github.com/volcano-sh/volcano/issues/621: the scheduler has not admitted the gang yet.
+    message = ('admission webhook "validatepod.volcano.sh" denied the request: failed to create pod '
+               '<test/failed-delete-job-fail-0> as the podgroup phase is Pending')
+    d = triage.classify(triage.Signals(events=({"reason": "FailedCreate", "message": message},)))
+    assert d is not None and (d.category, d.retryable) == (Category.UNKNOWN, True)
