@@ -129,3 +129,18 @@ def test_events_and_batch_records_nested_beyond_reading_are_one_line_and_exit_2(
         assert done.returncode == 2, err[-2000:]
         assert len(err.splitlines()) == 1 and err.startswith("trainguard classify: error: "), err[-2000:]
         assert "nest" in err
+
+
+def test_an_undecided_failure_shows_its_nearest_labelled_failures_and_votes_only_when_asked() -> None:
+    rows = [json.loads(line) for line in
+            (REPO / "tests" / "triage" / "corpus" / "blind3.jsonl").read_text().splitlines() if line]
+    log = next(r for r in rows if r["id"] == "k-034")["log"].encode()  # OpenPCDet#1047
+    shown = cli("-", "--exit-code", "1", stdin=log)
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout.decode()
+    assert "looks like" in out and "open-mmlab/OpenPCDet/issues/1047" in out and "weak lead" in out
+    assert "fallback.unknown" in out
+    voted = cli("-", "--exit-code", "1", "--json", "--nearest-vote", stdin=log)
+    result = json.loads(voted.stdout)
+    assert (result["rule_id"], result["strength"], result["weak"]) == ("nearest.vote", "guess", True)
+    assert result["nearest"][0]["source"] == "https://github.com/open-mmlab/OpenPCDet/issues/1047"

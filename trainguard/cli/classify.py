@@ -22,8 +22,9 @@ from trainguard.core import masking, triage
 _EMPTY: dict[str, Any] = {
     k: None for k in ("category", "retryable", "rule_id", "signature", "line_number", "rank",
                       "remediation", "fingerprint", "strength", "weak", "culprit_undetermined",
-                      "decided_by", "failed_at")}
+                      "decided_by", "failed_at", "provenance")}
 _EMPTY["victims"] = []
+_EMPTY["nearest"] = []
 
 
 class InputError(ValueError):
@@ -49,6 +50,9 @@ def classify_command(
     error_file: list[str] | None = typer.Option(
         None, "--error-file", help="A torchelastic error file (TORCHELASTIC_ERROR_FILE, or a "
                                    "rank's error.json under torchrun's --log-dir); repeatable."),
+    nearest_vote: bool = typer.Option(
+        False, "--nearest-vote", help="When no rule decides, let the nearest labelled public "
+                                      "failures' weak vote decide instead of unknown."),
 ) -> None:
     """Say which failure category an attempt belongs to and whether a retry can help."""
     try:
@@ -61,14 +65,15 @@ def classify_command(
         if jsonl is not None:
             if log is not None:
                 raise InputError("give either LOG or --jsonl, not both")
-            _batch(jsonl, ruleset, engine, explain)
+            _batch(jsonl, ruleset, engine, explain, nearest_vote)
             return
         signals = triage.Signals(
             exit_code=_int_option("--exit-code", exit_code), reason=reason,
             events=_read_events(events) if events else (), log=_log_source(log),
             error_files=_read_error_files(error_file or []),
         )
-        explanation = triage.explain(signals, rules=ruleset, engine=engine)
+        explanation = triage.explain(signals, rules=ruleset, engine=engine,
+                                     nearest_vote=nearest_vote)
     except (InputError, triage.RuleFileError) as exc:
         _fail(str(exc))
     diagnosis = explanation.diagnosis
@@ -225,11 +230,13 @@ def _explanation_fields(explanation: triage.Explanation) -> dict[str, Any]:
     return {"evidence": data["evidence"], "reason": data["reason"]}
 
 
-def _batch(source: str, ruleset: triage.RuleSet, engine: str, explain: bool) -> None:
+def _batch(source: str, ruleset: triage.RuleSet, engine: str, explain: bool,
+           nearest_vote: bool = False) -> None:
     out = sys.stdout
     for number, record in _records(source):
         where = f"{'stdin' if source == '-' else source} line {number}"
-        explanation = triage.explain(_signals(record, where), rules=ruleset, engine=engine)
+        explanation = triage.explain(_signals(record, where), rules=ruleset, engine=engine,
+                                     nearest_vote=nearest_vote)
         diagnosis = explanation.diagnosis
         result = diagnosis.to_dict() if diagnosis else dict(_EMPTY)
         if explain:
@@ -304,7 +311,12 @@ def _show(diagnosis: triage.Diagnosis | None) -> None:
             "weak call: no decisive rule matched" if diagnosis.strength == "none"
             else f"weak call: decided by {diagnosis.decided_by}"
             if diagnosis.decided_by in ("rule order", "part order")
+            else "weak call: read from the log alone, without the platform's record"
+            if diagnosis.provenance == "log" and diagnosis.strength not in ("hint", "guess")
             else "weak call: only hint-strength evidence", "yellow"))
+    for number, n in enumerate(diagnosis.nearest):
+        table.add_row("looks like" if number == 0 else "", Text(masking.for_people(
+            f"{n.source} ({n.category.value}, similarity {n.similarity:.2f}; a weak lead)")))
     table.add_row("fix", Text(diagnosis.remediation))
     table.add_row("fingerprint", Text(diagnosis.fingerprint))
     console.print(table)

@@ -10,7 +10,7 @@ import json
 import re
 
 from slurm_helpers import (
-    Meanwhile, jobcomp_lines, log_says, run, running_job, sacct_steps, save_slurm_blocks, tiny_spec,
+    Meanwhile, job_states, jobcomp_lines, log_says, run, running_job, sacct_steps, save_slurm_blocks, tiny_spec,
 )
 from runs import run_logs
 from waiting import wait_for
@@ -127,3 +127,14 @@ def test_a_job_waiting_in_the_queue_is_reported_with_slurms_reason_while_it_wait
     # squeue's reason for a job held until its begin time, as `squeue` shows it in NODELIST(REASON)
     assert re.fullmatch(r"trainguard: waiting [5-7]s for Slurm job \d+ to start: PENDING \(BeginTime\)", said[0]), said
 
+
+def test_a_job_sbatch_refuses_is_judged_by_sbatchs_own_words(prefect_server, slurm_node_up, tmp_path):
+    """A partition the cluster does not have: real sbatch refuses at submission, and its message,
+    not the bare start failure, says the request must change: a configuration error, no retry."""
+    blocks = save_slurm_blocks(slurm_node_up, tmp_path, partition="no-such-partition")
+    state, history = run(tiny_spec("slurm-badpart", retry={"max_attempts": 3}), blocks, "slurm-badpart-1")
+
+    assert state.is_failed()
+    assert [(h["category"], h["termination_reason"]) for h in history] == [("config_error", "StartError")]
+    assert history[0]["rule_id"] == "slurm.submit_impossible", history[0]
+    assert job_states(slurm_node_up, job_name("slurm-badpart-1", 1)) == []

@@ -66,7 +66,8 @@ def load_rules(path: str | os.PathLike[str] | None = None) -> RuleSet:
 
 
 def classify(signals: Signals, *, rules: RuleSet | None = None,
-             previous: Sequence[Diagnosis] = (), engine: str = "auto") -> Diagnosis | None:
+             previous: Sequence[Diagnosis] = (), engine: str = "auto",
+             nearest_vote: bool = False) -> Diagnosis | None:
     """Classify one failed attempt.
 
     Args:
@@ -75,20 +76,24 @@ def classify(signals: Signals, *, rules: RuleSet | None = None,
         previous: Earlier attempts' diagnoses: a repeated native crash or unknown failure is
             not retried again.
         engine: "auto" (Hyperscan when importable), "hyperscan" or "re".
+        nearest_vote: When no rule decides, let the nearest labelled public failures' weak vote
+            decide instead of ``unknown`` (a guess, marked weak). Off by default: on the blind
+            set of fresh public reports it did not help. The neighbours are named either way.
 
     Returns:
         The diagnosis, or None when the attempt is not a failure (exit code 0 and nothing that
         says otherwise).
     """
-    diagnosis = decide(signals, rules or load_rules(), previous, engine)
+    diagnosis = decide(signals, rules or load_rules(), previous, engine, nearest_vote)
     return hangs.refine(diagnosis, hangs.odd_ones_out(signals.stacks)) if signals.stacks else diagnosis
 
 
 def explain(signals: Signals, *, rules: RuleSet | None = None,
-            previous: Sequence[Diagnosis] = (), engine: str = "auto") -> Explanation:
+            previous: Sequence[Diagnosis] = (), engine: str = "auto",
+            nearest_vote: bool = False) -> Explanation:
     """Classify one attempt and say which rules matched, with strength and line, and why the
     winner won (``trainguard classify --explain``)."""
-    return _explain(signals, rules or load_rules(), previous, engine)
+    return _explain(signals, rules or load_rules(), previous, engine, nearest_vote)
 
 
 def root_cause(parts: Sequence[Part], *, rules: RuleSet | None = None,

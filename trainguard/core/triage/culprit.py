@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from trainguard.core.triage.lines import signature_of
-from trainguard.core.triage.rules import Rule, RuleSet
-from trainguard.core.triage.signals import Victim
+from trainguard.core.triage.rules import STRENGTHS, Rule, RuleSet
+from trainguard.core.triage.signals import STOPS, Victim
 from trainguard.core.triage.torchrun import AgentReport, WorkerFailure
 
 Stamp = tuple[int, int, float]  # (month, day, seconds): comparable across glog and ISO stamps
@@ -145,7 +145,11 @@ def order(candidates: Sequence[Candidate], rules: RuleSet,
     top = max(c.strength for c in candidates)
     group = [c for c in candidates if c.strength == top]
     timed = len(group) > 1 and all(c.timestamp is not None for c in group)
+    # Who stopped the attempt is the backend's to say: its own record of a stop outranks a log
+    # line of equal strength.
+    record = top >= STRENGTHS["verdict"]
     ranked = sorted(group, key=lambda c: (
+        record and not _stop_record(c, rules),
         c.timestamp if timed else (0, 0, 0.0), _place(c),
         prefer_victim_rules and not rules.rules[c.rule].victim, c.rule))
     winner = ranked[0]
@@ -154,6 +158,8 @@ def order(candidates: Sequence[Candidate], rules: RuleSet,
     category = rules.rules[winner.rule].category
     rival = next((c for c in ranked[1:] if c.rank != winner.rank
                   or rules.rules[c.rule].category is not category), ranked[1])
+    if record and _stop_record(winner, rules) and not _stop_record(rival, rules):
+        return winner, "platform record", len(group)
     if timed and rival.timestamp != winner.timestamp:
         return winner, "timestamp", len(group)
     if _place(rival) != _place(winner):
@@ -164,6 +170,13 @@ def order(candidates: Sequence[Candidate], rules: RuleSet,
     if rules.rules[rival.rule].category is not category:
         return winner, "rule order", len(group)
     return winner, "strength", len(group)  # the same answer whichever of them is taken
+
+
+def _stop_record(c: Candidate, rules: RuleSet) -> bool:
+    """Whether the candidate is the backend's own record (no log line, no error file) of who
+    stopped the attempt."""
+    return (c.line_number is None and c.origin is None
+            and rules.rules[c.rule].category in STOPS)
 
 
 def _place(c: Candidate) -> tuple[bool, bool, int]:

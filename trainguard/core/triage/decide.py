@@ -15,11 +15,12 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
 from trainguard.core.taxonomy import INFO, Category
+from trainguard.core.triage import nearest
 from trainguard.core.triage.culprit import (
     Candidate, Choice, attribute, choose, failure_times, stamp,
 )
@@ -53,19 +54,22 @@ def scanner_for(rules: RuleSet, engine: str = "auto") -> Scanner:
 
 
 def decide(signals: Signals, rules: RuleSet, previous: Sequence[Diagnosis],
-           engine: str = "auto") -> Diagnosis | None:
+           engine: str = "auto", nearest_vote: bool = False) -> Diagnosis | None:
     """Classify one attempt; None when it succeeded (exit code 0, nothing saying otherwise)."""
-    return conclude(signals, rules, previous, gather(signals, rules, engine))
+    return conclude(signals, rules, previous, gather(signals, rules, engine), nearest_vote)
 
 
 def conclude(signals: Signals, rules: RuleSet, previous: Sequence[Diagnosis],
-             gathered: Gathered) -> Diagnosis | None:
-    """The diagnosis from already gathered evidence (see ``decide``)."""
+             gathered: Gathered, nearest_vote: bool = False) -> Diagnosis | None:
+    """The diagnosis from already gathered evidence (see ``decide``). When no rule decides, the
+    diagnosis names the nearest labelled public failures; with ``nearest_vote`` their weak vote
+    decides instead of ``unknown``."""
     choice = choice_of(signals, gathered, rules)
     if choice is None:
         if signals.exit_code == 0:
             return None
-        return _fallback(signals, gathered.last, previous)
+        fallback = _fallback(signals, gathered.last, previous)
+        return _with_neighbours(fallback, gathered.last, previous, nearest_vote)
     return _diagnosis(rules.rules[choice.winner.rule], choice, previous)
 
 
@@ -171,6 +175,8 @@ def _diagnosis(rule: Rule, choice: Choice, previous: Sequence[Diagnosis]) -> Dia
         remediation=remediation, fingerprint=fp, strength=strength_name(rule.strength),
         victims=choice.victims, culprit_undetermined=choice.undetermined,
         decided_by=choice.decided_by, failed_at=choice.failed_at,
+        provenance=("platform" if c.line_number is None and c.origin is None
+                    else "log" if c.origin is None else "error file"),
     )
 
 
@@ -201,6 +207,31 @@ def _fallback(signals: Signals, scanned: ScanResult | None,
         rank=last.rank if last is not None and line else None,
         remediation=INFO[Category.UNKNOWN].remediation, fingerprint=fp, strength="none",
     )
+
+
+def _with_neighbours(fallback: Diagnosis, scanned: ScanResult | None,
+                     previous: Sequence[Diagnosis], use_vote: bool) -> Diagnosis:
+    """The fallback with the labelled failures nearest to the log's last lines; with
+    ``use_vote``, decided by their weak vote when they agree."""
+    if scanned is None or not scanned.tail:
+        return fallback
+    text = b"\n".join(scanned.tail).decode("utf-8", "replace")
+    neighbours = nearest.nearest(text)
+    if not neighbours:
+        return fallback
+    winner = nearest.vote(neighbours) if use_vote else None
+    if winner is None:
+        return replace(fallback, nearest=neighbours)
+    category = winner.category
+    signature = trim(f"like {winner.source} ({winner.similarity:.2f})")
+    fp = fingerprint(category, "nearest.vote", winner.source)
+    return replace(
+        fallback, category=category, rule_id="nearest.vote", signature=signature,
+        retryable=INFO[category].retryable and not _repeat(category, fp, previous),
+        remediation=(f"Weak call: no rule decided; the nearest labelled public failure "
+                     f"({winner.source}, similarity {winner.similarity:.2f}) is {category.value}. "
+                     f"{INFO[category].remediation}"),
+        fingerprint=fp, strength="guess", nearest=neighbours)
 
 
 def describe_exit(code: int) -> str:

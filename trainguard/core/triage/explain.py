@@ -53,11 +53,11 @@ class Explanation:
 
 
 def explain(signals: Signals, rules: RuleSet, previous: Sequence[Diagnosis] = (),
-            engine: str = "auto") -> Explanation:
+            engine: str = "auto", nearest_vote: bool = False) -> Explanation:
     """Classify one attempt and say which rules matched and why the winner won."""
     # The log is read once: a stream (stdin) cannot be read twice.
     gathered = gather(signals, rules, engine)
-    diagnosis = conclude(signals, rules, previous, gathered)
+    diagnosis = conclude(signals, rules, previous, gathered, nearest_vote)
     candidates = gathered.candidates
     order = sorted(candidates, key=lambda c: (-c.strength, c.line_number is None,
                                               c.origin is not None, c.line_number or 0, c.rule))

@@ -14,8 +14,14 @@ from typing import Any, BinaryIO
 from trainguard.core.taxonomy import Category
 from trainguard.core.triage.errorfile import ErrorFile
 from trainguard.core.triage.hangs import RankStacks
+from trainguard.core.triage.nearest import Neighbour
 
 LogSource = bytes | str | os.PathLike[str] | BinaryIO | None
+# Categories that say who stopped an attempt on purpose: a person, or the platform taking its
+# node back. The backend's own record of the stop (a termination reason, a pod condition or event,
+# the scheduler's state, the local supervisor's record) says so with authority; a log line alone
+# ("Received SIGTERM", a bare cancellation) can be any of them, or a crash's teardown.
+STOPS = frozenset({Category.USER_CANCELLED, Category.PREEMPTED})
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,11 @@ class Diagnosis:
     strong, ``timestamp``, ``line``, ``rule order``; ``victim reading`` when, with only victims,
     a line's reading as a lost peer beat an equal one; across parts also ``part order``).
     ``failed_at`` is when the failure it names happened, in seconds since the epoch, when the
-    evidence says (an error file, torchrun's failure report).
+    evidence says (an error file, torchrun's failure report). ``provenance`` says where the
+    deciding evidence came from: ``platform`` (the backend's own record: exit code, termination
+    reason, conditions, events), ``log`` or ``error file``; None when nothing decided.
+    ``nearest`` names, when no rule decided, the labelled public failures most like this one
+    (``nearest``): a lead for a person, and (only when asked for) a weak vote.
     """
 
     category: Category
@@ -92,13 +102,17 @@ class Diagnosis:
     culprit_undetermined: bool = False
     decided_by: str = "strength"
     failed_at: float | None = None
+    provenance: str | None = None
+    nearest: tuple[Neighbour, ...] = ()
 
     @property
     def weak(self) -> bool:
         """Whether only hint-strength evidence, a guess or nothing decided, or rule order broke a
-        tie between categories: a weak call to check by hand."""
+        tie between categories, or who stopped the attempt (a person, the platform) was read from
+        the log alone, without the backend's own record: a weak call to check by hand."""
         return (self.strength in ("hint", "guess", "none")
-                or self.decided_by in ("rule order", "part order"))
+                or self.decided_by in ("rule order", "part order")
+                or (self.category in STOPS and self.provenance == "log"))
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict; the category is its taxonomy id."""
@@ -117,4 +131,6 @@ class Diagnosis:
             "culprit_undetermined": self.culprit_undetermined,
             "decided_by": self.decided_by,
             "failed_at": self.failed_at,
+            "provenance": self.provenance,
+            "nearest": [n.to_dict() for n in self.nearest],
         }

@@ -142,6 +142,10 @@ class SlurmBackend:
     def log(self, ref: AttemptRef, outcome: AttemptOutcome) -> LogSource:
         jw = continuation.job_workspace(self.workspace(ref))
         log = jobfiles.readable_log(jw.log_path, jw.root)
+        if log is None and not outcome.log_tail and outcome.reason == "StartError" and outcome.message:
+            # sbatch refused the job: its own words say whether waiting can help (a submit limit)
+            # or the request must change (an invalid partition, a node shape no node has).
+            return outcome.message
         return log if log is not None else (outcome.log_tail or None)
 
     def node_signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> list[NodeEvidence]:
