@@ -134,7 +134,8 @@ def test_resume_refuses_a_run_whose_attempts_are_spent_and_says_how_to_allow_mor
 
     refused = cli_once(tmp_path, "run", "run.yaml", "--resume", "spent-0000aaaa")  # refused before any server starts
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
-    assert "run spent-0000aaaa has used 2 of its 2 attempts; allow more with --max-attempts 3" in refused.stderr
+    assert ("run spent-0000aaaa has spent its 2 of 2 attempts in a row without checkpoint progress (nccl_error); "
+            "allow more with --max-attempts 3") in refused.stderr
     assert "or start a new run" in refused.stderr
 
 
