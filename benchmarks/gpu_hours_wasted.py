@@ -28,7 +28,10 @@ The policies
                      from the newest checkpoint.
     no-retry         every failure goes to a person.
     trainguard       the real classifier on each attempt's excerpt, then the real retry policy
-                     (trainguard.core.policy.decide_retry) with a budget of 4 attempts like the others.
+                     (trainguard.core.policy.decide_retry) with max_attempts 4 like the others' budget;
+                     but trainguard's budget counts attempts in a row without checkpoint progress, so
+                     an attempt that saved a checkpoint refills it and only a failure that stays (a
+                     non-retryable category), a breaker or four attempts stuck in a row stop a run.
 
 For each policy: GPU-hours spent on attempts that could not succeed (started while a cause that
 stays was present), GPU-hours of progress lost (work since the last checkpoint, or all of it when
@@ -38,6 +41,17 @@ a finished run's, a handed-over run's up to its newest checkpoint).
 
     .venv/bin/python benchmarks/gpu_hours_wasted.py
     .venv/bin/python benchmarks/gpu_hours_wasted.py --runs 400 --gpus 2048 --job-hours 72
+
+On that replay (2026-12-03): trainguard finishes 261 runs without a person and hands 139 to one,
+every one of them at a software bug or a broken dependency (135 code_error, 4 config_error); with
+a budget of attempts in all it finished 196 and handed over 204, most of them after hardware
+faults spread over three days. It wastes 964,418 GPU-hours, 92.2 % fewer than retry-all
+(12,370,592) and 32 % fewer than torchelastic (1,419,190), but more than no-retry (374,838) and
+Kubeflow's ExitCode (443,115): those stop at the first failure, so they lose the progress of one
+failure per run and leave the rest of the run (28 and 47 finished) to a person, whose own restarts
+meet the same failures but are not counted here. Per GPU-hour spent, the waste is the same (an
+effective training time of 0.980 against 0.981): what a retry from the checkpoint loses is what a
+person's resume loses, without the wait for the person.
 """
 
 from __future__ import annotations
@@ -141,21 +155,41 @@ def load_excerpts() -> dict[Category, list[dict[str, object]]]:
     return by_category
 
 
+def draw(rng: random.Random, rate: float, excerpts: dict[Category, list[dict[str, object]]]) -> Failure:
+    """One failure: its time from the attempt's start, its cause's category and an excerpt of it."""
+    causes = list(LLAMA3_INTERRUPTIONS.values())
+    category = rng.choices(causes, [n for n, _ in causes])[0][1]
+    return Failure(rng.expovariate(rate), category, rng.choice(excerpts[category]))
+
+
 def make_trace(args: argparse.Namespace) -> list[list[Failure]]:
-    """Per run, the failure draws its attempts meet in order (enough for any policy)."""
+    """Per run, the failure draws its attempts meet in order.
+
+    Twelve per run cover every policy with a budget of attempts in all; a run that outlasts them
+    (trainguard keeps retrying while checkpoints move) meets more, drawn for it alone (`more_draws`),
+    so the first twelve, and every other policy's figures, do not depend on how many it needs.
+    """
     rng = random.Random(args.seed)
     excerpts = load_excerpts()
-    causes = list(LLAMA3_INTERRUPTIONS.values())
-    weights = [n for n, _ in causes]
     rate = FAILURES_PER_GPU_HOUR * args.gpus
     trace = []
-    for _ in range(args.runs):
-        draws = []
-        for _ in range(12):
-            category = rng.choices(causes, weights)[0][1]
-            draws.append(Failure(rng.expovariate(rate), category, rng.choice(excerpts[category])))
-        trace.append(draws)
+    for index in range(args.runs):
+        draws = [draw(rng, rate, excerpts) for _ in range(12)]
+        trace.append(draws + more_draws(args, index, excerpts, draws))
     return trace
+
+
+def more_draws(args: argparse.Namespace, index: int, excerpts: dict[Category, list[dict[str, object]]],
+               first: list[Failure]) -> list[Failure]:
+    """Draws beyond the first twelve, from the run's own generator, until they cover any run.
+
+    A run that retries without bound fails at most `BUDGET` times in a row without a new checkpoint,
+    so as many draws as the job has checkpoints, times that, always suffice.
+    """
+    rng = random.Random(f"{args.seed}-{index}")
+    rate = FAILURES_PER_GPU_HOUR * args.gpus
+    needed = (int(args.job_hours / args.checkpoint_hours) + 1) * BUDGET
+    return [draw(rng, rate, excerpts) for _ in range(max(needed - len(first), 0))]
 
 
 def attempt(run: Run, out: Outcome, gpus: int, resume: bool) -> Failure | None:
