@@ -44,8 +44,8 @@ a finished run's, a handed-over run's up to its newest checkpoint).
 
 On that replay (2026-12-03): trainguard finishes 261 runs without a person and hands 139 to one,
 every one of them at a software bug or a broken dependency (135 code_error, 4 config_error); with
-a budget of attempts in all it finished 196 and handed over 204, most of them after hardware
-faults spread over three days. It wastes 964,418 GPU-hours, 92.2 % fewer than retry-all
+a budget of attempts in all it finished 196 and handed over 204, 75 of them when hardware or
+platform faults spread over three days had spent the budget. It wastes 964,418 GPU-hours, 92.2 % fewer than retry-all
 (12,370,592) and 32 % fewer than torchelastic (1,419,190), but more than no-retry (374,838) and
 Kubeflow's ExitCode (443,115): those stop at the first failure, so they lose the progress of one
 failure per run and leave the rest of the run (28 and 47 finished) to a person, whose own restarts
