@@ -139,6 +139,32 @@ def test_resume_refuses_a_run_whose_attempts_are_spent_and_says_how_to_allow_mor
     assert "or start a new run" in refused.stderr
 
 
+def test_resume_weighs_the_budget_as_the_policy_does_progress_refills_it_and_a_total_bound_stops_it(
+        tmp_path, monkeypatch):
+    import typer
+
+    from trainguard.cli import settle
+    from trainguard.core.spec import parse_spec
+
+    monkeypatch.chdir(tmp_path)  # the default local backend and evidence folder live under it
+    run_id = "moving-0000aaaa"
+    for attempt in (1, 2):  # each attempt saved a newer checkpoint than the one it resumed from
+        folder = tmp_path / "trainguard-data/evidence/runs" / run_id / f"attempt-{attempt}"
+        folder.mkdir(parents=True)
+        verdict = AttemptSummary(run_id=run_id, attempt=attempt, max_attempts=2, state="Failed", category="gpu_fault",
+                                 retryable=True, resumed_from=f"ckpt/step-{attempt - 1}0.json" if attempt > 1 else None,
+                                 newest_checkpoint=f"ckpt/step-{attempt}0.json", decision={"retry": attempt < 2})
+        (folder / "verdict.json").write_text(json.dumps(verdict.to_dict()))
+
+    moving = parse_spec(tiny_spec("moving", retry={"max_attempts": 2}))
+    assert settle.check_resume(moving, run_id, {}) == [1, 2]  # two attempts of two, but neither stuck
+
+    bounded = parse_spec(tiny_spec("moving", retry={"max_attempts": 2, "max_total_attempts": 2}))
+    with pytest.raises(typer.Exit) as refused:
+        settle.check_resume(bounded, run_id, {})
+    assert refused.value.exit_code == 2
+
+
 def cli_once(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "trainguard.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
