@@ -202,3 +202,64 @@ def test_host_oom_memory_is_raised_only_when_opted_in_compounding_up_to_the_cap(
 def test_a_memory_factor_out_of_bounds_is_refused(factor):
     with pytest.raises(ValueError, match="host_oom_memory_factor must be between 1"):
         RetryPolicy(host_oom_memory_factor=factor)
+
+
+def progressing(attempt: int, category: Category = Category.GPU_FAULT) -> AttemptRecord:
+    """An attempt of a long run that saved a checkpoint newer than the one it resumed from."""
+    resumed = f"ckpt/step-{attempt - 1}0.json" if attempt > 1 else None
+    return failed(attempt, category, resumed_from=resumed, newest_checkpoint=f"ckpt/step-{attempt}0.json",
+                  node=f"node-{attempt}")
+
+
+def test_an_attempt_that_moved_the_checkpoint_forward_refills_the_budget():
+    # Seven hardware failures over a long run, each after new checkpoints: none spends the budget.
+    history = [progressing(n) for n in range(1, 8)]
+    ckpts = tuple(f"ckpt/step-{n}0.json" for n in range(7, 0, -1))
+    decision = decide_retry(RetryPolicy(), history, ckpts)
+    assert decision.retry and decision.next_attempt == 8
+    assert decision.without_progress == 0 and decision.budget == 3
+    assert "attempt 8, 1 of 3 without checkpoint progress" in decision.reason
+    assert RetryDecision.from_dict(decision.to_dict()) == decision
+
+
+def test_attempts_without_checkpoint_progress_spend_the_budget_after_a_refill():
+    ckpts = ("ckpt/step-20.json", "ckpt/step-10.json")
+    stalled = {"resumed_from": "ckpt/step-20.json", "newest_checkpoint": "ckpt/step-20.json"}
+    history = [progressing(1), progressing(2), failed(3, Category.PREEMPTED, **stalled)]
+    assert decide_retry(RetryPolicy(max_attempts=2), history, ckpts).retry
+    history.append(failed(4, Category.PREEMPTED, **stalled))  # platform-caused: no breaker, only the budget
+    decision = decide_retry(RetryPolicy(max_attempts=2), history, ckpts)
+    assert not decision.retry and decision.without_progress == 2
+    assert "budget spent: 2 of 2 attempts in a row without checkpoint progress (preempted)" in decision.reason
+
+
+def test_an_older_newest_checkpoint_is_no_progress():
+    # Resumed from step 20 after it was found unreadable, the attempt fell back and saved nothing newer.
+    ckpts = ("ckpt/step-20.json", "ckpt/step-10.json")
+    back = failed(1, Category.TRANSIENT_IO, resumed_from="ckpt/step-20.json", newest_checkpoint="ckpt/step-10.json")
+    decision = decide_retry(RetryPolicy(max_attempts=1), [back], ckpts)
+    assert not decision.retry and "1 of 1 attempts in a row without checkpoint progress" in decision.reason
+
+
+def test_max_total_attempts_bounds_the_run_in_all_even_with_progress():
+    history = [progressing(n) for n in range(1, 5)]
+    ckpts = tuple(f"ckpt/step-{n}0.json" for n in range(4, 0, -1))
+    assert decide_retry(RetryPolicy(max_total_attempts=5), history, ckpts).retry
+    assert "attempt 5, 1 of 3 without checkpoint progress, 5 of 5 in all" in \
+        decide_retry(RetryPolicy(max_total_attempts=5), history, ckpts).reason
+    history.append(progressing(5))
+    decision = decide_retry(RetryPolicy(max_total_attempts=5), history, ckpts)
+    assert not decision.retry and "budget spent: 5 of 5 attempts in all (max_total_attempts)" in decision.reason
+    assert decision.total_budget == 5
+    with pytest.raises(ValueError, match="max_total_attempts"):
+        RetryPolicy(max_total_attempts=0)
+
+
+def test_a_category_override_counts_attempts_without_progress_too():
+    policy = RetryPolicy(overrides={Category.NCCL_ERROR: CategoryOverride(max_attempts=1)})
+    ckpts = tuple(f"ckpt/step-{n}0.json" for n in range(5, 0, -1))
+    moved = [progressing(n, Category.NCCL_ERROR) for n in range(1, 6)]
+    assert decide_retry(policy, moved, ckpts).retry  # the fifth nccl_error, but it saved a checkpoint
+    stuck = failed(6, Category.NCCL_ERROR, resumed_from="ckpt/step-50.json", newest_checkpoint="ckpt/step-50.json")
+    decision = decide_retry(policy, [*moved, stuck], ckpts)
+    assert not decision.retry and "budget spent: 1 of 1" in decision.reason and decision.budget == 1

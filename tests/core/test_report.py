@@ -48,3 +48,22 @@ def test_a_long_path_in_the_attempts_table_can_wrap_where_the_ui_would_clip_it()
     words = re.split(r"[\s\u200b]+", row)
     assert max(len(word) for word in words) <= 40, words  # every word fits a narrow column
     assert folder.replace("-", "\\-") in row.replace("\u200b", "") or folder in row.replace("\u200b", "")
+
+
+def test_the_attempt_cell_and_heading_show_what_the_attempt_spent_of_the_budget() -> None:
+    from trainguard.core.policy import AttemptRecord, RetryPolicy, decide_retry
+    from trainguard.core.reports.attempt import attempt_cell
+    from trainguard.core.taxonomy import Category
+
+    moved = AttemptRecord(7, Category.NCCL_ERROR, True, "fp", resumed_from="c/step-60.json",
+                          newest_checkpoint="c/step-70.json")
+    decision = decide_retry(RetryPolicy(max_total_attempts=10), [moved], ["c/step-70.json", "c/step-60.json"])
+    summary = AttemptSummary(run_id="r", attempt=7, max_attempts=3, state="Failed", category="nccl_error",
+                             decision=decision.to_dict())
+    assert attempt_cell(summary) == "7/10 (0/3 no progress)"
+    assert render_attempt(summary).startswith(
+        "# r: attempt 7 failed: nccl\\_error (0 of 3 in a row without checkpoint progress, 7 of 10 in all)")
+    # a verdict decided when the budget counted attempts in all keeps its own form; a success shows its number
+    older = AttemptSummary(run_id="r", attempt=2, max_attempts=3, state="Failed", decision={"budget": 3})
+    assert attempt_cell(older) == "2/3"
+    assert attempt_cell(AttemptSummary(run_id="r", attempt=8, max_attempts=3, state="Completed")) == "8"

@@ -89,17 +89,18 @@ def test_submitting_to_a_deployment_that_does_not_exist_is_one_line_naming_it(pr
 
 
 def test_the_table_counts_attempts_against_the_budget_the_retry_message_names(prefect_server, tmp_path):
-    # every attempt times out in NCCL after some progress; nccl_error may use only 2 of the run's 3 attempts
-    spec = tiny_spec("cli-budget", "--fail-after-steps", "15",
+    # every attempt times out in NCCL before its first checkpoint; nccl_error may use only 2 of the run's 3
+    # attempts without checkpoint progress
+    spec = tiny_spec("cli-budget", "--fail-after-steps", "15", "--checkpoint-every", "100",
                      retry={"max_attempts": 3, "overrides": {"nccl_error": {"max_attempts": 2}}})
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
 
     result = trainguard("run", "run.yaml", cwd=tmp_path, api_url=prefect_server)
 
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "2 of 2 attempts used" in result.stdout
+    assert "budget spent: 2 of 2 attempts in a row" in result.stdout
     table = result.stdout[result.stdout.index("trainguard run cli-budget-"):]
-    assert "2/2" in table and "/3" not in table, table
+    assert "(1/2" in table and "(2/2" in table and "/3" not in table, table
 
 
 @pytest.mark.parametrize("text", [

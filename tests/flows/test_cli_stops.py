@@ -207,8 +207,35 @@ def test_resume_refuses_a_run_whose_attempts_are_spent_and_says_how_to_allow_mor
 
     refused = cli_once(tmp_path, "run", "run.yaml", "--resume", "spent-0000aaaa")  # refused before any server starts
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
-    assert "run spent-0000aaaa has used 2 of its 2 attempts; allow more with --max-attempts 3" in refused.stderr
+    assert ("run spent-0000aaaa has spent its 2 of 2 attempts in a row without checkpoint progress (nccl_error); "
+            "allow more with --max-attempts 3") in refused.stderr
     assert "or start a new run" in refused.stderr
+
+
+def test_resume_weighs_the_budget_as_the_policy_does_progress_refills_it_and_a_total_bound_stops_it(
+        tmp_path, monkeypatch):
+    import typer
+
+    from trainguard.cli import settle
+    from trainguard.core.spec import parse_spec
+
+    monkeypatch.chdir(tmp_path)  # the default local backend and evidence folder live under it
+    run_id = "moving-0000aaaa"
+    for attempt in (1, 2):  # each attempt saved a newer checkpoint than the one it resumed from
+        folder = tmp_path / "trainguard-data/evidence/runs" / run_id / f"attempt-{attempt}"
+        folder.mkdir(parents=True)
+        verdict = AttemptSummary(run_id=run_id, attempt=attempt, max_attempts=2, state="Failed", category="gpu_fault",
+                                 retryable=True, resumed_from=f"ckpt/step-{attempt - 1}0.json" if attempt > 1 else None,
+                                 newest_checkpoint=f"ckpt/step-{attempt}0.json", decision={"retry": attempt < 2})
+        (folder / "verdict.json").write_text(json.dumps(verdict.to_dict()))
+
+    moving = parse_spec(tiny_spec("moving", retry={"max_attempts": 2}))
+    assert settle.check_resume(moving, run_id, {}) == [1, 2]  # two attempts of two, but neither stuck
+
+    bounded = parse_spec(tiny_spec("moving", retry={"max_attempts": 2, "max_total_attempts": 2}))
+    with pytest.raises(typer.Exit) as refused:
+        settle.check_resume(bounded, run_id, {})
+    assert refused.value.exit_code == 2
 
 
 def cli_once(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -278,7 +305,7 @@ def test_kill_9_of_the_cli_leaves_nothing_running_and_resume_continues_the_run(t
         states = db.execute("SELECT name, state_type FROM flow_run").fetchall()
     assert not [name for name, state in states if state in ("RUNNING", "PENDING")], states
     table = out[out.index(f"trainguard run {run_dir.name}"):]
-    assert "Crashed" in table and "Completed" in table and "2/" in table
+    assert "Crashed" in table and "Completed" in table and re.search(r"│ 2\s+│", table)  # attempt 2's row
     listed = cli_once(tmp_path, "runs")
     assert run_dir.name in listed.stdout and "Completed" in listed.stdout and "lost" not in listed.stdout
     again = cli_once(tmp_path, "run", "run.yaml", "--resume", run_dir.name)

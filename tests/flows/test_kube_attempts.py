@@ -157,7 +157,7 @@ def test_insufficient_gpus_is_unschedulable_after_the_schedulers_event_with_a_lo
 
 def test_active_deadline_exceeded_is_timeout(kb: dict[str, Any]) -> None:
     spec = tiny("k-deadline", "--steps", "1000", "--step-seconds", "0.05", deadline_seconds=2,
-                retry={"max_attempts": 1})
+                retry={"max_total_attempts": 1})
     state, history = one_attempt(spec, kb, "k-deadline-1")
     assert state.is_failed() and history[0]["category"] == "timeout" and history[0]["retryable"] is True
     assert history[0]["decision"]["retry"] is False and "budget spent: 1 of 1" in history[0]["decision"]["reason"]
@@ -212,7 +212,7 @@ def test_a_fail_job_exit_code_fails_the_job_at_once_and_a_crashed_sidecar_keeps_
 
 
 def test_sigsegv_keeps_its_core_file_in_the_evidence_through_the_collector(kb: dict[str, Any], sim: Any) -> None:
-    state, history = one_attempt(tiny("k-segv", "--fail-at-step", "5", "--failure", "segfault", retry={"max_attempts": 1}),
+    state, history = one_attempt(tiny("k-segv", "--fail-at-step", "5", "--failure", "segfault", retry={"max_total_attempts": 1}),
                          kb, "k-segv-1")
     assert state.is_failed() and history[0]["exit_code"] == 139 and history[0]["category"] == "native_crash"
     # the crash report and the core file came back into the evidence through the collector pod

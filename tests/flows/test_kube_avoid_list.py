@@ -31,7 +31,7 @@ def attempt(kb: dict[str, Any], run_id: str) -> tuple[Any, dict[str, Any]]:
     from flows.attempt import train_attempt
 
     # a code error: the failed Job is kept (its TTL), so its affinity can be read back
-    spec = inline("k-avoid", "import sys; print('step 1/1', flush=True); sys.exit(3)", retry={"max_attempts": 1})
+    spec = inline("k-avoid", "import sys; print('step 1/1', flush=True); sys.exit(3)", retry={"max_total_attempts": 1})
     state = train_attempt(parse_spec(spec), attempt=1, run_id=run_id, backend_block=kb["backend_block"],
                           evidence_block=kb["evidence_block"], return_state=True)
     return state, kept(kb["evidence"], run_id, 1, "verdict.json")

@@ -87,7 +87,7 @@ def test_a_rank_sleeping_in_the_loop_is_named_at_its_frame_and_the_same_hang_aga
 
 
 def test_a_rank_stuck_on_its_data_loader_worker_is_named_with_the_loaders_frame(hang_blocks, tmp_path) -> None:
-    spec = hang_spec("hang-loader", "loader_hang", tmp_path=tmp_path, retry={"max_attempts": 1, "delay_seconds": 0})
+    spec = hang_spec("hang-loader", "loader_hang", tmp_path=tmp_path, retry={"max_total_attempts": 1, "delay_seconds": 0})
     state, attempts = run(spec, hang_blocks, "hang-loader-1")
     assert state.is_failed() and len(attempts) == 1
     only = attempts[0]
@@ -104,7 +104,7 @@ def test_without_a_usable_py_spy_ranks_that_ignore_sigterm_give_faulthandler_sta
     moment the stacks are on record to the end of the attempt, and no rank is left behind."""
     spec = hang_spec("hang-deaf", "hang", "--ignore-sigterm", tmp_path=tmp_path,
                      env={"TRAINGUARD_PY_SPY": str(tmp_path / "no-py-spy")},
-                     retry={"max_attempts": 1, "delay_seconds": 0})
+                     retry={"max_total_attempts": 1, "delay_seconds": 0})
     result: dict[str, Any] = {}
     flow = threading.Thread(target=lambda: result.update(zip(("state", "attempts"), run(spec, hang_blocks,
                                                                                            "hang-deaf-1"))))
@@ -130,7 +130,7 @@ def test_a_healthy_job_that_writes_only_to_its_rank_logs_outlives_a_shorter_stal
     command = [*TORCHRUN, "--nproc-per-node", "2", "--redirects", "3", str(ROOT / "examples" / "ddp" / "train.py"),
                "--steps", "160", "--step-seconds", "0.25", "--checkpoint-every", "40"]
     spec = {"name": "quiet-ddp", "command": command, "stall_seconds": STALL, "env": {"PET_TEE": "0"},
-            "retry": {"max_attempts": 1, "delay_seconds": 0}}
+            "retry": {"max_total_attempts": 1, "delay_seconds": 0}}
     state, attempts = run(spec, hang_blocks, "quiet-ddp-1")
     assert state.is_completed() and len(attempts) == 1, attempts[0].category if attempts else None
     assert attempts[0].duration_seconds > STALL + 10  # the window came and went while the console was quiet

@@ -49,7 +49,7 @@ def _s3_block(s3, tmp_path, **fields) -> tuple[str, S3EvidenceStore]:
 def _run_one_failing_attempt(blocks, evidence_block: str, run_id: str, max_attempts: int = 1):
     os.environ["TG_TEST_WANDB_API_KEY"] = SECRET  # where a worker holds it; the spec only names it
     spec = tiny_spec(run_id, "--fail-at-step", "35", "--fail-on-attempt", "1",
-                     secret_env={"WANDB_API_KEY": "env:TG_TEST_WANDB_API_KEY"}, retry={"max_attempts": max_attempts})
+                     secret_env={"WANDB_API_KEY": "env:TG_TEST_WANDB_API_KEY"}, retry={"max_total_attempts": max_attempts})
     state = training_run(parse_spec(spec), run_id=run_id, backend_block=blocks["backend_block"],
                          evidence_block=evidence_block, return_state=True)
     return state, state.result(raise_on_failure=False)
@@ -65,7 +65,7 @@ def test_an_attempts_bundle_round_trips_through_s3_with_checksums_links_and_no_s
     monkeypatch.setenv("TG_TEST_WANDB_API_KEY", SECRET)  # where a worker holds it; the spec only names it
     reference, block = _s3_block(s3, tmp_path)
     spec = tiny_spec("s3-round-trip", "--fail-at-step", "35", secret_env={"WANDB_API_KEY": "env:TG_TEST_WANDB_API_KEY"},
-                     retry={"max_attempts": 1})
+                     retry={"max_total_attempts": 1})
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
 
     ran = CliRunner().invoke(app, ["run", str(tmp_path / "run.yaml"), "--backend", blocks["backend_block"],

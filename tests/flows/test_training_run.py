@@ -110,8 +110,9 @@ def test_a_code_error_fails_fast_with_exactly_one_attempt(either):
     assert "code_error" in runs[0].state.message
 
 
-def test_an_always_retryable_failure_uses_exactly_the_attempt_budget(either):
-    spec = on(either, tiny_spec("budget", "--fail-after-steps", "15", "--checkpoint-every", "10",
+def test_an_always_retryable_failure_without_checkpoint_progress_uses_exactly_the_attempt_budget(either):
+    # no checkpoint within the 15 steps of an attempt: each attempt spends the budget
+    spec = on(either, tiny_spec("budget", "--fail-after-steps", "15", "--checkpoint-every", "100",
                                 retry={"max_attempts": 3, "same_signature_limit": 0}))
     state, history = run(spec, either, run_id := f"budget-{either['name']}")
 
@@ -131,7 +132,7 @@ def test_the_same_signature_twice_trips_the_circuit_breaker_early(either):
 
 
 def test_a_native_crash_records_signal_139_and_keeps_the_core_dump_when_the_machine_allows(blocks):
-    spec = tiny_spec("segv", "--fail-after-steps", "3", "--failure", "segfault", retry={"max_attempts": 1})
+    spec = tiny_spec("segv", "--fail-after-steps", "3", "--failure", "segfault", retry={"max_total_attempts": 1})
     state, history = run(spec, blocks, "segv-1")
 
     assert state.is_failed()
@@ -150,7 +151,7 @@ def test_a_native_crash_records_signal_139_and_keeps_the_core_dump_when_the_mach
 
 def test_a_hung_attempt_is_ended_by_the_stall_window_classified_timeout_and_its_evidence_kept(either):
     spec = on(either, tiny_spec("stall", "--fail-after-steps", "12", "--failure", "hang", stall_seconds=2,
-                                retry={"max_attempts": 1}))
+                                retry={"max_total_attempts": 1}))
     state, history = run(spec, either, run_id := f"stall-{either['name']}")
 
     assert state.is_failed()

@@ -56,7 +56,7 @@ CASES = [
     *(Case(f"flaky-{i}", FLAKY, ("Failed", "Completed"), ("nccl_error", None)) for i in (1, 2, 3)),
     *(Case(f"code-{i}", CODE_ERROR, ("Failed",), ("code_error",)) for i in (1, 2)),
     # A budget of two: the longest lineage here, so each attempt more would lengthen the whole test.
-    *(Case(f"budget-{i}", ("--fail-after-steps", "15"), ("Failed",) * 2, ("nccl_error",) * 2,
+    *(Case(f"budget-{i}", ("--fail-after-steps", "15", "--checkpoint-every", "100"), ("Failed",) * 2, ("nccl_error",) * 2,
            retry={"max_attempts": 2, "same_signature_limit": 0}) for i in (1, 2)),
     *(Case(f"killed-{i}", HANG, ("Crashed", "Completed"), (None, None), killed=True) for i in (1, 2)),
 ]

@@ -31,8 +31,9 @@ def run(
     rules: Path | None = typer.Option(None, help="Your own triage rule file, layered over the shipped rules."),
     deployment: str | None = typer.Option(None, help="Submit to this train-attempt deployment instead of running here."),
     resume: str | None = typer.Option(None, help="Continue this run id: judge what its lost attempt left, then go on."),
-    max_attempts: int | None = typer.Option(None, min=1, max=100, help="Attempts the run may use in all (the spec's "
-                                            "retry.max_attempts); raise it to --resume a run that used its budget."),
+    max_attempts: int | None = typer.Option(None, min=1, max=100, help="Attempts in a row without checkpoint "
+                                            "progress (the spec's retry.max_attempts); raise it to --resume a run that "
+                                            "spent its budget."),
     kubeconfig: Path | None = typer.Option(None, help="Run on this cluster as Kubernetes Jobs, without a saved block."),
     context: str | None = typer.Option(None, help="With --kubeconfig: the kubeconfig context."),
     namespace: str | None = typer.Option(None, help="With --kubeconfig: the namespace (default: default)."),

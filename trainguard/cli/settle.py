@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import typer
 
 from trainguard.cli.output import attempts_table, console, fail, say
+from trainguard.core import policy as retry_policy
 from trainguard.core import recovery
 from trainguard.core.attempt import LINEAGE_TAG, AttemptSummary
 from trainguard.core.spec import TrainingSpec
@@ -39,13 +40,34 @@ def resume_command(spec_file: Path | None, run_id: str, backend: str | None = No
     return f"trainguard run {spec_file or 'SPEC'} --resume {run_id}{on}"
 
 
+def _policy(spec: TrainingSpec, blocks: dict[str, Any]) -> retry_policy.RetryPolicy:
+    from blocks import resolve_policy
+
+    return resolve_policy(spec, blocks.get("retry_policy"))
+
+
 def _context(spec: TrainingSpec, blocks: dict[str, Any]) -> tuple[Backend, EvidenceStore, int, triage.RuleSet | None]:
-    from blocks import load_backend, load_evidence, resolve_policy
+    from blocks import load_backend, load_evidence
 
     rules = blocks.get("rules")
-    policy = resolve_policy(spec, blocks.get("retry_policy"))
-    return (load_backend(blocks.get("backend")), load_evidence(blocks.get("evidence")), policy.max_attempts,
+    return (load_backend(blocks.get("backend")), load_evidence(blocks.get("evidence")), _policy(spec, blocks).max_attempts,
             triage.load_rules(str(rules)) if rules else None)
+
+
+def _refuse_a_spent_budget(spec: TrainingSpec, blocks: dict[str, Any], run_id: str, history: list[AttemptSummary],
+                           checkpoints: list[str]) -> None:
+    """Refuse to resume a run whose attempt budget is spent, as the policy would have refused its retry."""
+    policy = _policy(spec, blocks)
+    spent = retry_policy.budget_spent(policy, [s.record() for s in history], checkpoints)
+    if not spent:
+        return
+    last = history[-1].attempt
+    if policy.max_total_attempts is not None and last >= policy.max_total_attempts:
+        allow = f"raise retry.max_total_attempts above {last} in the spec (or drop it)"
+    else:
+        allow = f"--max-attempts {policy.max_attempts + 1} (or retry.max_attempts in the spec)"
+    fail(f"--resume: run {run_id} has spent its {spent.removeprefix('attempt budget spent: ')}; "
+         f"allow more with {allow}, or start a new run")
 
 
 stopping = threading.Event()
@@ -101,9 +123,9 @@ def check_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any]) -> lis
     """Refuse, in one line, a resume that must not happen; return the run's attempt numbers.
 
     Not a run that is still alive (its supervisor's pid and start time in ``process.json``), not a
-    completed run, not a run whose attempt budget is spent.
+    completed run, not a run whose attempt budget is spent (weighed by the retry policy, as its retry was).
     """
-    backend, store, max_attempts, _ = _context(spec, blocks)
+    backend, store, _, _ = _context(spec, blocks)
     try:
         attempts = recovery.attempts_of(backend, store, run_id)
     except ValueError as exc:
@@ -116,9 +138,9 @@ def check_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any]) -> lis
     last = recovery.verdict(store, run_id, attempts[-1])
     if last is not None and last.succeeded:
         fail(f"--resume: run {run_id} already completed on attempt {last.attempt}; start a new run without --resume")
-    if attempts[-1] >= max_attempts:
-        fail(f"--resume: run {run_id} has used {attempts[-1]} of its {max_attempts} attempts; allow more with "
-             f"--max-attempts {attempts[-1] + 1} (or retry.max_attempts in the spec), or start a new run")
+    judged = [recovery.verdict(store, run_id, a) for a in attempts]
+    if all(judged):  # else the budget is weighed once the lost attempts are settled (plan_resume)
+        _refuse_a_spent_budget(spec, blocks, run_id, cast(list[AttemptSummary], judged), backend.checkpoints(run_id))
     return attempts
 
 
@@ -139,6 +161,7 @@ def plan_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], spec_fi
     if closed := close_lost_flow_runs(run_id):
         say(f"marked {closed} flow run(s) the lost process left running as Crashed")
     checkpoints = backend.checkpoints(run_id)
+    _refuse_a_spent_budget(spec, blocks, run_id, history, checkpoints)
     resume_from = checkpoints[0] if checkpoints else None
     say(f"resuming run {run_id} at attempt {attempts[-1] + 1}, from {resume_from or 'the start (no checkpoint)'}")
     return {"attempt": attempts[-1] + 1, "resume_from": resume_from, "history": [s.to_dict() for s in history]}

@@ -48,7 +48,7 @@ class AttemptSummary:
 
     run_id: str
     attempt: int
-    max_attempts: int
+    max_attempts: int  # the policy's max_attempts: attempts in a row without checkpoint progress
     state: str  # "Completed", "Failed" or "Crashed"
     flow_run_id: str | None = None
     flow_run_name: str | None = None

@@ -51,9 +51,18 @@ DEFAULT_OVERRIDES: Mapping[Category, CategoryOverride] = MappingProxyType(
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How a run is retried. Defaults follow the rules of thumb: 3 attempts, short fixed backoff."""
+    """How a run is retried. Defaults follow the rules of thumb: 3 attempts, short fixed backoff.
+
+    The attempt budget is spent by failures without progress, not by failures over days: an attempt
+    that moved the checkpoint forward refills it. `max_attempts` counts the attempts in a row, up to
+    and including the last, that saved no newer checkpoint than the one they resumed from (a long
+    run meets hardware faults at a steady rate, so a budget of attempts in all would stop it for no
+    fault of its own). `max_total_attempts`, when set, bounds the attempts of the run in all, as a
+    Kubernetes Job's backoffLimit does.
+    """
 
     max_attempts: int = 3
+    max_total_attempts: int | None = None
     backoff: Backoff = Backoff.FIXED
     delay_seconds: float = 10.0
     max_delay_seconds: float = 300.0
@@ -65,6 +74,8 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        if self.max_total_attempts is not None and self.max_total_attempts < 1:
+            raise ValueError("max_total_attempts must be at least 1 (or None: no bound on attempts in all)")
         if self.delay_seconds < 0 or self.max_delay_seconds < 0:
             raise ValueError("delay_seconds and max_delay_seconds must not be negative")
         if self.same_signature_limit < 0:
@@ -107,8 +118,10 @@ class RetryDecision:
     delay_seconds: float = 0.0
     resume_from: str | None = None
     avoid_nodes: tuple[str, ...] = ()
-    budget: int | None = None  # the attempts this failure's category allows; None after a success
+    budget: int | None = None  # attempts in a row without checkpoint progress this failure's category allows
     memory_factor: float = 1.0  # the next attempt's memory scale (see RetryPolicy.host_oom_memory_factor)
+    without_progress: int | None = None  # the attempts in a row, the decided one included, that made none
+    total_budget: int | None = None  # the run's attempts in all (RetryPolicy.max_total_attempts), None: no bound
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form, for flow results, events and reports."""
@@ -120,6 +133,8 @@ class RetryDecision:
             "resume_from": self.resume_from,
             "avoid_nodes": list(self.avoid_nodes),
             "budget": self.budget,
+            "without_progress": self.without_progress,
+            "total_budget": self.total_budget,
             "memory_factor": self.memory_factor,
         }
 
@@ -139,9 +154,15 @@ class RetryDecision:
             delay_seconds=float(delay) if isinstance(delay, (int, float)) else 0.0,
             resume_from=str(resume_from) if resume_from else None,
             avoid_nodes=tuple(str(n) for n in nodes) if isinstance(nodes, (list, tuple)) else (),
-            budget=budget if isinstance(budget, int) and not isinstance(budget, bool) else None,
+            budget=_count(budget),
+            without_progress=_count(data.get("without_progress")),
+            total_budget=_count(data.get("total_budget")),
             memory_factor=float(factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else 1.0,
         )
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def backoff_seconds(policy: RetryPolicy, failed_attempt: int, category: Category) -> float:
@@ -172,18 +193,67 @@ def decide_retry(
     if last.category is None:
         return RetryDecision(False, f"attempt {last.attempt} succeeded")
     budget = _budget(policy, last.category)
+    stalled = without_progress(history, checkpoints)
     refusal = _refusal(policy, history, checkpoints)
     if refusal:
-        return RetryDecision(False, refusal, budget=budget)
+        return RetryDecision(False, refusal, budget=budget, without_progress=stalled,
+                             total_budget=policy.max_total_attempts)
     resume_from, resume_note = _resume_point(last, checkpoints)
     delay = backoff_seconds(policy, last.attempt, last.category)
     avoid = _nodes_to_avoid(history)
     factor, memory_note = _memory_factor(policy, last)
+    in_all = f", {last.attempt + 1} of {policy.max_total_attempts} in all" if policy.max_total_attempts else ""
     reason = (
-        f"{last.category.value} is retryable: attempt {last.attempt + 1} of "
-        f"{budget} in {delay:g}s, {resume_note}{memory_note}"
+        f"{last.category.value} is retryable: attempt {last.attempt + 1}, {stalled + 1} of {budget} "
+        f"without checkpoint progress{in_all}, in {delay:g}s, {resume_note}{memory_note}"
     )
-    return RetryDecision(True, reason, last.attempt + 1, delay, resume_from, avoid, budget, factor)
+    return RetryDecision(True, reason, last.attempt + 1, delay, resume_from, avoid, budget, factor, stalled,
+                         policy.max_total_attempts)
+
+
+def progressed(record: AttemptRecord, checkpoints: Sequence[str] = ()) -> bool:
+    """The attempt moved the checkpoint forward: its newest checkpoint is newer than the one it resumed from.
+
+    `checkpoints` (the run's, newest first) orders the two when both are in it; otherwise a newest
+    checkpoint other than the one resumed from is a new one.
+    """
+    newest, resumed = record.newest_checkpoint, record.resumed_from
+    if newest is None or newest == resumed:
+        return False
+    if resumed is not None and newest in checkpoints and resumed in checkpoints:
+        return checkpoints.index(newest) < checkpoints.index(resumed)
+    return True
+
+
+def without_progress(history: Sequence[AttemptRecord], checkpoints: Sequence[str] = ()) -> int:
+    """How many attempts in a row, up to and including the last one in `history`, made no checkpoint progress."""
+    count = 0
+    for record in reversed(history):
+        if progressed(record, checkpoints):
+            break
+        count += 1
+    return count
+
+
+def budget_spent(policy: RetryPolicy, history: Sequence[AttemptRecord], checkpoints: Sequence[str] = ()) -> str | None:
+    """Why the run's attempt budget allows no attempt after the last one in `history`, or None when it does.
+
+    The budget of the last failure's category counts the attempts in a row without checkpoint
+    progress; `max_total_attempts`, when set, counts them all. A succeeded last attempt leaves nothing to spend.
+    """
+    if not history or history[-1].category is None:
+        return None
+    last = history[-1]
+    assert last.category is not None
+    total = policy.max_total_attempts
+    if total is not None and last.attempt >= total:
+        return f"attempt budget spent: {last.attempt} of {total} attempts in all (max_total_attempts)"
+    budget = _budget(policy, last.category)
+    stalled = without_progress(history, checkpoints)
+    if stalled >= budget:
+        return (f"attempt budget spent: {stalled} of {budget} attempts in a row without checkpoint progress "
+                f"({last.category.value})")
+    return None
 
 
 def _memory_factor(policy: RetryPolicy, last: AttemptRecord) -> tuple[float, str]:
@@ -219,9 +289,8 @@ def _refusal(policy: RetryPolicy, history: Sequence[AttemptRecord],
     category = last.category.value
     if not _retryable(policy, last):
         return f"{category} is not retryable: the same attempt would fail again"
-    budget = _budget(policy, last.category)
-    if last.attempt >= budget:
-        return f"attempt budget spent: {last.attempt} of {budget} attempts used ({category})"
+    if spent := budget_spent(policy, history, checkpoints):
+        return spent
     limit = policy.same_signature_limit
     recent = history[-limit:] if limit else ()
     repeated = len(recent) == limit and len({r.fingerprint for r in recent}) == 1 and last.fingerprint

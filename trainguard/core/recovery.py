@@ -106,7 +106,8 @@ def settle(
     Args:
         backend, store: Where the attempt ran and where its evidence goes.
         run_id, attempt: The attempt.
-        max_attempts: The run's attempt budget, for the table.
+        max_attempts: The run's retry.max_attempts (attempts in a row without checkpoint progress), kept in
+            the summary; whether the budget is spent is the policy's to say (`policy.budget_spent`).
         gpus: GPUs the attempt held, for GPU-seconds.
         next_step: What the person should do next (how to resume), recorded as the decision.
         stopped: When a stop signal ended it: category, rule_id, signature and remediation to record

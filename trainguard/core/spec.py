@@ -48,7 +48,8 @@ class CategoryOverrideSpec(BaseModel):
         description="Whether this category is retried at all; empty = the taxonomy's answer.")
     max_attempts: int | None = Field(
         default=None, ge=1, strict=True, title="Max attempts",
-        description="Attempts in all when the latest failure is of this category; empty = the policy's.")
+        description="Attempts in a row without checkpoint progress when the latest failure is of this category "
+        "(counted as retry.max_attempts is); empty = the policy's.")
     delay_seconds: float | None = Field(
         default=None, ge=0, allow_inf_nan=False, title="Delay (s)",
         description="Wait before the next attempt after this category; empty = the policy's backoff.")
@@ -61,7 +62,12 @@ class RetrySpec(BaseModel):
 
     max_attempts: int = Field(
         default=3, ge=1, le=100, strict=True, title="Max attempts",
-        description="Attempts of a run in all, the first included.")
+        description="Attempts in a row without checkpoint progress (none saved a checkpoint newer than the one it "
+        "resumed from), the first attempt included; an attempt that moves the checkpoint forward refills it.")
+    max_total_attempts: int | None = Field(
+        default=None, ge=1, le=1000, strict=True, title="Max attempts in all",
+        description="Optional bound on a run's attempts in all, progress or not (as a Job's backoffLimit); "
+        "empty = no bound.")
     backoff: policy.Backoff = Field(
         default=policy.Backoff.FIXED, title="Backoff strategy",
         description="fixed: the same delay every time; exponential: the delay doubles, up to the max delay.")
@@ -98,6 +104,7 @@ class RetrySpec(BaseModel):
         """The core policy these settings describe."""
         return policy.RetryPolicy(
             max_attempts=self.max_attempts,
+            max_total_attempts=self.max_total_attempts,
             backoff=self.backoff,
             delay_seconds=self.delay_seconds,
             max_delay_seconds=self.max_delay_seconds,

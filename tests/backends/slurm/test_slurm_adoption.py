@@ -77,7 +77,7 @@ def test_a_flow_killed_and_run_again_adopts_its_running_job_by_record_or_by_name
     prefect_server, slurm_blocks, slurm_cluster
 ):
     run_id = "slurm-adopt-1"
-    spec = tiny_spec("slurm-adopt", "--steps", "3000", "--step-seconds", "0.1", retry={"max_attempts": 1})
+    spec = tiny_spec("slurm-adopt", "--steps", "3000", "--step-seconds", "0.1", retry={"max_total_attempts": 1})
     args = {"spec": spec, "attempt": 1, "run_id": run_id, "backend_block": slurm_blocks["backend_block"],
             "evidence_block": slurm_blocks["evidence_block"]}
     record_path = slurm_blocks["shared"] / "runs" / run_id / "attempt-1" / "slurm-job.json"

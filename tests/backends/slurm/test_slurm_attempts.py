@@ -98,7 +98,7 @@ def test_scancel_by_a_user_is_user_cancelled_and_not_retried(slurm_blocks, slurm
 def test_a_job_over_its_time_limit_is_a_timeout(prefect_server, slurm_node_up, tmp_path):
     blocks = save_slurm_blocks(slurm_node_up, tmp_path, signal_lead_seconds=0)
     spec = tiny_spec("slurm-timeout", "--steps", "100000", "--step-seconds", "0.5", deadline_seconds=30,
-                     retry={"max_attempts": 1})
+                     retry={"max_total_attempts": 1})
     state, history = run(spec, blocks, "slurm-timeout-1")
 
     assert state.is_failed()

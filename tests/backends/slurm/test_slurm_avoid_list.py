@@ -42,7 +42,7 @@ def entry(node: str, expires_at: str) -> dict[str, str]:
 
 def attempt(blocks: dict[str, Any], run_id: str) -> tuple[dict[str, Any], dict[str, str]]:
     """One attempt of the tiny trainer: its verdict, and the controller's record of its job."""
-    state, _ = run(tiny_spec(run_id.rsplit("-", 1)[0], retry={"max_attempts": 1}), blocks, run_id)
+    state, _ = run(tiny_spec(run_id.rsplit("-", 1)[0], retry={"max_total_attempts": 1}), blocks, run_id)
     assert state.is_completed(), state.message
     verdict = json.loads((blocks["evidence"] / "runs" / run_id / "attempt-1" / "verdict.json").read_text())
     record = json.loads((blocks["shared"] / "runs" / run_id / "attempt-1" / "slurm-job.json").read_text())

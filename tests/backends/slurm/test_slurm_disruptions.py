@@ -69,7 +69,7 @@ def test_a_job_over_its_memory_limit_is_a_host_oom(prefect_server, slurm_node_up
     # OOM killer ends the step and Slurm records it OUT_OF_MEMORY. Elsewhere jobacct_gather's
     # OverMemoryKill kills the step and says so in the job's stderr; the step just ends FAILED.
     blocks = save_slurm_blocks(slurm_node_up, tmp_path, memory_mb=300)
-    spec = {"name": "slurm-oom", "command": [sys.executable, "-c", _GREEDY], "retry": {"max_attempts": 1}}
+    spec = {"name": "slurm-oom", "command": [sys.executable, "-c", _GREEDY], "retry": {"max_total_attempts": 1}}
     state, history = run(spec, blocks, "slurm-oom-1")
 
     assert state.is_failed()
@@ -89,7 +89,7 @@ def test_a_controller_that_stops_answering_ends_attempts_saying_so_and_the_next_
 ):
     cluster, run_id = slurm_node_up, "slurm-ctldlost-1"
     blocks = save_slurm_blocks(cluster, tmp_path, command_timeout_seconds=5, controller_timeout_seconds=2)
-    spec = tiny_spec("slurm-ctldlost", "--steps", "3000", "--step-seconds", "0.1", retry={"max_attempts": 2})
+    spec = tiny_spec("slurm-ctldlost", "--steps", "3000", "--step-seconds", "0.1", retry={"max_total_attempts": 2})
 
     def stop_controller() -> str:
         job_id = running_job(cluster, run_id, 1)

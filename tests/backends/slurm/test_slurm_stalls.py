@@ -27,7 +27,7 @@ SILENT = ("import time\n"
 
 def test_a_job_writing_only_to_its_rank_log_outlives_a_shorter_stall_window_on_slurm(slurm_blocks) -> None:
     spec = {"name": "slurm-quiet", "command": [sys.executable, "-c", FILE_WRITER], "stall_seconds": 8,
-            "retry": {"max_attempts": 1, "delay_seconds": 0}}
+            "retry": {"max_total_attempts": 1, "delay_seconds": 0}}
     state, history = run(spec, slurm_blocks, "slurm-quiet-1")
     assert state.is_completed(), state.message
     assert history[0]["duration_seconds"] > 16  # the window came and went twice over in silence on the console
@@ -36,7 +36,7 @@ def test_a_job_writing_only_to_its_rank_log_outlives_a_shorter_stall_window_on_s
 
 def test_a_silent_job_is_cancelled_as_stalled_with_its_stack_in_the_evidence(slurm_blocks) -> None:
     spec = {"name": "slurm-silent", "command": [sys.executable, "-c", SILENT], "stall_seconds": 8,
-            "retry": {"max_attempts": 1, "delay_seconds": 0}}
+            "retry": {"max_total_attempts": 1, "delay_seconds": 0}}
     state, history = run(spec, slurm_blocks, "slurm-silent-1")
     assert state.is_failed() and history[0]["termination_reason"] == "Stalled", history
     stacks = slurm_blocks["evidence"] / "runs" / "slurm-silent-1" / "attempt-1" / "stacks"

@@ -40,7 +40,7 @@ def table_row(summary: AttemptSummary) -> dict[str, str]:
     """One attempt as the cells of the attempts table (compact: the report has the full values)."""
     plain = masking.for_people
     return {
-        "attempt": f"{summary.attempt}/{budget(summary)}",
+        "attempt": attempt_cell(summary),
         "flow run": plain(summary.flow_run_name or summary.flow_run_id or "-"),
         "state": summary.state,
         "category": (summary.category or "-") + (" (weak)" if summary.weak else ""),
@@ -113,10 +113,36 @@ def _evidence_cell(summary: AttemptSummary) -> str:
     return f"{where}\nSTORAGE FAILED: {_shorten(problem, 160)}" if problem else where
 
 
-def budget(summary: AttemptSummary) -> int:
-    """The attempts this attempt's run may use: its failure category's budget once decided."""
-    value = summary.decision.get("budget") if summary.decision else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else summary.max_attempts
+def _count(decision: Mapping[str, Any], key: str) -> int | None:
+    value = decision.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def attempt_cell(summary: AttemptSummary) -> str:
+    """The attempt's number with what it spent of the budget once decided: ``7 (1/3 no progress)``.
+
+    The budget counts attempts in a row without checkpoint progress (see `trainguard.core.policy`);
+    a run with a bound in all shows it before: ``7/10 (1/3 no progress)``. A verdict written before
+    attempts were counted this way shows its number over its budget, as it was decided.
+    """
+    decision = summary.decision or {}
+    budget, stalled, total = (_count(decision, k) for k in ("budget", "without_progress", "total_budget"))
+    number = f"{summary.attempt}/{total}" if total is not None else str(summary.attempt)
+    if budget is not None and stalled is not None:
+        return f"{number} ({stalled}/{budget} no progress)"
+    return f"{summary.attempt}/{budget}" if budget is not None else number
+
+
+def budget_note(summary: AttemptSummary) -> str:
+    """What the attempt spent of the run's budget, in words ("" until it is decided)."""
+    decision = summary.decision or {}
+    budget, stalled, total = (_count(decision, k) for k in ("budget", "without_progress", "total_budget"))
+    if budget is None:
+        return ""
+    if stalled is None:
+        return f" (attempt {summary.attempt} of {budget})"
+    in_all = f", {summary.attempt} of {total} in all" if total is not None else ""
+    return f" ({stalled} of {budget} in a row without checkpoint progress{in_all})"
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -137,7 +163,7 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
     decision = summary.decision
     exit_code = summary.exit_code if summary.exit_code is not None else "-"
     lines = [
-        f"# {_text(summary.run_id)}: attempt {summary.attempt} of {budget(summary)} {verdict}",
+        f"# {_text(summary.run_id)}: attempt {summary.attempt} {verdict}{budget_note(summary)}",
         "",
         "| | |",
         "|---|---|",

@@ -54,7 +54,7 @@ def _timeline(summaries: Sequence[AttemptSummary]) -> list[str]:
         resumed = md_text(PurePath(s.resumed_from).name, 80) if s.resumed_from else "(start)"
         then = _then(s)
         rows.append(
-            f"| {s.attempt}/{attempt_report.budget(s)} | {md_text(s.flow_run_name or s.flow_run_id or '-', 80)} | "
+            f"| {attempt_report.attempt_cell(s)} | {md_text(s.flow_run_name or s.flow_run_id or '-', 80)} | "
             f"**{md_text(s.state, 20)}** | {md_text(s.category or '-', 40)} | {s.duration_seconds:.1f} s | "
             f"{s.gpu_seconds:.0f} ({wasted_gpu_seconds(s):.0f}) | {resumed} | {then} |"
         )
