@@ -164,3 +164,12 @@ def test_an_original_name_is_kept_only_where_the_printable_name_differs_and_olde
 def test_a_manifest_nested_beyond_reading_is_a_one_line_manifest_error() -> None:
     with pytest.raises(ManifestError, match="nested too deeply"):
         Manifest.from_json("[" * 100_000 + "]" * 100_000)
+
+
+def test_an_item_that_could_not_exist_reads_back_as_not_applicable_and_a_wrong_flag_is_named() -> None:
+    manifest = Manifest("r1", 2, "t", (), (MissingItem("gpu/nvidia-smi.txt", "entrypoint", "no NVIDIA driver",
+                                                         applicable=False),))
+
+    assert Manifest.from_json(manifest.to_json()) == manifest and Manifest.from_json(manifest.to_json()).absent == ()
+    with pytest.raises(ManifestError, match="'applicable' must be true or false"):
+        Manifest.from_json(manifest.to_json().replace("false", '"no"'))

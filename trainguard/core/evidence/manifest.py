@@ -122,10 +122,11 @@ def _entry(entry: Any, field: str, kind: type) -> dict[str, Any]:
     if not isinstance(entry, dict) or not required <= set(entry) <= names:
         raise ManifestError(f"manifest field {field!r}: each entry needs exactly {sorted(names)}, got {entry!r}")
     for name, value in entry.items():
-        wanted = int if fields[name].type in (int, "int") else str
-        if not isinstance(value, wanted) or isinstance(value, bool):
-            raise ManifestError(f"manifest field {field!r}: an entry's {name!r} must be "
-                                f"{'a whole number' if wanted is int else 'text'}, got {value!r:.80}")
+        kind = fields[name].type
+        wanted = int if kind in (int, "int") else bool if kind in (bool, "bool") else str
+        if not isinstance(value, wanted) or (isinstance(value, bool) and wanted is not bool):
+            said = {int: "a whole number", bool: "true or false"}.get(wanted, "text")
+            raise ManifestError(f"manifest field {field!r}: an entry's {name!r} must be {said}, got {value!r:.80}")
     return entry
 
 
