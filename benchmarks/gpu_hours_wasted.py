@@ -32,7 +32,9 @@ The policies
 
 For each policy: GPU-hours spent on attempts that could not succeed (started while a cause that
 stays was present), GPU-hours of progress lost (work since the last checkpoint, or all of it when
-restarting from scratch), runs finished without a person, runs that needed one.
+restarting from scratch), runs finished without a person, runs that needed one, and the effective
+training time: the share of all GPU-hours spent on attempts that is training the runs keep (all of
+a finished run's, a handed-over run's up to its newest checkpoint).
 
     .venv/bin/python benchmarks/gpu_hours_wasted.py
     .venv/bin/python benchmarks/gpu_hours_wasted.py --runs 400 --gpus 2048 --job-hours 72
@@ -108,6 +110,8 @@ class Outcome:
 
     doomed_gpu_hours: float = 0.0
     lost_gpu_hours: float = 0.0
+    spent_gpu_hours: float = 0.0  # every attempt's GPU-hours, doomed or not
+    kept_gpu_hours: float = 0.0  # training the run keeps: all of it when it finished, else its checkpoint
     attempts: int = 0
     finished: bool = False
 
@@ -167,6 +171,7 @@ def attempt(run: Run, out: Outcome, gpus: int, resume: bool) -> Failure | None:
     if failure is not None and ends >= run.job_hours:
         failure, ends = None, run.job_hours
     out.attempts += 1
+    out.spent_gpu_hours += (ends - start) * gpus
     if doomed:
         out.doomed_gpu_hours += (ends - start) * gpus
     if failure is None:
@@ -198,10 +203,12 @@ def replay(draws: list[Failure], args: argparse.Namespace, decide: Decider,
         failure = attempt(run, out, args.gpus, resume)
         if failure is None:
             out.finished = True
+            out.kept_gpu_hours = run.job_hours * args.gpus
             return out
         if not decide(run, failure, number):
             # A person resumes it by hand later: the loss since the checkpoint is already counted,
             # and an attempt restarting from scratch loses everything before it too.
+            out.kept_gpu_hours = run.progress * args.gpus
             return out
 
 
@@ -217,6 +224,17 @@ def no_retry(run: Run, failure: Failure, number: int) -> bool:
     return False
 
 
+def error_files(row: dict[str, object]) -> tuple[triage.ErrorFile, ...]:
+    """The excerpt's torchelastic error files, as the batch CLI reads a record's (a row may have no log)."""
+    found = []
+    for item in row.get("error_files") or ():  # type: ignore[attr-defined]
+        content = item if isinstance(item, str) else item.get("content") if isinstance(item, dict) else None
+        parsed = triage.parse_error_file(content) if isinstance(content, str) else None
+        if parsed is not None:
+            found.append(parsed)
+    return tuple(found)
+
+
 def trainguard(run: Run, failure: Failure, number: int) -> bool:
     """The real classifier on the excerpt, then the real retry policy."""
     row = failure.excerpt
@@ -224,7 +242,7 @@ def trainguard(run: Run, failure: Failure, number: int) -> bool:
     signals = triage.Signals(
         exit_code=exit_code(failure), reason=row.get("reason") or None,  # type: ignore[arg-type]
         events=tuple(events) if isinstance(events, list) else (events or ()),  # type: ignore[arg-type]
-        log=row.get("log"))  # type: ignore[arg-type]
+        log=row.get("log"), error_files=error_files(row))  # type: ignore[arg-type]
     diagnosis = triage.classify(signals, previous=run.previous)
     assert diagnosis is not None
     run.previous.append(diagnosis)
@@ -270,6 +288,9 @@ def main() -> None:
             "gpu_hours_of_progress_lost": round(sum(o.lost_gpu_hours for o in outcomes)),
             "runs_finished_without_a_person": sum(o.finished for o in outcomes),
             "runs_that_needed_a_person": sum(not o.finished for o in outcomes),
+            # effective training time: the share of the GPU-hours spent that is training the runs keep
+            "effective_training_time": round(
+                sum(o.kept_gpu_hours for o in outcomes) / sum(o.spent_gpu_hours for o in outcomes), 3),
         }
     for row in rows.values():
         row["gpu_hours_wasted"] = (row["gpu_hours_on_attempts_that_could_not_succeed"]
