@@ -49,3 +49,12 @@ def headings(page: str) -> set[str]:
 def test_each_section_of_the_old_readme_has_a_page_under_its_heading(heading: str, page: str) -> None:
     assert heading in headings(page), f"{heading!r} is not a heading of docs/{page}"
 
+
+
+def test_the_readme_links_into_the_site_and_the_failure_taxonomy() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    linked = set(re.findall(r"\]\((docs/[^)#]+)", readme))
+    assert "docs/failure-taxonomy.md" in linked
+    assert {f"docs/{p}" for p in ("researchers/specs.md", "platform/kubernetes.md", "platform/slurm.md",
+                                  "benchmarks.md", "architecture.md")} <= linked
+    assert all((ROOT / link).is_file() for link in linked), sorted(l for l in linked if not (ROOT / l).is_file())
