@@ -10,12 +10,15 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
 from test_cli import ROOT, trainguard
 
 
 def test_the_quickstart_fails_once_on_a_transient_error_and_resumes_from_its_step_20_checkpoint(
-        prefect_server, tmp_path: Path) -> None:
+        prefect_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shutil.copytree(ROOT / "examples" / "quickstart", tmp_path / "examples" / "quickstart")
+    # the data root the checkout's ./dev would give it, here the copy's (also the default without it)
+    monkeypatch.setenv("TRAINGUARD_HOME", str(tmp_path / "trainguard-data"))
 
     result = trainguard("run", "examples/quickstart/spec.yaml", cwd=tmp_path, api_url=prefect_server)
 
