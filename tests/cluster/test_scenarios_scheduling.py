@@ -79,3 +79,40 @@ def test_preemption_picks_the_fewest_lowest_priority_victims_that_make_room() ->
     assert [v["metadata"]["name"] for v in scheduler.find_victims(urgent, node, pods)] == ["low"]
     equal = {**_pod(gpus=1), "spec": {**_pod(gpus=1)["spec"], "priority": 0}}
     assert scheduler.find_victims(equal, node, pods) == []
+
+
+GPUS = {"a": ["Insufficient nvidia.com/gpu"], "b": ["Insufficient nvidia.com/gpu"]}
+
+
+@pytest.mark.parametrize(("preemption", "expected"), [
+    # the post-filter tried every node (DefaultPreemption.PostFilter prefixes "preemption: ")
+    (None, "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 nodes are "
+           "available: 2 No preemption victims found for incoming pod."),
+    # PodEligibleToPreemptOthers said no, in its own words (which end with their own period)
+    (scheduler.NEVER, "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: not "
+                      "eligible due to preemptionPolicy=Never."),
+    (scheduler.TERMINATING_VICTIM, "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. "
+                                   "preemption: not eligible due to a terminating pod on the "
+                                   "nominated node."),
+    ("", "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."),  # victims found: silent
+])
+def test_fit_error_carries_what_the_preemption_post_filter_said(preemption: str | None,
+                                                                expected: str) -> None:
+    assert scheduler.fit_error(2, GPUS, preemption) == expected
+
+
+def test_without_any_node_the_scheduler_says_so_before_any_filter_runs() -> None:
+    assert scheduler.fit_error(0, {}) == "no nodes available to schedule pods"
+
+
+def test_a_pod_that_may_not_preempt_says_why() -> None:
+    never = _pod(gpus=1, preemptionPolicy="Never")
+    assert scheduler.not_eligible(never, []) == scheduler.NEVER
+    waiting = {**_pod(gpus=1), "spec": {**_pod(gpus=1)["spec"], "priority": 1000},
+               "status": {"phase": "Pending", "nominatedNodeName": "a"}}
+    victim = {**_pod(gpus=1), "spec": {**_pod(gpus=1)["spec"], "nodeName": "a"},
+              "status": {"phase": "Running", "conditions": [
+                  {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}}
+    victim["metadata"] = {**victim["metadata"], "deletionTimestamp": "2025-01-01T00:00:01Z"}
+    assert scheduler.not_eligible(waiting, [victim]) == scheduler.TERMINATING_VICTIM
+    assert scheduler.not_eligible(waiting, []) is None  # the victim is gone: preempt again if need be

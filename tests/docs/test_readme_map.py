@@ -58,3 +58,20 @@ def test_the_readme_links_into_the_site_and_the_failure_taxonomy() -> None:
     assert {f"docs/{p}" for p in ("researchers/specs.md", "platform/kubernetes.md", "platform/slurm.md",
                                   "benchmarks.md", "architecture.md")} <= linked
     assert all((ROOT / link).is_file() for link in linked), sorted(l for l in linked if not (ROOT / l).is_file())
+
+
+def fenced_blocks(text: str) -> list[str]:
+    return re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def test_the_kubernetes_quickstart_of_the_readme_and_of_the_kubernetes_page_are_the_same_commands() -> None:
+    """The site carries the README's tested Kubernetes quickstart; the two never tell different steps."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Kubernetes quickstart\n"):]
+    section = section[:section.index("\n## ", 1)]
+    page = (ROOT / "docs" / "platform" / "kubernetes.md").read_text(encoding="utf-8")
+    in_page = page[page.index("## Kubernetes quickstart\n"):]
+    in_page = in_page[:in_page.index("\n## ", 1)]
+    assert fenced_blocks(section) and fenced_blocks(section) == fenced_blocks(in_page)
+    markers = re.findall(r"<!-- doc-test:.*?-->", section)
+    assert markers == re.findall(r"<!-- doc-test:.*?-->", in_page)

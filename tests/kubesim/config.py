@@ -28,14 +28,22 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class HostPython:
-    """Run the container's command with this interpreter standing in for python/python3."""
+    """Run the container's command with this interpreter standing in for python/python3.
+
+    `workdir` is the image's WORKDIR: where a container without a `workingDir` of its own
+    starts, so relative paths in its command resolve there (an image whose WORKDIR holds the
+    training code). Empty: a folder of the container's own, as for an image without WORKDIR.
+    """
 
     executable: str
+    workdir: str = ""
 
 
 @dataclass(frozen=True)
 class Host:
-    """Run the container's command on the host as it is."""
+    """Run the container's command on the host as it is (`workdir` as for HostPython)."""
+
+    workdir: str = ""
 
 
 ImageRuntime = HostPython | Host
@@ -97,13 +105,13 @@ class SimConfig:
 
 def _runtime_json(runtime: ImageRuntime) -> dict[str, Any]:
     if isinstance(runtime, HostPython):
-        return {"kind": "HostPython", "executable": runtime.executable}
-    return {"kind": "Host"}
+        return {"kind": "HostPython", "executable": runtime.executable, "workdir": runtime.workdir}
+    return {"kind": "Host", "workdir": runtime.workdir}
 
 
 def _runtime_from(raw: dict[str, Any]) -> ImageRuntime:
     if raw["kind"] == "HostPython":
-        return HostPython(raw["executable"])
+        return HostPython(raw["executable"], raw.get("workdir", ""))
     if raw["kind"] == "Host":
-        return Host()
+        return Host(raw.get("workdir", ""))
     raise ValueError(f"images: unknown runtime kind {raw['kind']!r}; use HostPython or Host")

@@ -145,7 +145,24 @@ class Sim:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
 
 
-def _wait_ready(process: subprocess.Popen[bytes], kubeconfig: Path, log: Path) -> str:
+def spawn(config: SimConfig) -> subprocess.Popen[bytes]:
+    """Start a server for config in a session of its own (a terminal's Ctrl-C is not its):
+    it writes `kubeconfig` and logs to `kubesim.log` in config.root."""
+    config_file, kubeconfig = config.root / "kubesim.json", config.root / "kubeconfig"
+    config_file.write_text(config.to_json())
+    kubeconfig.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (_PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)}
+    with (config.root / "kubesim.log").open("ab") as log_fh:
+        return subprocess.Popen(
+            [sys.executable, "-m", "kubesim", "serve", "--port", "0", "--config",
+             str(config_file), "--kubeconfig", str(kubeconfig)],
+            stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True)
+
+
+def wait_ready(process: subprocess.Popen[bytes], kubeconfig: Path, log: Path) -> str:
+    """The server's URL once it answers /readyz; RuntimeError with its log's tail if it exits."""
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -162,7 +179,7 @@ def _wait_ready(process: subprocess.Popen[bytes], kubeconfig: Path, log: Path) -
     raise RuntimeError(f"kubesim server not ready after {START_TIMEOUT_SECONDS}s; see {log}")
 
 
-def _child_groups(pid: int) -> set[int]:
+def child_groups(pid: int) -> set[int]:
     """Process groups of pid's children: the containers, each in its own session."""
     groups: set[int] = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -176,7 +193,7 @@ def _child_groups(pid: int) -> set[int]:
 
 
 def _stop(process: subprocess.Popen[bytes], root: Path, log: Path) -> None:
-    containers = _child_groups(process.pid)
+    containers = child_groups(process.pid)
     started = time.monotonic()
     outcome = f"had already exited with {process.poll()}"
     if process.poll() is None:
@@ -215,18 +232,10 @@ def run(root: Path | str | None = None, nodes: Iterable[NodeSpec] | None = None,
     base.mkdir(parents=True, exist_ok=True)
     config = SimConfig(root=base, nodes=tuple(nodes) if nodes else (NodeSpec("node-1"),),
                        images=dict(images or {}), time_scale=time_scale, history=history)
-    config_file, kubeconfig, log = base / "kubesim.json", base / "kubeconfig", base / "kubesim.log"
-    config_file.write_text(config.to_json())
-    kubeconfig.unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (_PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)}
-    with log.open("ab") as log_fh:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "kubesim", "serve", "--port", "0", "--config",
-             str(config_file), "--kubeconfig", str(kubeconfig)],
-            stdout=log_fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    process = spawn(config)
+    kubeconfig, log = base / "kubeconfig", base / "kubesim.log"
     try:
-        url = _wait_ready(process, kubeconfig, log)
+        url = wait_ready(process, kubeconfig, log)
         yield Sim(url, kubeconfig, base, process)
     finally:
         _stop(process, base, log)

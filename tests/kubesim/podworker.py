@@ -310,13 +310,14 @@ class PodWorker:
             return None
         except workload.StartError as exc:
             return podstatus.start_failed(self, c, str(exc))
-        return self._launch(c, argv, env, binds, namespaced)
+        return self._launch(c, argv, env, binds, namespaced, workload.image_workdir(image_runtime))
 
     def _launch(self, c: ContainerState, argv: tuple[str, ...], env: dict[str, str],
-                binds: dict[str, Path], namespaced: bool) -> runtime.Launch:
+                binds: dict[str, Path], namespaced: bool, image_workdir: str) -> runtime.Launch:
         container_dir = self.dir / c.name
         (container_dir / "termination-log").touch()
-        work = c.spec.get("workingDir") or ""
+        # The container's workingDir, else its image's WORKDIR, else a folder of its own.
+        work = c.spec.get("workingDir") or image_workdir
         cwd = container_dir / "rootfs"
         if not namespaced and work:
             cwd = Path(workload.rewrite(work, binds))

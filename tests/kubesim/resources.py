@@ -57,6 +57,15 @@ RESOURCES: dict[str, ResourceInfo] = {
         ResourceInfo("services", "service", "Service", short_names=("svc",),
                      categories=("all",), subresources=("status",)),
         ResourceInfo("leases", "lease", "Lease", group="coordination.k8s.io"),
+        # RBAC objects are kept and served (so `kubectl apply -k deployments/kubernetes` works);
+        # kubesim authorizes nothing with them: every request is allowed.
+        ResourceInfo("roles", "role", "Role", group="rbac.authorization.k8s.io"),
+        ResourceInfo("rolebindings", "rolebinding", "RoleBinding",
+                     group="rbac.authorization.k8s.io"),
+        ResourceInfo("clusterroles", "clusterrole", "ClusterRole",
+                     group="rbac.authorization.k8s.io", namespaced=False),
+        ResourceInfo("clusterrolebindings", "clusterrolebinding", "ClusterRoleBinding",
+                     group="rbac.authorization.k8s.io", namespaced=False),
         # The Kubeflow training operator's CRD (kubeflow.org_pytorchjobs.yaml, v1.9).
         ResourceInfo("pytorchjobs", "pytorchjob", "PyTorchJob", group="kubeflow.org",
                      subresources=("status",)),
@@ -64,7 +73,8 @@ RESOURCES: dict[str, ResourceInfo] = {
 }
 
 # Group/version pairs served under /apis, in discovery order.
-GROUPS: dict[str, str] = {"batch": "v1", "coordination.k8s.io": "v1", "kubeflow.org": "v1"}
+GROUPS: dict[str, str] = {"batch": "v1", "coordination.k8s.io": "v1",
+                          "rbac.authorization.k8s.io": "v1", "kubeflow.org": "v1"}
 
 
 def info(resource: str) -> ResourceInfo:

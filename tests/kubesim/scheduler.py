@@ -24,6 +24,9 @@ COMPONENT = "default-scheduler"
 _NOT_HELPFUL = "Preemption is not helpful for scheduling"
 _NO_VICTIMS = "No preemption victims found for incoming pod"
 _TOO_MANY_PODS = "Too many pods"
+NO_NODES = "no nodes available to schedule pods"  # ErrNoNodesAvailable
+NEVER = "not eligible due to preemptionPolicy=Never."
+TERMINATING_VICTIM = "not eligible due to a terminating pod on the nominated node."
 
 
 def tolerates(pod: dict[str, Any], taint: dict[str, Any]) -> bool:
@@ -116,16 +119,41 @@ def find_victims(pod: dict[str, Any], node: dict[str, Any], pods: list[dict[str,
     return []
 
 
-def fit_error(n_nodes: int, reasons: dict[str, list[str]]) -> str:
-    """`0/N nodes are available: ...` with the preemption post-filter's summary."""
+def fit_error(n_nodes: int, reasons: dict[str, list[str]], preemption: str | None = None) -> str:
+    """`0/N nodes are available: ...` with the preemption post-filter's words.
+
+    `preemption` is what the post-filter said instead of trying (the pod may not preempt), or ""
+    when it found victims (then it says nothing); None: it tried every node and found none.
+    """
+    if not n_nodes:
+        return NO_NODES  # schedulePod gives up before any filter or post-filter runs
     # FitError.Error sorts the formatted "<count> <reason>" strings, count first.
     counts = Counter(r for rs in reasons.values() for r in rs)
     head = ", ".join(sorted(f"{n} {r}" for r, n in counts.items()))
-    helpful = Counter(_NO_VICTIMS if all(_resolvable(r) for r in rs) else _NOT_HELPFUL
-                      for rs in reasons.values())
-    tail = ", ".join(sorted(f"{n} {r}" for r, n in helpful.items()))
-    return (f"0/{n_nodes} nodes are available: {head}. "
-            f"preemption: 0/{n_nodes} nodes are available: {tail}.")
+    if preemption is None:
+        helpful = Counter(_NO_VICTIMS if all(_resolvable(r) for r in rs) else _NOT_HELPFUL
+                          for rs in reasons.values())
+        tail = ", ".join(sorted(f"{n} {r}" for r, n in helpful.items()))
+        preemption = f"0/{n_nodes} nodes are available: {tail}."
+    return f"0/{n_nodes} nodes are available: {head}." + (
+        f" preemption: {preemption}" if preemption else "")
+
+
+def not_eligible(pod: dict[str, Any], pods: list[dict[str, Any]]) -> str | None:
+    """Why the pod may not preempt others now (DefaultPreemption.PodEligibleToPreemptOthers)."""
+    if pod["spec"].get("preemptionPolicy") == "Never":
+        return NEVER
+    nominated = (pod.get("status") or {}).get("nominatedNodeName")
+    priority = pod["spec"].get("priority") or 0
+    if nominated and any(p["spec"].get("nodeName") == nominated
+                         and (p["spec"].get("priority") or 0) < priority
+                         and p["metadata"].get("deletionTimestamp")
+                         and any(c.get("type") == "DisruptionTarget"
+                                 and c.get("reason") == "PreemptionByScheduler"
+                                 for c in (p.get("status") or {}).get("conditions") or [])
+                         for p in pods):
+        return TERMINATING_VICTIM
+    return None
 
 
 class Scheduler:
@@ -140,10 +168,12 @@ class Scheduler:
         try:
             self.schedule_all()
             while True:
-                _, resource, _ = await queue.get()
+                burst = [await queue.get()]
                 while not queue.empty():  # coalesce a burst of changes into one pass
-                    queue.get_nowait()
-                if resource in ("pods", "nodes"):
+                    burst.append(queue.get_nowait())
+                # any pod or node change in the burst counts: the pods a Job controller creates
+                # land behind its own Job and event writes
+                if any(resource in ("pods", "nodes") for _, resource, _ in burst):
                     self.schedule_all()
         finally:
             self.store.unsubscribe(queue)
@@ -171,16 +201,16 @@ class Scheduler:
                 pod["spec"]["nodeName"] = fitting[0]  # the next pending pod sees it placed
                 self._bind(pod, fitting[0])
                 continue
-            self._unschedulable(pod, fit_error(len(all_nodes), reasons))
-            if not pod.get("status", {}).get("nominatedNodeName"):
-                self._preempt(pod, nodes, pods, by_name)
+            why_not = not_eligible(pod, pods) if all_nodes else ""
+            if why_not is None and self._preempt(pod, nodes, pods, by_name):
+                why_not = ""  # victims found: the post-filter succeeded and says nothing
+            self._unschedulable(pod, fit_error(len(all_nodes), reasons, why_not))
 
     def _preempt(self, pod: dict[str, Any], nodes: list[dict[str, Any]],
-                 pods: list[dict[str, Any]], by_name: dict[str, dict[str, Any]]) -> None:
+                 pods: list[dict[str, Any]], by_name: dict[str, dict[str, Any]]) -> bool:
         """Default preemption: on the first node where removing lower-priority pods (lowest
-        first) makes room, delete them and nominate the node for the preemptor."""
-        if pod["spec"].get("preemptionPolicy") == "Never":
-            return
+        first) makes room, delete them and nominate the node for the preemptor; False when no
+        node has such victims."""
         for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
             victims = find_victims(pod, node, pods, by_name)
             if not victims:
@@ -192,7 +222,8 @@ class Scheduler:
             nominated = node["metadata"]["name"]
             self.store.mutate("pods", meta["namespace"], meta["name"], lambda obj: obj.setdefault(
                 "status", {}).update(nominatedNodeName=nominated))
-            return
+            return True
+        return False
 
     def _bind(self, pod: dict[str, Any], node: str) -> None:
         meta = pod["metadata"]

@@ -118,6 +118,13 @@ def _executable(image_runtime: Any) -> str | None:
     return getattr(image_runtime, "executable", None)
 
 
+def image_workdir(image_runtime: Any) -> str:
+    """The image's WORKDIR ("" for none): where a container without a workingDir starts."""
+    if isinstance(image_runtime, Mapping):
+        return str(image_runtime.get("workdir") or "")
+    return str(getattr(image_runtime, "workdir", "") or "")
+
+
 def build_argv(container: Mapping[str, Any], image_runtime: Any, env: Mapping[str, str],
                mounts: Mapping[str, Path], *, rewrite_paths: bool) -> tuple[str, ...]:
     """The command line: command + args with $(VAR) expanded (and mount paths rewritten

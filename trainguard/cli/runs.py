@@ -49,6 +49,7 @@ def run(
     if kubeconfig is not None:
         from trainguard.cli.kube import quick_backend
 
+        _start_server_first()
         backend = quick_backend(kubeconfig, context=context, namespace=namespace, image=image)
     if deployment:
         _submit(spec, deployment, backend, evidence, retry_policy)
@@ -67,6 +68,18 @@ def demo(
     spec = parse_spec(demo_spec(delay_seconds=delay), "demo")
     say(plain("trainguard demo", "bold"), ": ", " ".join(spec.command[1:]))
     _run_here(spec)
+
+
+def _start_server_first() -> None:
+    """Start Prefect's temporary server (when no PREFECT_API_URL is set) before anything else asks
+    Prefect for one: saving a block would start it without the guard that keeps a Ctrl-C from it."""
+    from trainguard.cli.server import start_temporary_server
+
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    try:
+        start_temporary_server()  # _run_here's own call then finds it running
+    except (RuntimeError, OSError) as exc:
+        fail(f"could not start a temporary Prefect server ({exc}); set PREFECT_API_URL or run `prefect server start`", code=1)
 
 
 def _run_here(spec: TrainingSpec, **blocks: Any) -> None:

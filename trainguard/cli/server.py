@@ -50,13 +50,17 @@ def start_temporary_server() -> int | None:
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()  # the same instance Prefect's client would start on first use
+    if server.running and server.server_process is not None:
+        return server.server_process.pid  # started (and watched) by an earlier call
     # A terminal's Ctrl-C signals the whole foreground process group, the server too: it would shut
     # down while the CLI still records the stopped attempt through it. The server starts with SIGINT
     # blocked (a child inherits the signal mask, and uvicorn never unblocks it); it still ends on
     # SIGTERM, from Prefect at exit or from the watchdog.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        server.start()
+        # Prefect read its settings when imported; the bound set in the environment since (the CLI's
+        # default for a first start that migrates a new database) reaches it only as an argument.
+        server.start(timeout=int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     if server.server_process is None:

@@ -32,8 +32,10 @@ STOPS = {
 }
 
 
-def resume_command(spec_file: Path | None, run_id: str) -> str:
-    return f"trainguard run {spec_file or 'SPEC'} --resume {run_id}"
+def resume_command(spec_file: Path | None, run_id: str, backend: str | None = None) -> str:
+    """The command line that continues the run, on the backend it ran on."""
+    on = f" --backend {backend}" if backend else ""
+    return f"trainguard run {spec_file or 'SPEC'} --resume {run_id}{on}"
 
 
 def _context(spec: TrainingSpec, blocks: dict[str, Any]) -> tuple[Backend, EvidenceStore, int, triage.RuleSet | None]:
@@ -50,7 +52,7 @@ def stopped(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], signum: int
     for ignored in STOPS:  # a second Ctrl-C must not cut the verdict short
         signal.signal(ignored, signal.SIG_IGN)
     category, rule_id, signature = STOPS.get(signal.Signals(signum), STOPS[signal.SIGTERM])
-    how = resume_command(spec_file, run_id)
+    how = resume_command(spec_file, run_id, blocks.get("backend"))
     backend, store, max_attempts, rules = _context(spec, blocks)
     attempts = recovery.attempts_of(backend, store, run_id)
     summaries = [s for a in attempts[:-1] if (s := recovery.verdict(store, run_id, a))]
@@ -115,7 +117,7 @@ def plan_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], spec_fi
                 say(f"attempt {attempt}: {stopped_note}")
         if found is None:  # the attempt the lost process never judged: collect and classify it now
             found = recovery.settle(backend, store, run_id, attempt, max_attempts=max_attempts, gpus=spec.total_gpus,
-                                    next_step=f"continued by `{resume_command(spec_file, run_id)}`", rules=rules)
+                                    next_step=f"continued by `{resume_command(spec_file, run_id, blocks.get('backend'))}`", rules=rules)
         history.append(found)
     if closed := close_lost_flow_runs(run_id):
         say(f"marked {closed} flow run(s) the lost process left running as Crashed")

@@ -30,7 +30,7 @@ from trainguard_entrypoint.redact import declared_secret_names
 
 from trainguard.core import ids
 from trainguard.core.backends import workspace
-from trainguard.core.backends.base import Launch, container_env
+from trainguard.core.backends.base import Launch, Rendezvous, container_env
 from trainguard.core.backends.forensics import StackCapture
 from trainguard.core.backends.kubernetes import indexed
 from trainguard.core.backends.kubernetes.zipapp import ENTRYPOINT_FILE
@@ -246,8 +246,11 @@ def pod_spec(settings: JobSettings, launch: Launch, entrypoint_config_map: str) 
 
 def container(settings: JobSettings, launch: Launch) -> Wire:
     """The training container: the entrypoint zipapp around the user's command."""
+    # One node meets on the pod's own loopback, by the name the kubelet's /etc/hosts gives every pod
+    # for IPv4 and IPv6 alike: c10d's store client asks for an IPv6 address first and retries that
+    # until its timeout, so a resolver that maps no numeric 127.0.0.1 to IPv6 would stall it.
     meeting = indexed.rendezvous(job_name(launch.run_id, launch.attempt), settings.master_port) \
-        if launch.nodes > 1 else None
+        if launch.nodes > 1 else Rendezvous(master_addr="localhost", master_port=settings.master_port)
     env = container_env(launch, workspace=workspace_path(launch.run_id, launch.attempt),
                         checkpoint_dir=checkpoint_path(launch.run_id), rendezvous=meeting,
                         capture=StackCapture(settings.stack_sweep_seconds, native=settings.sys_ptrace))
