@@ -27,7 +27,8 @@ class LocalProcessBackend(Block):
     work_root: str = Field(
         default="trainguard-data/work",
         title="Work folder",
-        description="Folder for attempt workspaces and checkpoints (relative to the flow's working directory).",
+        description="Folder for attempt workspaces and checkpoints; trainguard-data/... lies under TRAINGUARD_HOME "
+        "when it is set, another relative path under the flow's working directory.",
     )
     grace_seconds: float = Field(
         default=10.0, ge=0, title="Grace period (s)",

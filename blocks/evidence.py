@@ -15,6 +15,7 @@ from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
 from blocks.factories import evidence_folder
+from trainguard.core.home import data_path
 from trainguard.core.stores.s3.bucket import S3Bucket, S3Settings
 from trainguard.core.stores.s3.store import S3Store, UploadPolicy
 from trainguard.core.stores.s3.spool import MIN_PART_BYTES, Spool
@@ -30,7 +31,8 @@ class EvidenceFolder(Block):
 
     root: str = Field(
         default="trainguard-data/evidence", title="Evidence folder",
-        description="Folder that keeps every attempt's evidence (relative to the flow's working directory); "
+        description="Folder that keeps every attempt's evidence; trainguard-data/... lies under TRAINGUARD_HOME when "
+        "it is set, another relative path under the flow's working directory; "
         "a mounted volume keeps it beyond the machine.",
     )
 
@@ -95,7 +97,7 @@ class S3EvidenceStore(Block):
     def spool_path(self) -> Path:
         """This bucket's spool: one per bucket and endpoint, shared by every prefix in it."""
         endpoint = hashlib.sha256((self.endpoint_url or "aws").encode()).hexdigest()[:8]
-        return Path(self.spool_dir).expanduser().resolve() / f"{self.bucket}-{endpoint}"
+        return data_path(self.spool_dir) / f"{self.bucket}-{endpoint}"
 
     def store(self, no_time_limit: bool = False) -> S3Store:
         """The store this block describes; `flush` asks for one with no upload time limit."""

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from trainguard.core.backends.base import Backend
+from trainguard.core.home import data_path
 from trainguard.core.backends.forensics import StackCapture
 from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.local.backend import LocalBackend
@@ -20,14 +21,14 @@ from trainguard.core.stores.folder import LocalEvidenceStore
 
 
 def evidence_folder(root: str | Path) -> EvidenceStore:
-    """The evidence store of a folder (relative paths are taken from the working directory)."""
-    return LocalEvidenceStore(Path(root).expanduser().resolve())
+    """The evidence store of a folder (``trainguard-data/...`` lies under the data root, see `home`)."""
+    return LocalEvidenceStore(data_path(root))
 
 
 def local_backend(work_root: str | Path, grace_seconds: float = 10.0, python: str | None = None,
                   budget: Budget | None = None, capture: StackCapture | None = None) -> Backend:
     """The local-process backend over ``work_root``."""
-    backend: Backend = LocalBackend(work_root=Path(work_root).expanduser().resolve(),
+    backend: Backend = LocalBackend(work_root=data_path(work_root),
                                     grace_seconds=grace_seconds, python=python or sys.executable,
                                     budget=budget or Budget(), capture=capture or StackCapture())
     return backend

@@ -172,4 +172,4 @@ def _existing_evidence(store: EvidenceStore, run_id: str, attempt: int) -> dict[
     except (EvidenceNotFound, manifest.ManifestError, ValueError):
         return None
     return {"location": store.describe(manifest.attempt_prefix(run_id, attempt)), "items": len(found.items),
-            "missing": len(found.missing)}
+            "missing": len(found.absent)}

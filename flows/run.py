@@ -17,6 +17,7 @@ from prefect.states import Completed, Failed
 
 from flows import uploads
 from flows.attempt import spec_name, train_attempt
+from tasks.report import publish_run_report
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, lineage_tags, new_run_id, next_parameters
 from trainguard.core.policy import RetryDecision
 from trainguard.core.spec import TrainingSpec
@@ -63,7 +64,10 @@ def training_run(
         time.sleep(decision.delay_seconds)
         params = next_parameters(params, summary, decision, str(summary.flow_run_id))
     # the attempts' evidence went up to S3 in the background after each verdict: now wait for it
-    history = [s.to_dict() for s in uploads.finish(run_id, [AttemptSummary.from_dict(h) for h in history])]
+    finished = uploads.finish(run_id, [AttemptSummary.from_dict(h) for h in history])
+    history = [s.to_dict() for s in finished]
+    # the run report on this flow run too: the UI and a schedule show the parent run first
+    publish_run_report(finished)
     storage = _storage_note(history)
     if summary.succeeded:
         return Completed(message=f"{run_id} succeeded on attempt {summary.attempt}{storage}", data=history)

@@ -27,7 +27,7 @@ def collect_evidence(
     failures = manifest.storage_failures(collected.manifest)
     if failures:  # said as a warning: a full evidence disk is the user's to fix, not a detail
         get_run_logger().warning("evidence could not be stored: %s", "; ".join(failures))
-    absent = "; ".join(f"{item.name}: {item.reason}" for item in collected.manifest.missing)
+    absent = "; ".join(f"{item.name}: {item.reason}" for item in collected.manifest.absent)
     get_run_logger().info("kept %d evidence items in %s%s", len(collected.manifest.items), collected.location,
                           f" (absent: {absent})" if absent else "")
     status = {**bundles.upload_status(store, collected.manifest), "uploading": held}

@@ -15,6 +15,9 @@ from prefect.settings import PREFECT_API_URL
 from prefect.testing.utilities import prefect_test_harness
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Each test keeps its runs in trainguard-data/ of its own folder; a data root set by ./dev or the user
+# would gather every test's runs in one place.
+os.environ.pop("TRAINGUARD_HOME", None)
 _ROOT = Path(__file__).resolve().parent.parent
 
 

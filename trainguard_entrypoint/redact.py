@@ -214,6 +214,12 @@ class Masker:
         """Masked and without terminal control sequences: text fit for a tail, a table or a report."""
         return self.mask(strip_control(text))
 
+    def for_own_words(self, text: str) -> str:
+        """trainguard's own message: only the known secret values it may quote are masked, never a token
+        shape (its help reads ``secret_env: {WANDB_API_KEY: 'env:VARIABLE'}``), and control sequences go."""
+        text = strip_control(text)
+        return self._values.sub(REDACTED, text) if self._values is not None else text
+
     def stream(self) -> MaskingStream:
         """A `MaskingStream` that masks text fed in pieces exactly as `mask` masks it whole."""
         passes = [_Pass(self._values, _anywhere, self._longest, merge=False)] if self._values is not None else []

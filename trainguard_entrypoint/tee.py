@@ -152,7 +152,7 @@ def run_command(
         )
     except OSError as exc:
         os.close(read_fd)
-        failure = _start_failure(command, exc)
+        failure = _start_failure(command, exc, env.get("PATH", os.defpath))
         # like a shell's "command not found", so the log alone tells what happened
         _Sink(log, console_fd).write(f"trainguard-entrypoint: {failure.start_error}\n".encode())
         if log is not None:
@@ -215,11 +215,16 @@ def _open_log(log_path: Path) -> tuple[BinaryIO | None, str | None]:
         return None, f"cannot open the log file {log_path} ({exc.strerror or exc}); output went to the console only"
 
 
-def _start_failure(command: Sequence[str], exc: OSError) -> ChildResult:
+def _start_failure(command: Sequence[str], exc: OSError, path: str) -> ChildResult:
     if isinstance(exc, NotADirectoryError):
         return ChildResult(None, 126, None, False, str(exc))
+    if isinstance(exc, FileNotFoundError) and "/" in command[0]:
+        return ChildResult(None, 127, None, False, f"command not found: {command[0]} (no such file)")
     if isinstance(exc, FileNotFoundError):
-        return ChildResult(None, 127, None, False, f"command not found: {command[0]}")
+        # a bare name is looked up on the command's own PATH, which is not always the caller's:
+        # the worker's environment, the image's, or the checkout's venv through ./dev
+        hint = f"; {command[0]} comes with PyTorch: install torch there" if command[0] == "torchrun" else ""
+        return ChildResult(None, 127, None, False, f"command not found: {command[0]} (searched PATH={path}){hint}")
     if isinstance(exc, PermissionError):
         return ChildResult(None, 126, None, False, f"command not executable (permission denied): {command[0]}")
     return ChildResult(None, 126, None, False, f"cannot start {command[0]}: {exc.strerror or exc}")

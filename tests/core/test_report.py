@@ -17,3 +17,34 @@ def test_the_report_names_the_node_escaped_and_says_when_the_next_attempt_avoids
     plain = AttemptSummary(run_id="r", attempt=2, max_attempts=3, state="Completed", node="gpu-node-2")
     assert "| node | gpu-node-2 |" in render_attempt(plain).splitlines()
     assert "| node | - |" in render_attempt(AttemptSummary(run_id="r", attempt=1, max_attempts=1, state="Failed"))
+
+
+def test_how_sure_a_call_is_is_said_in_words_a_user_knows_never_as_a_rule_strength_name() -> None:
+    from trainguard.core.reports.attempt import certainty
+
+    def sure(**fields: object) -> str:
+        return certainty(AttemptSummary(run_id="r", attempt=1, max_attempts=3, state="Failed", **fields))
+
+    assert sure(category="cuda_oom", strength="cause") == "judged from a root-cause line in the log: strong"
+    assert sure(category="preempted", strength="verdict").startswith("judged from what the platform reported")
+    assert sure(category="hang", strength="cause", decided_by="stacks").startswith("judged from every rank's stack")
+    assert sure(category="unknown", strength="none") == ""  # nothing to say rather than a made-up word
+    assert sure(category="code_error", strength="hint", weak=True).startswith("weak call")
+    for strength in ("verdict", "cause", "error", "crash", "consequence"):
+        said = sure(category="code_error", strength=strength)
+        assert said.startswith("judged from") and "strength" not in said
+
+
+def test_a_long_path_in_the_attempts_table_can_wrap_where_the_ui_would_clip_it() -> None:
+    import re
+
+    from trainguard.core.reports.attempt import render_table
+
+    folder = "/srv/shared/trainguard-data/evidence/runs/resnet-nightly-880a1f46/attempt-1"
+    summary = AttemptSummary(run_id="resnet-nightly-880a1f46", attempt=1, max_attempts=3, state="Failed",
+                             evidence=folder)
+    row = render_table([summary]).splitlines()[-1]
+
+    words = re.split(r"[\s\u200b]+", row)
+    assert max(len(word) for word in words) <= 40, words  # every word fits a narrow column
+    assert folder.replace("-", "\\-") in row.replace("\u200b", "") or folder in row.replace("\u200b", "")

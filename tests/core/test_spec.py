@@ -46,6 +46,25 @@ def test_a_bad_spec_names_the_field_and_the_fix_in_one_line(data, field, hint):
 
 
 @pytest.mark.parametrize(
+    ("data", "line"),
+    [
+        ({**GOOD, "stall_secs": 60}, "run.yaml: stall_secs: unknown field; did you mean stall_seconds?"),
+        ({**GOOD, "retry": {"max_attempt": 3}}, "run.yaml: retry.max_attempt: unknown field; did you mean max_attempts?"),
+        ({**GOOD, "retry": {"overrides": {"cuda_oom": {"retryabl": True}}}},
+         "run.yaml: retry.overrides.cuda_oom.retryabl: unknown field; did you mean retryable?"),
+        ({"name": "tiny-run", "comand": ["x"]},
+         "run.yaml: command: this field is required; 'comand' is not a field: did you mean command?"),
+        ({**GOOD, "colour": "red"},
+         "run.yaml: colour: unknown field; check its spelling against the documented spec fields"),
+    ],
+)
+def test_a_misspelt_field_gets_the_field_it_misspells_in_one_line(data, line):
+    with pytest.raises(SpecError) as caught:
+        parse_spec(data, "run.yaml")
+    assert str(caught.value) == line
+
+
+@pytest.mark.parametrize(
     ("command", "index"),
     [(["python", "train.py", "--password", "hunter2hunter2"], 3),
      (["python", "train.py", "--token", "hf_" + "a" * 34], 3),

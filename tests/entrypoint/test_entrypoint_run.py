@@ -65,12 +65,27 @@ def test_options_can_come_from_trainguard_environment_variables(tmp_path: Path) 
 
 
 def test_a_command_that_does_not_exist_exits_127_with_the_reason_in_report_and_log(run_entrypoint) -> None:
-    run = run_entrypoint(["no-such-trainer-xyz", "--epochs", "3"])
+    run = run_entrypoint(["no-such-trainer-xyz", "--epochs", "3"], path="/nowhere/bin:/usr/bin")
 
     assert run.returncode == 127
-    assert run.report["start_error"] == "command not found: no-such-trainer-xyz"
+    expected = "command not found: no-such-trainer-xyz (searched PATH=/nowhere/bin:/usr/bin)"
+    assert run.report["start_error"] == expected
     assert run.report["pid"] is None
-    assert b"command not found: no-such-trainer-xyz" in run.log
+    assert expected.encode() in run.log
+
+
+def test_a_missing_torchrun_names_the_path_searched_and_pytorch(run_entrypoint, tmp_path) -> None:
+    run = run_entrypoint(["torchrun", "train.py"], path=str(tmp_path / "empty"))
+
+    assert run.returncode == 127
+    assert run.report["start_error"] == (f"command not found: torchrun (searched PATH={tmp_path / 'empty'}); "
+                                         "torchrun comes with PyTorch: install torch there")
+
+
+def test_a_missing_command_given_as_a_path_is_no_such_file(run_entrypoint) -> None:
+    run = run_entrypoint(["./no-such-script.sh"])
+
+    assert (run.returncode, run.report["start_error"]) == (127, "command not found: ./no-such-script.sh (no such file)")
 
 
 @pytest.mark.parametrize(

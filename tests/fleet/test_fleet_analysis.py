@@ -78,3 +78,21 @@ def test_the_binomial_tail_matches_the_closed_form() -> None:
     assert abs(suspects.binomial_tail(1, 10, 0.1) - (1 - 0.9 ** 10)) < 1e-12
     assert suspects.binomial_tail(0, 5, 0.2) == 1.0 and suspects.binomial_tail(6, 5, 0.2) == 0.0
     assert suspects.binomial_tail(900, 1000, 0.01) < 1e-300  # far out in the tail: no overflow, no error
+
+
+def test_a_nodes_hardware_failure_rate_is_apart_from_the_runs_own_code_and_config_failures() -> None:
+    from trainguard.core.fleet import render
+
+    history = [(attempt("r1", 1, "gpu-01", "code_error"), START), (attempt("r2", 1, "gpu-01", "config_error"), START),
+               (attempt("r3", 1, "gpu-01", "gpu_fault"), START), (attempt("r4", 1, "gpu-01", None), START)]
+
+    view = Tally().add_all(records(history)).view()
+    (row,) = view.nodes
+
+    assert (row.failure_rate, row.hardware_failures, row.hardware_rate) == (3 / 4, 1, 1 / 4)
+    assert render.node_cells(row) == ("1 gpu_fault", "25.0%", "1 code_error, 1 config_error")
+    node = render.to_json(view, {})["nodes"][0]
+    assert (node["hardware_failures"], node["hardware_failure_rate"]) == (1, 0.25)
+    markdown = render.markdown(view, "fleet")
+    assert "| hardware failures | hardware failure rate | other failures (not the node's) |" in markdown
+    assert "| 1 gpu\\_fault | 25.0% | 1 code\\_error, 1 config\\_error |" in markdown

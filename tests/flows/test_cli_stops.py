@@ -16,7 +16,9 @@ import sys
 import threading
 from pathlib import Path
 
+import kubernetes
 import pytest
+from simfixtures import sim_fixture
 
 from processes import alive
 import yaml
@@ -95,6 +97,77 @@ def test_a_stopped_run_records_the_attempt_prints_the_table_and_says_how_to_resu
     verdict = json.loads((tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/verdict.json").read_text())
     assert verdict["category"] == category and verdict["decision"]["retry"] is False
     assert not list((tmp_path / "trainguard-data/evidence/runs" / run_id).glob("attempt-2"))  # not retried here
+
+
+def test_sigterm_to_the_whole_process_group_still_records_the_stop_through_the_temporary_server(tmp_path):
+    # a wrapper's trap or `kill -- -PGID` signals every process of the group: the temporary server
+    # must outlive the CLI's recording of the stop, then end with it
+    slow_spec(tmp_path, "grouped")
+    cli = start(tmp_path, "run", "run.yaml", api_url=None)
+    wait_for(lambda: checkpoint_written(tmp_path), 240, "the first checkpoint")
+    server = next(p for p in _children(cli.pid) if "uvicorn" in _cmdline(p))
+    entrypoint = next(p for p in _children(cli.pid) if "trainguard_entrypoint" in _cmdline(p))
+
+    os.killpg(cli.pid, signal.SIGTERM)
+    out, err = cli.communicate(timeout=90)
+
+    assert cli.returncode == 143, out[-3000:] + err[-3000:]
+    assert "Stopped: trainguard run received SIGTERM; attempt 1 recorded as preempted." in out
+    assert "resume with: trainguard run run.yaml --resume grouped-" in out
+    assert "Traceback" not in err, err[-3000:]
+    for pid in (server, entrypoint):
+        wait_for(lambda: not alive(pid), 30, f"{pid} to end with the CLI")
+
+
+def test_a_temporary_server_that_dies_ends_the_run_at_once_with_one_line_saying_so(tmp_path):
+    slow_spec(tmp_path, "orphaned")
+    cli = start(tmp_path, "run", "run.yaml", api_url=None)
+    wait_for(lambda: checkpoint_written(tmp_path), 240, "the first checkpoint")
+    server = next(p for p in _children(cli.pid) if "uvicorn" in _cmdline(p))
+    entrypoint = next(p for p in _children(cli.pid) if "trainguard_entrypoint" in _cmdline(p))
+
+    os.kill(server, signal.SIGKILL)
+    # bounded: Prefect's client alone would retry the dead server for minutes
+    out, err = cli.communicate(timeout=60)
+
+    said = [line for line in out.splitlines() if "temporary Prefect server" in line]
+    assert said and said[0].startswith(f"the temporary Prefect server (pid {server}) died; stopping the run"), out
+    assert cli.returncode == 143, out[-3000:] + err[-3000:]
+    run_id = out[out.index("trainguard run orphaned-"):].split()[2]
+    assert f"resume with: trainguard run run.yaml --resume {run_id}" in out
+    wait_for(lambda: not alive(entrypoint), 30, "the attempt's entrypoint to be stopped")
+    verdict = json.loads((tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/verdict.json").read_text())
+    assert verdict["state"] == "Cancelled" and "temporary Prefect server" in verdict["signature"]
+    assert (tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/manifest.json").is_file()
+
+
+sim = sim_fixture()
+
+
+def test_sigterm_on_the_kubernetes_backend_stops_the_job_records_the_attempt_and_says_how_to_resume(
+    prefect_server, sim, tmp_path
+):
+    slow_spec(tmp_path, "kube-stopped")
+    spec = yaml.safe_load((tmp_path / "run.yaml").read_text())
+    spec["command"][0] = "python"  # the image's Python
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
+    cli = start(tmp_path, "run", "run.yaml", "--kubeconfig", str(sim.kubeconfig), "--image", "python:3.11",
+                api_url=prefect_server)
+    api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(str(sim.kubeconfig)))
+
+    def running_pod() -> str | None:
+        pods = api.list_namespaced_pod("default", label_selector="trainguard.io/run-id").items
+        return next((p.metadata.name for p in pods if p.status.phase == "Running"
+                     and "kube-stopped" in str(p.metadata.labels)), None)
+
+    pod = wait_for(running_pod, 240, "the attempt's pod to run")
+    cli.send_signal(signal.SIGTERM)
+    out, err = cli.communicate(timeout=120)
+
+    assert cli.returncode == 143, out[-3000:] + err[-3000:]
+    assert "attempt 1 recorded as preempted" in out and "resume with: trainguard run run.yaml --resume" in out
+    wait_for(lambda: not any(p.metadata.name == pod for p in api.list_namespaced_pod("default").items), 60,
+             f"the attempt's pod {pod} to be gone")
 
 
 def test_a_stop_during_the_backoff_keeps_the_finished_attempts_verdict_and_says_how_to_resume(

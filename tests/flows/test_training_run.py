@@ -11,7 +11,9 @@ import sys
 from typing import Any
 
 import pytest
+from prefect import get_client
 from prefect.artifacts import Artifact
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
 from flow_helpers import attempt_dir, attempt_runs, tiny_spec
 from simfixtures import sim_fixture
@@ -79,6 +81,15 @@ def test_a_retryable_failure_is_retried_from_its_checkpoint_and_succeeds(blocks,
     for expected in ("nccl_error", "retryable | yes", "nccl.", "GPU-seconds", "step-000030.json", "attempt-1"):
         assert expected in report_md.replace("\\_", "_"), expected  # Markdown escapes the underscores
     assert len(json.loads(Artifact.get("nccl-then-ok-1-attempts").data)) == 2  # the table of all attempts
+    # a folder store's items are fetched by command: no browser opens a file:// link from the UI
+    assert "file://" not in report_md
+    assert "trainguard evidence get nccl-then-ok-1 1 crash-report.json -o crash-report.json --root " in report_md
+    # the parent training-run flow run, which the UI shows first, carries the run report too
+    with get_client(sync_client=True) as client:
+        on_parent = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["nccl-then-ok-1-report"]),
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    assert on_parent and "Run nccl-then-ok-1" in str(on_parent[0].data), on_parent
 
     store = LocalEvidenceStore(blocks["evidence"])
     for attempt in (1, 2):

@@ -19,6 +19,7 @@ from trainguard_entrypoint.files import read_json_object
 from trainguard.cli.output import fail, plain, say
 from trainguard.cli.recent import backend_for
 from trainguard.cli.typer_app import app
+from trainguard.core.home import data_path
 from trainguard.core import ids
 from trainguard.core.backends import forensics
 from trainguard.core.backends.capabilities import Supervises
@@ -28,7 +29,7 @@ from trainguard.core.backends.capabilities import Supervises
 def dump(
     run_id: str = typer.Argument(..., help="The run whose running attempt to ask."),
     attempt: int | None = typer.Option(None, min=1, help="The attempt (default: the run's newest)."),
-    work: Path = typer.Option(Path("trainguard-data/work"), help="Work folder of the local backend (without --backend)."),
+    work: Path = typer.Option(Path("trainguard-data/work"), callback=data_path, help="Work folder of the local backend (without --backend)."),
     backend_block: str | None = typer.Option(
         None, "--backend", help="A saved backend block ('block-type-slug/name'): a Slurm backend's, for example."),
     wait: float = typer.Option(60.0, min=0, help="Seconds to wait for the stacks to be written (0: do not wait)."),

@@ -12,6 +12,7 @@ from rich.text import Text
 from trainguard_entrypoint import safefiles
 
 from trainguard.cli.typer_app import app
+from trainguard.core.home import data_path
 from trainguard.cli.output import console, escaped, fail, plain, say
 from trainguard.core.evidence import bundles
 from trainguard.core.evidence import manifest as manifests
@@ -26,10 +27,10 @@ app.add_typer(evidence_app, name="evidence")
 @evidence_app.command("show")
 def show(
     run_id: str = typer.Argument(..., help="The run id printed by `trainguard run` / `demo`."),
-    root: Path = typer.Option(Path("trainguard-data/evidence"), help="Evidence folder (used without --block)."),
+    root: Path = typer.Option(Path("trainguard-data/evidence"), callback=data_path, help="Evidence folder (used without --block)."),
     block: str | None = typer.Option(None, help="A saved evidence block ('block-type-slug/name') instead of --root."),
     deep: bool = typer.Option(False, "--deep", help="Download and hash every item instead of trusting stored checksums."),
-    work: Path = typer.Option(Path("trainguard-data/work"), help="Work folder of the local backend, for a run "
+    work: Path = typer.Option(Path("trainguard-data/work"), callback=data_path, help="Work folder of the local backend, for a run "
                               "whose evidence could not be stored."),
 ) -> None:
     """List each attempt's evidence items, verify them against the manifest, and say why anything is missing.
@@ -96,7 +97,7 @@ def _show_attempt(store: EvidenceStore, run_id: str, attempt: int, deep: bool) -
     problems += [f"{key}: not in the manifest (added after collection?)" for key in manifests.unlisted_keys(store, found)]
     spooled = set(store.pending(manifests.attempt_prefix(run_id, attempt) + "/")) if isinstance(
         store, SpoolingStore) else set()
-    partial = f" (partial: {len(found.missing)} absent)" if found.missing else ""
+    partial = f" (partial: {len(found.absent)} absent)" if found.absent else ""
     where = store.describe(manifests.attempt_prefix(run_id, attempt))
     table = Table(title=plain(f"{run_id} attempt {attempt}{partial}: {where}"))
     for column in ("item", "size", "sha256", "source", "status"):
@@ -108,7 +109,8 @@ def _show_attempt(store: EvidenceStore, run_id: str, attempt: int, deep: bool) -
         table.add_row(_names(item.name, item.original_name), f"{item.size_bytes:,}", plain(item.sha256[:12]),
                       plain(item.source), status)
     for missing in found.missing:
-        reason = Text.assemble(plain("absent", "yellow"), ": ", plain(missing.reason))
+        reason = Text.assemble(plain("absent", "yellow"), ": ", plain(missing.reason)) if missing.applicable \
+            else Text.assemble(plain("not applicable", "dim"), ": ", plain(missing.reason, "dim"))
         table.add_row(_names(missing.name, missing.original_name), "-", "-", plain(missing.source), reason)
     console.print(table)
     _print_crash_summary(store, run_id, attempt)

@@ -21,11 +21,12 @@ from rich.table import Table
 from trainguard.cli.evidence import evidence_app, open_store
 from trainguard.cli.output import console, fail, plain, say
 from trainguard.core.evidence import bundles, retention
+from trainguard.core.home import data_path
 from trainguard.core.evidence.manifest import ManifestError, ManifestItem, read_manifest
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, EvidenceStoreError, LifecycleStore, SpoolingStore
 
 PROGRESS_FROM_BYTES = 8 * 1024 * 1024
-ROOT_OPTION = typer.Option(Path("trainguard-data/evidence"), help="Evidence folder (used without --block).")
+ROOT_OPTION = typer.Option(Path("trainguard-data/evidence"), callback=data_path, help="Evidence folder (used without --block).")
 BLOCK_OPTION = typer.Option(None, help="A saved evidence block, 'block-type-slug/name' (e.g. an S3 store).")
 
 retention_app = typer.Typer(help="How long evidence is kept.", no_args_is_help=True)

@@ -20,6 +20,7 @@ from rich.table import Table
 from trainguard.cli.evidence import open_store
 from trainguard.cli.output import console, errors, fail, plain, say
 from trainguard.cli.typer_app import app
+from trainguard.core.home import data_path
 from trainguard.core.evidence import index
 from trainguard.core.fleet import render
 from trainguard.core.fleet.analysis import FleetView, Tally
@@ -44,7 +45,7 @@ def parse_since(text: str) -> timedelta:
 @app.command("fleet")
 def fleet(
     since: str = typer.Option("7d", help="How far back: 36h, 7d, 2w."),
-    root: Path = typer.Option(Path("trainguard-data/evidence"), help="Evidence folder (used without --block)."),
+    root: Path = typer.Option(Path("trainguard-data/evidence"), callback=data_path, help="Evidence folder (used without --block)."),
     block: str | None = typer.Option(None, help="A saved evidence block ('block-type-slug/name') instead of --root."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole view as JSON."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown and publish it as the Prefect "
@@ -99,11 +100,11 @@ def _tables(view: FleetView, title: str) -> None:
         suggested.add_row(plain(suspect.node, "bold red"), plain(render.evidence_line(suspect)), plain(latest))
     console.print(suggested if view.suspects else plain("no node fails on hardware well above the fleet"))
     nodes = Table(title="nodes")
-    for column in ("node", "attempts", "failures", "failure rate", "GPU-h wasted", "last failure"):
+    for column in ("node", "attempts", *render.NODE_COLUMNS, "GPU-h wasted", "last failure"):
         nodes.add_column(column, overflow="fold")
     for row in view.nodes:
-        failures = ", ".join(f"{n} {c}" for c, n in row.failures.items()) or "-"
-        nodes.add_row(plain(row.node), str(row.attempts), plain(failures), f"{row.failure_rate:.1%}",
+        hardware, rate, others = render.node_cells(row)
+        nodes.add_row(plain(row.node), str(row.attempts), plain(hardware), rate, plain(others),
                       f"{row.gpu_hours_wasted:,.1f}", plain(row.last_failure or "-"))
     console.print(nodes)
     prints = Table(title="the same failure across runs")

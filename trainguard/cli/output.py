@@ -50,9 +50,13 @@ def say(*parts: object, style: str = "") -> None:
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    """Print one line of error and exit non-zero."""
-    errors.print(Text.assemble(("error:", "bold red"), " ", plain(" ".join(message.splitlines()))),
-                 highlight=False, soft_wrap=True)
+    """Print one line of error and exit non-zero.
+
+    The message is trainguard's own wording: the secret values it may quote are masked, but not the
+    token shapes, which would mask its own help (``secret_env: {NAME: 'env:VARIABLE'}``).
+    """
+    line = masking.for_own_words(" ".join(message.splitlines()))
+    errors.print(Text.assemble(("error:", "bold red"), " ", Text(line)), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from blocks.factories import evidence_folder, local_backend
 from trainguard.cli.typer_app import app
+from trainguard.core.home import data_path
 from trainguard.cli.output import console, fail, plain
 from trainguard.core import ids, recovery
 from trainguard.core.backends.base import Backend
@@ -27,8 +28,8 @@ from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
 
 @app.command("runs")
 def runs(
-    root: Path = typer.Option(Path("trainguard-data/evidence"), help="Evidence folder (used without --block)."),
-    work: Path = typer.Option(Path("trainguard-data/work"), help="Work folder of the local backend (without --backend)."),
+    root: Path = typer.Option(Path("trainguard-data/evidence"), callback=data_path, help="Evidence folder (used without --block)."),
+    work: Path = typer.Option(Path("trainguard-data/work"), callback=data_path, help="Work folder of the local backend (without --backend)."),
     block: str | None = typer.Option(None, help="Name of a saved evidence block to read instead of --root."),
     backend_block: str | None = typer.Option(
         None, "--backend", help="A saved backend block ('block-type-slug/name') whose attempt folders to read "

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -97,12 +100,14 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
     if resume:  # refused before a server is started for nothing
         settle.check_resume(spec, resume, blocks)
     try:
-        start_temporary_server()
+        server = start_temporary_server()
     except (RuntimeError, OSError) as exc:
         fail(f"could not start a temporary Prefect server ({exc}); set PREFECT_API_URL or run `prefect server start`", code=1)
     run_id = resume or new_run_id(spec.name)
     plan = settle.plan_resume(spec, run_id, blocks, spec_file) if resume else None
     rules = blocks.get("rules")
+    if server is not None:
+        _watch_server(server, spec, run_id, blocks, spec_file)
 
     def terminated(signum: int, frame: object) -> None:
         # ours, so that Prefect hands the signal back to us after the flows have crashed, instead
@@ -121,9 +126,43 @@ def _run_here(spec: TrainingSpec, **blocks: Any) -> None:
         settle.stopped(spec, run_id, blocks, signum, spec_file)
     except (RuntimeError, OSError) as exc:
         fail(f"could not run on the Prefect API ({exc}); check PREFECT_API_URL or `prefect server start`", code=1)
+    finally:  # from here the server may stop with the process: that is no death to report
+        settle.stopping.set()
     _print_ending(state, run_id)
     if not state.is_completed():
         raise typer.Exit(1)
+
+
+def _watch_server(pid: int, spec: TrainingSpec, run_id: str, blocks: dict[str, Any], spec_file: Path | None) -> None:
+    """End the run at once if the temporary server dies under it.
+
+    Prefect's client would retry every call for minutes against a server that is gone, deaf to
+    everything meanwhile; nothing of the run can reach Prefect any more. A thread watching the
+    server's pid stops the attempt through the backend, records it, prints the table and exits.
+    """
+    from trainguard.cli import settle
+    from trainguard.cli.server import server_alive
+
+    def watch() -> None:
+        while server_alive(pid):
+            time.sleep(0.5)
+        if settle.stopping.is_set():  # the run is already ending (its own stop, or the CLI's exit)
+            return
+        say(plain(f"the temporary Prefect server (pid {pid}) died; stopping the run here rather than retrying "
+                  "a server that is gone", "bold red"))
+        try:
+            settle.stopped(spec, run_id, blocks, signal.SIGTERM, spec_file,
+                           why=f"the temporary Prefect server (pid {pid}) died under trainguard run")
+        except typer.Exit as done:
+            code = done.exit_code
+        except BaseException as exc:  # noqa: BLE001 - the process must end whatever happened
+            say(f"error: could not record the stopped attempt: {type(exc).__name__}: {exc}")
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # the main thread is stuck in Prefect's retries: nothing else would end the process
+
+    threading.Thread(target=watch, name="temporary-server-watch", daemon=True).start()
 
 
 def _print_ending(state: Any, run_id: str) -> None:

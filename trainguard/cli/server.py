@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Any
 
 # stdlib only and tiny: it must start fast and outlive nothing but its own check
 _WATCHDOG = """
@@ -38,6 +39,22 @@ if alive(server, server_start):
 """
 
 
+class _OwnSession(subprocess.Popen):  # type: ignore[type-arg]
+    """A Popen whose child leads a session (and process group) of its own."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "start_new_session": True})
+
+
+def server_alive(pid: int) -> bool:
+    """Whether the temporary server ``pid`` still runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
 def start_temporary_server() -> int | None:
     """Start Prefect's temporary server now (if one is needed) with a watchdog; return its pid.
 
@@ -56,12 +73,16 @@ def start_temporary_server() -> int | None:
     # down while the CLI still records the stopped attempt through it. The server starts with SIGINT
     # blocked (a child inherits the signal mask, and uvicorn never unblocks it); it still ends on
     # SIGTERM, from Prefect at exit or from the watchdog.
+    # A SIGTERM to the whole group (a wrapper script's trap, `kill -- -PGID`) would end it just the same:
+    # it starts in a session of its own, so only Prefect at exit and the watchdog stop it.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    popen, subprocess.Popen = subprocess.Popen, _OwnSession  # type: ignore[misc]  # Prefect's own Popen call
     try:
         # Prefect read its settings when imported; the bound set in the environment since (the CLI's
         # default for a first start that migrates a new database) reaches it only as an argument.
         server.start(timeout=int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")))
     finally:
+        subprocess.Popen = popen  # type: ignore[misc]
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     if server.server_process is None:
         return None

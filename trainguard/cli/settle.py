@@ -10,6 +10,7 @@ starts it from the newest valid checkpoint. The judging itself is `trainguard.co
 from __future__ import annotations
 
 import signal
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -47,11 +48,22 @@ def _context(spec: TrainingSpec, blocks: dict[str, Any]) -> tuple[Backend, Evide
             triage.load_rules(str(rules)) if rules else None)
 
 
-def stopped(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], signum: int, spec_file: Path | None) -> None:
-    """Record the interrupted attempt, print the table and exit 128+signum."""
-    for ignored in STOPS:  # a second Ctrl-C must not cut the verdict short
-        signal.signal(ignored, signal.SIG_IGN)
+stopping = threading.Event()
+"""Set once the run is ending (a stop is being recorded, or the flow returned)."""
+
+
+def stopped(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], signum: int, spec_file: Path | None,
+            why: str | None = None) -> None:
+    """Stop and record the interrupted attempt, print the table and exit 128+signum.
+
+    ``why`` replaces the signal's own wording when something else ended the run (its server died).
+    """
+    stopping.set()
+    if threading.current_thread() is threading.main_thread():
+        for ignored in STOPS:  # a second Ctrl-C must not cut the verdict short
+            signal.signal(ignored, signal.SIG_IGN)
     category, rule_id, signature = STOPS.get(signal.Signals(signum), STOPS[signal.SIGTERM])
+    signature = why or signature
     how = resume_command(spec_file, run_id, blocks.get("backend"))
     backend, store, max_attempts, rules = _context(spec, blocks)
     attempts = recovery.attempts_of(backend, store, run_id)
@@ -59,6 +71,11 @@ def stopped(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], signum: int
     outcome = f"attempt {attempts[-1] if attempts else 1} recorded as {category}"
     if attempts:
         last = recovery.verdict(store, run_id, attempts[-1])
+        if last is None and isinstance(backend, StopsOrphans):
+            # whatever the backend (a local process, a Kubernetes Job, a Slurm job), nothing of the
+            # attempt may run on once the run has stopped; one the flow already stopped is left as it is
+            if note := backend.stop_orphan(cast(Backend, backend).provision(run_id, attempts[-1])):
+                say(f"attempt {attempts[-1]}: {note}")
         if last is None:  # the attempt that was running: the stop is how it ended
             last = recovery.settle(
                 backend, store, run_id, attempts[-1], max_attempts=max_attempts, gpus=spec.total_gpus,

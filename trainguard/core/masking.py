@@ -19,7 +19,7 @@ from trainguard_entrypoint.redact import (
 )
 
 __all__ = [
-    "REDACTED", "SECRET_NAMES_VARIABLE", "Masker", "current", "for_people", "is_secret_name", "mask_tree", "register",
+    "REDACTED", "SECRET_NAMES_VARIABLE", "Masker", "current", "for_own_words", "for_people", "is_secret_name", "mask_tree", "register",
     "register_environment", "strip_control",
 ]
 
@@ -53,6 +53,11 @@ def current() -> Masker:
 def for_people(text: str, masker: Masker | None = None) -> str:
     """``text`` masked and without terminal control sequences."""
     return (masker or current()).for_people(text)
+
+
+def for_own_words(text: str, masker: Masker | None = None) -> str:
+    """trainguard's own message (an error, a help line): known secret values masked, its wording never."""
+    return (masker or current()).for_own_words(text)
 
 
 def mask_tree(value: Any, masker: Masker | None = None) -> Any:

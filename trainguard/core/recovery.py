@@ -126,7 +126,7 @@ def settle(
         newest_checkpoint=checkpoints[0] if checkpoints else None, decision={"retry": False, "reason": next_step},
         **outcome.summary_fields(),
     ).with_evidence({"location": store.describe(attempt_prefix(run_id, attempt)), "items": len(manifest.items),
-                     "missing": len(manifest.missing)}).with_judgement(_judgement(backend, ref, outcome, stopped, rules))
+                     "missing": len(manifest.absent)}).with_judgement(_judgement(backend, ref, outcome, stopped, rules))
     data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
     problem = write_verdict(store, run_id, attempt, data, "cli", datetime.now(UTC).isoformat())
     release_space(store, run_id, attempt)  # set aside by the process that was lost

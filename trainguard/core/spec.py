@@ -7,9 +7,12 @@ names the field and says how to fix it (`SpecError`), never a pydantic dump.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import shlex
+import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,11 +226,12 @@ class TrainingSpec(BaseModel):
             _check_variable_name(name)
             variable = reference.removeprefix("env:")
             if reference.startswith("env:") and not _VARIABLE.match(variable):
-                raise ValueError(f"entry {name}: {reference!r} does not name a variable; write 'env:NAME', e.g. 'env:HF_TOKEN'")
+                raise ValueError(f"entry {name}: {masking.for_people(repr(reference))} does not name a variable; write 'env:NAME', e.g. 'env:HF_TOKEN'")
             if not reference.startswith("env:") and not _SECRET_BLOCK.match(reference):
                 raise ValueError(
                     # "entry": what trainguard shows is masked, and `secret_env: NAME` reads as an assignment
-                    f"entry {name}: {reference!r} is neither a Prefect Secret block name (lowercase letters, digits, "
+                    # a value pasted where a reference goes may be the secret itself: its shape is masked
+                    f"entry {name}: {masking.for_people(repr(reference))} is neither a Prefect Secret block name (lowercase letters, digits, "
                     "dashes) nor 'env:NAME' for a variable of the worker's environment"
                 )
         return value
@@ -355,16 +359,25 @@ def load_spec(path: str | Path) -> TrainingSpec:
 
 
 def describe_validation_error(exc: ValidationError, source: str) -> str:
-    """The first problem of a pydantic error as `source: field.path: message`, plus a count of the rest."""
+    """The first problem of a pydantic error as `source: field.path: message`, plus a count of the rest.
+
+    An unknown field close to a known one gets a suggestion; a required field that is missing while
+    an unknown field beside it is close to its name is reported as that misspelling.
+    """
     errors = exc.errors()
-    first = errors[0]
+    first = _misspelt_required(errors) or errors[0]
     # pydantic marks a bad dict key with a "[key]" step: the key itself is the location
     location = ".".join(str(part) for part in first["loc"] if part != "[key]") or "(top level)"
     message = first["msg"]
     if first["type"] == "missing":
         message = "this field is required"
+        if (typo := first.get("ctx", {}).get("misspelt")) is not None:
+            message = f"this field is required; {typo!r} is not a field: did you mean {first['loc'][-1]}?"
+            errors = [e for e in errors if e["loc"] != (*first["loc"][:-1], typo)]
     elif first["type"] == "extra_forbidden":
-        message = "unknown field; check its spelling against the documented spec fields"
+        guess = _closest(str(first["loc"][-1]), _fields_at(first["loc"][:-1]))
+        message = (f"unknown field; did you mean {guess}?" if guess
+                   else "unknown field; check its spelling against the documented spec fields")
     elif first["type"] == "enum" and "overrides" in location:
         valid = ", ".join(c.value for c in Category)
         message = f"unknown failure category {first.get('input')!r}; use one of: {valid}"
@@ -378,3 +391,32 @@ def describe_validation_error(exc: ValidationError, source: str) -> str:
     if not first["loc"] and re.match(r"[a-z_]+: ", message):  # a check across fields names its field itself
         return f"{source}: {message}{more}"
     return f"{source}: {location}: {message}{more}"
+
+
+def _closest(word: str, known: Sequence[str]) -> str | None:
+    """The known field `word` most likely misspells, if any is close enough."""
+    found = difflib.get_close_matches(word.lower(), known, n=1, cutoff=0.7)
+    return found[0] if found else None
+
+
+def _fields_at(loc: Sequence[int | str]) -> list[str]:
+    """The field names of the spec model at `loc` (e.g. ("retry",) -> RetrySpec's); [] where no model is."""
+    model: type[BaseModel] | None = TrainingSpec
+    for part in loc:
+        if model is not None and part in model.model_fields:  # a dict key step (a category) keeps the model
+            annotation = model.model_fields[str(part)].annotation
+            model = next((a for a in (annotation, *typing.get_args(annotation))
+                          if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return list(model.model_fields) if model is not None else []
+
+
+def _misspelt_required(errors: Sequence[Any]) -> Any:
+    """A "missing" error whose field an unknown field beside it misspells, marked with that spelling."""
+    for missing in errors:
+        if missing["type"] != "missing":
+            continue
+        for extra in errors:
+            if (extra["type"] == "extra_forbidden" and tuple(extra["loc"][:-1]) == tuple(missing["loc"][:-1])
+                    and _closest(str(extra["loc"][-1]), [str(missing["loc"][-1])])):
+                return {**missing, "ctx": {"misspelt": str(extra["loc"][-1])}}
+    return None

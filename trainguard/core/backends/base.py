@@ -183,7 +183,7 @@ class CollectedEvidence:
     @property
     def summary(self) -> dict[str, Any]:
         """The JSON-ready figures the attempt summary carries."""
-        return {"location": self.location, "items": len(self.manifest.items), "missing": len(self.manifest.missing)}
+        return {"location": self.location, "items": len(self.manifest.items), "missing": len(self.manifest.absent)}
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ from typing import Any
 
 from trainguard_entrypoint import safefiles
 from trainguard_entrypoint.checkpoints import list_checkpoints
+from trainguard_entrypoint.coredumps import CORE_SIGNALS
 from trainguard_entrypoint.files import read_json_object, read_tail_lines
 from trainguard_entrypoint.forensics import FLIGHT_RECORDER
 from trainguard_entrypoint.stacks import STACKS
@@ -134,8 +135,8 @@ class BundleWriter:
     def put_bytes(self, name: str, data: bytes, source: str) -> None:
         self._record(name, source, self.store.put_bytes(f"{self.prefix}/{name}", data))
 
-    def absent(self, name: str, source: str, reason: str, original: str = "") -> None:
-        self.missing.append(MissingItem(name, source, reason, original))
+    def absent(self, name: str, source: str, reason: str, original: str = "", applicable: bool = True) -> None:
+        self.missing.append(MissingItem(name, source, reason, original, applicable))
 
     def guarded(self, name: str, source: str, step: Callable[[], object]) -> None:
         """Run one collection step; whatever it raises becomes a MissingItem, and collection goes on."""
@@ -213,11 +214,13 @@ def _collect_snapshots(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, m
             c.absent(expected, ENTRYPOINT, f"not written: {why_absent}")
     for phase in ("gpu-before", "gpu-after"):
         index = read_json_object(ws.snapshot_dir / phase / "index.json", ws.root) or {}
-        absent_list = index.get("absent", [])
-        for absent in absent_list if isinstance(absent_list, list) else []:
-            if isinstance(absent, dict):
-                name, original = jobfiles.evidence_name(f"snapshot/{phase}", str(absent.get("name")))
-                c.absent(name, ENTRYPOINT, masker.for_people(str(absent.get("reason"))), original)
+        absent_list = [a for a in index.get("absent", []) if isinstance(a, dict)] \
+            if isinstance(index.get("absent"), list) else []
+        # no NVIDIA driver on the host: no GPU to take a snapshot of, so nothing is lost
+        applicable = not any(a.get("name") == "driver-version.txt" for a in absent_list)
+        for absent in absent_list:
+            name, original = jobfiles.evidence_name(f"snapshot/{phase}", str(absent.get("name")))
+            c.absent(name, ENTRYPOINT, masker.for_people(str(absent.get("reason"))), original, applicable)
 
 
 def _failure_of(what: str, write_failures: Sequence[str]) -> str | None:
@@ -256,7 +259,10 @@ def _collect_coredumps(c: BundleWriter, ws: AttemptWorkspace, crash: dict[str, A
     if crash is None:
         c.absent("coredumps", ENTRYPOINT, "no core file, and no crash report to say why")
     else:
-        c.absent("coredumps", ENTRYPOINT, masker.for_people(str(crash.get("core_absent_reason") or "no core file was kept")))
+        # a process that exited, or died of a signal that dumps no core, could not have left one
+        dumps = crash.get("signal") in CORE_SIGNALS
+        c.absent("coredumps", ENTRYPOINT, masker.for_people(str(crash.get("core_absent_reason") or "no core file was kept")),
+                 applicable=dumps)
 
 
 def _collect_checkpoints(c: BundleWriter, ws: AttemptWorkspace) -> None:

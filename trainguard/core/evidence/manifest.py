@@ -44,12 +44,18 @@ class ManifestItem:
 
 @dataclass(frozen=True)
 class MissingItem:
-    """A piece of evidence that is not there, and why."""
+    """A piece of evidence that is not there, and why.
+
+    ``applicable`` is False for an item that could not exist on this attempt (GPU snapshots on a host
+    without an NVIDIA driver, core dumps of a process that did not die of a core-dumping signal):
+    it is listed with its reason, but the attempt's evidence is not partial for it.
+    """
 
     name: str
     source: str
     reason: str
     original_name: str = ""  # as `ManifestItem.original_name`
+    applicable: bool = True
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,11 @@ class Manifest:
     items: tuple[ManifestItem, ...]
     missing: tuple[MissingItem, ...]
 
+    @property
+    def absent(self) -> tuple[MissingItem, ...]:
+        """The missing items that could have been there: what makes the evidence partial."""
+        return tuple(item for item in self.missing if item.applicable)
+
     def to_json(self) -> str:
         """The manifest as indented JSON (``original_name`` only where it differs from ``name``)."""
         payload = {"format": MANIFEST_FORMAT, **asdict(self)}
@@ -69,6 +80,8 @@ class Manifest:
             for entry in entries:
                 if not entry["original_name"]:
                     del entry["original_name"]
+                if entry.get("applicable") is True:
+                    del entry["applicable"]
         return json.dumps(payload, indent=2) + "\n"
 
     @classmethod

@@ -46,9 +46,16 @@ class NodeRow:
     node: str
     attempts: int
     failures: Mapping[str, int]  # category -> failures placed on the node
-    failure_rate: float
+    failure_rate: float  # every failure, the code's and the config's included
     gpu_hours_wasted: float
     last_failure: str | None  # "<ended_at> <category>"
+    hardware_failures: int = 0  # of a hardware category (suspects.HARDWARE): what says something of the node
+    hardware_rate: float = 0.0
+
+    @property
+    def other_failures(self) -> Mapping[str, int]:
+        """Failures of the code, config, data...: the run's, which say nothing about the node."""
+        return {category: n for category, n in self.failures.items() if category not in HARDWARE}
 
 
 @dataclass(frozen=True)
@@ -163,7 +170,7 @@ class Tally:
         hardware = sum(node.hardware for node in self.nodes.values())
         node_attempts = sum(self.attempts_on.values())
         rows = sorted((_node_row(name, attempts, self.nodes.get(name)) for name, attempts in self.attempts_on.items()),
-                      key=lambda r: (-sum(r.failures.values()), -r.failure_rate, r.node))
+                      key=lambda r: (-r.hardware_failures, -sum(r.failures.values()), -r.failure_rate, r.node))
         found = []
         for name, node in self.nodes.items():
             if node.hardware < rule.min_failures:  # the rule's first condition: no test can make it a suspect
@@ -195,7 +202,8 @@ def _node_row(name: str, attempts: int, node: _Node | None) -> NodeRow:
         return NodeRow(name, attempts, {}, 0.0, 0.0, None)
     last = f"{node.last_failure[0]} {node.last_failure[1]}" if node.last_failure else None
     failures = dict(sorted(node.failures.items(), key=lambda kv: kv[1], reverse=True))  # most first, ties as met
-    return NodeRow(name, attempts, failures, sum(failures.values()) / attempts, node.wasted_seconds / 3600, last)
+    return NodeRow(name, attempts, failures, sum(failures.values()) / attempts, node.wasted_seconds / 3600, last,
+                   node.hardware, node.hardware / attempts)
 
 
 def _fingerprint_row(key: str, found: _Fingerprint) -> FingerprintRow:

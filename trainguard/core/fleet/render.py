@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.core import masking
-from trainguard.core.fleet.analysis import FleetView, Suspect
+from trainguard.core.fleet.analysis import FleetView, NodeRow, Suspect
 from trainguard.core.reports.run import md_text
 
 ROWS = 50  # rows of each Markdown table; the JSON form has them all
@@ -26,7 +26,8 @@ def to_json(view: FleetView, window: dict[str, Any]) -> dict[str, Any]:
         "totals": {"attempts": view.attempts, "failures": view.failures, "hardware_failures": view.hardware_failures,
                    "gpu_hours_wasted": round(view.gpu_hours_wasted, 2)},
         "nodes": [{"node": r.node, "attempts": r.attempts, "failures": dict(r.failures),
-                   "failure_rate": round(r.failure_rate, 4), "gpu_hours_wasted": round(r.gpu_hours_wasted, 2),
+                   "failure_rate": round(r.failure_rate, 4), "hardware_failures": r.hardware_failures,
+                   "hardware_failure_rate": round(r.hardware_rate, 4), "gpu_hours_wasted": round(r.gpu_hours_wasted, 2),
                    "last_failure": r.last_failure} for r in view.nodes],
         "fingerprints": [{"fingerprint": r.fingerprint, "category": r.category, "rule": r.rule,
                           "first_seen": r.first_seen, "last_seen": r.last_seen, "runs": r.runs,
@@ -78,9 +79,11 @@ def markdown(view: FleetView, title: str) -> str:
         lines += [f"  - {md_text(e['ended_at'])} {md_text(e['run'])} attempt {md_text(e['attempt'])}: "
                   f"{md_text(e['category'])} `{md_text(e['fingerprint'], 40)}` {md_text(e['signature'], 160)}"
                   for e in suspect.examples]
-    lines += ["", "## Nodes", "", "| node | attempts | failures | failure rate | GPU-hours wasted | last failure |",
-              "|---|---|---|---|---|---|"]
-    lines += [f"| {md_text(r.node, 120)} | {r.attempts} | {md_text(_failures(r.failures))} | {r.failure_rate:.1%} | "
+    lines += ["", "## Nodes", "", "The hardware failure rate speaks of the node; code, config and data failures "
+              "are the runs' own and say nothing about it.", "",
+              f"| node | attempts | {' | '.join(NODE_COLUMNS)} | GPU-hours wasted | last failure |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {md_text(r.node, 120)} | {r.attempts} | {' | '.join(md_text(c) for c in node_cells(r))} | "
               f"{r.gpu_hours_wasted:,.1f} | {md_text(r.last_failure or '-')} |" for r in view.nodes[:ROWS]]
     lines += _more(len(view.nodes))
     lines += ["", "## The same failure across runs", "",
@@ -91,6 +94,15 @@ def markdown(view: FleetView, title: str) -> str:
               for r in view.fingerprints[:ROWS]]
     lines += _more(len(view.fingerprints))
     return "\n".join(lines) + "\n"
+
+
+NODE_COLUMNS = ("hardware failures", "hardware failure rate", "other failures (not the node's)")
+
+
+def node_cells(row: NodeRow) -> tuple[str, str, str]:
+    """A node's hardware failures, their rate, and the failures that say nothing about the node."""
+    hardware = {c: n for c, n in row.failures.items() if c not in row.other_failures}
+    return (_failures(hardware), f"{row.hardware_rate:.1%}", _failures(row.other_failures))
 
 
 def _failures(by_category: dict[str, int] | Any) -> str:

@@ -9,8 +9,10 @@ any backtick run inside, so no Markdown, HTML or link in it ever takes effect.
 from __future__ import annotations
 
 import html
+import shlex
+import urllib.parse
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePath
 
 from trainguard.core import masking
@@ -72,7 +74,19 @@ def certainty(summary: AttemptSummary) -> str:
         return f"weak call ({how}): check the deciding log line and the evidence by hand"
     if summary.culprit_undetermined:
         return "the category is sure; which rank started it is not (every rank only lost a peer)"
-    return f"{summary.strength or 'cause'}-strength evidence"
+    if summary.decided_by == "stacks":
+        return "judged from every rank's stack, taken while the ranks were alive: strong"
+    return _JUDGED_FROM.get(summary.strength, "")
+
+
+# The triage rules' strength names are the rule writers' words; a person reads what the call rests on.
+_JUDGED_FROM = {
+    "verdict": "judged from what the platform reported (termination reason, scheduler or eviction): sure",
+    "cause": "judged from a root-cause line in the log: strong",
+    "error": "judged from the error line in the log: strong",
+    "crash": "judged from a native crash in the log, with no clearer cause beside it: fair",
+    "consequence": "judged from what the ranks reported after the failure, not the failure itself: fair",
+}
 
 
 _PATHS = re.compile(r"(?<!\S)\[?[\w.+-]*(?:/[\w.+-]+)+\.(?:py|pyx|cc|cpp|cu|c|h|hpp)(?::\d+)?\]?[,:]?(?=\s|$)")
@@ -243,21 +257,46 @@ def _links(summary: AttemptSummary) -> list[str]:
         return []
     expiry = f" (links expire {summary.evidence_links_expire_at})" if summary.evidence_links_expire_at else ""
     lines = ["", f"## Evidence{expiry}", ""]
+    local = {name: url for name, url in summary.evidence_links.items() if url.startswith("file://")}
     for name, url in summary.evidence_links.items():
-        if name not in summary.evidence_spooled:
+        if name not in summary.evidence_spooled and name not in local:
             label = _cell(name)  # escaped: brackets included
             lines.append(f"- [{label}](<{url.replace('>', '%3E')}>)")
+    if local:  # no browser opens a file:// link from the UI: the commands that read the folder do
+        lines += _folder_commands(summary, local)
     waiting = "uploading" if summary.evidence_uploading else "spooled, not uploaded yet"
     lines += [f"- {_cell(name)} ({waiting})" for name in summary.evidence_spooled]
     return lines
+
+
+def _folder_commands(summary: AttemptSummary, links: Mapping[str, str]) -> list[str]:
+    """The `trainguard evidence` command lines that show and fetch a folder store's items."""
+    path = urllib.parse.unquote(urllib.parse.urlparse(next(iter(links.values()))).path)
+    marker = f"/runs/{summary.run_id}/attempt-{summary.attempt}/"
+    root = path[:path.index(marker)] if marker in path else ""
+    where = f" --root {shlex.quote(root)}" if root else ""
+    commands = [f"trainguard evidence show {shlex.quote(summary.run_id)}{where}"]
+    commands += [f"trainguard evidence get {shlex.quote(summary.run_id)} {summary.attempt} {shlex.quote(name)} "
+                 f"-o {shlex.quote(name.rsplit('/', 1)[-1])}{where}" for name in links]
+    return ["The evidence folder is on the machine that ran the attempt; there, these show and fetch it:", "",
+            fenced("\n".join(commands))]
 
 
 def render_table(summaries: Sequence[AttemptSummary]) -> str:
     """The attempts as a Markdown table."""
     header = "| " + " | ".join(TABLE_COLUMNS) + " |"
     rule = "|" + "---|" * len(TABLE_COLUMNS)
-    rows = ["| " + " | ".join(_cell(v) for v in table_row(s).values()) + " |" for s in summaries]
+    rows = ["| " + " | ".join(_wrappable(_cell(v)) for v in table_row(s).values()) + " |" for s in summaries]
     return "\n".join([header, rule, *rows])
+
+
+_LONG_PATH = re.compile(r"\S{30,}")
+
+
+def _wrappable(cell: str) -> str:
+    """A cell whose long paths may wrap after each "/": the Prefect UI lays a table out no narrower than
+    its longest unbreakable word and clips what does not fit, with no scroll bar to reach it."""
+    return _LONG_PATH.sub(lambda m: m.group(0).replace("/", "/\u200b"), cell)
 
 
 def _signature(summary: AttemptSummary) -> str:

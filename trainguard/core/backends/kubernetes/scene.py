@@ -76,8 +76,8 @@ class ClusterWriter(workspace_evidence.BundleWriter):
         self.api: KubeApi = BreakerApi(api)
         self.masker = masker or masking.current()
 
-    def absent(self, name: str, source: str, reason: str, original: str = "") -> None:
-        super().absent(name, source, self.masker.for_people(reason), original)
+    def absent(self, name: str, source: str, reason: str, original: str = "", applicable: bool = True) -> None:
+        super().absent(name, source, self.masker.for_people(reason), original, applicable)
 
     def put_json(self, name: str, payload: Any, source: str) -> None:
         """``payload`` as indented JSON, every string in it masked."""
