@@ -1,4 +1,4 @@
-"""The README's quickstart and Kubernetes quickstart, run as written in a fresh copy of the checkout.
+"""The README's quickstarts (two commands, one's own script, Kubernetes), run as written in a fresh copy of the checkout.
 
 Every shell block of those sections carries a `doc-test` marker (tests/docblocks.py): the tested ones
 run verbatim, in page order, in one copy (a later block may use what an earlier one left), each
@@ -20,7 +20,7 @@ from checkout_copy import ROOT, copy_checkout, user_env
 from docblocks import Block, blocks, run, verdict
 
 README = ROOT / "README.md"
-QUICKSTART_SECTIONS = ("Two commands", "Kubernetes quickstart")
+QUICKSTART_SECTIONS = ("Two commands", "Your own training script in five minutes", "Kubernetes quickstart")
 _ALL = blocks(README)
 _QUICK = [b for b in _ALL if b.heading in QUICKSTART_SECTIONS and b.is_shell]
 _TESTED = [b for b in _QUICK if b.marked and b.skip is None]

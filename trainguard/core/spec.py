@@ -125,22 +125,37 @@ class TrainingSpec(BaseModel):
 
     name: str = Field(description="Run name: lowercase letters, digits and dashes, at most 42 characters.")
     command: list[str] = Field(min_length=1, description="The training command, as a list or a shell-quoted string.")
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Plain environment variables of the training command; a secret-looking value is refused "
+        "(pass it through secret_env: specs are stored in clear as flow-run parameters).")
     secret_env: dict[str, str] = Field(
         default_factory=dict,
         description="Variables whose values are secrets, resolved when the attempt starts: the name of a "
         "Prefect Secret block, or 'env:NAME' for a variable of the worker's environment.",
     )
-    workdir: str | None = None
+    workdir: str | None = Field(
+        default=None,
+        description="The command's working directory. Local: relative to where trainguard runs (./dev runs "
+        "from the checkout), default that directory; Kubernetes: the container's workingDir, default the "
+        "image's WORKDIR; Slurm: sbatch --chdir, default the attempt's folder on the shared filesystem.")
     gpus: int = Field(default=0, ge=0, strict=True, description="GPUs per node.")
     nodes: int = Field(default=1, ge=1, le=MAX_NODES, strict=True,
                        description="Nodes of one attempt: N pods of an Indexed Job, or a Slurm job on N nodes.")
     processes_per_node: int | None = Field(
         default=None, ge=1, le=1024, strict=True,
         description="Processes per node (torchrun's nproc_per_node); empty = gpus, or 1 without GPUs.")
-    deadline_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    stall_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    retry: RetrySpec | None = None
+    deadline_seconds: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="Wall-time limit of one attempt (Kubernetes: activeDeadlineSeconds; Slurm: --time); "
+        "an attempt over it ends as timeout.")
+    stall_seconds: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="Nothing new (console, rank logs, checkpoints) for this long ends a hung attempt, once "
+        "every rank's stack is taken (at 80 % of it).")
+    retry: RetrySpec | None = Field(
+        default=None,
+        description="How failures are retried; else the named retry policy block, else the defaults.")
     backend: str | None = Field(default=None, description="A saved backend block as slug/name, e.g. "
                                 "trainguard-kubernetes-job-backend/gpu-cluster; the CLI's --backend wins.")
 

@@ -1,7 +1,11 @@
 """Where training attempts run: the seam every backend implements, and one wing per platform.
 
-`base` holds the `Backend` protocol, the values that cross it and its optional capabilities;
-`workspace` owns the paths of the attempt folder every backend's entrypoint fills, and
-`workspace_evidence` collects that folder into a store; `processes` tells whether a recorded
-process still runs. The wings `local`, `kubernetes` and `slurm` know nothing of each other.
+`base` holds the `Backend` protocol and the values that cross it; `capabilities` the optional
+capabilities beside it, as protocols a caller tests with `isinstance`. `workspace` owns the paths
+of the attempt folder every backend's entrypoint fills, and `workspace_evidence` collects that
+folder into a store, through `jobfiles` (the job's files masked or byte for byte, within budget,
+safely named); `torchrun` and `rankstacks` read what torchrun and the entrypoint's stack capture
+left there, as triage reads it; `forensics` is what every backend tells the entrypoint about a hang;
+`processes` tells whether a recorded process still runs. The wings `local`, `kubernetes` and
+`slurm` know nothing of each other.
 """

@@ -1,9 +1,15 @@
 """The Kubernetes backend: a training attempt as a Job, supervised by watch, its evidence frozen.
 
 `api` is the one module that imports the `kubernetes` client (an import-linter contract keeps it
-so); `errors` is its error tree; `watch` resumes watches; `manifests` writes the Job and its
-Secret; `supervise` follows an attempt to its end; `evidence`, `scene`, `describe` and `volume`
-freeze what the cluster knows, the volume's files through the `collector` pod, which runs
-`collector_program` and is read back by `collector_output`; `backend` puts it together behind
+so); `errors` is its error tree; `watch` resumes watches. `manifests` writes the Job and its
+Secret, `zipapp` packs the entrypoint into the ConfigMap the pods run it from; for several nodes,
+`indexed` makes the Job an Indexed Job behind a headless Service, `pytorchjob` makes it a Kubeflow
+PyTorchJob instead, `kinds` tells the two kinds apart wherever they are read, and `placement`
+relaxes one pod per node when the cluster cannot give it. `supervise` follows an attempt to its
+end, `supervise_nodes` one of several pods. `evidence`, `scene`, `describe` (with `gotext`, Go's
+text formatting kubectl's output depends on) and `volume` freeze what the cluster knows, the
+volume's files through the `collector` pod, which runs `collector_program` and is read back by
+`collector_output`; `nodes` reads each pod of a multi-node attempt as evidence and triage see it;
+the `lister` pod lists a run's checkpoints. `backend` puts it together behind
 `trainguard.core.backends.base.Backend`.
 """

@@ -4,8 +4,8 @@ The attempt's folder and the run's checkpoints live on the cluster's shared file
 flow's machine also mounts. `run` submits the attempt's job (or adopts the one a previous flow
 process already submitted, found by its recorded id or by name and comment), follows it with
 `squeue` on its own id with backoff, streams the entrypoint's log to `on_line`, and reads the end
-from `scontrol show job` and the entrypoint's crash report. Evidence is ``slurm_evidence``'s; the
-job's shape is ``slurm_job``'s; the commands are ``slurm``'s; earlier attempts' jobs ``slurm_continuation``'s.
+from `scontrol show job` and the entrypoint's crash report. Evidence is ``evidence``'s; the
+job's shape is ``job``'s; the commands are ``client``'s; earlier attempts' jobs ``continuation``'s.
 """
 
 from __future__ import annotations

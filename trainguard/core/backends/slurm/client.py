@@ -6,7 +6,7 @@ behind small methods that return plain values, and translates a command's failur
 worth retrying), `JobNotFound` (Slurm no longer knows the job) and `SlurmRejected` (the request
 itself is wrong: a bad partition, account or option). The command runner is injected, so the
 supervision loop and the tests need no patching. What a job *means* for an attempt (its state as a
-termination reason, the batch script) lives in ``slurm_job``; the backend seam in ``slurm_backend``.
+termination reason, the batch script) lives in ``job``; the backend seam in ``backend``.
 """
 
 from __future__ import annotations

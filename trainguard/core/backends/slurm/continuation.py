@@ -7,7 +7,7 @@ attempt's folder (its environment says so), so the new attempt's folder gets rel
 those files (log, crash report, snapshots, core dumps, the other tasks' folders, the job's stdout
 and stderr, the batch script and Slurm's warning marker): supervision, triage and evidence read
 them through the links as if the job were the attempt's own. Submitting and supervising is
-``slurm_backend``'s; the job's name and comment are ``slurm_job``'s.
+``backend``'s; the job's name and comment are ``job``'s.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The job name and comment are derived from (run, attempt) and the shared folder, 
 attempt finds the job it already launched. `sbatch_options` turns the backend's settings and a
 `Launch` into `sbatch` options; `batch_script` writes the script that runs the stdlib entrypoint
 under `srun` on every task; `termination` reads Slurm's job state as a termination reason triage
-knows. Running commands is ``slurm``'s; supervising and collecting is ``slurm_backend``'s.
+knows. Running commands is ``client``'s; supervising and collecting is ``backend``'s.
 """
 
 from __future__ import annotations

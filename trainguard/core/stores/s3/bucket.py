@@ -4,7 +4,7 @@ Each method is one S3 call on one bucket. Library exceptions are translated once
 object is `EvidenceNotFound`; 5xx, SlowDown/throttling, timeouts and dropped connections are
 `S3Transient` (worth retrying); access denied, a missing bucket, bad credentials and other 4xx are
 `S3Permanent` (retrying cannot help). Retrying, spooling and the evidence-store protocol are
-``s3store``'s business. Messages are one line and never carry credentials.
+``store``'s business. Messages are one line and never carry credentials.
 """
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ def _make_client(settings: S3Settings) -> Any:
         region_name=settings.region,
         connect_timeout=settings.connect_timeout_seconds,
         read_timeout=settings.read_timeout_seconds,
-        retries={"total_max_attempts": 1},  # ``s3store`` retries, within the attempt's time budget
+        retries={"total_max_attempts": 1},  # ``store`` retries, within the attempt's time budget
         max_pool_connections=settings.max_connections,
         signature_version="s3v4",
         # Every write carries its SHA-256 for S3 to check, so the body is not hashed a second time for the

@@ -10,7 +10,7 @@ A file that changed meanwhile (size, modification time or inode; a server more l
 would not notice) is `SourceChanged`: the caller spools it as it is now. When a part cannot be
 sent, the parts in flight finish, no more are started, and the caller spools the file with the
 upload's id, so `flush` sends only what S3 lacks. Retrying and time budgets are the caller's
-(``retrying``); spooling is ``s3store``'s job.
+(``retrying``); spooling is ``store``'s job.
 """
 
 from __future__ import annotations

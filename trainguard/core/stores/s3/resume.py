@@ -3,7 +3,7 @@
 The S3 store's way for what waits in the spool (``spool``): each part is streamed from the spool
 file with its SHA-256, and an interrupted multipart upload is resumed by its id, sending only the
 parts S3 lacks or holds with other bytes. Which entries go up, when, and within what time is
-``s3store``'s business; so are retries (``retrying``) and the time budget (``check``).
+``store``'s business; so are retries (``retrying``) and the time budget (``check``).
 """
 
 from __future__ import annotations

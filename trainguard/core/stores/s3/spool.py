@@ -9,7 +9,7 @@ can be a tagging to apply to every object under a prefix (an attempt's outcome t
 S3 was away). The spool folder may be writable by a training job (it runs as the flow's user): a
 spool file is only ever read, and a lock only opened, if it is a regular file of the spool's own
 (through `safefiles`), so a link or a FIFO planted there is refused, never uploaded or waited on.
-Uploading is ``s3store``'s job.
+Uploading is ``store``'s job.
 """
 
 from __future__ import annotations

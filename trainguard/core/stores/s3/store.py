@@ -1,7 +1,7 @@
 """The S3 store: the evidence-store protocol over a bucket, with a local spool for what S3 did not take.
 
 While S3 answers, a write goes straight up: a small one as one PUT, a file as a multipart upload
-whose parts are sent in parallel while the file is read (``s3direct``), each with its SHA-256 for
+whose parts are sent in parallel while the file is read (``direct``), each with its SHA-256 for
 S3 to check, encrypted server-side; nothing is copied. Transient failures are retried with backoff;
 a permanent one (403, no such bucket) stops at once. A write S3 did not take is spooled on local
 disk (``spool``) with its multipart upload's id, and so is every later write of this store, in
