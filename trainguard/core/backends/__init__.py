@@ -6,6 +6,7 @@ of the attempt folder every backend's entrypoint fills, and `workspace_evidence`
 folder into a store, through `jobfiles` (the job's files masked or byte for byte, within budget,
 safely named); `torchrun` and `rankstacks` read what torchrun and the entrypoint's stack capture
 left there, as triage reads it; `forensics` is what every backend tells the entrypoint about a hang;
-`processes` tells whether a recorded process still runs. The wings `local`, `kubernetes` and
+`processes` tells whether a recorded process still runs; `waits` says, on a schedule, what a
+long wait is for. The wings `local`, `kubernetes` and
 `slurm` know nothing of each other.
 """

@@ -6,10 +6,12 @@ Secret, `zipapp` packs the entrypoint into the ConfigMap the pods run it from; f
 `indexed` makes the Job an Indexed Job behind a headless Service, `pytorchjob` makes it a Kubeflow
 PyTorchJob instead, `kinds` tells the two kinds apart wherever they are read, and `placement`
 relaxes one pod per node when the cluster cannot give it. `supervise` follows an attempt to its
-end, `supervise_nodes` one of several pods. `evidence`, `scene`, `describe` (with `gotext`, Go's
+end, `supervise_nodes` one of several pods, `podstate` reads a pod's states and what it still
+waits for. `evidence`, `scene`, `describe` (with `gotext`, Go's
 text formatting kubectl's output depends on) and `volume` freeze what the cluster knows, the
 volume's files through the `collector` pod, which runs `collector_program` and is read back by
 `collector_output`; `nodes` reads each pod of a multi-node attempt as evidence and triage see it;
-the `lister` pod lists a run's checkpoints. `backend` puts it together behind
+the `lister` pod lists a run's checkpoints; `localdir` is the private folder on the flow's
+machine where triage facts and the nodes' files are kept. `backend` puts it together behind
 `trainguard.core.backends.base.Backend`.
 """
