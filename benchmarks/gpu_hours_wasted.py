@@ -42,13 +42,15 @@ a finished run's, a handed-over run's up to its newest checkpoint).
     .venv/bin/python benchmarks/gpu_hours_wasted.py
     .venv/bin/python benchmarks/gpu_hours_wasted.py --runs 400 --gpus 2048 --job-hours 72
 
-On that replay (2026-12-03): trainguard finishes 261 runs without a person and hands 139 to one,
-every one of them at a software bug or a broken dependency (135 code_error, 4 config_error); with
-a budget of attempts in all it finished 196 and handed over 204, 75 of them when hardware or
-platform faults spread over three days had spent the budget. It wastes 964,418 GPU-hours, 92.2 % fewer than retry-all
-(12,370,592) and 32 % fewer than torchelastic (1,419,190), but more than no-retry (374,838) and
-Kubeflow's ExitCode (443,115): those stop at the first failure, so they lose the progress of one
-failure per run and leave the rest of the run (28 and 47 finished) to a person, whose own restarts
+On that replay (2026-12-03, the corpus with its fresh blind set): trainguard finishes 270 runs
+without a person and hands 130 to one, 126 of them at a software bug or a broken dependency (120
+code_error, 6 config_error) and 4 at a node whose Slurm daemon lost the batch script, which triage
+reads as a config_error (rule slurm.execve); none for a spent budget. With a budget of attempts in
+all (max_total_attempts 4) it finished 205 and handed over 195, 68 of them when hardware or
+platform faults had spent the budget. It wastes 973,810 GPU-hours, 91.6 % fewer than retry-all
+(11,559,363) and 33 % fewer than torchelastic (1,464,106), but more than no-retry (383,732) and
+Kubeflow's ExitCode (485,960): those stop at the first failure, so they lose the progress of one
+failure per run and leave the rest of the run (22 and 37 finished) to a person, whose own restarts
 meet the same failures but are not counted here. Per GPU-hour spent, the waste is the same (an
 effective training time of 0.980 against 0.981): what a retry from the checkpoint loses is what a
 person's resume loses, without the wait for the person.
