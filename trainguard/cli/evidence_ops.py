@@ -37,7 +37,7 @@ evidence_app.add_typer(retention_app, name="retention")
 def get(
     run_id: str = typer.Argument(..., help="The run id."),
     attempt: int = typer.Argument(..., help="The attempt number, from 1."),
-    item: str = typer.Argument(..., help="The item's name in the manifest, e.g. logs/train-rank0.log."),
+    item: str = typer.Argument(..., help="The item's name in the manifest, e.g. crash-tail.txt or logs/train-RUN-attempt-N.log."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Where to write it ('-' for stdout)."),
     root: Path = ROOT_OPTION,
     block: str | None = BLOCK_OPTION,
