@@ -74,3 +74,11 @@ def prefect_records(run_id: str) -> tuple[list[str], list[str], list[str]]:
     parameters = [json.dumps(r.parameters, default=str) for r in all_runs]
     assert artifacts and parameters and logs
     return artifacts, parameters, [entry.message for entry in logs]
+
+
+def cells(table: str, header: str) -> str:
+    """The text of one column of a rich table, its wrapped lines joined by spaces."""
+    heading = next(line for line in table.splitlines() if line.startswith("┃"))
+    column = [name.strip() for name in heading.split("┃")].index(header)
+    rows = [line.split("│") for line in table.splitlines() if line.startswith("│")]
+    return " ".join(" ".join(row[column].split()) for row in rows if len(row) > column).strip()

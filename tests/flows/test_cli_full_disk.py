@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from flow_helpers import tiny_spec
+from flow_helpers import cells, tiny_spec
 from prefect import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from typer.testing import CliRunner
@@ -33,14 +33,6 @@ print('  File "train.py", line 9, in <module>')
 print("TypeError: unsupported operand type(s) for +: 'int' and 'str'")
 raise SystemExit(1)
 """
-
-
-def cells(table: str, header: str) -> str:
-    """The text of one column of a rich table, its wrapped lines joined by spaces."""
-    heading = next(line for line in table.splitlines() if line.startswith("┃"))
-    column = [name.strip() for name in heading.split("┃")].index(header)
-    rows = [line.split("│") for line in table.splitlines() if line.startswith("│")]
-    return " ".join(" ".join(row[column].split()) for row in rows if len(row) > column).strip()
 
 
 def trainguard(*args: str, cwd: Path, api_url: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -125,9 +125,9 @@ class _Webhook(BaseHTTPRequestHandler):
         pass
 
 
-def test_the_readme_automation_notifies_about_a_run_that_gave_up_on_a_non_retryable_failure(prefect_server):
-    """The README's example, executed as written, against a webhook on loopback (not Slack)."""
-    readme = (ROOT / "README.md").read_text()
+def test_the_documented_automation_notifies_about_a_run_that_gave_up_on_a_non_retryable_failure(prefect_server):
+    """The Prefect operations page's example, executed as written, against a webhook on loopback (not Slack)."""
+    readme = (ROOT / "docs" / "platform" / "prefect.md").read_text()
     example = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S)
                    if "notify on non-retryable failures" in block)
     hook = ThreadingHTTPServer(("127.0.0.1", 0), _Webhook)
@@ -135,7 +135,7 @@ def test_the_readme_automation_notifies_about_a_run_that_gave_up_on_a_non_retrya
     block_id = CustomWebhookNotificationBlock(
         name="readme", url=f"http://127.0.0.1:{hook.server_port}/hook",
         json_data={"subject": "{{subject}}", "body": "{{body}}"}).save("readme-example", overwrite=True)
-    exec(compile(example, "README.md", "exec"), {"SLACK_WEBHOOK_BLOCK_ID": block_id})  # noqa: S102
+    exec(compile(example, "docs/platform/prefect.md", "exec"), {"SLACK_WEBHOOK_BLOCK_ID": block_id})  # noqa: S102
     try:
         with get_client(sync_client=True) as client:
             wait_for(lambda: client.read_automations_by_name("notify on non-retryable failures"), 30, "the automation")
