@@ -150,7 +150,9 @@ class KubernetesBackend:
             return replace(launch, avoid_nodes=wanted)
         avoid = tuple(node for node in wanted if node in listed)
         left = len(listed - set(avoid))
-        if avoid and left < launch.nodes:
+        # Only no node at all is sure to leave the pods unschedulable: fewer nodes than pods can still
+        # take them where one pod per node relaxes to preferred, or a node has room for several.
+        if avoid and left == 0:
             _say(on_line, f"not keeping the attempt off {', '.join(avoid)}: that would leave {left} of the "
                           f"{len(listed)} schedulable nodes, and it needs {launch.nodes}")
             return replace(launch, avoid_nodes=())
