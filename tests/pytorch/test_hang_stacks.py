@@ -75,9 +75,9 @@ def hung(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[int, i
                  what="ranks 0 and 2 to wait for rank 1 in a collective", interval=0.5)
         yield {**ranks, -1: agent.pid}
     finally:
-        for pid in ranks.values():  # torchrun starts each worker in a session of its own
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        for pid in ranks.values():  # torchrun starts each worker in a session of its own, which
+            with contextlib.suppress(ProcessLookupError):  # its DataLoader workers share: stop them all
+                os.killpg(pid, signal.SIGKILL)
         os.killpg(agent.pid, signal.SIGKILL)
         agent.wait()
         wait_for(lambda: not any(alive(pid) for pid in ranks.values()), timeout=30, what="the ranks to end")
