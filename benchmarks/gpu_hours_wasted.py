@@ -72,6 +72,7 @@ sys.path.insert(0, str(REPO))
 from trainguard.core import policy as retry_policy  # noqa: E402
 from trainguard.core import triage  # noqa: E402
 from trainguard.core.taxonomy import Category  # noqa: E402
+from trainguard.core.triage.decide import Gathered, conclude, gather  # noqa: E402
 
 # Llama 3 405B pre-training, Table 5: unexpected interruptions by root cause, and the taxonomy
 # category each becomes. Host maintenance takes the node away (preempted); broken host parts
@@ -118,6 +119,7 @@ class Failure:
     after_hours: float
     category: Category
     excerpt: dict[str, object]
+    cause: str = ""  # the trace's root cause, e.g. "Faulty GPU"
 
 
 @dataclass
@@ -157,11 +159,15 @@ def load_excerpts() -> dict[Category, list[dict[str, object]]]:
     return by_category
 
 
-def draw(rng: random.Random, rate: float, excerpts: dict[Category, list[dict[str, object]]]) -> Failure:
-    """One failure: its time from the attempt's start, its cause's category and an excerpt of it."""
-    causes = list(LLAMA3_INTERRUPTIONS.values())
-    category = rng.choices(causes, [n for n, _ in causes])[0][1]
-    return Failure(rng.expovariate(rate), category, rng.choice(excerpts[category]))
+def draw(rng: random.Random, rate: float, excerpts: dict[Category, list[dict[str, object]]],
+         mix: dict[str, tuple[int, Category]] | None = None) -> Failure:
+    """One failure: its time from the attempt's start, its cause's category and an excerpt of it.
+
+    `mix` maps each root cause to its count and category (the Llama 3 table when None).
+    """
+    causes = list((mix or LLAMA3_INTERRUPTIONS).items())
+    cause, (_, category) = rng.choices(causes, [n for _, (n, _) in causes])[0]
+    return Failure(rng.expovariate(rate), category, rng.choice(excerpts[category]), cause)
 
 
 def make_trace(args: argparse.Namespace) -> list[list[Failure]]:
@@ -271,17 +277,34 @@ def error_files(row: dict[str, object]) -> tuple[triage.ErrorFile, ...]:
     return tuple(found)
 
 
+_GATHERED: dict[int, tuple[triage.Signals, Gathered]] = {}
+
+
+def diagnose(failure: Failure, previous: list[triage.Diagnosis]) -> triage.Diagnosis:
+    """The real classifier on the excerpt, as the flow runs it (`judging.judge`: no stacks here).
+
+    The flow judges each attempt on its own evidence, without the run's earlier diagnoses (the
+    retry policy weighs the run's history), so neither does this; `previous` only records them.
+    The rules' scan of an excerpt does not depend on the run, so it is done once per excerpt.
+    """
+    row = failure.excerpt
+    if id(row) not in _GATHERED:
+        events = row.get("events")
+        signals = triage.Signals(
+            exit_code=exit_code(failure), reason=row.get("reason") or None,  # type: ignore[arg-type]
+            events=tuple(events) if isinstance(events, list) else (events or ()),  # type: ignore[arg-type]
+            log=row.get("log"), error_files=error_files(row))  # type: ignore[arg-type]
+        _GATHERED[id(row)] = signals, gather(signals, triage.load_rules(), "auto")
+    signals, gathered = _GATHERED[id(row)]
+    diagnosis = conclude(signals, triage.load_rules(), (), gathered)
+    assert diagnosis is not None
+    previous.append(diagnosis)
+    return diagnosis
+
+
 def trainguard(run: Run, failure: Failure, number: int) -> bool:
     """The real classifier on the excerpt, then the real retry policy."""
-    row = failure.excerpt
-    events = row.get("events")
-    signals = triage.Signals(
-        exit_code=exit_code(failure), reason=row.get("reason") or None,  # type: ignore[arg-type]
-        events=tuple(events) if isinstance(events, list) else (events or ()),  # type: ignore[arg-type]
-        log=row.get("log"), error_files=error_files(row))  # type: ignore[arg-type]
-    diagnosis = triage.classify(signals, previous=run.previous)
-    assert diagnosis is not None
-    run.previous.append(diagnosis)
+    diagnosis = diagnose(failure, run.previous)
     newest = f"step-{run.progress:.2f}" if run.progress else None
     resumed = run.history[-1].newest_checkpoint if run.history else None
     # The scheduler honours the decision's avoid_nodes, so each attempt lands on a fresh node.
