@@ -456,7 +456,8 @@ def run_policies(trace: Trace, gpus: int, runs: int, job_hours: float, checkpoin
         }
     baseline = float(rows[BASELINE]["gpu_hours_wasted"])  # type: ignore[arg-type]
     for row in rows.values():
-        row["waste_below_retry_all"] = 1 - float(row["gpu_hours_wasted"]) / baseline  # type: ignore[arg-type]
+        wasted = float(row["gpu_hours_wasted"])  # type: ignore[arg-type]
+        row["waste_below_retry_all"] = 1 - wasted / baseline if baseline else 0.0
     return rows
 
 
