@@ -42,18 +42,18 @@ a finished run's, a handed-over run's up to its newest checkpoint).
     .venv/bin/python benchmarks/gpu_hours_wasted.py
     .venv/bin/python benchmarks/gpu_hours_wasted.py --runs 400 --gpus 2048 --job-hours 72
 
-On that replay (2026-12-03, the corpus with its fresh blind set): trainguard finishes 270 runs
-without a person and hands 130 to one, 126 of them at a software bug or a broken dependency (120
-code_error, 6 config_error) and 4 at a node whose Slurm daemon lost the batch script, which triage
-reads as a config_error (rule slurm.execve); none for a spent budget. With a budget of attempts in
-all (max_total_attempts 4) it finished 205 and handed over 195, 68 of them when hardware or
-platform faults had spent the budget. It wastes 973,810 GPU-hours, 91.6 % fewer than retry-all
-(11,559,363) and 33 % fewer than torchelastic (1,464,106), but more than no-retry (383,732) and
-Kubeflow's ExitCode (485,960): those stop at the first failure, so they lose the progress of one
-failure per run and leave the rest of the run (22 and 37 finished) to a person, whose own restarts
-meet the same failures but are not counted here. Per GPU-hour spent, the waste is the same (an
-effective training time of 0.980 against 0.981): what a retry from the checkpoint loses is what a
-person's resume loses, without the wait for the person.
+On that replay (2026-12-03, the corpus with its fresh blind set, triage reading a batch script
+missing from slurmd's spool as the node's failure): trainguard finishes 274 runs without a person and
+hands 126 to one, every one of them at a software bug or a broken dependency (120 code_error, 6
+config_error); none for a spent budget. With a budget of attempts in all (max_total_attempts 4) it
+finished 205 and handed over 195, 68 of them when hardware or platform faults had spent the budget.
+It wastes 981,057 GPU-hours, 91.5 % fewer than retry-all (11,559,363) and 33 % fewer than
+torchelastic (1,464,106), but more than no-retry (383,732) and Kubeflow's ExitCode (485,960): those
+stop at the first failure, so they lose the progress of one failure per run and leave the rest of
+the run (22 and 37 finished) to a person, whose own restarts meet the same failures but are not
+counted here. Per GPU-hour spent, the waste is the same (an effective training time of 0.980 against
+0.981). benchmarks/goodput.py carries every run to its end, the person's restarts and wait included,
+and there trainguard wastes less than every other policy.
 """
 
 from __future__ import annotations
