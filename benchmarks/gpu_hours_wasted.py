@@ -277,7 +277,8 @@ def error_files(row: dict[str, object]) -> tuple[triage.ErrorFile, ...]:
     return tuple(found)
 
 
-_GATHERED: dict[int, tuple[triage.Signals, Gathered]] = {}
+# By the excerpt's identity; the entry holds the excerpt, so its id is never reused for another.
+_GATHERED: dict[int, tuple[dict[str, object], triage.Signals, Gathered]] = {}
 
 
 def diagnose(failure: Failure, previous: list[triage.Diagnosis]) -> triage.Diagnosis:
@@ -294,8 +295,8 @@ def diagnose(failure: Failure, previous: list[triage.Diagnosis]) -> triage.Diagn
             exit_code=exit_code(failure), reason=row.get("reason") or None,  # type: ignore[arg-type]
             events=tuple(events) if isinstance(events, list) else (events or ()),  # type: ignore[arg-type]
             log=row.get("log"), error_files=error_files(row))  # type: ignore[arg-type]
-        _GATHERED[id(row)] = signals, gather(signals, triage.load_rules(), "auto")
-    signals, gathered = _GATHERED[id(row)]
+        _GATHERED[id(row)] = row, signals, gather(signals, triage.load_rules(), "auto")
+    _, signals, gathered = _GATHERED[id(row)]
     diagnosis = conclude(signals, triage.load_rules(), (), gathered)
     assert diagnosis is not None
     previous.append(diagnosis)

@@ -64,3 +64,23 @@ def test_a_failure_free_run_is_all_training_and_restarts_nothing():
     for row in rows.values():
         assert row["effective_training_time"] == pytest.approx(1.0)
         assert row["attempts"] == 3 and row["runs_finished_without_a_person"] == 3
+
+
+def test_the_replays_cached_classifier_judges_as_the_flows_classify_does():
+    """The replay scans an excerpt once and concludes per attempt; the result is triage.classify's."""
+    from trainguard.core import triage
+
+    replay = sys.modules["gpu_hours_wasted"]
+    excerpts = replay.load_excerpts()
+    sample = [(category, rows[i]) for category, rows in sorted(excerpts.items()) for i in (0, len(rows) - 1)]
+    for category, row in sample:
+        failure = replay.Failure(1.0, category, row)
+        ours = replay.diagnose(failure, [])
+        events = row.get("events")
+        theirs = triage.classify(triage.Signals(
+            exit_code=replay.exit_code(failure), reason=row.get("reason") or None,
+            events=tuple(events) if isinstance(events, list) else (), log=row.get("log"),
+            error_files=replay.error_files(row)))
+        assert theirs is not None
+        assert (ours.category, ours.retryable, ours.fingerprint) == (theirs.category, theirs.retryable,
+                                                                      theirs.fingerprint), row.get("url")
