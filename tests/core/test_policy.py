@@ -71,6 +71,25 @@ def test_a_signature_that_returns_only_after_more_new_checkpoints_than_last_time
     assert not decide_retry(RetryPolicy(max_attempts=5), longer, ckpts[:3]).retry
 
 
+def test_a_signature_back_after_fewer_new_checkpoints_is_intermittent_and_as_many_within_one_is_not():
+    ckpts = tuple(f"ckpt/step-{n}.json" for n in range(90, 0, -10))  # newest first
+    nccl = {"category": Category.NCCL_ERROR, "fingerprint": "same"}
+    # Six new checkpoints, then two: a fault striking at random, not at the same point.
+    fewer = [failed(1, newest_checkpoint="ckpt/step-60.json", **nccl),
+             failed(2, resumed_from="ckpt/step-60.json", newest_checkpoint="ckpt/step-80.json", **nccl)]
+    decision = decide_retry(RetryPolicy(max_attempts=5), fewer, ckpts)
+    assert decision.retry and decision.resume_from == "ckpt/step-90.json"
+    # Three, then four: as much training each time, give or take the checkpoint it fell beside.
+    alike = [failed(1, newest_checkpoint="ckpt/step-30.json", **nccl),
+             failed(2, resumed_from="ckpt/step-30.json", newest_checkpoint="ckpt/step-70.json", **nccl)]
+    decision = decide_retry(RetryPolicy(max_attempts=5), alike, ckpts)
+    assert not decision.retry and "same failure signature repeated 2 times" in decision.reason
+    # No new checkpoint either time stays a repeat.
+    stuck = [failed(1, resumed_from="ckpt/step-90.json", newest_checkpoint="ckpt/step-90.json", **nccl),
+             failed(2, resumed_from="ckpt/step-90.json", newest_checkpoint="ckpt/step-90.json", **nccl)]
+    assert not decide_retry(RetryPolicy(max_attempts=5, require_checkpoint_progress=False), stuck, ckpts).retry
+
+
 def test_a_breaker_limit_of_zero_turns_the_signature_breaker_off():
     history = [failed(n, Category.NCCL_ERROR, fingerprint="same") for n in (1, 2)]
     assert decide_retry(RetryPolicy(max_attempts=5, same_signature_limit=0), history, CKPTS).retry

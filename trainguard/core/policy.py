@@ -326,17 +326,21 @@ def _stuck(records: Sequence[AttemptRecord]) -> bool:
 
 
 def _outlasted(records: Sequence[AttemptRecord], checkpoints: Sequence[str]) -> bool:
-    """Each repeat of the signature came after more new checkpoints than the attempt before it.
+    """The repeats of the signature came after different amounts of training: an intermittent fault.
 
     A failure that will keep coming back does so at the same point: at the same step (no new
-    checkpoint) or after as much training as last time (a leak, a timer). An NCCL timeout that
-    returns only after the run saved more checkpoints than it did the time before is an
-    intermittent fault that the run outlasts, as it did; the breaker does not count it. Where
-    the checkpoints an attempt saved cannot be counted (pruned, renamed), it counts as usual.
+    checkpoint) or after as much training as last time (a leak, a timer), so each attempt saves
+    as many new checkpoints as the one before, give or take the one the failure fell beside. An
+    NCCL error that returns after more, or fewer, new checkpoints than the time before is an
+    intermittent fault striking at random (on a large run the same message comes back by chance
+    within hours), and the run moves past it; the breaker does not count it. Where the
+    checkpoints an attempt saved cannot be counted (pruned, renamed), it counts as usual.
     """
     saved = [_saved(r, checkpoints) for r in records]
-    return all(n is not None for n in saved) and all(
-        b > a for a, b in zip(saved, saved[1:]))  # type: ignore[operator]
+    if any(n is None for n in saved):
+        return False
+    counts = [n for n in saved if n is not None]
+    return max(counts) - min(counts) > 1
 
 
 def _saved(record: AttemptRecord, checkpoints: Sequence[str]) -> int | None:
