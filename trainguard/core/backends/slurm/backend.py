@@ -236,7 +236,7 @@ class SlurmBackend:
             continuation.write_job_record(ws, lost.job_id, adopted=True, origin_attempt=lost.job_attempt)
             return lost.job_id
         continuation.cancel_earlier_jobs(self.client, self.shared_folder, launch.run_id, launch.attempt)
-        script = ws.root / "slurm-batch.sh"
+        script = ws.root / workspace.SLURM_BATCH_SCRIPT
         entry = slurm_evidence.entrypoint_archive(self.shared_folder)
         script.write_text(job.batch_script(
             python=self.python, entrypoint=str(entry), command=launch.command, workspace=str(ws.root),
@@ -356,8 +356,8 @@ class SlurmBackend:
         crash = read_json_object(jw.crash_report_path, jw.root)
         exit_code, sig = job.exit_status(crash, info)
         state = info.state if info is not None else "UNKNOWN"
-        signalled = os.path.lexists(jw.root / job.SIGNAL_MARKER)
-        stderr = last_bytes(jw.root / f"slurm-{job_id}.err", jw.root)
+        signalled = os.path.lexists(jw.root / workspace.SLURM_SIGNAL_MARKER)
+        stderr = last_bytes(jw.root / workspace.slurm_output(job_id, "err"), jw.root)
         reason = job.termination(state, exit_code, signalled=signalled, stopped_for=stopped_for,
                                  memory_exceeded=job.memory_killed(stderr))
         hosts = self._hostnames(info.node_list) if info is not None and info.node_list else []
@@ -378,7 +378,7 @@ class SlurmBackend:
         """`scontrol show job` right at the end, kept in the folder before the record ages out."""
         try:
             info = self.client.show_job(job_id)
-            slurm_evidence.keep(ws, "scontrol-show-job.txt", self.client.show_job_text(job_id))
+            slurm_evidence.keep(ws, workspace.SLURM_JOB_SHOWN, self.client.show_job_text(job_id))
             return info
         except (SlurmError, OSError):
             return None

@@ -21,12 +21,12 @@ from typing import Any
 from trainguard_entrypoint.files import read_json_object, write_json_atomic
 
 from trainguard.core import ids
-from trainguard.core.backends import processes
+from trainguard.core.backends import processes, workspace
 from trainguard.core.backends.slurm import job
 from trainguard.core.backends.slurm.client import SlurmClient
 from trainguard.core.backends.workspace import AttemptWorkspace
 
-JOB_RECORD = "slurm-job.json"
+JOB_RECORD = workspace.SLURM_JOB_RECORD  # kept under this name for the job record's readers
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def find_lost_job(client: SlurmClient, shared_folder: Path, run_id: str, attempt
     """
     for earlier in range(attempt - 1, 0, -1):
         root = AttemptWorkspace.at(Path(shared_folder), run_id, earlier).root
-        runner = read_json_object(root / "runner.json")
+        runner = read_json_object(root / workspace.RUNNER_REPORT)
         if runner is None or runner.get("reason") != job.UNREACHABLE:
             continue
         origin = job_attempt(read_json_object(root / JOB_RECORD), earlier)
@@ -73,8 +73,9 @@ def find_lost_job(client: SlurmClient, shared_folder: Path, run_id: str, attempt
 def link_job_files(ws: AttemptWorkspace, origin: AttemptWorkspace, job_id: str) -> None:
     """Point `ws`'s files at the ones the job writes in `origin`'s folder (relative links; empty folders replaced)."""
     pairs = [(ws.log_path, origin.log_path)]
-    names = ("crash-report.json", "snapshot", "coredumps", "tasks", job.SIGNAL_MARKER, f"slurm-{job_id}.out",
-             f"slurm-{job_id}.err", "slurm-batch.sh")
+    names = (workspace.CRASH_REPORT, workspace.SNAPSHOT, workspace.COREDUMPS, workspace.NODE_FOLDERS,
+             workspace.SLURM_SIGNAL_MARKER, workspace.slurm_output(job_id, "out"), workspace.slurm_output(job_id, "err"),
+             workspace.SLURM_BATCH_SCRIPT)
     pairs += [(ws.root / name, origin.root / name) for name in names]
     for target, source in pairs:
         if target.is_symlink():
