@@ -22,7 +22,7 @@ from typing import ClassVar
 from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core import masking
-from trainguard.core.backends import forensics, jobfiles, workspace_evidence
+from trainguard.core.backends import entrypoint_archive, forensics, jobfiles, workspace_evidence
 from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.slurm import continuation, job, nodes
 from trainguard.core.backends.slurm import evidence as slurm_evidence
@@ -237,7 +237,7 @@ class SlurmBackend:
             return lost.job_id
         continuation.cancel_earlier_jobs(self.client, self.shared_folder, launch.run_id, launch.attempt)
         script = ws.root / workspace.SLURM_BATCH_SCRIPT
-        entry = slurm_evidence.entrypoint_archive(self.shared_folder)
+        entry = entrypoint_archive.write_into(self.shared_folder / ".trainguard")
         script.write_text(job.batch_script(
             python=self.python, entrypoint=str(entry), command=launch.command, workspace=str(ws.root),
             run_id=launch.run_id, attempt=launch.attempt,

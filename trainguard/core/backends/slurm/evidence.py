@@ -6,25 +6,18 @@ accounting record of the job and every step (`sacct`, once final), `scontrol sho
 the job's stdout and stderr files, the job-completion record, each other task's files and, after a
 node failure, `scontrol show node`. Every piece that is not there is listed as missing with the
 reason; nothing here raises.
-
-`entrypoint_archive` packs the stdlib-only entrypoint into a zipapp on the shared folder, so the
-compute nodes need only a Python, not this checkout.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
 import time
-import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-import trainguard_entrypoint
 from trainguard_entrypoint.files import write_bytes_atomic
 
 from trainguard_entrypoint import safefiles
@@ -41,28 +34,6 @@ from trainguard.core.backends.workspace import AttemptWorkspace
 SLURM = "slurm"
 _MAX_JOBCOMP_BYTES = 64 * 1024 * 1024
 _NO_CONTROLLER = "the Slurm controller did not answer when the attempt ended (see runner.json)"
-
-
-def entrypoint_archive(shared_folder: Path) -> Path:
-    """`{shared}/.trainguard/entrypoint-<hash>.pyz`, built once per entrypoint version."""
-    package = Path(trainguard_entrypoint.__file__).resolve().parent
-    sources = sorted(p for p in package.glob("*.py"))
-    digest = hashlib.sha256()
-    for path in sources:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    target = Path(shared_folder) / ".trainguard" / f"entrypoint-{digest.hexdigest()[:16]}.pyz"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sources:
-            archive.writestr(f"trainguard_entrypoint/{path.name}", path.read_bytes())
-        archive.writestr("__main__.py", "import sys\nfrom trainguard_entrypoint.__main__ import main\nsys.exit(main())\n")
-    partial = target.with_name(f".{target.name}.{id(buffer)}.tmp")
-    partial.write_bytes(buffer.getvalue())
-    partial.replace(target)  # atomic: concurrent flows build the same bytes
-    return target
 
 
 def keep(ws: AttemptWorkspace, name: str, text: str) -> None:
