@@ -198,9 +198,8 @@ def _guard(problems: list[str], step: str, action: Callable[[], T]) -> T | None:
 
 
 def _before(options: Options, env: Mapping[str, str], problems: list[str]) -> CorePolicy | None:
-    where = paths.AttemptPaths(options.workspace)
-    snap = where.snapshot
-    folders = [where.logs, where.coredumps, snap]
+    snap = options.workspace / paths.SNAPSHOT
+    folders = [options.workspace / paths.LOGS, options.workspace / paths.COREDUMPS, snap]
     for made_elsewhere in ("TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
         if env.get(made_elsewhere):  # PyTorch writes these but makes no folder for them
             folders.append(Path(env[made_elsewhere]).parent)
@@ -249,7 +248,7 @@ def _cores(
         return [], "core dump settings could not be read (see problems)"
     return collect_core_files(
         policy, pid=result.pid, cwd=options.workdir or Path.cwd(), signal_number=result.signal, exit_code=result.exit_code,
-        core_dumped=result.core_dumped, dest=paths.AttemptPaths(options.workspace).coredumps, not_before=not_before,
+        core_dumped=result.core_dumped, dest=options.workspace / paths.COREDUMPS, not_before=not_before,
     )
 
 
@@ -278,7 +277,7 @@ def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalF
     checkpoints = None
     if (checkpoint_dir := options.checkpoint_dir) is not None:
         checkpoints = _guard(problems, "checkpoint listing", lambda: list_checkpoints(checkpoint_dir))
-    report_path = paths.AttemptPaths(options.workspace).crash_report
+    report_path = options.workspace / paths.CRASH_REPORT
     report = _guard(problems, "crash report", lambda: build_crash_report(
         facts, result, core_files=cores, core_absent_reason=core_reason, checkpoints=checkpoints,
         received_signals=forwarder.received, problems=problems, descendants_ended=descendants, environ=env,
@@ -287,7 +286,7 @@ def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalF
         _guard(problems, "crash report", lambda: write_crash_report(report_path, report))
         if (termination_log := options.termination_log) is not None:
             _guard(problems, "termination message", lambda: write_summary(termination_log, report, report_path))
-    after = paths.AttemptPaths(options.workspace).snapshot / paths.GPU_AFTER
+    after = options.workspace / paths.SNAPSHOT / paths.GPU_AFTER
     timeout = options.gpu_timeout_seconds
     _guard(problems, f"{paths.SNAPSHOT}/{paths.GPU_AFTER}", lambda: snapshot_gpu(after, env, timeout_seconds=timeout))
     for problem in problems:

@@ -103,23 +103,7 @@ class AttemptPaths:
 
     def log(self, run_id: str, attempt: int) -> Path:
         """The training log the entrypoint tees the command's output to, unless told another."""
-        return self.logs / log_name(run_id, attempt)
-
-    @property
-    def logs(self) -> Path:
-        return self.folder / LOGS
-
-    @property
-    def coredumps(self) -> Path:
-        return self.folder / COREDUMPS
-
-    @property
-    def snapshot(self) -> Path:
-        return self.folder / SNAPSHOT
-
-    @property
-    def crash_report(self) -> Path:
-        return self.folder / CRASH_REPORT
+        return self.folder / LOGS / log_name(run_id, attempt)
 
     @property
     def notice(self) -> Path:
