@@ -27,8 +27,10 @@ from trainguard_entrypoint.report import AttemptFacts, build_crash_report, write
 from trainguard_entrypoint.snapshot import host_facts, snapshot_environment, snapshot_gpu
 from trainguard_entrypoint.supervision import SupervisorWatch, become_subreaper, end_descendants
 from trainguard_entrypoint.forensics import Forensics
+from trainguard_entrypoint.notice import NOTICE_FILE_ENV, NOTICE_GRACE_ENV, Notice, current_notice, grace_seconds, write_notice
 from trainguard_entrypoint.tee import STOP_SIGNALS, ChildResult, SignalForwarder, run_command
 from trainguard_entrypoint.termination import write_summary
+from trainguard_entrypoint.trainpath import with_helper
 
 PROG = "trainguard-entrypoint"
 # A pod of a multi-node attempt other than the first keeps its files in `tasks/<index>` of the
@@ -186,7 +188,26 @@ def child_environment(options: Options, environ: Mapping[str, str]) -> dict[str,
     )
     if options.checkpoint_dir is not None:
         env["TRAINGUARD_CHECKPOINT_DIR"] = str(options.checkpoint_dir)
+    # Where a stop with warning is announced; a backend that gives notice itself may have named it.
+    env.setdefault(NOTICE_FILE_ENV, str(paths.AttemptPaths(options.workspace).notice))
+    env.setdefault(NOTICE_GRACE_ENV, f"{options.grace_seconds:g}")
     return env
+
+
+def notice_giver(env: Mapping[str, str], not_before: float) -> Callable[[int, float], None]:
+    """What the entrypoint does on the first SIGTERM/SIGINT/SIGHUP while the command runs, before passing
+    it on (after the ranks' stacks are taken): unless whoever stops us already gave notice for this
+    attempt, write the notice file, given when the signal came, with a deadline the grace from now
+    (the time the command gets before SIGKILL)."""
+    def give(signum: int, received_at: float) -> None:
+        if current_notice(env, not_before=not_before) is not None:
+            return
+        grace = grace_seconds(env)
+        reason = "interrupted" if signum == signal.SIGINT else "terminated"
+        notice = Notice(reason, received_at, time.time() + grace,
+                        f"{signal_name(signum)} to the entrypoint, grace {grace:g}s")
+        write_notice(env[NOTICE_FILE_ENV], notice)
+    return give
 
 
 def _guard(problems: list[str], step: str, action: Callable[[], T]) -> T | None:
@@ -261,8 +282,10 @@ def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalF
     if subreaper_problem:
         problems.append(subreaper_problem)
     forensics = Forensics.for_attempt(options.workspace, options.log_file, env, _say)
+    _guard(problems, "training helper on PYTHONPATH", lambda: env.update(with_helper(env, options.workspace)))
     policy = _before(options, env, problems)
     started_at, started_wall, started = utc_now_iso(), time.time(), time.monotonic()
+    forwarder.give_notice = notice_giver(env, started_wall)
     forwarder.before_stop = forensics.before_stop
     forensics.start(lambda: forwarder.child_pid)
     try:

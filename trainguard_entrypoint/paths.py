@@ -33,6 +33,7 @@ DUMP_REQUEST = "dump-stacks"  # a file whose appearance asks the entrypoint for 
 FLIGHT_RECORDER = "flight-recorder"  # PyTorch's flight-recorder traces and trigger pipes
 NOTICE_FILE = "notice.json"  # a stop with warning, for the training command (`TRAINGUARD_NOTICE_FILE`)
 NODE_FOLDERS = "tasks"  # node N > 0 keeps its folder at `tasks/N`
+HELPER_ARCHIVE = "site/trainguard-train.zip"  # the training-side helper, zipped for a command run from a source tree
 
 # What torchrun writes where trainguard points it (`torchrun_env`).
 RANKS = "ranks"  # each rank's log and error file: ranks/<run>/attempt_<n>/<local rank>/

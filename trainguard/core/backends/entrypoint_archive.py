@@ -1,5 +1,6 @@
-"""The stdlib-only entrypoint as one file: a zipapp of `trainguard_entrypoint`, for every backend
-whose training runs where this checkout is not (a pod, a Slurm compute node).
+"""The stdlib-only entrypoint as one file: a zipapp of `trainguard_entrypoint` and the training-side
+helper it puts on the command's path (`trainguard_train`), for every backend whose training runs
+where this checkout is not (a pod, a Slurm compute node).
 
 The archive is byte-for-byte reproducible (sorted entries, fixed timestamps), so its digest names a
 version: Kubernetes names the ConfigMap carrying it after the digest, Slurm the file on its shared
@@ -15,6 +16,8 @@ import zipfile
 from functools import lru_cache
 from pathlib import Path
 
+from trainguard_entrypoint.trainpath import PACKAGES
+
 _MAIN = b"import sys\nfrom trainguard_entrypoint.__main__ import main\nsys.exit(main())\n"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -28,14 +31,15 @@ def _package_dir() -> Path:
 
 @lru_cache(maxsize=1)
 def build() -> bytes:
-    """The zipapp's bytes: `__main__.py` plus every `.py` file of `trainguard_entrypoint`."""
+    """The zipapp's bytes: `__main__.py` plus every `.py` file of `trainguard_entrypoint` and `trainguard_train`."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr(zipfile.ZipInfo("__main__.py", _EPOCH), _MAIN)
-        for path in sorted(_package_dir().glob("*.py")):
-            info = zipfile.ZipInfo(f"trainguard_entrypoint/{path.name}", _EPOCH)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, path.read_bytes())
+        for package in PACKAGES:  # the entrypoint and the training-side helper it puts on the path
+            for path in sorted((_package_dir().parent / package).glob("*.py")):
+                info = zipfile.ZipInfo(f"{package}/{path.name}", _EPOCH)
+                info.compress_type = zipfile.ZIP_DEFLATED
+                archive.writestr(info, path.read_bytes())
     return buffer.getvalue()
 
 
