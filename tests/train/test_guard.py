@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import trainguard_train as tg
-from trainguard.core.backends.kubernetes import zipapp
+from trainguard.core.backends import entrypoint_archive
 from trainguard_entrypoint import acks
 from trainguard_entrypoint.notice import Notice, write_notice
 from trainguard_entrypoint.trainpath import helper_archive
@@ -136,7 +136,7 @@ def test_sharded_state_gets_no_just_in_time_checkpoint_and_says_why(env: Path) -
 
 
 def test_the_helper_travels_in_the_zipapp_and_beside_a_source_tree_without_trainguard(tmp_path: Path) -> None:
-    names = zipfile.ZipFile(__import__("io").BytesIO(zipapp.build())).namelist()
+    names = zipfile.ZipFile(__import__("io").BytesIO(entrypoint_archive.build())).namelist()
     assert "trainguard_train/guard.py" in names and "trainguard_entrypoint/acks.py" in names
     archive = helper_archive(tmp_path)
     assert archive is not None
