@@ -47,12 +47,16 @@ def small_disk(tmp_path: Path):
 # service starts once; every other file is a group of its own. The longest groups go first, so that
 # no long group is left to run alone at the end.
 _ONE_WORKER_FOLDERS = ("tests/scale/", "tests/backends/slurm/")
+# Files outside those folders that use one of their services, and the folder's group they join.
+_JOINS = {"tests/backends/test_backend_contract.py": "tests/backends/slurm"}
 _LONGEST_FIRST = ("tests/scale", "tests/backends/slurm", "tests/flows", "tests/stores", "tests/cluster",
                   "tests/backends/kubernetes")
 
 
 def _group(item: pytest.Item) -> str:
     path = item.path.relative_to(_ROOT).as_posix()
+    if path in _JOINS:
+        return _JOINS[path]
     folder = next((f for f in _ONE_WORKER_FOLDERS if path.startswith(f)), None)
     return folder.rstrip("/") if folder else path
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
-from trainguard_entrypoint import ORIGINAL_PYTHONPATH
+from trainguard_entrypoint import ORIGINAL_PYTHONPATH, paths
 from trainguard_entrypoint.checkpoints import list_checkpoints
 from trainguard_entrypoint.coredumps import CorePolicy, collect_core_files, enable_core_dumps, signal_name
 from trainguard_entrypoint.files import utc_now_iso, write_json_atomic
@@ -27,14 +27,17 @@ from trainguard_entrypoint.report import AttemptFacts, build_crash_report, write
 from trainguard_entrypoint.snapshot import host_facts, snapshot_environment, snapshot_gpu
 from trainguard_entrypoint.supervision import SupervisorWatch, become_subreaper, end_descendants
 from trainguard_entrypoint.forensics import Forensics
+from trainguard_entrypoint.notice import NOTICE_FILE_ENV, NOTICE_GRACE_ENV, Notice, current_notice, grace_seconds, write_notice
 from trainguard_entrypoint.tee import STOP_SIGNALS, ChildResult, SignalForwarder, run_command
 from trainguard_entrypoint.termination import write_summary
+from trainguard_entrypoint.trainpath import with_helper
 
 PROG = "trainguard-entrypoint"
 # A pod of a multi-node attempt other than the first keeps its files in `tasks/<index>` of the
 # attempt's folder (as a Slurm task does), so no two nodes write one log or one error file.
-NODE_INDEX, NODE_FOLDERS = "TRAINGUARD_NODE_INDEX", "tasks"
-_TORCHRUN_PLACES = ("PET_LOG_DIR", "ranks"), ("TORCHELASTIC_ERROR_FILE", "torchelastic/error.json")
+NODE_INDEX = "TRAINGUARD_NODE_INDEX"
+_TORCHRUN_PLACES = (("PET_LOG_DIR", paths.RANKS),
+                    ("TORCHELASTIC_ERROR_FILE", f"{paths.TORCHELASTIC}/{paths.TORCHELASTIC_ERROR}"))
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 T = TypeVar("T")
 
@@ -122,7 +125,7 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
     attempt = int(attempt_text)
     checkpoint_dir = _pick(args.checkpoint_dir, environ, "TRAINGUARD_CHECKPOINT_DIR")
     root = node_folder(Path(workspace).absolute(), environ)
-    default_log = root / "logs" / f"train-{run_id}-attempt-{attempt}.log"
+    default_log = paths.AttemptPaths(root).log(run_id, attempt)
     log_file = Path(args.log_file).absolute() if args.log_file else default_log
     workdir = _pick(args.workdir, environ, "TRAINGUARD_WORKDIR")
     termination_log = _pick(args.termination_log, environ, "TRAINGUARD_TERMINATION_LOG")
@@ -153,7 +156,7 @@ def node_index(environ: Mapping[str, str]) -> str:
 def node_folder(workspace: Path, environ: Mapping[str, str]) -> Path:
     """The folder this node's files go to: the attempt's own for node 0, else `tasks/<index>` in it."""
     index = node_index(environ)
-    return workspace / NODE_FOLDERS / index if index and int(index) > 0 else workspace
+    return paths.AttemptPaths(workspace).node(int(index)).folder if index else workspace
 
 
 def child_environment(options: Options, environ: Mapping[str, str]) -> dict[str, str]:
@@ -185,7 +188,26 @@ def child_environment(options: Options, environ: Mapping[str, str]) -> dict[str,
     )
     if options.checkpoint_dir is not None:
         env["TRAINGUARD_CHECKPOINT_DIR"] = str(options.checkpoint_dir)
+    # Where a stop with warning is announced; a backend that gives notice itself may have named it.
+    env.setdefault(NOTICE_FILE_ENV, str(paths.AttemptPaths(options.workspace).notice))
+    env.setdefault(NOTICE_GRACE_ENV, f"{options.grace_seconds:g}")
     return env
+
+
+def notice_giver(env: Mapping[str, str], not_before: float) -> Callable[[int, float], None]:
+    """What the entrypoint does on the first SIGTERM/SIGINT/SIGHUP while the command runs, before passing
+    it on (after the ranks' stacks are taken): unless whoever stops us already gave notice for this
+    attempt, write the notice file, given when the signal came, with a deadline the grace from now
+    (the time the command gets before SIGKILL)."""
+    def give(signum: int, received_at: float) -> None:
+        if current_notice(env, not_before=not_before) is not None:
+            return
+        grace = grace_seconds(env)
+        reason = "interrupted" if signum == signal.SIGINT else "terminated"
+        notice = Notice(reason, received_at, time.time() + grace,
+                        f"{signal_name(signum)} to the entrypoint, grace {grace:g}s")
+        write_notice(env[NOTICE_FILE_ENV], notice)
+    return give
 
 
 def _guard(problems: list[str], step: str, action: Callable[[], T]) -> T | None:
@@ -197,21 +219,21 @@ def _guard(problems: list[str], step: str, action: Callable[[], T]) -> T | None:
 
 
 def _before(options: Options, env: Mapping[str, str], problems: list[str]) -> CorePolicy | None:
-    snap = options.workspace / "snapshot"
-    folders = [options.workspace / "logs", options.workspace / "coredumps", snap]
+    snap = options.workspace / paths.SNAPSHOT
+    folders = [options.workspace / paths.LOGS, options.workspace / paths.COREDUMPS, snap]
     for made_elsewhere in ("TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
         if env.get(made_elsewhere):  # PyTorch writes these but makes no folder for them
             folders.append(Path(env[made_elsewhere]).parent)
     for folder in folders:
         _guard(problems, f"create {folder}", lambda: folder.mkdir(parents=True, exist_ok=True))
     policy = _guard(problems, "enable core dumps", enable_core_dumps)
-    _guard(problems, "snapshot/env.json", lambda: snapshot_environment(snap / "env.json", env))
+    _guard(problems, f"{paths.SNAPSHOT}/{paths.ENV_SNAPSHOT}", lambda: snapshot_environment(snap / paths.ENV_SNAPSHOT, env))
     host = _guard(problems, "host facts", host_facts) or {}
     if policy is not None:
         host["core_dumps"] = {"kept": policy.disabled_reason is None, "reason": policy.disabled_reason}
-    _guard(problems, "snapshot/host.json", lambda: write_json_atomic(snap / "host.json", host))
-    _guard(problems, "snapshot/gpu-before",
-           lambda: snapshot_gpu(snap / "gpu-before", env, timeout_seconds=options.gpu_timeout_seconds))
+    _guard(problems, f"{paths.SNAPSHOT}/{paths.HOST_SNAPSHOT}", lambda: write_json_atomic(snap / paths.HOST_SNAPSHOT, host))
+    _guard(problems, f"{paths.SNAPSHOT}/{paths.GPU_BEFORE}",
+           lambda: snapshot_gpu(snap / paths.GPU_BEFORE, env, timeout_seconds=options.gpu_timeout_seconds))
     return policy
 
 
@@ -247,7 +269,7 @@ def _cores(
         return [], "core dump settings could not be read (see problems)"
     return collect_core_files(
         policy, pid=result.pid, cwd=options.workdir or Path.cwd(), signal_number=result.signal, exit_code=result.exit_code,
-        core_dumped=result.core_dumped, dest=options.workspace / "coredumps", not_before=not_before,
+        core_dumped=result.core_dumped, dest=options.workspace / paths.COREDUMPS, not_before=not_before,
     )
 
 
@@ -260,8 +282,10 @@ def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalF
     if subreaper_problem:
         problems.append(subreaper_problem)
     forensics = Forensics.for_attempt(options.workspace, options.log_file, env, _say)
+    _guard(problems, "training helper on PYTHONPATH", lambda: env.update(with_helper(env, options.workspace)))
     policy = _before(options, env, problems)
     started_at, started_wall, started = utc_now_iso(), time.time(), time.monotonic()
+    forwarder.give_notice = notice_giver(env, started_wall)
     forwarder.before_stop = forensics.before_stop
     forensics.start(lambda: forwarder.child_pid)
     try:
@@ -276,7 +300,7 @@ def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalF
     checkpoints = None
     if (checkpoint_dir := options.checkpoint_dir) is not None:
         checkpoints = _guard(problems, "checkpoint listing", lambda: list_checkpoints(checkpoint_dir))
-    report_path = options.workspace / "crash-report.json"
+    report_path = options.workspace / paths.CRASH_REPORT
     report = _guard(problems, "crash report", lambda: build_crash_report(
         facts, result, core_files=cores, core_absent_reason=core_reason, checkpoints=checkpoints,
         received_signals=forwarder.received, problems=problems, descendants_ended=descendants, environ=env,
@@ -285,9 +309,9 @@ def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalF
         _guard(problems, "crash report", lambda: write_crash_report(report_path, report))
         if (termination_log := options.termination_log) is not None:
             _guard(problems, "termination message", lambda: write_summary(termination_log, report, report_path))
-    after = options.workspace / "snapshot" / "gpu-after"
+    after = options.workspace / paths.SNAPSHOT / paths.GPU_AFTER
     timeout = options.gpu_timeout_seconds
-    _guard(problems, "snapshot/gpu-after", lambda: snapshot_gpu(after, env, timeout_seconds=timeout))
+    _guard(problems, f"{paths.SNAPSHOT}/{paths.GPU_AFTER}", lambda: snapshot_gpu(after, env, timeout_seconds=timeout))
     for problem in problems:
         _say(f"warning: {problem}")
     _say(f"command ended: {_describe(result)}; crash report: {report_path}")

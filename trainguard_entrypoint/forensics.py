@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainguard_entrypoint import stacks
-from trainguard_entrypoint.progress import PROGRESS_RECORD, ProgressWatch
+from trainguard_entrypoint.paths import DUMP_REQUEST, FLIGHT_RECORDER, PROGRESS_RECORD
+from trainguard_entrypoint.progress import ProgressWatch
 
-DUMP_REQUEST = "dump-stacks"  # a file whose appearance in the attempt's folder asks for the stacks
-FLIGHT_RECORDER = "flight-recorder"
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float | None) -> float | None:

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HEARTBEAT = "trainguard-entrypoint: progress:"
-PROGRESS_RECORD = "progress.json"
 MAX_FILES = 4096  # files of the watched folders looked at per poll; the newest count, the rest are skipped
 _TAIL_BYTES = 64 * 1024  # new bytes of a log read per poll for the signs of a hang
 # A rank waited for its peers past a timeout: gloo's and NCCL's own words, the hang's first sign.

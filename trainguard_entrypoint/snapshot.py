@@ -22,6 +22,7 @@ from typing import Any
 
 from trainguard_entrypoint import REPORT_FORMAT
 from trainguard_entrypoint.files import utc_now_iso, write_bytes_atomic, write_json_atomic
+from trainguard_entrypoint.paths import INDEX
 from trainguard_entrypoint.redact import redact_environment
 from trainguard_entrypoint.safefiles import safe_name
 
@@ -155,7 +156,7 @@ def snapshot_gpu(
         captures.append(_copy_capture("driver-version.txt", driver_version_path, dest))
     except Exception as exc:
         captures.append(Capture("driver-version.txt", str(driver_version_path), None, f"{type(exc).__name__}: {exc}"))
-    write_json_atomic(dest / "index.json", gpu_index(captures))
+    write_json_atomic(dest / INDEX, gpu_index(captures))
     return captures
 
 

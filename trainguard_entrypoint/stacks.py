@@ -35,8 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-STACKS = "stacks"
-INDEX = "index.json"
+from trainguard_entrypoint.paths import INDEX, STACKS, STACKS_SITE
+
 DUMP_SIGNAL = signal.SIGUSR2
 _SITE = """# Installed by trainguard's entrypoint: dump every thread's stack into the attempt's
 # faulthandler file when trainguard asks (SIGUSR2), so a hang can be told apart. Chains to
@@ -89,7 +89,7 @@ def faulthandler_site(workspace: Path, env: Mapping[str, str]) -> dict[str, str]
     Writes ``stacks/site/sitecustomize.py`` into the attempt's folder and puts that folder first
     on ``PYTHONPATH`` (the user's ``PYTHONPATH`` and ``sitecustomize`` stay in effect).
     """
-    site = workspace / STACKS / "site"
+    site = workspace / STACKS / STACKS_SITE
     site.mkdir(parents=True, exist_ok=True)
     (site / "sitecustomize.py").write_text(_SITE, encoding="utf-8")
     path = env.get("PYTHONPATH", "")
@@ -274,7 +274,7 @@ def catches(pid: int, signum: int) -> bool:
 
 def runs_site_handler(pid: int, folder: Path) -> bool:
     """Whether the process runs the site's SIGUSR2 handler (see the module docstring)."""
-    return (folder / "site" / "pids" / str(pid)).is_file() and catches(pid, DUMP_SIGNAL)
+    return (folder / STACKS_SITE / "pids" / str(pid)).is_file() and catches(pid, DUMP_SIGNAL)
 
 
 def _python(pid: int) -> bool:

@@ -21,7 +21,7 @@ from trainguard.cli.recent import backend_for
 from trainguard.cli.typer_app import app
 from trainguard.core.home import data_path
 from trainguard.core import ids
-from trainguard.core.backends import forensics
+from trainguard.core.backends import forensics, workspace
 from trainguard.core.backends.capabilities import Supervises
 
 
@@ -56,16 +56,16 @@ def dump(
     say(plain(how))
     folder = backend.attempt_folder(run_id, chosen)
     if wait and not forensics.wait_for_stacks(folder, since, wait):
-        fail(f"no stacks in {folder / 'stacks'} after {wait:g}s; the entrypoint's log says why", code=1)
-    say(plain(_summary(folder) if wait else f"the stacks go to {folder / 'stacks'}"))
+        fail(f"no stacks in {folder / workspace.STACKS} after {wait:g}s; the entrypoint's log says why", code=1)
+    say(plain(_summary(folder) if wait else f"the stacks go to {folder / workspace.STACKS}"))
 
 
 def _summary(folder: Path) -> str:
     """How many ranks' stacks were had, and where (the index is the job's file: read bounded)."""
-    index = read_json_object(folder / "stacks" / "index.json", folder) or {}
+    index = read_json_object(folder / workspace.STACKS / workspace.INDEX, folder) or {}
     found = index.get("ranks")
     ranks: dict[str, object] = found if isinstance(found, dict) else {}
     had = sum(1 for entry in ranks.values() if isinstance(entry, dict) and bool(entry.get("file")))
     seconds = index.get("seconds")
     took = f" in {seconds:.1f}s" if isinstance(seconds, int | float) else ""
-    return f"{had} of {len(ranks)} ranks' stacks{took}: {folder / 'stacks'} ({json.dumps(index.get('why', ''))})"
+    return f"{had} of {len(ranks)} ranks' stacks{took}: {folder / workspace.STACKS} ({json.dumps(index.get('why', ''))})"

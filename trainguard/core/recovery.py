@@ -78,7 +78,7 @@ def lost_outcome(ref: AttemptRef) -> AttemptOutcome:
 
 
 def _resumed_from(ref: AttemptRef) -> str | None:
-    env = (read_json_object(Path(ref.workspace) / workspace.SNAPSHOT / "env.json") or {}) if ref.workspace else {}
+    env = (read_json_object(Path(ref.workspace) / workspace.SNAPSHOT / workspace.ENV_SNAPSHOT) or {}) if ref.workspace else {}
     variables = env.get("variables") if isinstance(env.get("variables"), dict) else env
     value = variables.get("TRAINGUARD_RESUME_FROM") if isinstance(variables, dict) else None
     return str(value) if value else None

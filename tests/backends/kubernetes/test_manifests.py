@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from trainguard.core.backends.base import Launch
+from trainguard.core.backends import entrypoint_archive
 from trainguard.core.backends.kubernetes import indexed, manifests, zipapp
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.manifests import AttemptVolume, JobSettings
@@ -169,10 +170,10 @@ def test_a_bad_memory_quantity_is_one_line_naming_it() -> None:
 
 
 def test_the_entrypoint_zipapp_is_reproducible() -> None:
-    zipapp.build.cache_clear()
-    first = zipapp.build()
-    zipapp.build.cache_clear()
-    assert zipapp.build() == first and zipapp.config_map_name().startswith("trainguard-entrypoint-")
+    entrypoint_archive.build.cache_clear()
+    first = entrypoint_archive.build()
+    entrypoint_archive.build.cache_clear()
+    assert entrypoint_archive.build() == first and zipapp.config_map_name().startswith("trainguard-entrypoint-")
 
 
 def _run_job(kube: KubeApi, ns: str, settings: JobSettings, launch: Launch) -> dict[str, Any]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from trainguard.core import triage
 from trainguard.core.backends.base import Launch
+from trainguard.core.backends.slurm import continuation
 from trainguard.core.backends.slurm.client import CommandResult, JobNotFound, SlurmClient, SlurmRejected, SlurmUnavailable, job_info
 from trainguard.core.backends.slurm.job import (
     JobSettings, batch_script, job_comment, job_name, memory_killed, sbatch_options, termination,
@@ -96,21 +99,20 @@ def test_command_failures_are_translated_once_into_the_error_tree(stderr, error)
             client.show_job("1")
 
 
-def test_adoption_asks_squeue_for_the_name_and_keeps_only_the_job_whose_comment_matches():
+def test_adoption_asks_squeue_once_for_the_runs_jobs_and_keeps_only_those_whose_name_and_comment_match():
     ours, theirs = job_comment("r", 1, "/shared"), job_comment("r", 1, "/other-installation")
-    jobs = [("7", "tg-r-a1", "RUNNING", ours), ("8", "tg-r-a1", "PENDING", theirs), ("9", "tg-r-a2", "RUNNING", ours)]
+    jobs = [("7", "tg-r-a1", "RUNNING", ours), ("8", "tg-r-a1", "PENDING", theirs), ("9", "tg-r-a2", "RUNNING",
+            job_comment("r", 2, "/shared")), ("10", "tg-r-a2", "RUNNING", ours), ("11", "mine", "RUNNING", "a|b"),
+            ("12", "tg-q-a1", "RUNNING", job_comment("q", 1, "/shared"))]
     asked = []
 
-    def squeue(argv, env, timeout):  # answers as squeue would: only the jobs the --name filter selects
+    def squeue(argv, env, timeout):  # answers as squeue would: every job of this user, not ended
         asked.append(list(argv))
-        name = next(a.split("=", 1)[1] for a in argv if a.startswith("--name="))
-        assert argv[0] == "squeue" and "--me" in argv and "--format=%i|%T|%k" in argv
-        return CommandResult(0, "".join(f"{i}|{s}|{c}\n" for i, n, s, c in jobs if n == name), "")
+        assert argv[0] == "squeue" and "--me" in argv and "--format=%i|%T|%j|%k" in argv
+        return CommandResult(0, "".join(f"{i}|{s}|{n}|{c}\n" for i, n, s, c in jobs), "")
 
-    client = SlurmClient(runner=squeue)
-    assert client.find(job_name("r", 1), ours) == [("7", "RUNNING")]
-    assert client.find(job_name("r", 2), ours) == [("9", "RUNNING")]
-    assert client.find(job_name("r", 3), ours) == [] and len(asked) == 3
+    found = continuation.run_jobs(SlurmClient(runner=squeue), Path("/shared"), "r", 3)
+    assert (found.of(1), found.of(2), found.of(3)) == (("7",), ("9",), ()) and len(asked) == 1
 
 
 def test_slurmstepds_memory_kill_in_the_job_stderr_is_a_host_oom():

@@ -43,7 +43,7 @@ class Script:
     def __call__(self, command: Sequence[str], env: Mapping[str, str] | None, timeout: float) -> CommandResult:
         argv = list(command)
         self.calls.append(argv)
-        name = next((a.split("=", 1)[1] for a in argv if a.startswith("--name=")), None)
+        listing = argv[0] == "squeue" and "--me" in argv  # the run's jobs, else one job by its id
         if argv[0] == "sbatch" and self.controller_up:
             if self.sbatch_times_out:
                 raise SlurmUnavailable("sbatch: no answer within 30s")  # what run_command raises on its timeout
@@ -54,15 +54,16 @@ class Script:
         if not self.controller_up:
             self.now += 18  # what squeue takes to give up on a stopped slurmctld
             return CommandResult(1, "", UNREACHABLE_TEXT)
-        if name == job_name("r", 1):
-            return CommandResult(0, f"7|RUNNING|{job_comment('r', 1, self.shared)}\n" if self.earlier_running else "", "")
-        if argv[0] == "squeue" and name is None and self.odd_answers > 0:
+        if listing:
+            earlier = f"7|RUNNING|{job_name('r', 1)}|{job_comment('r', 1, self.shared)}\n"
+            return CommandResult(0, earlier if self.earlier_running else "", "")
+        if argv[0] == "squeue" and self.odd_answers > 0:
             self.odd_answers -= 1
             return CommandResult(1, "", "squeue: error: Unexpected message received")
-        if argv[0] == "squeue" and name is None and self.pending > 0:
+        if argv[0] == "squeue" and self.pending > 0:
             self.pending -= 1
             return CommandResult(0, "PENDING|Resources\n", "")
-        if argv[0] == "squeue" and name is None:
+        if argv[0] == "squeue":
             return CommandResult(0, "COMPLETED|None\n", "")
         if argv[0] == "scontrol" and "job" in argv:
             return CommandResult(0, FINISHED, "")
@@ -99,6 +100,7 @@ def test_a_new_attempt_cancels_the_runs_earlier_job_still_running_before_it_subm
     assert outcome.reason == "Completed"
     commands = [call[0] if call[0] != "scancel" else " ".join(call) for call in script.calls]
     assert "scancel 7" in commands and commands.index("scancel 7") < commands.index("sbatch")
+    assert len([call for call in script.calls if call[0] == "squeue" and "--me" in call]) == 1  # the run's jobs, once
 
 
 def test_the_accounting_record_is_final_once_the_job_and_every_step_ended():
@@ -215,8 +217,8 @@ def test_stop_orphan_cancels_the_job_found_by_name_and_comment_and_keeps_its_end
     def slurm(argv, env, timeout):
         argv = list(argv)
         calls.append(argv)
-        if argv[0] == "squeue" and any(a.startswith("--name=") for a in argv):  # no record: found by name and comment
-            return CommandResult(0, f"7|RUNNING|{job_comment('r', 1, str(tmp_path))}\n", "")
+        if argv[0] == "squeue" and "--me" in argv:  # no record: found by name and comment
+            return CommandResult(0, f"7|RUNNING|{job_name('r', 1)}|{job_comment('r', 1, str(tmp_path))}\n", "")
         if argv[0] == "squeue":
             return CommandResult(0, states["7"] + "\n", "")
         if argv[0] == "scancel":

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from trainguard_entrypoint.files import read_json_object
-from trainguard_entrypoint.forensics import DUMP_REQUEST, flight_recorder_env
-from trainguard_entrypoint.progress import PROGRESS_RECORD
-from trainguard_entrypoint.stacks import INDEX, STACKS
+from trainguard_entrypoint.forensics import flight_recorder_env
+
+from trainguard.core.backends.workspace import DUMP_REQUEST, INDEX, PROGRESS_RECORD, STACKS
 
 __all__ = ["DumpsStacks", "NotRunning", "StackCapture", "capture_env", "flight_recorder_env", "last_progress",
            "request_stacks", "stacks_taken"]

@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trainguard.core.backends import jobfiles
+from trainguard.core.backends.workspace import INDEX, STACKS
 from trainguard.core.triage import hangs
 
-STACKS, INDEX = "stacks", "index.json"
 MAX_STACK_BYTES = 4 * 1024 * 1024
 MAX_STACKS_BYTES = 64 * 1024 * 1024
 MAX_RANKS = 4096

@@ -64,7 +64,7 @@ def nodes_error_files(folders: list[tuple[int, Path]]) -> tuple[ErrorFile, ...]:
 
 
 def _nprocs(folder: Path) -> int:
-    env = read_json_object(folder / workspace.SNAPSHOT / "env.json") or {}
+    env = read_json_object(folder / workspace.SNAPSHOT / workspace.ENV_SNAPSHOT) or {}
     variables = env.get("variables") if isinstance(env.get("variables"), dict) else env
     value = variables.get("PET_NPROC_PER_NODE") if isinstance(variables, dict) else None
     return int(value) if isinstance(value, str) and value.isdigit() and int(value) > 0 else 1

@@ -1,10 +1,12 @@
 """The folder one attempt fills, on every backend: where its logs, snapshots, core dumps and reports live.
 
 The entrypoint fills it inside the training container (a local process, a pod, a Slurm task), the
-runners write beside it, and evidence collection reads it; this module is the one owner of the
-paths inside it, and of finding a run's attempt folders under a work root. Where the folder lies
-under that root (``runs/{run id}/attempt-{n}``) is ``trainguard.core.ids``'s. Running or collecting
-anything does not belong here.
+runners write beside it, and evidence collection reads it. The names inside it are the
+entrypoint's (`trainguard_entrypoint.paths`, stdlib-only so both sides of the container line share
+them), re-exported here for the core; this module owns the rest: finding a run's attempt folders
+under a work root and laying one out. Where the folder lies under that root
+(``runs/{run id}/attempt-{n}``) is ``trainguard.core.ids``'s. Running or collecting anything does
+not belong here.
 """
 
 from __future__ import annotations
@@ -13,12 +15,27 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainguard_entrypoint import paths
+from trainguard_entrypoint.paths import (
+    COREDUMPS, CRASH_REPORT, DUMP_REQUEST, ENV_SNAPSHOT, EXPECTED_SNAPSHOTS, FLIGHT_RECORDER, GPU_AFTER, GPU_BEFORE,
+    HELPER_ARCHIVE, HOST_SNAPSHOT, INDEX, KEPT_LOG, KEPT_NODE_MAP, KEPT_PODS, KEPT_VOLUME, LOGS, NODE_FOLDERS, NOTICE_FILE, PROCESS_RECORD,
+    PROGRESS_RECORD, RANKS, RUNNER_REPORT, SLURM_BATCH_SCRIPT, SLURM_JOB_RECORD, SLURM_JOB_SHOWN, SLURM_KEPT, SLURM_SIGNAL_MARKER,
+    SNAPSHOT,
+    STACKS, STACKS_SITE, TORCHELASTIC, TORCHELASTIC_ERROR, TRIAGE_FACTS, AttemptPaths, node_prefix, slurm_output,
+    torchrun_env,
+)
+
 from trainguard.core import ids
 
-LOGS, COREDUMPS, SNAPSHOT = "logs", "coredumps", "snapshot"
-RANKS, TORCHELASTIC = "ranks", "torchelastic"  # torchrun's per-rank logs, and its agent's root-cause error
-TORCHELASTIC_ERROR = "error.json"
-CRASH_REPORT, PROCESS_RECORD, RUNNER_REPORT = "crash-report.json", "process.json", "runner.json"
+__all__ = [  # the entrypoint's names, re-exported: the core keeps no copy of its own
+    "COREDUMPS", "CRASH_REPORT", "DUMP_REQUEST", "ENV_SNAPSHOT", "EXPECTED_SNAPSHOTS", "FLIGHT_RECORDER", "GPU_AFTER",
+    "GPU_BEFORE", "HELPER_ARCHIVE", "HOST_SNAPSHOT", "INDEX", "KEPT_LOG", "KEPT_NODE_MAP", "KEPT_PODS", "KEPT_VOLUME", "LOGS", "NODE_FOLDERS",
+    "NOTICE_FILE", "PROCESS_RECORD", "PROGRESS_RECORD", "RANKS", "RUNNER_REPORT", "SLURM_BATCH_SCRIPT",
+    "SLURM_JOB_RECORD", "SLURM_JOB_SHOWN", "SLURM_KEPT", "SLURM_SIGNAL_MARKER", "SNAPSHOT", "STACKS", "STACKS_SITE", "TORCHELASTIC",
+    "TORCHELASTIC_ERROR", "TRIAGE_FACTS", "AttemptPaths", "node_prefix", "slurm_output", "torchrun_env",
+    "AttemptWorkspace", "WorkspaceError", "attempt_dir", "attempts_in", "last_change", "log_name",
+    "run_checkpoint_dir", "runs_in",
+]
 
 
 class WorkspaceError(ValueError):
@@ -27,14 +44,7 @@ class WorkspaceError(ValueError):
 
 def log_name(run_id: str, attempt: int) -> str:
     """The training log's file name, ``train-{run id}-attempt-{n}.log`` (in ``logs/``)."""
-    return f"train-{ids.validate_run_id(run_id)}-{ids.attempt_name(attempt)}.log"
-
-
-def torchrun_env(workspace: str) -> dict[str, str]:
-    """Where torchrun keeps each rank's log (`PET_LOG_DIR`, teed: `PET_TEE=3`) and its root-cause error
-    (`TORCHELASTIC_ERROR_FILE`), in the attempt's folder as the container sees it (``workspace``)."""
-    return {"PET_LOG_DIR": posixpath.join(workspace, RANKS), "PET_TEE": "3",
-            "TORCHELASTIC_ERROR_FILE": posixpath.join(workspace, TORCHELASTIC, TORCHELASTIC_ERROR)}
+    return paths.log_name(ids.validate_run_id(run_id), ids.validate_attempt(attempt))
 
 
 def attempt_dir(root: str, run_id: str, attempt: int) -> str:

@@ -21,19 +21,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trainguard_entrypoint import safefiles
+from trainguard_entrypoint import acks, safefiles
 from trainguard_entrypoint.checkpoints import list_checkpoints
 from trainguard_entrypoint.coredumps import CORE_SIGNALS
 from trainguard_entrypoint.files import read_json_object, read_tail_lines
-from trainguard_entrypoint.forensics import FLIGHT_RECORDER
-from trainguard_entrypoint.stacks import STACKS
 
 from trainguard.core import masking
 from trainguard.core.backends import jobfiles
 from trainguard.core.backends.jobfiles import Budget, JobFile
 from trainguard.core.evidence.manifest import Manifest, ManifestItem, MissingItem, attempt_prefix, store_manifest
 from trainguard.core.stores.base import EvidenceStore, StoredItem
-from trainguard.core.backends.workspace import RANKS, TORCHELASTIC, AttemptWorkspace
+from trainguard.core.backends.workspace import (
+    COREDUMPS, CRASH_REPORT, EXPECTED_SNAPSHOTS, FLIGHT_RECORDER, GPU_AFTER, GPU_BEFORE, INDEX, LOGS, RANKS,
+    RUNNER_REPORT, SNAPSHOT, STACKS, STACKS_SITE, TORCHELASTIC, AttemptWorkspace,
+)
 
 CRASH_TAIL_LINES = 200
 JOB_FOLDERS = (RANKS, TORCHELASTIC, STACKS, FLIGHT_RECORDER)  # kept whole when the attempt made them
@@ -43,9 +44,6 @@ _IGNORED_SUFFIXES = (".tmp", ".partial")
 # a run's checkpoints ranked to choose one to resume from (the evidence lists and copies fewer:
 # `safefiles.MAX_ENTRIES`); ranking needs every name, and a run keeps far fewer than this
 MAX_RANKED_CHECKPOINTS = 100_000
-EXPECTED_SNAPSHOTS = (
-    "snapshot/env.json", "snapshot/host.json", "snapshot/gpu-before/index.json", "snapshot/gpu-after/index.json",
-)
 # "step-000120.pt", "epoch=3-step=1200.ckpt", "checkpoint-500", "iter_0004000"
 _STEP = re.compile(r"(?:step|iter|checkpoint|ckpt)[-_=]?(\d+)", re.IGNORECASE)
 _NUMBER = re.compile(r"(\d+)")
@@ -100,7 +98,27 @@ def newest_checkpoints(checkpoint_dir: Path) -> list[Path]:
         step = _step_number(entry.name)
         ranked.append(((step is not None, step if step is not None else -1, mtime), path))
     ranked.sort(key=lambda pair: pair[0], reverse=True)
-    return [entry for _, entry in ranked]
+    return verified([entry for _, entry in ranked], checkpoint_dir)[0]
+
+
+def verified(ranked: Sequence[Path], checkpoint_dir: Path) -> tuple[list[Path], list[tuple[str, str]]]:
+    """``ranked`` (newest first) without the newest checkpoints whose acknowledgement does not verify,
+    and those left out with why.
+
+    The training-side helper acknowledges what it saved (step, files, SHA-256): a checkpoint whose
+    files no longer match (cut short, corrupted, replaced) is no place to resume from, and the next
+    older one is taken. Checking stops at the first checkpoint kept (acknowledged and verified, or
+    one the training saved itself without an acknowledgement): only the newest are resumed from, and
+    hashing every old checkpoint would cost minutes.
+    """
+    left_out: list[tuple[str, str]] = []
+    for index, path in enumerate(ranked):
+        ack = acks.read_ack(checkpoint_dir, path.name)
+        why = acks.verify(checkpoint_dir, ack) if ack is not None else None
+        if why is None:
+            return list(ranked[index:]), left_out
+        left_out.append((path.name, why))
+    return [], left_out
 
 
 def _usable(entry: Path, root: Path) -> bool:
@@ -185,7 +203,7 @@ def _no_crash_report_reason(runner: dict[str, Any] | None, write_failures: Seque
 def _collect_log(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, masker: masking.Masker,
                  log_name: str | None = None) -> None:
     log_name = log_name or ws.log_path.name
-    name = f"logs/{log_name}"
+    name = f"{LOGS}/{log_name}"
     try:
         os.lstat(ws.log_path)
     except OSError:
@@ -193,7 +211,7 @@ def _collect_log(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, masker:
         c.absent("crash-tail.txt", WORKSPACE, "no log to take the tail of")
         return
     log = jobfiles.log_file(ws.log_path, ws.root, c, masker)
-    c.guarded(name, ENTRYPOINT, lambda: jobfiles.put(c, "logs", log_name, ENTRYPOINT, log))
+    c.guarded(name, ENTRYPOINT, lambda: jobfiles.put(c, LOGS, log_name, ENTRYPOINT, log))
 
     def tail() -> None:
         lines = [masker.for_people(line)
@@ -208,18 +226,18 @@ def _report_file(ws: AttemptWorkspace, masker: masking.Masker) -> Callable[[Path
 
 
 def _collect_snapshots(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, masker: masking.Masker) -> None:
-    found = set(put_folder(c, "snapshot", ws.snapshot_dir, ws.root, ENTRYPOINT, _report_file(ws, masker)))
+    found = set(put_folder(c, SNAPSHOT, ws.snapshot_dir, ws.root, ENTRYPOINT, _report_file(ws, masker)))
     for expected in EXPECTED_SNAPSHOTS:
         if expected not in found:
             c.absent(expected, ENTRYPOINT, f"not written: {why_absent}")
-    for phase in ("gpu-before", "gpu-after"):
-        index = read_json_object(ws.snapshot_dir / phase / "index.json", ws.root) or {}
+    for phase in (GPU_BEFORE, GPU_AFTER):
+        index = read_json_object(ws.snapshot_dir / phase / INDEX, ws.root) or {}
         absent_list = [a for a in index.get("absent", []) if isinstance(a, dict)] \
             if isinstance(index.get("absent"), list) else []
         # no NVIDIA driver on the host: no GPU to take a snapshot of, so nothing is lost
         applicable = not any(a.get("name") == "driver-version.txt" for a in absent_list)
         for absent in absent_list:
-            name, original = jobfiles.evidence_name(f"snapshot/{phase}", str(absent.get("name")))
+            name, original = jobfiles.evidence_name(f"{SNAPSHOT}/{phase}", str(absent.get("name")))
             c.absent(name, ENTRYPOINT, masker.for_people(str(absent.get("reason"))), original, applicable)
 
 
@@ -235,33 +253,33 @@ def _collect_reports(
     """The entrypoint's crash report (from where the job wrote) and the runner's own (the attempt's)."""
     if os.path.lexists(ws.crash_report_path):
         report = _report_file(ws, masker)
-        c.guarded("crash-report.json", ENTRYPOINT,
-                  lambda: jobfiles.put(c, "", "crash-report.json", ENTRYPOINT, report(ws.crash_report_path)))
+        c.guarded(CRASH_REPORT, ENTRYPOINT,
+                  lambda: jobfiles.put(c, "", CRASH_REPORT, ENTRYPOINT, report(ws.crash_report_path)))
     else:
-        c.absent("crash-report.json", ENTRYPOINT, _no_crash_report_reason(runner, write_failures))
+        c.absent(CRASH_REPORT, ENTRYPOINT, _no_crash_report_reason(runner, write_failures))
     if os.path.lexists(own.runner_report_path):
         runner_file = _report_file(own, masker)(own.runner_report_path)
-        c.guarded("runner.json", RUNNER, lambda: jobfiles.put(c, "", "runner.json", RUNNER, runner_file))
-    elif failed := _failure_of("runner.json", write_failures):
-        c.absent("runner.json", RUNNER, failed)
+        c.guarded(RUNNER_REPORT, RUNNER, lambda: jobfiles.put(c, "", RUNNER_REPORT, RUNNER, runner_file))
+    elif failed := _failure_of(RUNNER_REPORT, write_failures):
+        c.absent(RUNNER_REPORT, RUNNER, failed)
     else:
         why = f"no such file: {jobfiles.shown(own.runner_report_path)} (not run by the local runner, or it was killed)"
-        c.absent("runner.json", RUNNER, why)
+        c.absent(RUNNER_REPORT, RUNNER, why)
 
 
 def _collect_coredumps(c: BundleWriter, ws: AttemptWorkspace, crash: dict[str, Any] | None,
                        masker: masking.Masker) -> None:
     limit = c.spent.budget.core_dump_bytes
-    cores = put_folder(c, "coredumps", ws.coredumps_dir, ws.root, ENTRYPOINT,
+    cores = put_folder(c, COREDUMPS, ws.coredumps_dir, ws.root, ENTRYPOINT,
                        lambda path: JobFile(path, ws.root, "core dump", limit))  # byte for byte, holes kept
-    if cores or any(item.name.startswith("coredumps/") for item in c.missing):
+    if cores or any(item.name.startswith(f"{COREDUMPS}/") for item in c.missing):
         return
     if crash is None:
-        c.absent("coredumps", ENTRYPOINT, "no core file, and no crash report to say why")
+        c.absent(COREDUMPS, ENTRYPOINT, "no core file, and no crash report to say why")
     else:
         # a process that exited, or died of a signal that dumps no core, could not have left one
         dumps = crash.get("signal") in CORE_SIGNALS
-        c.absent("coredumps", ENTRYPOINT, masker.for_people(str(crash.get("core_absent_reason") or "no core file was kept")),
+        c.absent(COREDUMPS, ENTRYPOINT, masker.for_people(str(crash.get("core_absent_reason") or "no core file was kept")),
                  applicable=dumps)
 
 
@@ -298,7 +316,7 @@ def not_evidence(name: str) -> bool:
     """The entrypoint's faulthandler site (``stacks/site/...``) and PyTorch's flight-recorder trigger pipes,
     wherever they lie (a Slurm task's folder too)."""
     parts = name.split("/")
-    site = any(a == STACKS and b == "site" for a, b in zip(parts, parts[1:]))
+    site = any(a == STACKS and b == STACKS_SITE for a, b in zip(parts, parts[1:]))
     return site or (len(parts) > 1 and parts[-2] == FLIGHT_RECORDER and parts[-1].startswith("pipe_"))
 
 
@@ -376,12 +394,12 @@ def collect_workspace(c: BundleWriter, workspace: AttemptWorkspace, *, masker: m
         else "the entrypoint could not write it (see the crash report's problems)"
     )
     steps: list[tuple[str, Callable[[], None]]] = [
-        ("crash-report.json", lambda: _collect_reports(c, ws, workspace, runner, write_failures, masker)),
-        ("logs", lambda: _collect_log(c, ws, why_absent, masker, workspace.log_path.name)),
-        ("snapshot", lambda: _collect_snapshots(c, ws, why_absent, masker)),
+        (CRASH_REPORT, lambda: _collect_reports(c, ws, workspace, runner, write_failures, masker)),
+        (LOGS, lambda: _collect_log(c, ws, why_absent, masker, workspace.log_path.name)),
+        (SNAPSHOT, lambda: _collect_snapshots(c, ws, why_absent, masker)),
         ("checkpoint", lambda: _collect_checkpoints(c, ws)),
-        ("coredumps", lambda: _collect_coredumps(c, ws, crash, masker)),
-        ("ranks", lambda: _collect_job_folders(c, ws, masker)),
+        (COREDUMPS, lambda: _collect_coredumps(c, ws, crash, masker)),
+        (RANKS, lambda: _collect_job_folders(c, ws, masker)),
     ]
     for name, step in steps:
         c.guarded(name, WORKSPACE, step)

@@ -2,7 +2,7 @@
 
 `api` is the one module that imports the `kubernetes` client (an import-linter contract keeps it
 so); `errors` is its error tree; `watch` resumes watches. `manifests` writes the Job and its
-Secret, `zipapp` packs the entrypoint into the ConfigMap the pods run it from; for several nodes,
+Secret, `zipapp` puts the entrypoint archive into the ConfigMap the pods run it from; for several nodes,
 `indexed` makes the Job an Indexed Job behind a headless Service, `pytorchjob` makes it a Kubeflow
 PyTorchJob instead, `kinds` tells the two kinds apart wherever they are read, and `placement`
 relaxes one pod per node when the cluster cannot give it. `supervise` follows an attempt to its

@@ -21,7 +21,7 @@ from typing import Any
 from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core import masking
-from trainguard.core.backends import workspace_evidence
+from trainguard.core.backends import workspace, workspace_evidence
 from trainguard.core.backends.base import (
     COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
 )
@@ -281,8 +281,8 @@ class KubernetesBackend:
             folder = self.local_dir(ref.run_id, ref.attempt)
         except OSError:
             return {}
-        facts = read_json_object(folder / "triage.json") or {}
-        if facts.get("log_path") != str(folder / "attempt.log"):
+        facts = read_json_object(folder / workspace.TRIAGE_FACTS) or {}
+        if facts.get("log_path") != str(folder / workspace.KEPT_LOG):
             facts.pop("log_path", None)
         return facts
 

@@ -23,6 +23,8 @@ import inspect
 from trainguard_entrypoint import checkpoints as _checkpoints
 from trainguard_entrypoint import safefiles as _safefiles
 
+from trainguard.core.backends import workspace
+
 MAGIC = "TRAINGUARD-EVIDENCE/2"
 MAX_RECORD_BYTES = 16 * 1024  # well under the 64 KiB a line may have before the reader drops it
 # Record kinds: META (once, first), FILE, SKIPPED, CHECKPOINTS (the listing's header), CHECKPOINT,
@@ -35,7 +37,8 @@ _SCRIPT = r'''
 import base64, dataclasses, errno, gzip, hashlib, json, os, stat, sys, tarfile, time
 MAGIC = "TRAINGUARD-EVIDENCE/2"
 MAX_RECORD_BYTES = 16 * 1024
-_ORDER = ("crash-report.json", "snapshot/", "logs/", "torchelastic/", "ranks/")
+_ORDER = @ORDER@
+_LOGS, _RANKS = @LOGS@, @RANKS@
 LOG_SHARE = 4  # a log the job writes takes at most this share of the budget, cut there: it starves no other file
 _ZEROS = bytes(1024 * 1024)
 
@@ -119,7 +122,7 @@ def _rank(name):
 
 
 def _is_log(name):
-    return name.startswith("logs/") or (name.startswith("ranks/") and name.endswith(".log"))
+    return name.startswith(_LOGS) or (name.startswith(_RANKS) and name.endswith(".log"))
 
 
 def entries(workspace):
@@ -279,4 +282,15 @@ def script() -> str:
         "_sys.modules[safefiles.__name__] = safefiles\n"
         f"exec(compile({inspect.getsource(_safefiles)!r}, 'safefiles.py', 'exec'), safefiles.__dict__)\n"
     )
-    return listing.replace(_SAFEFILES_IMPORT, module) + _SCRIPT
+    return listing.replace(_SAFEFILES_IMPORT, module) + _program()
+
+
+def _program() -> str:
+    """The tar writer, with the attempt folder's names as the entrypoint spells them (`workspace`)."""
+    order = (workspace.CRASH_REPORT, *(f"{name}/" for name in (workspace.SNAPSHOT, workspace.LOGS,
+                                                                 workspace.TORCHELASTIC, workspace.RANKS)))
+    names = {"@ORDER@": repr(order), "@LOGS@": repr(f"{workspace.LOGS}/"), "@RANKS@": repr(f"{workspace.RANKS}/")}
+    program = _SCRIPT
+    for placeholder, value in names.items():
+        program = program.replace(placeholder, value)
+    return program

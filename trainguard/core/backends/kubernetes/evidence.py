@@ -28,6 +28,7 @@ from typing import Any
 from trainguard.core import masking
 from trainguard_entrypoint.files import read_json_object
 
+from trainguard.core.backends import workspace
 from trainguard.core.backends.kubernetes import collector, kinds, localdir, nodes
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.describe import describe_pod
@@ -206,7 +207,7 @@ def _map_nodes(c: ClusterWriter, s: Scene, log_dir: Path | None) -> None:
         try:
             nodes.keep_nodes(c, s, mapped, log_dir)
         except OSError as exc:
-            c.absent(f"{log_dir}/{nodes.ATTEMPT_MAP}", KUBERNETES, f"could not keep the nodes' files locally: {exc}")
+            c.absent(f"{log_dir}/{workspace.KEPT_NODE_MAP}", KUBERNETES, f"could not keep the nodes' files locally: {exc}")
 
 
 def _collect_termination_message(c: ClusterWriter, s: Scene, facts: ClusterFacts) -> None:
@@ -236,10 +237,10 @@ def _keep_for_triage(c: ClusterWriter, s: Scene, facts: ClusterFacts, log_dir: P
         try:
             localdir.ensure_private(log_dir)
             if facts.log_path:
-                kept = log_dir / "attempt.log"
+                kept = log_dir / workspace.KEPT_LOG
                 localdir.copy_private(facts.log_path, kept)
                 facts = facts.with_log(str(kept))
-            localdir.write_private(log_dir / "triage.json", json_bytes(masking.mask_tree(facts.to_dict(), c.masker)))
+            localdir.write_private(log_dir / workspace.TRIAGE_FACTS, json_bytes(masking.mask_tree(facts.to_dict(), c.masker)))
         except OSError as exc:
             c.absent(f"{log_dir}/triage.json", KUBERNETES, f"could not keep the triage facts locally: {exc}")
             facts = facts.with_log(None)
@@ -301,7 +302,7 @@ def collect_kubernetes_evidence(
         if local_problem:
             c.absent("triage.json (kept on this machine)", KUBERNETES, local_problem)
         if several:
-            c.guarded(nodes.ATTEMPT_MAP, KUBERNETES, lambda: _map_nodes(c, s, log_dir))
+            c.guarded(workspace.KEPT_NODE_MAP, KUBERNETES, lambda: _map_nodes(c, s, log_dir))
         for name, data in (extra or {}).items():
             c.guarded(str(name), FLOW, partial(_put_extra, c, str(name), data))
     manifest = Manifest(run_id, attempt, now().isoformat(), tuple(c.items), tuple(c.missing))
@@ -314,10 +315,10 @@ def read_triage_facts(store: EvidenceStore, run_id: str, attempt: int, log_dir: 
     Raises:
         EvidenceNotFound: Neither holds them (collection did not run or could not store them).
     """
-    kept = read_json_object(log_dir / "triage.json") if log_dir is not None else None
+    kept = read_json_object(log_dir / workspace.TRIAGE_FACTS) if log_dir is not None else None
     if log_dir is not None and kept is not None:
         facts = ClusterFacts.from_dict(kept)
-        if facts.log_path is None or (facts.log_path == str(log_dir / "attempt.log") and Path(facts.log_path).is_file()):
+        if facts.log_path is None or (facts.log_path == str(log_dir / workspace.KEPT_LOG) and Path(facts.log_path).is_file()):
             return facts
     data = store.get_bytes(f"{attempt_prefix(run_id, attempt)}/{TRIAGE_NAME}")
     facts = ClusterFacts.from_dict(json.loads(data.decode("utf-8", errors="replace")))
@@ -325,7 +326,7 @@ def read_triage_facts(store: EvidenceStore, run_id: str, attempt: int, log_dir: 
         return facts
     try:
         localdir.ensure_private(log_dir)
-        local = log_dir / "attempt.log"
+        local = log_dir / workspace.KEPT_LOG
         localdir.write_private(local, store.get_bytes(f"{attempt_prefix(run_id, attempt)}/{facts.log_item}"))
     except (EvidenceNotFound, OSError):
         return facts

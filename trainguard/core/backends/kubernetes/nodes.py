@@ -23,15 +23,15 @@ from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core.backends import rankstacks, torchrun, workspace
 from trainguard.core.backends.capabilities import NodeEvidence
+from trainguard.core.backends.workspace import (
+    KEPT_NODE_MAP, KEPT_PODS, KEPT_VOLUME, NODE_FOLDERS, TRIAGE_FACTS, node_prefix,
+)
 from trainguard.core import masking
 from trainguard.core.backends.kubernetes import kinds, localdir
 from trainguard.core.backends.kubernetes.collector import training_container
 from trainguard.core.backends.kubernetes.scene import KUBERNETES, ClusterWriter, Scene, pod_reason, terminated_state
 from trainguard.core.triage.signals import Signals
 
-ATTEMPT_MAP = "attempt.json"
-NODE_FOLDERS = "tasks"
-KEPT_VOLUME, KEPT_PODS = "volume", "pods"
 
 
 def multi_node(s: Scene) -> bool:
@@ -56,10 +56,6 @@ def pods_by_index(s: Scene) -> dict[int, dict[str, Any]]:
     return chosen
 
 
-def _node_prefix(index: int) -> str:
-    return "" if index == 0 else f"{NODE_FOLDERS}/{index}/"
-
-
 def _iso_epoch(stamp: Any) -> float | None:
     try:
         return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
@@ -77,7 +73,7 @@ def _entry(s: Scene, index: int, pod: Mapping[str, Any], nprocs: int, names: lis
     reason, message = pod_reason(pod, s.job, cstatus)
     failed = done.get("exitCode") not in (None, 0) or status.get("phase") == "Failed"
     own = f"kubernetes/pods/{meta.get('name')}"
-    prefix = _node_prefix(index)
+    prefix = node_prefix(index)
     items = [n for n in names if n == f"{own}.json" or n.startswith(f"{own}/")
              or (n.startswith(prefix) if prefix else not n.startswith(("kubernetes/", f"{NODE_FOLDERS}/")))]
     return {"index": index, "pod": meta.get("name"), "node": spec.get("nodeName"),
@@ -113,7 +109,7 @@ def map_attempt(c: ClusterWriter, s: Scene) -> dict[str, Any]:
     mapped = {"job": s.job_name, "nodes": max(width, len(entries)), "processes_per_node": nprocs,
               "service": _service(s),
               "indexes": [entries[i] for i in sorted(entries)]}
-    c.put_json(ATTEMPT_MAP, mapped, KUBERNETES)
+    c.put_json(KEPT_NODE_MAP, mapped, KUBERNETES)
     return mapped
 
 
@@ -139,7 +135,7 @@ def keep_nodes(c: ClusterWriter, s: Scene, mapped: Mapping[str, Any], log_dir: P
             localdir.copy_private(spool, log_dir / KEPT_PODS / f"{pod}.log")
     # the termination messages in it can be a log's tail, secrets and all: masked as the store's copy is
     masked = masking.mask_tree(dict(mapped), c.masker)
-    localdir.write_private(log_dir / ATTEMPT_MAP, json.dumps(masked, indent=2, sort_keys=True).encode("utf-8"))
+    localdir.write_private(log_dir / KEPT_NODE_MAP, json.dumps(masked, indent=2, sort_keys=True).encode("utf-8"))
 
 
 def _container_of(s: Scene, pod_name: str) -> str | None:
@@ -149,14 +145,14 @@ def _container_of(s: Scene, pod_name: str) -> str | None:
 
 def node_evidence(log_dir: Path, run_id: str, attempt: int) -> list[NodeEvidence]:
     """One entry per node rank, from what `keep_nodes` kept; [] when nothing was (one node, or no evidence)."""
-    mapped = read_json_object(log_dir / ATTEMPT_MAP) or {}
+    mapped = read_json_object(log_dir / KEPT_NODE_MAP) or {}
     found = []
     budget = rankstacks.StackBudget()
     for entry in mapped.get("indexes") or ():
         if not isinstance(entry, dict) or not isinstance(entry.get("index"), int):
             continue
         index, ranks = entry["index"], entry.get("ranks") or []
-        folder = log_dir / KEPT_VOLUME / _node_prefix(index)
+        folder = log_dir / KEPT_VOLUME / node_prefix(index)
         signals = _signals(log_dir, folder, entry, run_id, attempt, budget)
         # the error files date a rank's own failure to the second; without them the pod's end does
         found.append(NodeEvidence(
@@ -181,7 +177,7 @@ def _signals(log_dir: Path, folder: Path, entry: Mapping[str, Any], run_id: str,
 
 
 def _events(log_dir: Path) -> list[Mapping[str, Any]]:
-    facts = read_json_object(log_dir / "triage.json") or {}
+    facts = read_json_object(log_dir / TRIAGE_FACTS) or {}
     return [e for e in facts.get("events") or () if isinstance(e, Mapping)]
 
 

@@ -23,17 +23,24 @@ from trainguard_entrypoint import safefiles
 from trainguard_entrypoint.files import read_json_object, read_tail_lines
 
 from trainguard.core.backends import workspace
-from trainguard.core.backends.workspace_evidence import CRASH_TAIL_LINES, ENTRYPOINT, EXPECTED_SNAPSHOTS
+from trainguard.core.backends.workspace_evidence import CRASH_TAIL_LINES, ENTRYPOINT
+from trainguard.core.backends.workspace import EXPECTED_SNAPSHOTS
 from trainguard.core.backends.kubernetes import collector, kinds
 from trainguard.core.backends.kubernetes.scene import ClusterWriter, Scene, facts_of
 from trainguard.core.stores.base import EvidenceStoreError, validate_key
 
 VOLUME = "kubernetes-volume"
 # the entrypoint's files, torchrun's rank logs and error file, the ranks' stacks, and other nodes' folders
-_KNOWN = ("logs/", "snapshot/", "coredumps/", "crash-report.json", "ranks/", "torchelastic/", "stacks/", "tasks/")
+_KNOWN = (*(f"{name}/" for name in (workspace.LOGS, workspace.SNAPSHOT, workspace.COREDUMPS)), workspace.CRASH_REPORT,
+          *(f"{name}/" for name in (workspace.RANKS, workspace.TORCHELASTIC, workspace.STACKS, workspace.NODE_FOLDERS)))
 # what triage reads of each node's folder (the first node's is the attempt's own, node N's `tasks/N`)
-_NODE_FILE = re.compile(r"(tasks/\d+/)?(logs/train-[^/]+\.log|crash-report\.json|torchelastic/error\.json|"
-                        r"ranks/[^/]+/attempt_\d+/\d+/error\.json|snapshot/env\.json|stacks/[^/]+)")
+_E = re.escape
+_NODE_FILE = re.compile(
+    rf"({_E(workspace.NODE_FOLDERS)}/\d+/)?({_E(workspace.LOGS)}/train-[^/]+\.log|{_E(workspace.CRASH_REPORT)}|"
+    rf"{_E(workspace.TORCHELASTIC)}/{_E(workspace.TORCHELASTIC_ERROR)}|"
+    rf"{_E(workspace.RANKS)}/[^/]+/attempt_\d+/\d+/{_E(workspace.TORCHELASTIC_ERROR)}|"
+    rf"{_E(workspace.SNAPSHOT)}/{_E(workspace.ENV_SNAPSHOT)}|{_E(workspace.STACKS)}/[^/]+)"
+)
 
 
 def _template_spec(s: Scene) -> dict[str, Any] | None:
@@ -102,7 +109,7 @@ def _unpack(c: ClusterWriter, s: Scene, tar_path: Path, cut: dict[str, dict[str,
                 s.volume_log = (name, spool)
             if _NODE_FILE.fullmatch(name):
                 s.node_files[name] = spool
-            if name == "crash-report.json":
+            if name == workspace.CRASH_REPORT:
                 s.crash_report = spool
     return found
 
@@ -122,15 +129,15 @@ def _expected(c: ClusterWriter, s: Scene, found: set[str], meta: dict[str, Any],
     why = "the volume was not read" if not tar else "not on the volume"
     if log_name not in found:
         c.absent(log_name, ENTRYPOINT, f"{why}: {meta.get('workspace_absent') or 'the entrypoint wrote no log'}")
-    if "crash-report.json" not in found:
-        c.absent("crash-report.json", ENTRYPOINT, f"{why}: {_no_crash_report(s)}")
+    if workspace.CRASH_REPORT not in found:
+        c.absent(workspace.CRASH_REPORT, ENTRYPOINT, f"{why}: {_no_crash_report(s)}")
     for expected in EXPECTED_SNAPSHOTS:
         if expected not in found:
             c.absent(expected, ENTRYPOINT, f"{why}: the entrypoint did not write it")
-    if not any(n.startswith("coredumps/") for n in found):
+    if not any(n.startswith(f"{workspace.COREDUMPS}/") for n in found):
         crash = read_json_object(s.crash_report) if s.crash_report else None
         reason = (crash or {}).get("core_absent_reason") or "no core file was kept"
-        c.absent("coredumps", ENTRYPOINT, f"{why}: {reason}")
+        c.absent(workspace.COREDUMPS, ENTRYPOINT, f"{why}: {reason}")
 
 
 def _checkpoints(c: ClusterWriter, meta: dict[str, Any]) -> None:

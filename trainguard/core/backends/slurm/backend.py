@@ -2,10 +2,10 @@
 
 The attempt's folder and the run's checkpoints live on the cluster's shared filesystem, which the
 flow's machine also mounts. `run` submits the attempt's job (or adopts the one a previous flow
-process already submitted, found by its recorded id or by name and comment), follows it with
-`squeue` on its own id with backoff, streams the entrypoint's log to `on_line`, and reads the end
-from `scontrol show job` and the entrypoint's crash report. Evidence is ``evidence``'s; the
-job's shape is ``job``'s; the commands are ``client``'s; earlier attempts' jobs ``continuation``'s.
+process already submitted, found by its recorded id or, in one `squeue` for the run's jobs, by name
+and comment), then hands it to ``supervise``, which follows it to its end and says how it ended.
+Evidence is ``evidence``'s; the job's shape is ``job``'s; the commands are ``client``'s; earlier
+attempts' jobs ``continuation``'s.
 """
 
 from __future__ import annotations
@@ -22,24 +22,20 @@ from typing import ClassVar
 from trainguard_entrypoint.files import read_json_object
 
 from trainguard.core import masking
-from trainguard.core.backends import forensics, jobfiles, workspace_evidence
+from trainguard.core.backends import entrypoint_archive, forensics, jobfiles, workspace_evidence
 from trainguard.core.backends.jobfiles import Budget
-from trainguard.core.backends.slurm import continuation, job, nodes
+from trainguard.core.backends.slurm import continuation, job, nodes, supervise
 from trainguard.core.backends.slurm import evidence as slurm_evidence
 from trainguard.core.backends.base import (
     CANCELLED, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink, container_env,
 )
 from trainguard.core.backends.capabilities import NodeEvidence
-from trainguard.core.backends.slurm.client import (
-    TERMINAL_STATES, JobInfo, JobNotFound, SlurmClient, SlurmError, SlurmUnavailable, iso_time,
-)
+from trainguard.core.backends.slurm.client import TERMINAL_STATES, JobNotFound, SlurmClient, SlurmError, SlurmUnavailable
 from trainguard.core.backends.slurm.continuation import JOB_RECORD
-from trainguard.core.backends.slurm.tail import LogTail, last_bytes
 from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import LogSource, Signals
 from trainguard.core.backends import processes, rankstacks, torchrun, workspace
-from trainguard.core.backends.waits import WaitNotice
 from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
 
 KIND = "slurm"
@@ -100,23 +96,32 @@ class SlurmBackend:
         ws = self.workspace(ref)
         masking.register_environment(launch.env)  # every task's output is masked with them, in evidence too
         started_at = datetime.now(UTC)
+        supervisor = self.supervisor()
         try:
             job_id = self._submit_or_adopt(ws, launch)
         except SlurmUnavailable as exc:  # a busy or stopped controller is the cluster's trouble, not the run's
-            return self._unreachable(ws, None, self._unanswered_submit(launch, exc), started_at)
+            said = job.unanswered_submit_message(launch.attempt, job.job_name(launch.run_id, launch.attempt),
+                                                 supervisor.controller(), str(exc))
+            return supervisor.unreachable(ws, None, said, started_at)
         except (SlurmError, OSError) as exc:
-            return self._never_started(ws, f"sbatch failed: {exc}")
+            return supervise.never_started(ws, f"sbatch failed: {exc}")
         stopped_for: str | None = None
         try:
-            stopped_for = self._supervise(ws, job_id, launch, on_line or _print_line)
-        except _ControllerLost as lost:
-            return self._unreachable(ws, job_id, str(lost), started_at)
+            stopped_for = supervisor.follow(ws, job_id, launch, on_line or _print_line)
+        except supervise.ControllerLost as lost:
+            return supervisor.unreachable(ws, job_id, str(lost), started_at)
         except BaseException as exc:  # the flow is being stopped: the job must not outlive it
-            self._cancel_quietly(job_id)
+            supervisor.cancel_quietly(job_id)
             continuation.write_runner_report(ws, job_id, None, CANCELLED, f"the flow was interrupted ({type(exc).__name__}); "
                                f"Slurm job {job_id} was cancelled")
             raise
-        return self._outcome(ws, job_id, stopped_for, started_at)
+        return supervisor.outcome(ws, job_id, stopped_for, started_at)
+
+    def supervisor(self) -> supervise.Supervisor:
+        """What follows this backend's jobs to their end, with its client, clock, sleep and limits."""
+        limits = supervise.Limits(self.poll_min_seconds, self.poll_max_seconds, self.controller_timeout_seconds,
+                                  self.odd_answers_limit)
+        return supervise.Supervisor(self.client, limits, self.clock, self.sleep, self.capture)
 
     def collect_evidence(
         self, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None,
@@ -154,7 +159,7 @@ class SlurmBackend:
         record = read_json_object(ws.root / continuation.JOB_RECORD) or {}
         if "--ntasks-per-node=1" not in record.get("sbatch_options", []):
             return []
-        return nodes.node_evidence(ws, outcome.reason, lambda: self._hostnames(nodes.node_list(ws.root)))
+        return nodes.node_evidence(ws, outcome.reason, lambda: self.supervisor().hostnames(nodes.node_list(ws.root)))
 
     def checkpoints(self, run_id: str) -> list[str]:
         folder = run_checkpoint_dir(self.shared_folder, run_id)
@@ -170,8 +175,8 @@ class SlurmBackend:
         ws = self.workspace(ref)
         job_id = continuation.recorded_job_id(ws)
         if job_id is None:
-            comment = job.job_comment(ref.run_id, ref.attempt, str(self.shared_folder))
-            job_id = next((found for found, _ in self.client.find(ref.name, comment)), None)
+            job_id = next(iter(continuation.run_jobs(self.client, self.shared_folder, ref.run_id, ref.attempt)
+                               .of(ref.attempt)), None)
         state = self.client.state(job_id) if job_id is not None else None
         if job_id is None or state is None or state in TERMINAL_STATES:
             return None
@@ -181,7 +186,7 @@ class SlurmBackend:
         deadline = self.clock() + self.orphan_grace_seconds
         while (now := self.client.state(job_id)) is not None and now not in TERMINAL_STATES and self.clock() < deadline:
             self.sleep(self.poll_min_seconds)
-        info = self._final_info(ws, job_id)
+        info = self.supervisor().final_info(ws, job_id)
         return (f"cancelled Slurm job {job_id}, left {state} without its supervisor; it ended "
                 f"{info.state if info is not None else now or 'out of Slurm memory'}")
 
@@ -209,35 +214,37 @@ class SlurmBackend:
 
     # --- submission and adoption -------------------------------------------------------------
 
-    def _adoptable(self, ws: AttemptWorkspace, launch: Launch) -> str | None:
+    def _recorded(self, ws: AttemptWorkspace, launch: Launch) -> str | None:
+        """The job the attempt's record names, if Slurm still knows it under the name it was given."""
         record = read_json_object(ws.root / JOB_RECORD)
         origin = continuation.job_attempt(record, launch.attempt)  # a continued job keeps its first name
-        name = job.job_name(launch.run_id, origin)
         recorded = continuation.recorded_job_id(ws)
         if recorded is not None:
             try:
-                if self.client.show_job(recorded).fields.get("JobName") == name:
+                if self.client.show_job(recorded).fields.get("JobName") == job.job_name(launch.run_id, origin):
                     return recorded
             except JobNotFound:
                 pass  # aged out of Slurm's memory: look for a namesake still queued or running
-        comment = job.job_comment(launch.run_id, launch.attempt, str(self.shared_folder))
-        found = self.client.find(job.job_name(launch.run_id, launch.attempt), comment)
-        return found[0][0] if found else None
+        return None
 
     def _submit_or_adopt(self, ws: AttemptWorkspace, launch: Launch) -> str:
-        adopted = self._adoptable(ws, launch)
+        jobs = continuation.RunJobs({})
+        adopted = self._recorded(ws, launch)
+        if adopted is None:  # the run's jobs, asked of squeue once for all that follows
+            jobs = continuation.run_jobs(self.client, self.shared_folder, launch.run_id, launch.attempt)
+            adopted = next(iter(jobs.of(launch.attempt)), None)
         if adopted is not None:
             continuation.write_job_record(ws, adopted, adopted=True)
             return adopted
-        lost = continuation.find_lost_job(self.client, self.shared_folder, launch.run_id, launch.attempt)
+        lost = continuation.find_lost_job(jobs, self.shared_folder, launch.run_id, launch.attempt)
         if lost is not None:  # the job an attempt lost with the controller trains on: follow it, don't restart
             origin = AttemptWorkspace.create(self.shared_folder, launch.run_id, lost.job_attempt)
             continuation.link_job_files(ws, origin, lost.job_id)
             continuation.write_job_record(ws, lost.job_id, adopted=True, origin_attempt=lost.job_attempt)
             return lost.job_id
-        continuation.cancel_earlier_jobs(self.client, self.shared_folder, launch.run_id, launch.attempt)
-        script = ws.root / "slurm-batch.sh"
-        entry = slurm_evidence.entrypoint_archive(self.shared_folder)
+        continuation.cancel_earlier_jobs(self.client, jobs, launch.attempt)
+        script = ws.root / workspace.SLURM_BATCH_SCRIPT
+        entry = entrypoint_archive.write_into(self.shared_folder / ".trainguard")
         script.write_text(job.batch_script(
             python=self.python, entrypoint=str(entry), command=launch.command, workspace=str(ws.root),
             run_id=launch.run_id, attempt=launch.attempt,
@@ -269,139 +276,3 @@ class SlurmBackend:
             return []
         avoid = [node for node in launch.avoid_nodes if node in nodes]
         return avoid if nodes - set(avoid) else []  # else the job waits for the node to come back
-
-    # --- supervision --------------------------------------------------------------------------
-
-    def _supervise(self, ws: AttemptWorkspace, job_id: str, launch: Launch, on_line: LineSink) -> str | None:
-        """Follow the job until it is terminal; return why trainguard stopped it, if it did."""
-        jw = continuation.job_workspace(ws)
-        tail = LogTail(jw.log_path, on_line, self.clock, jw.root)
-        delay, running_since, stopped_for = self.poll_min_seconds, None, None
-        watch, notice = _Watch(self.clock()), WaitNotice(clock=self.clock)
-        while True:
-            tail.poll()
-            try:
-                state = self._state(job_id, watch)
-            except _ControllerLost:
-                tail.poll(final=True)
-                raise
-            if (elapsed := notice.due(state == "UNKNOWN" or state in job.WAITING_STATES)) is not None:
-                on_line(job.waiting_line(job_id, state, watch.reason, elapsed, self.controller_timeout_seconds))
-            if state is None or state in TERMINAL_STATES:
-                tail.poll(final=True)
-                return stopped_for
-            if state == "RUNNING":
-                running_since = running_since if running_since is not None else self.clock()
-                silent_since = max(running_since, tail.last_output, nodes.last_progress(jw.root, self.clock))
-                if (stopped_for is None and launch.stall_seconds is not None
-                        and self.clock() - silent_since >= launch.stall_seconds):
-                    stopped_for = job.STALLED
-                    nodes.take_stacks(jw.root, self.capture, self.clock, self.sleep)
-                    self._cancel_quietly(job_id)
-                    delay = self.poll_min_seconds
-            self.sleep(delay)
-            delay = min(delay * 1.5, self.poll_max_seconds) if state != "COMPLETING" else self.poll_min_seconds
-
-    def _state(self, job_id: str, watch: _Watch) -> str | None:
-        """squeue's word on the job; "UNKNOWN" while the controller is silent or odd, within bounds."""
-        try:
-            found = self.client.status(job_id)
-        except SlurmUnavailable as exc:  # busy or restarting: ask again, later, within bounds
-            if self.clock() - watch.answered >= self.controller_timeout_seconds:
-                raise _ControllerLost(self._lost_message(job_id, exc, self.clock() - watch.answered)) from exc
-            return "UNKNOWN"
-        except SlurmError as exc:  # an answer squeue should not give (a plugin or RPC hiccup): never a reason to cancel
-            watch.odd += 1
-            if watch.odd >= self.odd_answers_limit:
-                raise _ControllerLost(job.odd_answers_message(job_id, watch.odd, str(exc))) from exc
-            return "UNKNOWN"
-        watch.answered, watch.odd = self.clock(), 0
-        state, watch.reason = found if found is not None else (None, "")
-        return state
-
-    def _lost_message(self, job_id: str, exc: SlurmError, silent_seconds: float) -> str:
-        return job.lost_message(job_id, silent_seconds, self._controller(), str(exc))
-
-    def _unanswered_submit(self, launch: Launch, exc: SlurmError) -> str:
-        return job.unanswered_submit_message(launch.attempt, job.job_name(launch.run_id, launch.attempt),
-                                                   self._controller(), str(exc))
-
-    def _controller(self) -> str:
-        """Which controller the configuration names and what `scontrol ping` says of it (one line)."""
-        conf = (self.client.env or os.environ).get("SLURM_CONF", "the system's slurm.conf")
-        return f"{self.client.ping() or 'scontrol ping gave no answer'}; configured in {conf}"
-
-    def _unreachable(self, ws: AttemptWorkspace, job_id: str | None, message: str, started: datetime) -> AttemptOutcome:
-        continuation.write_runner_report(ws, job_id, None, job.UNREACHABLE, message)
-        event = {"type": "Warning", "reason": job.UNREACHABLE, "message": message,
-                 "involvedObject": {"kind": "SlurmJob", "name": job_id or job.job_name(ws.run_id, ws.attempt)}}
-        jw = continuation.job_workspace(ws)  # the job may have ended and reported before the controller went
-        crash = read_json_object(jw.crash_report_path, jw.root)
-        exit_code, sig = job.exit_status(crash, None)
-        return AttemptOutcome(exit_code=exit_code, signal=sig, reason=job.UNREACHABLE, message=message,
-                              started_at=started.isoformat(), finished_at=datetime.now(UTC).isoformat(),
-                              events=(event,), log_path=str(ws.log_path))
-
-    def _cancel_quietly(self, job_id: str) -> None:
-        try:
-            self.client.cancel(job_id)
-        except SlurmError:
-            pass  # the job may be gone already; the outcome says what Slurm last knew
-
-    # --- the end ------------------------------------------------------------------------------
-
-    def _outcome(self, ws: AttemptWorkspace, job_id: str, stopped_for: str | None, started: datetime) -> AttemptOutcome:
-        info = self._final_info(ws, job_id)
-        jw = continuation.job_workspace(ws)
-        crash = read_json_object(jw.crash_report_path, jw.root)
-        exit_code, sig = job.exit_status(crash, info)
-        state = info.state if info is not None else "UNKNOWN"
-        signalled = os.path.lexists(jw.root / job.SIGNAL_MARKER)
-        stderr = last_bytes(jw.root / f"slurm-{job_id}.err", jw.root)
-        reason = job.termination(state, exit_code, signalled=signalled, stopped_for=stopped_for,
-                                 memory_exceeded=job.memory_killed(stderr))
-        hosts = self._hostnames(info.node_list) if info is not None and info.node_list else []
-        node = nodes.failed_node(self.client, ws, hosts) if reason == "NodeLost" else (hosts[0] if hosts else None)
-        message = job.ended_message(job_id, info, exit_code, sig, stopped_for, signalled)
-        continuation.write_runner_report(ws, job_id, exit_code, reason, message, sig)
-        event = {"type": "Warning" if reason != "Completed" else "Normal", "reason": state, "message": message,
-                 "involvedObject": {"kind": "SlurmJob", "name": job_id}}
-        return AttemptOutcome(
-            exit_code=exit_code, signal=sig, reason=reason, message=message,
-            started_at=iso_time(info.start_time) if info else started.isoformat(),
-            finished_at=iso_time(info.end_time) if info else datetime.now(UTC).isoformat(),
-            duration_seconds=info.run_seconds if info else 0.0, node=node, events=(event,),
-            log_path=str(ws.log_path),
-        )
-
-    def _final_info(self, ws: AttemptWorkspace, job_id: str) -> JobInfo | None:
-        """`scontrol show job` right at the end, kept in the folder before the record ages out."""
-        try:
-            info = self.client.show_job(job_id)
-            slurm_evidence.keep(ws, "scontrol-show-job.txt", self.client.show_job_text(job_id))
-            return info
-        except (SlurmError, OSError):
-            return None
-
-    def _hostnames(self, node_list: str) -> list[str]:
-        try:
-            return self.client.hostnames(node_list)
-        except SlurmError:
-            return [node_list]
-
-    def _never_started(self, ws: AttemptWorkspace, message: str) -> AttemptOutcome:
-        continuation.write_runner_report(ws, None, None, "StartError", message)
-        return AttemptOutcome(exit_code=None, signal=None, reason="StartError", message=message,
-                              log_path=str(ws.log_path))
-
-class _ControllerLost(Exception):
-    """The controller stayed silent (or odd) past its bound; the message says what to do."""
-
-
-@dataclass
-class _Watch:
-    """When squeue last answered, and how many odd answers came in a row since."""
-
-    answered: float
-    odd: int = 0
-    reason: str = ""  # squeue's reason for the job's state (why it is pending)

@@ -115,6 +115,16 @@ def parse_exit_code(value: str | None) -> tuple[int | None, int | None]:
 
 
 @dataclass(frozen=True)
+class QueuedJob:
+    """One line of `squeue` for this user's jobs: id, state, name and comment."""
+
+    job_id: str
+    state: str
+    name: str
+    comment: str
+
+
+@dataclass(frozen=True)
 class JobInfo:
     """One job as `scontrol show job` describes it."""
 
@@ -216,15 +226,16 @@ class SlurmClient:
             raise SlurmError(f"sbatch: expected a job id, got {out.strip()[:200]!r}")
         return job_id
 
-    def find(self, name: str, comment: str) -> list[tuple[str, str]]:
-        """(job id, state) of this user's queued or running jobs named `name` whose comment is `comment`."""
-        out = self._run("squeue", "--noheader", "--me", f"--name={name}", "--format=%i|%T|%k")
+    def queued(self) -> list[QueuedJob]:
+        """This user's queued or running jobs, in one `squeue` (its default states: not ended ones)."""
+        out = self._run("squeue", "--noheader", "--me", "--format=%i|%T|%j|%k")
         found = []
         for line in out.splitlines():
             job_id, _, rest = line.partition("|")
-            state, _, job_comment = rest.partition("|")
-            if job_id.strip().isdigit() and job_comment.strip() == comment:
-                found.append((job_id.strip(), state.strip()))
+            state, _, rest = rest.partition("|")
+            name, _, comment = rest.partition("|")  # the comment last: a job's own may hold a '|'
+            if job_id.strip().isdigit():
+                found.append(QueuedJob(job_id.strip(), state.strip(), name.strip(), comment.strip()))
         return found
 
     def state(self, job_id: str) -> str | None:

@@ -21,12 +21,12 @@ from typing import Any
 from trainguard_entrypoint.files import read_json_object, write_json_atomic
 
 from trainguard.core import ids
-from trainguard.core.backends import processes
+from trainguard.core.backends import processes, workspace
 from trainguard.core.backends.slurm import job
 from trainguard.core.backends.slurm.client import SlurmClient
 from trainguard.core.backends.workspace import AttemptWorkspace
 
-JOB_RECORD = "slurm-job.json"
+JOB_RECORD = workspace.SLURM_JOB_RECORD  # kept under this name for the job record's readers
 
 
 @dataclass(frozen=True)
@@ -50,20 +50,44 @@ def job_attempt(record: dict[str, Any] | None, attempt: int) -> int:
     return value if isinstance(value, int) and 1 <= value <= attempt else attempt
 
 
-def find_lost_job(client: SlurmClient, shared_folder: Path, run_id: str, attempt: int) -> LostJob | None:
-    """The newest earlier attempt's job left queued or running when that attempt lost the controller.
+@dataclass(frozen=True)
+class RunJobs:
+    """A run's jobs still queued or running, by the attempt each was submitted for, from one `squeue`.
+
+    A job is the run's when both its name and its comment are those trainguard gave an attempt of
+    the run from this shared folder: a namesake of another installation is not.
+    """
+
+    by_attempt: dict[int, tuple[str, ...]]
+
+    def of(self, attempt: int) -> tuple[str, ...]:
+        """The ids of the jobs submitted for ``attempt`` that are still queued or running."""
+        return self.by_attempt.get(attempt, ())
+
+
+def run_jobs(client: SlurmClient, shared_folder: Path, run_id: str, attempt: int) -> RunJobs:
+    """The jobs of attempts 1 to ``attempt`` of the run still queued or running.
 
     Raises:
         SlurmError: squeue could not be asked (the caller decides what that means).
     """
+    ours = {(job.job_name(run_id, n), job.job_comment(run_id, n, str(shared_folder))): n for n in range(1, attempt + 1)}
+    found: dict[int, tuple[str, ...]] = {}
+    for queued in client.queued():
+        if (n := ours.get((queued.name, queued.comment))) is not None:
+            found[n] = (*found.get(n, ()), queued.job_id)
+    return RunJobs(found)
+
+
+def find_lost_job(jobs: RunJobs, shared_folder: Path, run_id: str, attempt: int) -> LostJob | None:
+    """The newest earlier attempt's job left queued or running when that attempt lost the controller."""
     for earlier in range(attempt - 1, 0, -1):
         root = AttemptWorkspace.at(Path(shared_folder), run_id, earlier).root
-        runner = read_json_object(root / "runner.json")
+        runner = read_json_object(root / workspace.RUNNER_REPORT)
         if runner is None or runner.get("reason") != job.UNREACHABLE:
             continue
         origin = job_attempt(read_json_object(root / JOB_RECORD), earlier)
-        comment = job.job_comment(run_id, origin, str(shared_folder))
-        found = [job_id for job_id, _ in client.find(job.job_name(run_id, origin), comment)]
+        found = jobs.of(origin)
         if found:
             known = runner.get("job_id")
             return LostJob(known if known in found else found[0], origin, earlier)
@@ -73,8 +97,9 @@ def find_lost_job(client: SlurmClient, shared_folder: Path, run_id: str, attempt
 def link_job_files(ws: AttemptWorkspace, origin: AttemptWorkspace, job_id: str) -> None:
     """Point `ws`'s files at the ones the job writes in `origin`'s folder (relative links; empty folders replaced)."""
     pairs = [(ws.log_path, origin.log_path)]
-    names = ("crash-report.json", "snapshot", "coredumps", "tasks", job.SIGNAL_MARKER, f"slurm-{job_id}.out",
-             f"slurm-{job_id}.err", "slurm-batch.sh")
+    names = (workspace.CRASH_REPORT, workspace.SNAPSHOT, workspace.COREDUMPS, workspace.NODE_FOLDERS,
+             workspace.SLURM_SIGNAL_MARKER, workspace.slurm_output(job_id, "out"), workspace.slurm_output(job_id, "err"),
+             workspace.SLURM_BATCH_SCRIPT)
     pairs += [(ws.root / name, origin.root / name) for name in names]
     for target, source in pairs:
         if target.is_symlink():
@@ -85,15 +110,14 @@ def link_job_files(ws: AttemptWorkspace, origin: AttemptWorkspace, job_id: str) 
             target.symlink_to(os.path.relpath(source, target.parent))
 
 
-def cancel_earlier_jobs(client: SlurmClient, shared_folder: Path, run_id: str, attempt: int) -> None:
+def cancel_earlier_jobs(client: SlurmClient, jobs: RunJobs, attempt: int) -> None:
     """Cancel the run's earlier attempts' jobs still queued or running that no attempt continues.
 
     Called only when `find_lost_job` found none to continue, just before a new job is submitted, so
     no two jobs train on the run's checkpoint folder at once.
     """
     for earlier in range(1, attempt):
-        comment = job.job_comment(run_id, earlier, str(shared_folder))
-        for job_id, _ in client.find(job.job_name(run_id, earlier), comment):
+        for job_id in jobs.of(earlier):
             client.cancel(job_id)
 
 

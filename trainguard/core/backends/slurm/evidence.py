@@ -6,31 +6,24 @@ accounting record of the job and every step (`sacct`, once final), `scontrol sho
 the job's stdout and stderr files, the job-completion record, each other task's files and, after a
 node failure, `scontrol show node`. Every piece that is not there is listed as missing with the
 reason; nothing here raises.
-
-`entrypoint_archive` packs the stdlib-only entrypoint into a zipapp on the shared folder, so the
-compute nodes need only a Python, not this checkout.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
 import time
-import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-import trainguard_entrypoint
 from trainguard_entrypoint.files import write_bytes_atomic
 
 from trainguard_entrypoint import safefiles
 
 from trainguard.core import masking
-from trainguard.core.backends import jobfiles, workspace_evidence
+from trainguard.core.backends import jobfiles, workspace, workspace_evidence
 from trainguard.core.backends.jobfiles import Budget, JobFile
 from trainguard.core.evidence.manifest import Manifest, attempt_prefix, store_manifest
 from trainguard.core.backends.slurm import continuation, job
@@ -43,33 +36,11 @@ _MAX_JOBCOMP_BYTES = 64 * 1024 * 1024
 _NO_CONTROLLER = "the Slurm controller did not answer when the attempt ended (see runner.json)"
 
 
-def entrypoint_archive(shared_folder: Path) -> Path:
-    """`{shared}/.trainguard/entrypoint-<hash>.pyz`, built once per entrypoint version."""
-    package = Path(trainguard_entrypoint.__file__).resolve().parent
-    sources = sorted(p for p in package.glob("*.py"))
-    digest = hashlib.sha256()
-    for path in sources:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    target = Path(shared_folder) / ".trainguard" / f"entrypoint-{digest.hexdigest()[:16]}.pyz"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sources:
-            archive.writestr(f"trainguard_entrypoint/{path.name}", path.read_bytes())
-        archive.writestr("__main__.py", "import sys\nfrom trainguard_entrypoint.__main__ import main\nsys.exit(main())\n")
-    partial = target.with_name(f".{target.name}.{id(buffer)}.tmp")
-    partial.write_bytes(buffer.getvalue())
-    partial.replace(target)  # atomic: concurrent flows build the same bytes
-    return target
-
-
 def keep(ws: AttemptWorkspace, name: str, text: str) -> None:
     """Keep what Slurm said (``slurm/<name>`` in the attempt's folder) for the evidence, replacing any link
     the job left in its place: the folder is the job's to write, and a write through its link would land
     wherever it points."""
-    folder = ws.root / "slurm"
+    folder = ws.root / workspace.SLURM_KEPT
     if folder.is_symlink() or (os.path.lexists(folder) and not folder.is_dir()):
         folder.unlink()
     folder.mkdir(exist_ok=True)
@@ -173,7 +144,7 @@ def _jobcomp(s: _Slurm, client: SlurmClient, job_id: str, reach: Reach) -> None:
 
 def _job_files(s: _Slurm, client: SlurmClient, ws: AttemptWorkspace, jw: AttemptWorkspace, job_id: str,
                reach: Reach) -> None:
-    kept = ws.root / "slurm" / "scontrol-show-job.txt"
+    kept = ws.root / workspace.SLURM_KEPT / workspace.SLURM_JOB_SHOWN
     if os.path.lexists(kept):
         s.put_job_file("slurm/scontrol-show-job.txt", kept, ws.root)
     elif not reach.controller:
@@ -188,13 +159,13 @@ def _job_files(s: _Slurm, client: SlurmClient, ws: AttemptWorkspace, jw: Attempt
             raise SlurmError(_NO_CONTROLLER)
         s.put("slurm/batch-script.sh", client.batch_script(job_id).encode("utf-8"))
     except SlurmError as exc:
-        script = jw.root / "slurm-batch.sh"
+        script = jw.root / workspace.SLURM_BATCH_SCRIPT
         if os.path.lexists(script):
             s.put_job_file("slurm/batch-script.sh", script, jw.root)  # as submitted, when Slurm's copy is gone
         else:
             s.absent("slurm/batch-script.sh", f"Slurm no longer has it ({exc}) and no copy was written")
     for stream in ("out", "err"):
-        path = jw.root / f"slurm-{job_id}.{stream}"
+        path = jw.root / workspace.slurm_output(job_id, stream)
         if os.path.lexists(path):
             s.put_job_file(f"slurm/{path.name}", path, jw.root, kind="log")
         else:
@@ -202,17 +173,17 @@ def _job_files(s: _Slurm, client: SlurmClient, ws: AttemptWorkspace, jw: Attempt
 
 
 def _other_files(s: _Slurm, ws: AttemptWorkspace, jw: AttemptWorkspace, node_failed: bool) -> None:
-    for entry in safefiles.walk(ws.root / "slurm", ws.root, max_depth=0):
+    for entry in safefiles.walk(ws.root / workspace.SLURM_KEPT, ws.root, max_depth=0):
         if entry.name.startswith("scontrol-show-node-") and entry.name.endswith(".txt"):
             s.guarded(f"slurm/{entry.name}", partial(s.put_job_file, f"slurm/{entry.name}", Path(entry.path), ws.root))
     if node_failed and not s.items_named("slurm/scontrol-show-node-"):
         s.absent("slurm/scontrol-show-node.txt", "the node's state could not be read when the job ended")
-    for root, name in ((ws.root, continuation.JOB_RECORD), (jw.root, job.SIGNAL_MARKER)):
+    for root, name in ((ws.root, workspace.SLURM_JOB_RECORD), (jw.root, workspace.SLURM_SIGNAL_MARKER)):
         if os.path.lexists(root / name):
             s.guarded(f"slurm/{name}", partial(s.put_job_file, f"slurm/{name}", root / name, root))
-    tasks = jw.root / "tasks"
+    tasks = jw.root / workspace.NODE_FOLDERS
     if os.path.lexists(tasks):
-        workspace_evidence.put_folder(s.c, "tasks", tasks, jw.root, SLURM, _task_file(s, tasks, jw.root),
+        workspace_evidence.put_folder(s.c, workspace.NODE_FOLDERS, tasks, jw.root, SLURM, _task_file(s, tasks, jw.root),
                                       workspace_evidence.not_evidence)
 
 
@@ -222,9 +193,9 @@ def _task_file(s: _Slurm, tasks: Path, root: Path) -> Callable[[Path], JobFile]:
 
     def job_file(path: Path) -> JobFile:
         part = path.relative_to(tasks).parts[1:2]
-        if part == ("coredumps",):
+        if part == (workspace.COREDUMPS,):
             return JobFile(path, root, "core dump", cores)  # byte for byte, holes kept
-        if part in (("logs",), ("ranks",)):
+        if part in ((workspace.LOGS,), (workspace.RANKS,)):
             return jobfiles.log_file(path, root, s.c, s.masker)
         return JobFile(path, root, "report", jobfiles.SMALL_FILE_LIMIT_BYTES, s.masker)
 

@@ -21,6 +21,7 @@ from trainguard.core.backends import workspace
 from trainguard.core.backends.base import CANCELLED, COMPLETED, ERROR, Launch
 from trainguard.core.backends.slurm.client import JobInfo
 from trainguard.core.backends.waits import span
+from trainguard.core.backends.workspace import NODE_FOLDERS, SLURM_SIGNAL_MARKER, slurm_output
 
 # States in which a job has not started yet, or waits to start again (squeue's long names).
 WAITING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
@@ -36,7 +37,6 @@ STATE_REASONS = {
     "OUT_OF_MEMORY": "OOMKilled",
     "CANCELLED": CANCELLED,
 }
-SIGNAL_MARKER = "slurm-signal.txt"  # the batch shell notes here when Slurm warned it (--signal)
 STALLED = "Stalled"
 UNREACHABLE = "ControllerUnreachable"  # the controller stopped answering while the job was followed
 # slurmstepd's words in the job's stderr when it killed a step over its memory limit: with cgroups
@@ -47,12 +47,11 @@ _MEMORY_KILLED = re.compile(
 # Options trainguard sets itself; a user's extra option must not silently change them.
 _OWNED = ("--job-name", "-J", "--comment", "--output", "-o", "--error", "-e", "--requeue", "--no-requeue",
           "--parsable", "--export", "--wrap", "--chdir", "-D", "--signal", "--time", "-t", "--exclude", "-x")
-TASKS = "tasks"  # task N's folder is tasks/N under the attempt's own (task 0's)
 # Each task's folder, and torchrun's logs and error file in it (moved with it where they were
 # trainguard's defaults); the node rank is Slurm's node id, so each node's torchrun agent knows its place.
 _TASK_WRAPPER = (
     'if [ "${SLURM_PROCID:-0}" != 0 ]; then base="$TRAINGUARD_WORKSPACE"; '
-    f'TRAINGUARD_WORKSPACE="$base/{TASKS}/$SLURM_PROCID"; '
+    f'TRAINGUARD_WORKSPACE="$base/{NODE_FOLDERS}/$SLURM_PROCID"; '
     f'[ "$PET_LOG_DIR" = "$base/{workspace.RANKS}" ] && PET_LOG_DIR="$TRAINGUARD_WORKSPACE/{workspace.RANKS}"; '
     f'[ "$TORCHELASTIC_ERROR_FILE" = "$base/{workspace.TORCHELASTIC}/{workspace.TORCHELASTIC_ERROR}" ] && '
     f'TORCHELASTIC_ERROR_FILE="$TRAINGUARD_WORKSPACE/{workspace.TORCHELASTIC}/{workspace.TORCHELASTIC_ERROR}"; '
@@ -144,7 +143,7 @@ def sbatch_options(
         f"--job-name={job_name(launch.run_id, launch.attempt)}",
         f"--comment={job_comment(launch.run_id, launch.attempt, shared_folder)}",
         "--no-requeue",  # the flow alone owns retries
-        f"--output={workspace}/slurm-%j.out", f"--error={workspace}/slurm-%j.err",
+        f"--output={workspace}/{slurm_output('%j', 'out')}", f"--error={workspace}/{slurm_output('%j', 'err')}",
         f"--chdir={launch.workdir or workspace}", "--export=ALL",
     ]
     multi = launch.nodes > 1  # the spec's nodes: one torchrun agent per node; else the block's shape
@@ -178,7 +177,7 @@ def batch_script(*, python: str, entrypoint: str, command: Sequence[str], worksp
     """
     argv = ["srun", "--kill-on-bad-exit=1", "/bin/sh", "-c", _TASK_WRAPPER, "trainguard-task", python, entrypoint,
             "--", *command]
-    marker = f"{workspace}/{SIGNAL_MARKER}"
+    marker = f"{workspace}/{SLURM_SIGNAL_MARKER}"
     return "\n".join([
         "#!/bin/bash",
         f"# trainguard: run {shlex.quote(run_id)}, attempt {attempt}. Generated; Slurm keeps a copy with the job.",

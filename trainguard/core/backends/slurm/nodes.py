@@ -25,7 +25,7 @@ from trainguard.core.triage.signals import Signals
 
 def node_folders(root: Path) -> list[tuple[int, Path]]:
     """Each task's folder with its index: the attempt's own for task 0, `tasks/N` for the others."""
-    others = [(int(p.name), p) for p in (root / job.TASKS).glob("*") if p.name.isdigit()]
+    others = [(int(p.name), p) for p in (root / workspace.NODE_FOLDERS).glob("*") if p.name.isdigit()]
     return [(0, root), *sorted(others)]
 
 
@@ -85,7 +85,7 @@ def failed_node(client: SlurmClient, ws: AttemptWorkspace, hosts: list[str]) -> 
 def node_list(root: Path) -> str:
     """The job's NodeList as `scontrol show job` said at its end (kept in the attempt's folder)."""
     try:
-        text = (root / "slurm" / "scontrol-show-job.txt").read_text("utf-8", "replace")
+        text = (root / workspace.SLURM_KEPT / workspace.SLURM_JOB_SHOWN).read_text("utf-8", "replace")
     except OSError:
         return ""
     return next((word.removeprefix("NodeList=") for word in text.split() if word.startswith("NodeList=")), "")
