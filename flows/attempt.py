@@ -29,6 +29,7 @@ from trainguard.core.attempt import (
 )
 from trainguard.core.evidence import afterupload, manifest
 from trainguard.core.backends.base import AttemptOutcome, Backend, CollectedEvidence, Launch
+from trainguard.core.checkpoints import facts
 from trainguard.core.backends.waits import said_while, span
 from trainguard.core.policy import RetryDecision
 from trainguard.core.spec import TrainingSpec
@@ -110,7 +111,8 @@ def train_attempt(
     judgement = classify_failure(backend, ref, outcome, rules_file)
     summary = outcome.into(summary)
     summary = (collected.into(summary, unreserved) if collected else summary).with_judgement(judgement)
-    summary = summary.with_progress(read_progress(backend, ref, outcome), checkpoints[0] if checkpoints else None)
+    points, newest = read_progress(backend, ref, outcome), checkpoints[0] if checkpoints else None
+    summary = facts(backend, run_id, attempt, resume_from, newest, points).into(summary.with_progress(points, newest))
     decision = decide_retry(retry_policy, [*history_records(history or []), summary.record()], checkpoints)
     kept = record_verdict(store, summary.with_decision(decision), collected.manifest if collected else None, held,
                           _whole_stacks(judgement), return_state=True).result(raise_on_failure=False)

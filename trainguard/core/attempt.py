@@ -119,6 +119,17 @@ class AttemptSummary:
     # they were not applied when they were not (they would have left too few nodes)
     avoid_list: Sequence[Mapping[str, Any]] = ()
     avoid_note: str = ""
+    # what its checkpoints say (`trainguard.core.checkpoints`): the kind ("periodic", "notice",
+    # "just_in_time", "unknown") and step of the one it resumed from and of the newest it left, the
+    # last optimizer step it completed, the steps lost (that step minus the step the next attempt
+    # resumes from) and the seconds from the notice to the newest checkpoint's acknowledgement
+    resumed_from_kind: str | None = None
+    resumed_from_step: int | None = None
+    newest_checkpoint_kind: str | None = None
+    newest_checkpoint_step: int | None = None
+    progress_step: int | None = None
+    steps_lost: int | None = None
+    notice_to_ack_seconds: float | None = None
 
     @property
     def gpu_seconds(self) -> float:

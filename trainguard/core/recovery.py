@@ -27,6 +27,7 @@ from trainguard.core.attempt import AttemptSummary, Judgement
 from trainguard.core.backends import workspace
 from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, CollectedEvidence, progress_points
 from trainguard.core.backends.capabilities import StopsOrphans, Supervises
+from trainguard.core.checkpoints import facts
 from trainguard.core.evidence import verdicts
 from trainguard.core.evidence.manifest import ManifestError, attempt_prefix, attempts_in_store, read_manifest
 from trainguard.core.policy import RetryDecision
@@ -124,7 +125,9 @@ def recover(backend: Backend, store: EvidenceStore, begun: AttemptSummary, *, ju
     # the longer of what the platform and the caller saw: the seconds the attempt held its resources
     summary = replace(summary, duration_seconds=max(summary.duration_seconds, begun.duration_seconds))
     summary = collected.into(summary).with_judgement(judgement)
-    summary = summary.with_progress(points, checkpoints[0] if checkpoints else None)
+    newest = checkpoints[0] if checkpoints else None
+    summary = facts(backend, begun.run_id, begun.attempt, summary.resumed_from, newest, points).into(
+        summary.with_progress(points, newest))
     kept = verdicts.keep(store, summary.with_decision(decide(summary, checkpoints)), source,
                          manifest=collected.manifest)
     return Recovered(kept.summary, stopped, (*warnings, *kept.warnings))

@@ -102,6 +102,9 @@ class LocalBackend:
         folder = run_checkpoint_dir(self.work_root, run_id)
         return [str(path) for path in workspace_evidence.newest_checkpoints(folder)] if folder.is_dir() else []
 
+    def checkpoint_folder(self, run_id: str) -> Path:
+        return run_checkpoint_dir(self.work_root, run_id)
+
     def lost_outcome(self, ref: AttemptRef) -> AttemptOutcome:
         """From the runner's report, else the entrypoint's crash report, in the attempt's folder."""
         return workspace_evidence.lost_outcome(self.workspace(ref).root)
