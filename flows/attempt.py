@@ -28,11 +28,11 @@ from trainguard.core.attempt import (
     STACKS_TABLE, AttemptFailed, AttemptSummary, Judgement, history_records, new_run_id, stacks_table,
 )
 from trainguard.core.evidence import afterupload, manifest
-from trainguard.core.backends.base import AttemptOutcome, Backend, Launch, launch_for
+from trainguard.core.backends.base import AttemptOutcome, Backend, CollectedEvidence, Launch
+from trainguard.core.checkpoints import facts
 from trainguard.core.backends.waits import said_while, span
 from trainguard.core.policy import RetryDecision
 from trainguard.core.spec import TrainingSpec
-from trainguard.core.stores.base import EvidenceStore
 
 
 def spec_name() -> str:
@@ -89,46 +89,38 @@ def train_attempt(
     retry_policy = resolve_policy(spec, retry_policy_block)
     held = afterupload.hold(store)  # S3 gets the evidence after the verdict: judging never waits on it
     shared = read_avoid_list(backend, spec.nodes)  # the fleet's avoid list, when it leaves enough nodes
-    launch = _launch(spec, run_id, attempt, resume_from, [*(avoid_nodes or ()), *shared["avoid"]], memory_factor)
-    ref, train_state, evidence_state = None, None, None
+    launch = Launch.of(spec, run_id=run_id, attempt=attempt, resume_from=resume_from,
+                       avoid_nodes=[*(avoid_nodes or ()), *shared.avoid], memory_factor=memory_factor)
+    summary = AttemptSummary(
+        run_id=run_id, attempt=attempt, max_attempts=retry_policy.max_attempts, state="Failed",
+        flow_run_id=str(current_run.id), flow_run_name=current_run.name, gpus=spec.total_gpus,
+        memory_factor=memory_factor, resumed_from=resume_from, avoided_nodes=tuple(avoid_nodes or ()),
+        avoid_list=tuple(entry.to_dict() for entry in shared.in_force), avoid_note=shared.note,
+    )
+    ref, outcome, collected = None, AttemptOutcome.never_ran("training never started"), None
     # before the attempt can fill the disk: space for the manifest and verdict that say what happened
     unreserved = manifest.reserve_space(store, run_id, attempt)
     try:
         ref = provision_workspace(backend, run_id, attempt)
-        train_state = run_training(backend, ref, launch, dict(spec.secret_env), return_state=True)
+        outcome = _outcome(run_training(backend, ref, launch, dict(spec.secret_env), return_state=True))
     finally:  # also on SIGTERM and deadlines: freeze the crime scene before anything else
         if ref is not None:
-            evidence_state = collect_evidence(backend, ref, store, _outcome(train_state), held, return_state=True)
+            collected = _collected(collect_evidence(backend, ref, store, outcome, held, return_state=True))
             release_attempt(backend, ref, return_state=True)  # only now may the platform clean up
-    outcome = _outcome(train_state)
-    evidence = evidence_state.result(raise_on_failure=False) if evidence_state else None
     checkpoints = _checkpoints(backend, run_id)
     judgement = classify_failure(backend, ref, outcome, rules_file)
-    summary = AttemptSummary(
-        run_id=run_id, attempt=attempt, max_attempts=retry_policy.max_attempts,
-        state="Completed" if outcome.succeeded else "Failed", flow_run_id=str(current_run.id),
-        flow_run_name=current_run.name, gpus=spec.total_gpus, memory_factor=memory_factor, resumed_from=resume_from,
-        avoided_nodes=tuple(avoid_nodes or ()),
-        newest_checkpoint=checkpoints[0] if checkpoints else None, storage_problems=outcome.storage_problems,
-        progress=read_progress(backend, ref, outcome), avoid_list=shared["in_force"], avoid_note=shared["note"],
-        **outcome.summary_fields(),
-    ).with_evidence(evidence if isinstance(evidence, dict) else None, unreserved).with_judgement(judgement)
+    summary = outcome.into(summary)
+    summary = (collected.into(summary, unreserved) if collected else summary).with_judgement(judgement)
+    points, newest = read_progress(backend, ref, outcome), checkpoints[0] if checkpoints else None
+    summary = facts(backend, run_id, attempt, resume_from, newest, points).into(summary.with_progress(points, newest))
     decision = decide_retry(retry_policy, [*history_records(history or []), summary.record()], checkpoints)
-    summary = _keep_verdict(store, summary.with_decision(decision), evidence, held, _whole_stacks(judgement))
+    kept = record_verdict(store, summary.with_decision(decision), collected.manifest if collected else None, held,
+                          _whole_stacks(judgement), return_state=True).result(raise_on_failure=False)
+    summary = kept if isinstance(kept, AttemptSummary) else summary.with_decision(decision).with_storage_problems(
+        f"verdict.json could not be stored: {kept}")
     publish_report(summary, [AttemptSummary.from_dict(item) for item in history or []])
     events.report_attempt(summary)
     return _ends(summary, decision)
-
-
-def _launch(spec: TrainingSpec, run_id: str, attempt: int, resume_from: str | None, avoid_nodes: list[str],
-            memory_factor: float) -> Launch:
-    """What the backend is asked to run: the spec's command and limits, for this attempt."""
-    return launch_for(
-        spec.command, run_id=run_id, attempt=attempt, env=spec.env, gpus=spec.gpus, nodes=spec.nodes,
-        processes_per_node=spec.nprocs, workdir=spec.workdir,
-        deadline_seconds=spec.deadline_seconds, stall_seconds=spec.stall_seconds, resume_from=resume_from,
-        avoid_nodes=avoid_nodes, memory_factor=memory_factor,
-    )
 
 
 def _checkpoints(backend: Backend, run_id: str) -> list[str]:
@@ -145,43 +137,25 @@ def _whole_stacks(judgement: Judgement) -> dict[str, bytes]:
     return {STACKS_TABLE: json.dumps(stacks_table(judgement.hang), indent=1).encode("utf-8")}
 
 
-def _keep_verdict(store: EvidenceStore, summary: AttemptSummary, evidence: Any, held: bool,
-                  items: dict[str, bytes] | None = None) -> AttemptSummary:
-    """Keep the verdict (and ``items``) beside the evidence, then let a held store's uploads start; never
-    raises or waits."""
-    manifest_json = evidence.get("manifest") if isinstance(evidence, dict) else None
-    also: tuple[str, ...] = ()  # the verdict index's record goes up with the bundle
-    if evidence is not None:  # what the store cannot take is spooled, or said as a storage problem
-        kept = record_verdict(store, summary, manifest_json, held, items,
-                              return_state=True).result(raise_on_failure=False)
-        if isinstance(kept, dict):
-            summary = summary.with_evidence_status(kept).with_storage_problems(
-                kept.get("storage_problem"), kept.get("index_problem"))
-            manifest_json = kept.get("manifest") or manifest_json
-            also = (kept["index_key"],) if kept.get("index_key") else ()
-        else:
-            summary = summary.with_storage_problems(f"verdict.json could not be stored: {kept}")
-    if held:  # the next attempt is scheduled or started meanwhile; the process waits for it at its end
-        afterupload.start(store, summary.run_id, summary.attempt, manifest_json, also)
-    manifest.release_space(store, summary.run_id, summary.attempt)
-    return summary
-
-
 def _ends(summary: AttemptSummary, decision: RetryDecision) -> dict[str, Any] | State:
     """The flow run's end: Completed with the summary, or Failed carrying it; the failure hook schedules the next."""
     if summary.succeeded:
         return summary.to_dict()
     message = f"attempt {summary.attempt} failed: {summary.category} ({summary.rule_id}); {decision.reason}"
-    return Failed(message=message, data=AttemptFailed(message, summary.to_dict()))
+    return Failed(message=message, data=AttemptFailed(message, summary))
 
 
-def _outcome(train_state: State | None) -> AttemptOutcome:
+def _outcome(train_state: State) -> AttemptOutcome:
     """The backend's outcome from the train task's state, whether it completed or failed."""
-    if train_state is None:
-        return AttemptOutcome.never_ran("training never started")
     result = train_state.result(raise_on_failure=False)
     if isinstance(result, TrainingFailed):
-        return AttemptOutcome.from_dict(result.outcome)
-    if isinstance(result, BaseException):
-        return AttemptOutcome.never_ran(f"{type(result).__name__}: {result}")
-    return AttemptOutcome.from_dict(result)
+        return result.outcome
+    if isinstance(result, AttemptOutcome):
+        return result
+    return AttemptOutcome.never_ran(f"{type(result).__name__}: {result}")
+
+
+def _collected(evidence_state: State) -> CollectedEvidence | None:
+    """What the collect task kept, or None when the task itself failed (the verdict is then kept without it)."""
+    result = evidence_state.result(raise_on_failure=False)
+    return result if isinstance(result, CollectedEvidence) else None

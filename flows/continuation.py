@@ -25,7 +25,7 @@ from prefect.states import Crashed
 
 from flows.attempt import train_attempt
 from flows.hooks import bound_parameters, plan_after
-from flows.recovery import kept_verdict
+from flows.recovery import AttemptRun
 from flows.run import training_run
 from flows.scheduling import schedule_run
 from trainguard.core.attempt import lineage_tags, next_parameters
@@ -57,7 +57,8 @@ def continue_run(dead: FlowRun) -> tuple[FlowRun | None, str]:
     attempt_run = last_attempt(dead.id)
     if attempt_run is None:
         return None, f"{dead.name} died before its first attempt; nothing to continue"
-    params = bound_parameters(train_attempt, dict(attempt_run.parameters))
+    run = AttemptRun(bound_parameters(train_attempt, dict(attempt_run.parameters)), attempt_run.id)
+    params = run.params
     state = attempt_run.state
     if state is not None and state.is_completed():
         return None, f"attempt {params.get('attempt')} of {dead.name} succeeded before the run died: nothing to do"
@@ -65,8 +66,7 @@ def continue_run(dead: FlowRun) -> tuple[FlowRun | None, str]:
         state = Crashed(message=f"its training-run flow run {dead.name} died while it ran: {dead.state_name}")
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(attempt_run.id, state, force=True)
-    known = kept_verdict(params, str(params.get("run_id"))) if state.is_failed() else None
-    plan = plan_after(params, attempt_run, state, known)
+    plan = plan_after(run, attempt_run, state, run.kept_verdict() if state.is_failed() else None)
     if plan is None:
         return None, f"attempt {params.get('attempt')} of {dead.name} left no verdict; nothing to continue"
     summary, decision = plan

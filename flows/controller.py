@@ -30,9 +30,7 @@ from prefect.states import Completed, Failed
 from flows.attempt import train_attempt
 from flows.continuation import RUN_FLOW, continue_run
 from flows.hooks import bound_parameters, carry_on
-from flows.recovery import kept_verdict
-from trainguard.core.attempt import new_run_id
-from trainguard.core.spec import parse_spec
+from flows.recovery import AttemptRun
 
 ATTEMPT_FLOW = "train-attempt"
 
@@ -52,12 +50,11 @@ def carry_on_after(flow_run_id: str) -> str | None:
     """Recover the dead attempt and schedule its successor once; the successor's flow run id."""
     with get_client(sync_client=True) as client:  # a FlowRun cannot be a task argument: read it here
         run = client.read_flow_run(UUID(flow_run_id))
-    params = bound_parameters(train_attempt, dict(run.parameters))
-    run_id = params.get("run_id") or new_run_id(parse_spec(params["spec"]).name, run.id)
-    known = kept_verdict(params, str(run_id))
-    next_run = carry_on(params, run, run.state, known)
+    dead = AttemptRun(bound_parameters(train_attempt, dict(run.parameters)), run.id)
+    known = dead.kept_verdict() if run.state is not None and run.state.is_failed() else None
+    next_run = carry_on(dead, run, run.state, known)
     if next_run is not None:
-        get_run_logger().info("%s attempt %s: the next attempt is flow run %s (%s)", run_id, params.get("attempt", 1),
+        get_run_logger().info("%s attempt %s: the next attempt is flow run %s (%s)", dead.run_id, dead.attempt,
                               next_run.id, next_run.name)
     return str(next_run.id) if next_run is not None else None
 

@@ -50,21 +50,13 @@ def _emit(event: str, summary: AttemptSummary, key: str, payload: dict[str, Any]
                id=uuid.uuid5(_NAMESPACE, f"{event}/{key}"))
 
 
-def attempt_finished(summary: AttemptSummary) -> None:
-    """One attempt ended (Completed, Failed or Crashed), with its verdict and retry decision."""
-    _emit(ATTEMPT_FINISHED, summary, f"{summary.run_id}/{summary.attempt}", summary.to_dict())
-
-
-def run_finished(summary: AttemptSummary) -> None:
-    """The run is over: it succeeded on this attempt, or the policy gave up after it."""
+def report_attempt(summary: AttemptSummary) -> None:
+    """Both events an attempt's end can mean, in order: `trainguard.attempt.finished` (with its verdict and
+    retry decision), then, when the run is over (it succeeded, or the policy gave up), the run's own."""
+    data = summary.to_dict()
+    _emit(ATTEMPT_FINISHED, summary, f"{summary.run_id}/{summary.attempt}", data)
     if summary.succeeded:
-        _emit(RUN_SUCCEEDED, summary, summary.run_id, {"attempts": summary.attempt, "summary": summary.to_dict()})
+        _emit(RUN_SUCCEEDED, summary, summary.run_id, {"attempts": summary.attempt, "summary": data})
     elif not summary.decision.get("retry", False):
         _emit(RUN_GAVE_UP, summary, summary.run_id, {
-            "attempts": summary.attempt, "reason": summary.decision.get("reason"), "summary": summary.to_dict()})
-
-
-def report_attempt(summary: AttemptSummary) -> None:
-    """Both events an attempt's end can mean, in order."""
-    attempt_finished(summary)
-    run_finished(summary)
+            "attempts": summary.attempt, "reason": summary.decision.get("reason"), "summary": data})

@@ -1,41 +1,37 @@
-"""What is left of an attempt whose flow process died: its verdict, its leftover process, its evidence.
+"""What is left of an attempt whose flow process died: the crash hook's and the retry controller's side of it.
 
 Used by the crash hook and the retry controller alike, so whichever gets there first does the work
-and the other finds it done (`attempt_lock` makes them take turns when they fire at the same moment
-on one machine): the verdict the flow kept beside its evidence is read back, a training process (or
-Job) still running without its supervisor is stopped (through the backend, when it can), and
-evidence the flow never collected is collected through the backend's own collector, before the stop
-where the stop would remove it (`StopsOrphans.evidence_first`), masked with the run's secret_env
-resolved again. The backend is the one the attempt ran on (`blocks.backend_reference`). Each step is
-best effort and says what it did; none of them raises.
+and the other finds it done (`recovery.attempt_lock` makes them take turns when they fire at the
+same moment on one machine): the verdict the flow kept beside its evidence is read back; without
+one, the attempt is recovered through the core's one recovery path (`trainguard.core.recovery`):
+what it left running stopped, its evidence collected through the backend's own collector, masked
+with the run's secret_env resolved again, judged preempted, its retry decided by the run's policy
+and its verdict kept. The backend is the one the attempt ran on (`blocks.backend_reference`). The
+dead run's parameters are read once (`AttemptRun`): its spec parsed once, its evidence store loaded once.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
-import re
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
+from functools import cached_property
 from typing import Any
 
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_logger, get_run_logger
 
-from blocks import backend_reference, load_backend, load_evidence
+from blocks import backend_reference, load_backend, load_evidence, resolve_policy
 from blocks.secrets import SecretEnvError, resolve_secret_env
+from flows import events
 from tasks.report import publish_run_report
-from trainguard.core.evidence import index, manifest
-from trainguard.core.reports import progress
-from trainguard.core.attempt import AttemptSummary
-from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef
-from trainguard.core.backends.capabilities import StopsOrphans
-from trainguard.core.spec import parse_spec
-from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
+from trainguard.core import policy, recovery
+from trainguard.core.attempt import AttemptSummary, history_records, new_run_id
+from trainguard.core.evidence import verdicts
+from trainguard.core.spec import TrainingSpec, parse_spec
+from trainguard.core.stores.base import EvidenceStore
+from trainguard.core.taxonomy import INFO, Category
 
 logger = get_logger("trainguard.recovery")
 
@@ -48,94 +44,84 @@ def _log() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
         return logger
 
 
-@contextmanager
-def attempt_lock(run_id: str, attempt: int) -> Iterator[None]:
-    """Let one recovery of an attempt at a time go on, on this machine.
+@dataclass(frozen=True)
+class AttemptRun:
+    """A finished train-attempt flow run as the hooks and the controller read it: each part read once, when needed.
 
-    The crash hook and the retry controller may fire at the same moment; the second waits here and
-    then finds the first one's verdict, so the attempt is judged, collected and reported once. The
-    lock is a file lock in the temporary folder: it covers the hook and the controller of one host
-    (the served deployments, one worker). Across hosts the scheduling itself still happens once (the
-    idempotency key); only the recovery could then run twice.
+    Attributes:
+        params: The run's parameters with the flow's defaults filled in (`hooks.bound_parameters`).
+        flow_run_id: Its flow run's id (the run id is derived from it when the parameters name none).
     """
-    folder = Path(tempfile.gettempdir()) / "trainguard-recovery"
-    folder.mkdir(parents=True, exist_ok=True)
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:200]
-    with (folder / f"{name}-attempt-{attempt}.lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+
+    params: Mapping[str, Any]
+    flow_run_id: Any
+
+    @cached_property
+    def spec(self) -> TrainingSpec:
+        return parse_spec(self.params["spec"])
+
+    @cached_property
+    def run_id(self) -> str:
+        return str(self.params.get("run_id") or new_run_id(self.spec.name, self.flow_run_id))
+
+    @property
+    def attempt(self) -> int:
+        return int(self.params.get("attempt", 1))
+
+    @cached_property
+    def store(self) -> EvidenceStore:
+        return load_evidence(self.params.get("evidence_block"))
+
+    def kept_verdict(self) -> AttemptSummary | None:
+        """The verdict (summary with its retry decision) the attempt kept with its evidence, if any."""
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            known = verdicts.read(self.store, self.run_id, self.attempt)
+        except (ValueError, OSError) as exc:  # a block that cannot be loaded: no verdict to read
+            logger.debug("no verdict kept for %s attempt %s: %s", self.run_id, self.attempt, exc)
+            return None
+        return known if known is not None and known.decision else None
 
 
-def kept_verdict(params: dict[str, Any], run_id: str) -> AttemptSummary | None:
-    """The verdict (summary with its retry decision) the attempt flow kept with its evidence, if any."""
-    try:
-        store = load_evidence(params.get("evidence_block"))
-        data = json.loads(store.get_bytes(f"{manifest.attempt_prefix(run_id, int(params['attempt']))}/verdict.json"))
-    except (EvidenceNotFound, ValueError, OSError, RecursionError) as exc:
-        logger.debug("no verdict kept for %s attempt %s: %s", run_id, params.get("attempt"), exc)
-        return None
-    return AttemptSummary.from_dict(data) if isinstance(data, dict) and data.get("decision") else None
+def recover_crashed(run: AttemptRun, flow_run: Any, why: str) -> AttemptSummary:
+    """Recover the attempt of a flow run that died without a verdict, judged preempted; its verdict as kept."""
+    spec = run.spec
+    _mask_secret_env(spec)
+    retry_policy = resolve_policy(spec, run.params.get("retry_policy_block"))
+    history = list(run.params.get("history") or [])
+    begun = AttemptSummary(
+        run_id=run.run_id, attempt=run.attempt, max_attempts=retry_policy.max_attempts, state="Crashed",
+        flow_run_id=str(flow_run.id), flow_run_name=flow_run.name, gpus=spec.total_gpus,
+        resumed_from=run.params.get("resume_from"), duration_seconds=_run_seconds(flow_run),
+    )
+    category = Category.PREEMPTED  # the process was terminated from outside (SIGTERM, kill)
+    recovered = recovery.recover(
+        load_backend(backend_reference(run.params.get("backend_block"), spec)), run.store, begun,
+        judge=recovery.Stop(category, "flow.crashed", why, INFO[category].remediation, "crashed:terminated").judge,
+        decide=lambda summary, checkpoints: policy.decide_retry(
+            retry_policy, [*history_records(history), summary.record()], checkpoints),
+        source="retry-controller")
+    if recovered.stopped:
+        _log().warning("%s attempt %s: %s", run.run_id, run.attempt, recovered.stopped)
+    for line in recovered.warnings:
+        logger.warning("%s attempt %s: %s", run.run_id, run.attempt, line)
+    summary = recovered.summary
+    _log().info("recovered %s attempt %s: %d evidence items in %s", run.run_id, run.attempt, summary.evidence_items,
+                summary.evidence)
+    _publish_report([*(AttemptSummary.from_dict(h) for h in history), summary])
+    events.report_attempt(summary)
+    return summary
 
 
-def recover_attempt(params: dict[str, Any], run_id: str, why: str) -> dict[str, Any]:
-    """Stop what the dead attempt left running and collect its evidence if the flow could not.
-
-    Returns the evidence figures (`location`, `items`, `missing`) and `stopped`, what was stopped.
-    """
-    attempt = int(params.get("attempt", 1))
-    _mask_secret_env(params)
-    backend = load_backend(backend_reference(params.get("backend_block"), params.get("spec")))
-    ref = backend.provision(run_id, attempt)  # finds the attempt's place again; creates nothing new
-    # Stop first where the stop leaves evidence behind (a local crash report); collect first where
-    # the stop removes it (a deleted Job takes its pods and their logs).
-    evidence_first = isinstance(backend, StopsOrphans) and backend.evidence_first
-    stopped = None if evidence_first else _stop_orphan(backend, ref)
-    outcome = AttemptOutcome(exit_code=None, signal=None, reason=ERROR,
-                             message=f"the attempt's flow run died before it could report: {why}")
-    store = load_evidence(params.get("evidence_block"))
-    found = _existing_evidence(store, run_id, attempt)
-    if found is None:
-        collected = backend.collect_evidence(ref, store, outcome)
-        _log().info("collected %d evidence items of %s attempt %s into %s", len(collected.manifest.items), run_id,
-                    attempt, collected.location)
-        found = collected.summary
-    progress_marks = _progress(backend, ref, outcome)  # from the log the evidence kept, before any stop
-    if evidence_first:
-        stopped = _stop_orphan(backend, ref)
-    return {**found, "stopped": stopped, "progress": progress_marks}
-
-
-def _mask_secret_env(params: dict[str, Any]) -> None:
+def _mask_secret_env(spec: TrainingSpec) -> None:
     """Resolve the run's secret_env again, only so that what recovery keeps masks it as the dead flow would
     have (the raw log on the cluster or the work folder holds whatever the command printed)."""
     try:
-        resolve_secret_env(dict(parse_spec(params.get("spec") or {}).secret_env))
+        resolve_secret_env(dict(spec.secret_env))
     except (SecretEnvError, ValueError) as exc:
         _log().warning("secret_env could not be resolved to mask it in the recovered evidence: %s", exc)
 
 
-def keep_verdict(params: dict[str, Any], summary: AttemptSummary) -> None:
-    """Keep the verdict reached after the attempt died beside its evidence, as the flow would have."""
-    try:
-        store = load_evidence(params.get("evidence_block"))
-    except Exception as exc:  # the evidence stays as collected; the verdict also lives in the run's events
-        logger.warning("could not keep the verdict of %s attempt %s: %s", summary.run_id, summary.attempt, exc)
-        return
-    data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
-    problem = manifest.write_verdict(store, summary.run_id, summary.attempt, data, "retry-controller",
-                                      datetime.now(timezone.utc).isoformat())
-    manifest.release_space(store, summary.run_id, summary.attempt)  # set aside by the flow that died
-    if problem:
-        logger.warning("the verdict of %s attempt %s: %s", summary.run_id, summary.attempt, problem)
-    _, problem = index.keep(store, summary)
-    if problem:
-        logger.warning("%s; the verdict itself is kept, only the fleet view misses it", problem)
-
-
-def publish_report(summaries: list[AttemptSummary]) -> None:
+def _publish_report(summaries: list[AttemptSummary]) -> None:
     """The run's report with the dead attempt in its timeline (its own flow could not publish it)."""
     try:
         publish_run_report(summaries)
@@ -143,33 +129,10 @@ def publish_report(summaries: list[AttemptSummary]) -> None:
         logger.warning("could not publish the report of %s: %s", summaries[-1].run_id, exc)
 
 
-def _stop_orphan(backend: Any, ref: AttemptRef) -> str | None:
-    if not isinstance(backend, StopsOrphans):
-        return None
-    try:
-        stopped = backend.stop_orphan(ref)
-    except Exception as exc:  # stopping is best effort; the evidence and the retry still matter
-        logger.warning("could not stop what %s attempt %s left running: %s", ref.run_id, ref.attempt, exc)
-        return None
-    if stopped:
-        _log().warning("%s attempt %s: %s", ref.run_id, ref.attempt, stopped)
-    return stopped
-
-
-def _progress(backend: Any, ref: AttemptRef, outcome: AttemptOutcome) -> list[tuple[int, float | None]]:
-    try:
-        log = backend.log(ref, outcome)
-    except Exception:  # the chart is a nicety; a backend that cannot say is no reason to stop here
-        return []
-    if isinstance(log, bytes):
-        log = log.decode("utf-8", errors="replace")
-    return progress.read_progress(log if isinstance(log, str | Path) else None)
-
-
-def _existing_evidence(store: EvidenceStore, run_id: str, attempt: int) -> dict[str, Any] | None:
-    try:
-        found = manifest.read_manifest(store, run_id, attempt)
-    except (EvidenceNotFound, manifest.ManifestError, ValueError):
-        return None
-    return {"location": store.describe(manifest.attempt_prefix(run_id, attempt)), "items": len(found.items),
-            "missing": len(found.absent)}
+def _run_seconds(flow_run: Any) -> float:
+    """How long the dead attempt held its resources, as far as the API knows."""
+    start = getattr(flow_run, "start_time", None)
+    if start is None:
+        return 0.0
+    end = getattr(flow_run, "end_time", None) or datetime.now(timezone.utc)
+    return max(0.0, float((end - start).total_seconds()))

@@ -11,6 +11,7 @@ it too.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from prefect import get_run_logger
@@ -19,7 +20,7 @@ from prefect.logging import get_logger
 
 from tasks.report import publish_report
 from trainguard.core.evidence import afterupload, bundles
-from trainguard.core.attempt import AttemptFailed, AttemptSummary
+from trainguard.core.attempt import AttemptFailed, AttemptSummary, UploadStatus
 from trainguard.core.evidence.manifest import Manifest
 
 
@@ -45,7 +46,8 @@ def finish(run_id: str, summaries: list[AttemptSummary], only: int | None = None
     for upload in afterupload.finish(run_id, None if only is None else [only]):
         if (i := index.get(upload.attempt)) is None:
             continue
-        updated[i] = updated[i].with_evidence_status(_status(upload))
+        if (status := _status(upload)) is not None:
+            updated[i] = updated[i].with_upload(status)
         _say(updated[i], upload.store)
         try:
             publish_report.fn(updated[i], updated[:i])
@@ -55,14 +57,12 @@ def finish(run_id: str, summaries: list[AttemptSummary], only: int | None = None
     return updated
 
 
-def _status(upload: afterupload.Upload) -> dict[str, Any]:
+def _status(upload: afterupload.Upload) -> UploadStatus | None:
     """What is in the store and what still waits, read locally (a spool listing, presigned links)."""
     if not upload.manifest_json:
-        return {}
+        return None
     status = bundles.upload_status(upload.store, Manifest.from_json(upload.manifest_json))
-    if upload.error:
-        status["upload_error"] = f"the upload broke: {upload.error}"
-    return {**status, "uploading": False}
+    return replace(status, upload_error=f"the upload broke: {upload.error}") if upload.error else status
 
 
 def _say(summary: AttemptSummary, store: Any) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -60,21 +59,21 @@ class AvoidListBusy(RuntimeError):
 
 
 @task(name="read_avoid_list", cache_policy=NO_CACHE)
-def read_avoid_list(backend: Backend, needed: int) -> dict[str, Any]:
-    """The shared avoid list's plan for this launch: ``in_force`` entries, nodes to ``avoid``, and a ``note``
+def read_avoid_list(backend: Backend, needed: int) -> avoid.Plan:
+    """The shared avoid list's plan for this launch: the entries in force, the nodes to avoid, and a note
     when it was not applied (it would leave too few nodes, or it could not be read)."""
     try:
         entries = read_list()
     except Exception as exc:  # a broken list must not stop training: say so, run without it
         note = f"the shared avoid list was not read ({type(exc).__name__}: {exc}); the attempt ran without it"
         get_run_logger().warning("%s", note)
-        return {"in_force": [], "avoid": [], "note": note}
+        return avoid.Plan((), (), note)
     plan = avoid.plan(entries, datetime.now(UTC), _placeable(backend), needed)
     if plan.note:
         get_run_logger().warning("%s", plan.note)
     if plan.avoid:
         get_run_logger().info("the shared avoid list keeps this attempt off %s", ", ".join(plan.avoid))
-    return {"in_force": [e.to_dict() for e in plan.in_force], "avoid": list(plan.avoid), "note": plan.note}
+    return plan
 
 
 def _placeable(backend: Backend) -> list[str] | None:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from trainguard.core.reports import attempt as attempt_report, progress, run as run_report
+from trainguard.core.reports import attempt as attempt_report, run as run_report
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend
+from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, progress_points
 
 
 def artifact_key(run_id: str) -> str:
@@ -21,12 +19,7 @@ def artifact_key(run_id: str) -> str:
 @task(name="read_progress", cache_policy=NO_CACHE)
 def read_progress(backend: Backend, ref: AttemptRef | None, outcome: AttemptOutcome) -> list[tuple[int, float | None]]:
     """(step, loss) points from the attempt's log, for the run report's chart."""
-    if ref is None:
-        return []
-    log = backend.log(ref, outcome)
-    if isinstance(log, bytes):
-        log = log.decode("utf-8", errors="replace")
-    return progress.read_progress(log if isinstance(log, str | Path) else None)
+    return progress_points(backend, ref, outcome) if ref is not None else []
 
 
 def publish_run_report(summaries: list[AttemptSummary]) -> None:

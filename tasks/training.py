@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -17,9 +16,9 @@ from trainguard.core.masking import SECRET_NAMES_VARIABLE
 
 
 class TrainingFailed(Exception):
-    """The training command ended badly; carries the backend's outcome as plain data."""
+    """The training command ended badly; carries the backend's outcome (every argument goes to super: picklable)."""
 
-    def __init__(self, message: str, outcome: dict[str, Any]) -> None:
+    def __init__(self, message: str, outcome: AttemptOutcome) -> None:
         super().__init__(message, outcome)
         self.outcome = outcome
 
@@ -42,7 +41,7 @@ def provision_workspace(backend: Backend, run_id: str, attempt: int) -> AttemptR
 @task(name="run_training", cache_policy=NO_CACHE)
 def run_training(
     backend: Backend, ref: AttemptRef, launch: Launch, secret_env: dict[str, str] | None = None
-) -> dict[str, Any] | State:
+) -> AttemptOutcome | State:
     """Launch the attempt and wait until it is terminal; a Failed state when training failed.
 
     ``secret_env`` holds references (block names, ``env:NAME``); their values are resolved only
@@ -54,7 +53,7 @@ def run_training(
     except SecretEnvError as exc:
         outcome = AttemptOutcome(exit_code=None, signal=None, reason=START_ERROR, message=str(exc))
         message = f"training never started: {exc}"
-        return Failed(message=message, data=TrainingFailed(message, outcome.to_dict()))
+        return Failed(message=message, data=TrainingFailed(message, outcome))
     if secrets:  # the entrypoint masks these by value too, whatever they are called
         launch = replace(launch, env={**launch.env, **secrets, SECRET_NAMES_VARIABLE: ",".join(sorted(secrets))})
     logger = get_run_logger()
@@ -66,8 +65,8 @@ def run_training(
     if not outcome.succeeded:
         # an expected outcome, not a crash: a Failed state with one line, no traceback in the log
         message = f"training ended with {outcome.reason}: {outcome.message}"
-        return Failed(message=message, data=TrainingFailed(message, outcome.to_dict()))
-    return outcome.to_dict()
+        return Failed(message=message, data=TrainingFailed(message, outcome))
+    return outcome
 
 
 @task(name="release_attempt", cache_policy=NO_CACHE)

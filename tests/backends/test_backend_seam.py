@@ -169,8 +169,8 @@ def test_local_and_slurm_say_which_attempts_a_run_has_and_who_supervises_them(tm
     for backend, run_id, attempts in ((local, "r-a", [2]), (slurm, "r-b", [1, 3])):
         assert isinstance(backend, Supervises)
         assert backend.attempts(run_id) == attempts and run_id in backend.runs()
-        assert recovery.live_supervisor(backend, run_id, attempts[0]) == os.getpid()  # this process wrote it
-        assert recovery.live_supervisor(backend, run_id, attempts[-1] if len(attempts) > 1 else 9) is None
+        assert backend.supervisor_pid(run_id, attempts[0]) == os.getpid()  # this process wrote it
+        assert backend.supervisor_pid(run_id, attempts[-1] if len(attempts) > 1 else 9) is None
     assert recovery.attempts_of(slurm, store, "r-b") == [1, 3, 4]
 
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

@@ -14,7 +14,6 @@ from trainguard.core.evidence.manifest import (
     MissingItem,
     attempt_prefix,
     read_manifest,
-    write_verdict,
     release_space,
     reserve_space,
     storage_failures,
@@ -22,6 +21,8 @@ from trainguard.core.evidence.manifest import (
     verify_manifest,
     write_manifest,
 )
+from trainguard.core.attempt import AttemptSummary
+from trainguard.core.evidence import verdicts
 from trainguard.core.stores.base import EvidenceStoreError
 from trainguard.core.stores.folder import LocalEvidenceStore
 
@@ -122,7 +123,9 @@ def test_a_full_disk_still_takes_the_manifest_and_verdict_it_set_space_aside_for
     manifest = store_manifest(store, Manifest("r1", 1, "2026-01-01T00:00:00+00:00", (), (
         MissingItem("crash-tail.txt", "local-workspace", "could not collect: EvidenceStoreError: no space"),)), "flow")
 
-    assert write_verdict(store, "r1", 1, b'{"category": "code_error"}' * 500, "flow", "2026-01-01T00:00:01+00:00") is None
+    verdict = AttemptSummary("r1", 1, 3, "Failed", category="code_error", signature="x" * 6000)
+    problems = verdicts.keep(store, verdict, "flow").summary.storage_problems
+    assert not [p for p in problems if "verdict.json" in p], problems  # the verdict took the space set aside
     kept = read_manifest(store, "r1", 1)
     assert [item.name for item in kept.items] == ["verdict.json"] and kept.missing == manifest.missing
     assert storage_failures(kept) == ["evidence crash-tail.txt: EvidenceStoreError: no space"]
@@ -137,10 +140,10 @@ def test_without_space_set_aside_a_lost_manifest_and_verdict_are_reported_not_ra
     assert "No space left on device" in (reserve_space(store, "r1", 1) or "")
     manifest = store_manifest(store, Manifest("r1", 1, "2026-01-01T00:00:00+00:00", (), ()), "flow")
 
-    problem = write_verdict(store, "r1", 1, b"{}" * 5000, "flow", "2026-01-01T00:00:01+00:00")
+    problem = verdicts.keep(store, AttemptSummary("r1", 1, 3, "Failed", signature="x" * 10000), "flow").summary.storage_problems[0]
     assert [item.name for item in manifest.missing] == ["manifest.json"]
     assert storage_failures(manifest)[0].startswith("evidence manifest.json: could not store the manifest")
-    assert problem is not None and problem.startswith("verdict.json could not be stored") and "No space" in problem
+    assert problem.startswith("verdict.json could not be stored") and "No space" in problem
 
 
 def test_an_original_name_is_kept_only_where_the_printable_name_differs_and_older_manifests_still_read() -> None:

@@ -127,7 +127,7 @@ def test_a_dead_attempts_running_job_is_deleted_after_its_evidence_is_kept_and_r
     from blocks import load_backend
     from flows.controller import retry_controller
     from runs import attempt_runs
-    from trainguard.core.backends.base import launch_for
+    from trainguard.core.backends.base import Launch
     from trainguard.core.backends.kubernetes import manifests
 
     ns, job_name = kb["namespace"], "tg-k-orphan-1-a1"
@@ -141,8 +141,7 @@ def test_a_dead_attempts_running_job_is_deleted_after_its_evidence_is_kept_and_r
     # ... and the Job that flow process created before it died, still training.
     backend: Any = load_backend(kb["backend_block"])
     ref = backend.provision("k-orphan-1", 1)
-    launch = launch_for(spec["command"], run_id="k-orphan-1", attempt=1, env={}, gpus=1, deadline_seconds=None,
-                        stall_seconds=None, workdir=None, resume_from=None)
+    launch = Launch(run_id="k-orphan-1", attempt=1, command=tuple(spec["command"]), gpus=1)
     kb["api"].create_job(ns, manifests.job_manifest(backend.settings.job, launch, ref.details["config_map"]))
     pod = wait_for(lambda: pod_of(kb["api"], ns, "k-orphan-1", 1), timeout=60, what="the orphan's pod running")
     wait_for(lambda: b"step 10/" in kb["api"].read_pod_log(ns, pod, "train"), timeout=30, what="training under way")

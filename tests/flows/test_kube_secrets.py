@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ def test_evidence_a_recovery_collects_for_a_dead_attempt_masks_its_secret_env_to
     kb: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from blocks import load_backend
-    from flows.recovery import recover_attempt
+    from flows.recovery import AttemptRun, recover_crashed
     from trainguard.core.backends.base import Launch
     from trainguard.core.masking import SECRET_NAMES_VARIABLE
 
@@ -77,8 +78,9 @@ def test_evidence_a_recovery_collects_for_a_dead_attempt_masks_its_secret_env_to
     assert backend.run(ref, Launch(run_id="k-rec-1", attempt=1, command=tuple(spec["command"]), env=env)).exit_code == 3
     params = {"spec": spec, "run_id": "k-rec-1", "attempt": 1, "backend_block": kb["backend_block"],
               "evidence_block": kb["evidence_block"]}
-    found = recover_attempt(params, "k-rec-1", "the flow pod was killed")
-    assert found["items"]
+    dead = SimpleNamespace(id=uuid.uuid4(), name="k-rec-1-a1", start_time=None)  # its flow run, as the API gives it
+    found = recover_crashed(AttemptRun(params, dead.id), dead, "the flow pod was killed")
+    assert found.evidence_items and found.category == "preempted"
     evidence = kb["evidence"] / "runs" / "k-rec-1" / "attempt-1"
     assert "with ***" in next(evidence.glob("kubernetes/pods/*/logs/train.log")).read_text()
     assert not [str(p) for p in evidence.rglob("*") if p.is_file() and value.encode() in p.read_bytes()]

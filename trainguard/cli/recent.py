@@ -19,10 +19,10 @@ from blocks.factories import evidence_folder, local_backend
 from trainguard.cli.typer_app import app
 from trainguard.core.home import data_path
 from trainguard.cli.output import console, fail, plain
-from trainguard.core import ids, recovery
+from trainguard.core import ids
 from trainguard.core.backends.base import Backend
 from trainguard.core.backends.capabilities import Supervises
-from trainguard.core.evidence import manifest
+from trainguard.core.evidence import manifest, verdicts
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
 
 
@@ -46,8 +46,8 @@ def runs(
     for column in ("run", "attempts", "last state", "category", "last change", "next"):
         table.add_column(column, overflow="fold")
     for run_id, (attempts, changed) in sorted(found.items(), key=lambda item: item[1][1], reverse=True)[:limit]:
-        last = recovery.verdict(store, run_id, attempts[-1]) if store else None
-        pid = recovery.live_supervisor(backend, run_id, attempts[-1])
+        last = verdicts.read(store, run_id, attempts[-1]) if store else None
+        pid = backend.supervisor_pid(run_id, attempts[-1]) if isinstance(backend, Supervises) else None
         state = "running" if pid else last.state if last else "lost"
         category = (last.category or "-") if last else "-"
         nxt = (f"attempt {attempts[-1]} runs under pid {pid}" if pid else str(last.decision.get("reason", "-"))

@@ -22,8 +22,10 @@ from trainguard.core import recovery
 from trainguard.core.attempt import LINEAGE_TAG, AttemptSummary
 from trainguard.core.spec import TrainingSpec
 from trainguard.core.backends.base import Backend
-from trainguard.core.backends.capabilities import StopsOrphans
+from trainguard.core.backends.capabilities import Supervises
+from trainguard.core.evidence import verdicts
 from trainguard.core.stores.base import EvidenceStore
+from trainguard.core.taxonomy import Category
 
 if TYPE_CHECKING:
     from trainguard.core import triage
@@ -89,22 +91,16 @@ def stopped(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], signum: int
     how = resume_command(spec_file, run_id, blocks.get("backend"))
     backend, store, max_attempts, rules = _context(spec, blocks)
     attempts = recovery.attempts_of(backend, store, run_id)
-    summaries = [s for a in attempts[:-1] if (s := recovery.verdict(store, run_id, a))]
+    summaries = [s for a in attempts[:-1] if (s := verdicts.read(store, run_id, a))]
     outcome = f"attempt {attempts[-1] if attempts else 1} recorded as {category}"
     if attempts:
-        last = recovery.verdict(store, run_id, attempts[-1])
-        if last is None and isinstance(backend, StopsOrphans):
+        last = verdicts.read(store, run_id, attempts[-1])
+        if last is None:  # the attempt that was running: the stop is how it ended
             # whatever the backend (a local process, a Kubernetes Job, a Slurm job), nothing of the
             # attempt may run on once the run has stopped; one the flow already stopped is left as it is
-            if note := backend.stop_orphan(cast(Backend, backend).provision(run_id, attempts[-1])):
-                say(f"attempt {attempts[-1]}: {note}")
-        if last is None:  # the attempt that was running: the stop is how it ended
-            last = recovery.settle(
-                backend, store, run_id, attempts[-1], max_attempts=max_attempts, gpus=spec.total_gpus,
-                next_step=f"stopped, not retried here; resume with `{how}`", rules=rules,
-                stopped={"category": category, "rule_id": rule_id, "signature": signature,
-                         "remediation": f"resume with `{how}`"},
-            )
+            last = _settle(backend, store, run_id, attempts[-1], max_attempts, spec.total_gpus,
+                           f"stopped, not retried here; resume with `{how}`", rules,
+                           recovery.Stop(Category(category), rule_id, signature, f"resume with `{how}`"))
         elif last.decision.get("retry"):  # stopped during the backoff: attempt N had ended on its own
             last = recovery.retry_not_made(
                 store, last, f"attempt {attempts[-1] + 1} was not started: {signature} during the backoff; "
@@ -117,6 +113,22 @@ def stopped(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], signum: int
     say(f"Stopped: {signature}; {outcome}.")
     say(f"resume with: {how}")
     raise typer.Exit(128 + signum)
+
+
+def _settle(backend: Backend, store: EvidenceStore, run_id: str, attempt: int, max_attempts: int, gpus: int,
+            next_step: str, rules: triage.RuleSet | None, stop: recovery.Stop | None = None) -> AttemptSummary:
+    """Recover an attempt no flow judged (`recovery.recover`), saying what was stopped; its verdict as kept.
+
+    ``next_step`` (how to resume) is its decision: a stopped or lost run is not retried here.
+    """
+    begun = AttemptSummary(run_id=run_id, attempt=attempt, max_attempts=max_attempts,
+                           state="Cancelled" if stop is not None else "Crashed", gpus=gpus)
+    recovered = recovery.recover(backend, store, begun, source="cli",
+                                 judge=stop.judge if stop is not None else recovery.triage_judge(backend, rules),
+                                 decide=lambda summary, checkpoints: retry_policy.RetryDecision(False, next_step))
+    if recovered.stopped:
+        say(f"attempt {attempt}: {recovered.stopped}")
+    return recovered.summary
 
 
 def check_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any]) -> list[int]:
@@ -132,13 +144,13 @@ def check_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any]) -> lis
         fail(f"--resume: {exc}")
     if not attempts:
         fail(f"--resume: no attempt of run {run_id!r} in the work or evidence folders; check the run id")
-    if pid := recovery.live_supervisor(backend, run_id, attempts[-1]):
+    if pid := backend.supervisor_pid(run_id, attempts[-1]) if isinstance(backend, Supervises) else None:
         fail(f"--resume: run {run_id} is still running (attempt {attempts[-1]}, supervised by pid {pid}); "
              f"stop it first (kill -TERM {pid}) or let it finish")
-    last = recovery.verdict(store, run_id, attempts[-1])
+    last = verdicts.read(store, run_id, attempts[-1])
     if last is not None and last.succeeded:
         fail(f"--resume: run {run_id} already completed on attempt {last.attempt}; start a new run without --resume")
-    judged = [recovery.verdict(store, run_id, a) for a in attempts]
+    judged = [verdicts.read(store, run_id, a) for a in attempts]
     if all(judged):  # else the budget is weighed once the lost attempts are settled (plan_resume)
         _refuse_a_spent_budget(spec, blocks, run_id, cast(list[AttemptSummary], judged), backend.checkpoints(run_id))
     return attempts
@@ -150,13 +162,10 @@ def plan_resume(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], spec_fi
     backend, store, max_attempts, rules = _context(spec, blocks)
     history: list[AttemptSummary] = []
     for attempt in attempts:
-        found = recovery.verdict(store, run_id, attempt)
-        if found is None and isinstance(backend, StopsOrphans):  # nothing of it may run beside the next attempt
-            if stopped_note := backend.stop_orphan(cast(Backend, backend).provision(run_id, attempt)):
-                say(f"attempt {attempt}: {stopped_note}")
-        if found is None:  # the attempt the lost process never judged: collect and classify it now
-            found = recovery.settle(backend, store, run_id, attempt, max_attempts=max_attempts, gpus=spec.total_gpus,
-                                    next_step=f"continued by `{resume_command(spec_file, run_id, blocks.get('backend'))}`", rules=rules)
+        found = verdicts.read(store, run_id, attempt)
+        if found is None:  # the attempt the lost process never judged: stop what it left, collect and classify it now
+            found = _settle(backend, store, run_id, attempt, max_attempts, spec.total_gpus,
+                            f"continued by `{resume_command(spec_file, run_id, blocks.get('backend'))}`", rules)
         history.append(found)
     if closed := close_lost_flow_runs(run_id):
         say(f"marked {closed} flow run(s) the lost process left running as Crashed")

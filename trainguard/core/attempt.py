@@ -43,6 +43,25 @@ class Judgement:
 
 
 @dataclass(frozen=True)
+class UploadStatus:
+    """Where an attempt's evidence stands beyond its counts (`evidence.bundles.upload_status`).
+
+    Attributes:
+        spooled: Item names still waiting in the local spool for the object store.
+        upload_error: Why they wait.
+        uploading: They go up in the background after the verdict (`evidence.afterupload`).
+        links: Item name -> (presigned) URL, for the report that shows it now; never stored.
+        links_expire_at: When presigned links expire, ISO-8601 ("" for links that do not).
+    """
+
+    spooled: tuple[str, ...] = ()
+    upload_error: str = ""
+    uploading: bool = False
+    links: Mapping[str, str] = field(default_factory=dict)
+    links_expire_at: str = ""
+
+
+@dataclass(frozen=True)
 class AttemptSummary:
     """One attempt of a run: what happened, why, what it cost and what comes next."""
 
@@ -100,6 +119,17 @@ class AttemptSummary:
     # they were not applied when they were not (they would have left too few nodes)
     avoid_list: Sequence[Mapping[str, Any]] = ()
     avoid_note: str = ""
+    # what its checkpoints say (`trainguard.core.checkpoints`): the kind ("periodic", "notice",
+    # "just_in_time", "unknown") and step of the one it resumed from and of the newest it left, the
+    # last optimizer step it completed, the steps lost (that step minus the step the next attempt
+    # resumes from) and the seconds from the notice to the newest checkpoint's acknowledgement
+    resumed_from_kind: str | None = None
+    resumed_from_step: int | None = None
+    newest_checkpoint_kind: str | None = None
+    newest_checkpoint_step: int | None = None
+    progress_step: int | None = None
+    steps_lost: int | None = None
+    notice_to_ack_seconds: float | None = None
 
     @property
     def gpu_seconds(self) -> float:
@@ -164,35 +194,30 @@ class AttemptSummary:
                            "rule_id": v.rule_id} for v in diagnosis.victims),
         )
 
-    def with_evidence(self, evidence: Mapping[str, Any] | None, unreserved: str | None = None) -> AttemptSummary:
-        """This summary with what evidence collection kept (the collect step's figures), or none.
+    def with_evidence(self, location: str | None, items: int, missing: int, *, upload: UploadStatus | None = None,
+                      problems: Sequence[str] = (), unreserved: str | None = None) -> AttemptSummary:
+        """This summary with what evidence collection kept (None ``location``: nothing was collected).
 
         Args:
-            evidence: ``location``, ``items``, ``missing``, the upload status (``spooled``, ``upload_error``,
-                ``links``, ``links_expire_at``) and ``storage_problems``; None when nothing was collected.
+            location, items, missing: Where the bundle is, the items kept and those that could have been there.
+            upload: What is still spooled and the links, where the store says.
+            problems: What the store failed to take, one line each.
             unreserved: Why space could not be set aside for the manifest and verdict beforehand; it
                 matters only when the store then failed to take something.
         """
-        if not isinstance(evidence, Mapping):
-            return _replace(self, evidence=None)
-        failures = [str(p) for p in evidence.get("storage_problems", ())]
-        status = {"spooled": evidence.get("spooled", ()), "upload_error": evidence.get("upload_error", ""),
-                  "links": evidence.get("links", {}), "links_expire_at": evidence.get("links_expire_at", "")}
-        kept = _replace(self, evidence=evidence.get("location"), evidence_items=int(evidence.get("items", 0)),
-                        evidence_missing=int(evidence.get("missing", 0)),
-                        evidence_uploading=bool(evidence.get("uploading", False)))
-        return kept.with_evidence_status(status).with_storage_problems(
-            *failures, unreserved if failures and unreserved else None)
+        kept = _replace(self, evidence=location, evidence_items=items, evidence_missing=missing)
+        kept = kept.with_upload(upload) if upload is not None else kept
+        return kept.with_storage_problems(*problems, unreserved if problems and unreserved else None)
 
-    def with_evidence_status(self, status: object) -> AttemptSummary:
-        """This summary with a newer upload status (``bundles.upload_status``); unchanged if ``status`` is not one."""
-        if not isinstance(status, dict) or "spooled" not in status:
-            return self
-        return _replace(self, evidence_spooled=tuple(status.get("spooled", ())),
-                        evidence_upload_error=str(status.get("upload_error", "")),
-                        evidence_uploading=bool(status.get("uploading", False)),
-                        evidence_links=dict(status.get("links", {})),
-                        evidence_links_expire_at=str(status.get("links_expire_at", "")))
+    def with_progress(self, points: Sequence[tuple[int, float | None]], newest_checkpoint: str | None) -> AttemptSummary:
+        """This summary with its (step, loss) points from the log and the run's newest checkpoint after it."""
+        return _replace(self, progress=tuple(points), newest_checkpoint=newest_checkpoint)
+
+    def with_upload(self, status: UploadStatus) -> AttemptSummary:
+        """This summary with a newer upload status."""
+        return _replace(self, evidence_spooled=tuple(status.spooled), evidence_upload_error=status.upload_error,
+                        evidence_uploading=status.uploading, evidence_links=dict(status.links),
+                        evidence_links_expire_at=status.links_expire_at)
 
     def with_storage_problems(self, *problems: str | None) -> AttemptSummary:
         """This summary with more storage failures (None entries are skipped)."""
@@ -290,9 +315,9 @@ def _replace(summary: AttemptSummary, **changes: Any) -> AttemptSummary:
 class AttemptFailed(Exception):
     """The data of a failed attempt's state: the summary, picklable (every argument goes to super)."""
 
-    def __init__(self, message: str, summary: Mapping[str, Any]) -> None:
-        super().__init__(message, dict(summary))
-        self.summary = AttemptSummary.from_dict(summary)
+    def __init__(self, message: str, summary: AttemptSummary) -> None:
+        super().__init__(message, summary)
+        self.summary = summary
 
     def __str__(self) -> str:
         return str(self.args[0])

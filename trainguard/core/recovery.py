@@ -1,18 +1,23 @@
-"""Settling an attempt whose flow did not finish it: stopped by a signal, or lost with its process.
+"""Settling an attempt whose flow did not finish it: the one recovery path every caller takes.
 
-`trainguard run` calls `settle` after SIGTERM or Ctrl-C (the stop itself is the category), and
-`trainguard run --resume` calls it for the attempt a killed run left behind (triage decides). Either
-way the attempt's evidence is collected if it was not, its verdict is written beside it, and the
-run's attempts so far come back as summaries for the table and the next attempt. Running attempts
-and deciding retries belong to the flows; no Prefect here.
+The crash hook and the retry controller call `recover` for an attempt whose flow process died;
+`trainguard run` calls it after SIGTERM or Ctrl-C (the stop itself is the category) and, with
+``--resume``, for the attempt a killed run left behind (triage decides). Whatever the caller, what
+the attempt left running is stopped (before its evidence is collected, or after where the stop
+removes the evidence: `StopsOrphans.evidence_first`), its evidence is collected if it was not, it is
+judged and its retry decided, and its verdict is kept beside its evidence (`verdicts.keep`). Each
+step is best effort and says what went wrong; none of them raises for the platform or the store.
+Running attempts belongs to the flows; no Prefect here.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import replace
-from collections.abc import Mapping
-from datetime import UTC, datetime
+import fcntl
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trainguard_entrypoint.files import read_json_object
@@ -20,16 +25,22 @@ from trainguard_entrypoint.files import read_json_object
 from trainguard.core import judging, triage
 from trainguard.core.attempt import AttemptSummary, Judgement
 from trainguard.core.backends import workspace
-from trainguard.core.backends.base import ERROR, AttemptOutcome, AttemptRef, Backend
-from trainguard.core.backends.capabilities import Supervises
-from trainguard.core.evidence import index
-from trainguard.core.evidence.manifest import (
-    VERDICT, attempt_prefix, attempts_in_store, read_manifest, write_verdict, release_space, storage_failures,
-)
+from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, CollectedEvidence, progress_points
+from trainguard.core.backends.capabilities import StopsOrphans, Supervises
+from trainguard.core.checkpoints import facts
+from trainguard.core.evidence import verdicts
+from trainguard.core.evidence.manifest import ManifestError, attempt_prefix, attempts_in_store, read_manifest
+from trainguard.core.policy import RetryDecision
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
 from trainguard.core.taxonomy import INFO, Category
 
-LOST = "Lost"
+Decide = Callable[[AttemptSummary, list[str]], RetryDecision]
+Judge = Callable[[AttemptRef, AttemptOutcome], Judgement]
+
+
+def triage_judge(backend: Backend, rules: triage.RuleSet | None = None) -> Judge:
+    """Judging by triage, from every signal the backend has (`judging.judge`)."""
+    return lambda ref, outcome: judging.judge(backend, ref, outcome, rules)
 
 
 def attempts_of(backend: Backend, store: EvidenceStore, run_id: str) -> list[int]:
@@ -40,98 +51,86 @@ def attempts_of(backend: Backend, store: EvidenceStore, run_id: str) -> list[int
     return sorted(found)
 
 
-def live_supervisor(backend: Backend, run_id: str, attempt: int) -> int | None:
-    """The pid of the `trainguard run` (or worker) still supervising the attempt on this host, if any.
+@contextmanager
+def attempt_lock(run_id: str, attempt: int) -> Iterator[None]:
+    """Let one recovery of an attempt at a time go on, on this machine.
 
-    None for a backend that keeps no supervisor record here (`Supervises`): its platform's own
-    records say whether its attempts live.
+    The crash hook and the retry controller may fire at the same moment; the second waits here and
+    then finds the first one's verdict, so the attempt is judged, collected and reported once. The
+    lock is a file lock in the temporary folder: it covers the hook and the controller of one host
+    (the served deployments, one worker). Across hosts the scheduling itself still happens once (the
+    idempotency key); only the recovery could then run twice.
     """
-    return backend.supervisor_pid(run_id, attempt) if isinstance(backend, Supervises) else None
+    folder = Path(tempfile.gettempdir()) / "trainguard-recovery"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:200]
+    with (folder / f"{name}-attempt-{attempt}.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def verdict(store: EvidenceStore, run_id: str, attempt: int) -> AttemptSummary | None:
-    """The attempt's recorded verdict, or None if it was never judged."""
-    try:
-        data = json.loads(store.get_bytes(f"{attempt_prefix(run_id, attempt)}/{VERDICT}"))
-    except (EvidenceNotFound, ValueError, RecursionError):
-        return None
-    return AttemptSummary.from_dict(data) if isinstance(data, dict) else None
+@dataclass(frozen=True)
+class Stop:
+    """A verdict the caller knows without triage: what stopped the attempt (a signal, its flow process dying)."""
+
+    category: Category
+    rule_id: str
+    signature: str
+    remediation: str
+    fingerprint: str = ""
+
+    def judge(self, ref: AttemptRef, outcome: AttemptOutcome) -> Judgement:
+        """The stop's own verdict, whatever the attempt left (a `Judge`)."""
+        return Judgement(triage.Diagnosis(
+            category=self.category, retryable=INFO[self.category].retryable, rule_id=self.rule_id,
+            signature=self.signature, line_number=None, rank=None, remediation=self.remediation,
+            fingerprint=self.fingerprint or self.rule_id, strength="verdict"))
 
 
-def lost_outcome(ref: AttemptRef) -> AttemptOutcome:
-    """How the attempt ended, from what it left in its folder (runner.json, else the crash report)."""
-    root = Path(ref.workspace) if ref.workspace else None
-    runner = (read_json_object(root / workspace.RUNNER_REPORT) or {}) if root else {}
-    crash = (read_json_object(root / workspace.CRASH_REPORT) or {}) if root else {}
-    source = runner or crash
-    if not source:
-        return AttemptOutcome(None, None, LOST, "the attempt left no account of how it ended; its supervisor was lost")
-    lost = crash.get("supervisor_lost") and not runner
-    return AttemptOutcome(
-        exit_code=source.get("exit_code"), signal=source.get("signal"),
-        reason=LOST if lost else str(source.get("reason") or ERROR),
-        message=str(source.get("message") or ("its supervisor was lost; the entrypoint stopped the command"
-                                              if lost else "ended without a report from the runner")),
-        started_at=source.get("started_at"), finished_at=source.get("finished_at"),
-        duration_seconds=float(source.get("duration_seconds") or 0.0), log_path=source.get("log_path"),
-    )
+@dataclass(frozen=True)
+class Recovered:
+    """What recovering an attempt did: its verdict as kept, what was stopped, and what went wrong on the way."""
+
+    summary: AttemptSummary
+    stopped: str | None
+    warnings: tuple[str, ...] = ()
 
 
-def _resumed_from(ref: AttemptRef) -> str | None:
-    env = (read_json_object(Path(ref.workspace) / workspace.SNAPSHOT / workspace.ENV_SNAPSHOT) or {}) if ref.workspace else {}
-    variables = env.get("variables") if isinstance(env.get("variables"), dict) else env
-    value = variables.get("TRAINGUARD_RESUME_FROM") if isinstance(variables, dict) else None
-    return str(value) if value else None
-
-
-def _judgement(
-    backend: Backend, ref: AttemptRef, outcome: AttemptOutcome, stopped: Mapping[str, str] | None,
-    rules: triage.RuleSet | None,
-) -> Judgement:
-    """Triage's verdict on the attempt, or the stop's own when a stop signal ended it."""
-    if stopped is None:
-        return judging.judge(backend, ref, outcome, rules)
-    category = Category(stopped["category"])
-    return Judgement(triage.Diagnosis(category=category, retryable=INFO[category].retryable, rule_id=stopped["rule_id"],
-                            signature=stopped["signature"], line_number=None, rank=None,
-                            remediation=stopped["remediation"], fingerprint=stopped["rule_id"], strength="verdict"))
-
-
-def settle(
-    backend: Backend, store: EvidenceStore, run_id: str, attempt: int, *, max_attempts: int, gpus: int,
-    next_step: str, stopped: Mapping[str, str] | None = None, rules: triage.RuleSet | None = None,
-) -> AttemptSummary:
-    """Collect (if need be), judge and record one attempt the flows did not finish.
+def recover(backend: Backend, store: EvidenceStore, begun: AttemptSummary, *, judge: Judge, decide: Decide,
+            source: str) -> Recovered:
+    """Stop, collect (if need be), judge, decide and keep the verdict of one attempt the flows did not finish.
 
     Args:
         backend, store: Where the attempt ran and where its evidence goes.
-        run_id, attempt: The attempt.
-        max_attempts: The run's retry.max_attempts (attempts in a row without checkpoint progress), kept in
-            the summary; whether the budget is spent is the policy's to say (`policy.budget_spent`).
-        gpus: GPUs the attempt held, for GPU-seconds.
-        next_step: What the person should do next (how to resume), recorded as the decision.
-        stopped: When a stop signal ended it: category, rule_id, signature and remediation to record
-            instead of triage's verdict.
-        rules: A user's triage rules.
+        begun: The attempt's summary as the caller knows it (run, attempt, budget, state, GPUs, lineage).
+        judge: How it is judged: by triage (`triage_judge`), or by what stopped it (`Stop.judge`).
+        decide: The retry decision, given the judged summary and the run's checkpoints.
+        source: Who recovers it ("retry-controller", "cli"), as the manifest lists the verdict.
     """
-    ref = backend.provision(run_id, attempt)
-    outcome = lost_outcome(ref)
-    try:
-        manifest = read_manifest(store, run_id, attempt)
-    except EvidenceNotFound:
-        manifest = backend.collect_evidence(ref, store, outcome).manifest
-    checkpoints = backend.checkpoints(run_id)
-    summary = AttemptSummary(
-        run_id=run_id, attempt=attempt, max_attempts=max_attempts,
-        state="Cancelled" if stopped is not None else "Crashed", gpus=gpus, resumed_from=_resumed_from(ref),
-        newest_checkpoint=checkpoints[0] if checkpoints else None, decision={"retry": False, "reason": next_step},
-        **outcome.summary_fields(),
-    ).with_evidence({"location": store.describe(attempt_prefix(run_id, attempt)), "items": len(manifest.items),
-                     "missing": len(manifest.absent)}).with_judgement(_judgement(backend, ref, outcome, stopped, rules))
-    data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
-    problem = write_verdict(store, run_id, attempt, data, "cli", datetime.now(UTC).isoformat())
-    release_space(store, run_id, attempt)  # set aside by the process that was lost
-    return summary.with_storage_problems(*storage_failures(manifest), problem, index.keep(store, summary)[1])
+    warnings: list[str] = []
+    ref = backend.provision(begun.run_id, begun.attempt)  # finds the attempt's place again; creates nothing new
+    evidence_first = isinstance(backend, StopsOrphans) and backend.evidence_first
+    stopped = None if evidence_first else _stop_orphan(backend, ref, warnings)
+    outcome = backend.lost_outcome(ref)
+    collected = _evidence(backend, ref, store, outcome)
+    points = progress_points(backend, ref, outcome)  # from the log the evidence kept, before any stop
+    if evidence_first:
+        stopped = _stop_orphan(backend, ref, warnings)
+    checkpoints = backend.checkpoints(begun.run_id)
+    judgement = judge(ref, outcome)
+    summary = outcome.into(replace(begun, resumed_from=begun.resumed_from or _resumed_from(ref)), begun.state)
+    # the longer of what the platform and the caller saw: the seconds the attempt held its resources
+    summary = replace(summary, duration_seconds=max(summary.duration_seconds, begun.duration_seconds))
+    summary = collected.into(summary).with_judgement(judgement)
+    newest = checkpoints[0] if checkpoints else None
+    summary = facts(backend, begun.run_id, begun.attempt, summary.resumed_from, newest, points).into(
+        summary.with_progress(points, newest))
+    kept = verdicts.keep(store, summary.with_decision(decide(summary, checkpoints)), source,
+                         manifest=collected.manifest)
+    return Recovered(kept.summary, stopped, (*warnings, *kept.warnings))
 
 
 def retry_not_made(store: EvidenceStore, summary: AttemptSummary, why: str) -> AttemptSummary:
@@ -148,7 +147,33 @@ def retry_not_made(store: EvidenceStore, summary: AttemptSummary, why: str) -> A
     """
     planned = summary.decision.get("reason")
     decision = {**summary.decision, "retry": False, "reason": why, "planned": planned}
-    changed = replace(summary, decision=decision)
-    data = json.dumps(changed.to_dict(), indent=2).encode("utf-8")
-    problem = write_verdict(store, summary.run_id, summary.attempt, data, "cli", datetime.now(UTC).isoformat())
-    return changed.with_storage_problems(problem, index.keep(store, changed)[1])
+    return verdicts.keep(store, replace(summary, decision=decision), "cli").summary
+
+
+def _evidence(backend: Backend, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome) -> CollectedEvidence:
+    """The evidence its flow kept, or, when it kept none, what the backend's collector keeps now."""
+    try:
+        return CollectedEvidence(read_manifest(store, ref.run_id, ref.attempt),
+                                 store.describe(attempt_prefix(ref.run_id, ref.attempt)))
+    except (EvidenceNotFound, ManifestError, ValueError):
+        return backend.collect_evidence(ref, store, outcome)
+
+
+def _stop_orphan(backend: Backend, ref: AttemptRef, warnings: list[str]) -> str | None:
+    """Stop what the attempt left running, where the backend can; what was stopped, or None."""
+    if not isinstance(backend, StopsOrphans):
+        return None
+    try:
+        return backend.stop_orphan(ref)
+    except Exception as exc:  # stopping is best effort; the evidence and the retry still matter
+        warnings.append(f"could not stop what {ref.run_id} attempt {ref.attempt} left running: "
+                        f"{type(exc).__name__}: {exc}")
+        return None
+
+
+def _resumed_from(ref: AttemptRef) -> str | None:
+    """The checkpoint the attempt was started from, as its environment snapshot recorded it."""
+    env = (read_json_object(Path(ref.workspace) / workspace.SNAPSHOT / workspace.ENV_SNAPSHOT) or {}) if ref.workspace else {}
+    variables = env.get("variables") if isinstance(env.get("variables"), dict) else env
+    value = variables.get("TRAINGUARD_RESUME_FROM") if isinstance(variables, dict) else None
+    return str(value) if value else None

@@ -15,12 +15,16 @@ backend does its work lives in its own adapter module.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from trainguard.core.backends import workspace as workspace_files
 from trainguard.core.backends.forensics import StackCapture, capture_env, flight_recorder_env
-from trainguard.core.evidence.manifest import Manifest
+from trainguard.core.attempt import AttemptSummary, UploadStatus
+from trainguard.core.evidence.manifest import Manifest, storage_failures
+from trainguard.core.reports import progress
+from trainguard.core.spec import TrainingSpec
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import LogSource, Signals
 
@@ -30,6 +34,7 @@ COMPLETED = "Completed"
 ERROR = "Error"
 CANCELLED = "Cancelled"
 START_ERROR = "StartError"
+LOST = "Lost"  # the attempt's supervisor was lost, and nothing it left says how the attempt ended
 
 LineSink = Callable[[str], None]
 
@@ -69,6 +74,17 @@ class Launch:
     resume_from: str | None = None
     avoid_nodes: tuple[str, ...] = ()
     memory_factor: float = 1.0
+
+    @classmethod
+    def of(cls, spec: TrainingSpec, *, run_id: str, attempt: int, resume_from: str | None = None,
+           avoid_nodes: Sequence[str] = (), memory_factor: float = 1.0) -> Launch:
+        """What runs for this attempt of ``spec``: its command and limits, with the attempt's lineage."""
+        return cls(
+            run_id=run_id, attempt=attempt, command=tuple(spec.command), env=dict(spec.env), workdir=spec.workdir,
+            gpus=spec.gpus, nodes=spec.nodes, processes_per_node=spec.nprocs, deadline_seconds=spec.deadline_seconds,
+            stall_seconds=spec.stall_seconds, resume_from=resume_from, avoid_nodes=tuple(avoid_nodes),
+            memory_factor=memory_factor,
+        )
 
 
 @dataclass(frozen=True)
@@ -143,10 +159,12 @@ class AttemptOutcome:
     def succeeded(self) -> bool:
         return self.exit_code == 0 and self.reason == COMPLETED
 
-    def summary_fields(self) -> dict[str, Any]:
-        """The attempt summary's fields this outcome decides (`AttemptSummary`'s names)."""
-        return {"exit_code": self.exit_code, "termination_reason": self.reason, "node": self.node,
-                "duration_seconds": self.duration_seconds, "placement": self.placement}
+    def into(self, summary: AttemptSummary, state: str | None = None) -> AttemptSummary:
+        """``summary`` with how the attempt ended; its ``state`` "Completed" or "Failed" unless given."""
+        return replace(summary, state=state or ("Completed" if self.succeeded else "Failed"),
+                       exit_code=self.exit_code, termination_reason=self.reason, node=self.node,
+                       duration_seconds=self.duration_seconds, placement=self.placement,
+                       storage_problems=(*summary.storage_problems, *self.storage_problems))
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -175,15 +193,22 @@ class AttemptOutcome:
 
 @dataclass(frozen=True)
 class CollectedEvidence:
-    """What `Backend.collect_evidence` kept: the manifest and where the bundle lives."""
+    """What `Backend.collect_evidence` kept: the manifest, where the bundle lives and, once the collecting
+    step has asked the store, what of it still waits in the local spool (`upload`)."""
 
     manifest: Manifest
     location: str
+    upload: UploadStatus | None = None
 
     @property
-    def summary(self) -> dict[str, Any]:
-        """The JSON-ready figures the attempt summary carries."""
-        return {"location": self.location, "items": len(self.manifest.items), "missing": len(self.manifest.absent)}
+    def storage_problems(self) -> list[str]:
+        """What the store failed to take, one line each (not what the attempt never produced)."""
+        return storage_failures(self.manifest)
+
+    def into(self, summary: AttemptSummary, unreserved: str | None = None) -> AttemptSummary:
+        """``summary`` with this evidence; ``unreserved``: why no space was set aside for the manifest beforehand."""
+        return summary.with_evidence(self.location, len(self.manifest.items), len(self.manifest.absent),
+                                     upload=self.upload, problems=self.storage_problems, unreserved=unreserved)
 
 
 @runtime_checkable
@@ -233,6 +258,11 @@ class Backend(Protocol):
 
     def checkpoints(self, run_id: str) -> list[str]:
         """The run's checkpoints, newest first, as the training command names them."""
+        ...
+
+    def lost_outcome(self, ref: AttemptRef) -> AttemptOutcome:
+        """How an attempt ended whose supervisor was lost (its flow process died), from what the platform
+        or the attempt itself kept; reason `LOST` when nothing says. Never raises."""
         ...
 
     def release(self, ref: AttemptRef) -> None:
@@ -308,16 +338,13 @@ def container_env(
     return env
 
 
-def launch_for(
-    spec_command: Sequence[str], *, run_id: str, attempt: int, env: Mapping[str, str], gpus: int,
-    deadline_seconds: float | None, stall_seconds: float | None, workdir: str | None,
-    resume_from: str | None, avoid_nodes: Sequence[str] = (), memory_factor: float = 1.0, nodes: int = 1,
-    processes_per_node: int = 1,
-) -> Launch:
-    """A `Launch` from a spec's fields and the attempt's lineage (keeps the flow body short)."""
-    return Launch(
-        run_id=run_id, attempt=attempt, command=tuple(spec_command), env=dict(env), workdir=workdir,
-        gpus=gpus, nodes=nodes, processes_per_node=processes_per_node, deadline_seconds=deadline_seconds,
-        stall_seconds=stall_seconds, resume_from=resume_from, avoid_nodes=tuple(avoid_nodes),
-        memory_factor=memory_factor,
-    )
+def progress_points(backend: Backend, ref: AttemptRef, outcome: AttemptOutcome) -> list[tuple[int, float | None]]:
+    """(step, loss) points from the attempt's log as the backend gives it, for the run report's chart;
+    [] when the backend cannot say (the chart is a nicety: it never stops a verdict)."""
+    try:
+        log = backend.log(ref, outcome)
+    except Exception:
+        return []
+    if isinstance(log, bytes):
+        log = log.decode("utf-8", errors="replace")
+    return progress.read_progress(log if isinstance(log, str | Path) else None)

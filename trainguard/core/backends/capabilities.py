@@ -3,8 +3,9 @@
 A backend implements `trainguard.core.backends.base.Backend` and, where its platform allows, any of
 these: naming the nodes an attempt could be placed on (`PlacesOnNodes`), stopping what a dead flow
 process left running (`StopsOrphans`), handing triage each node's signals (`SeesNodes`, with
-`NodeEvidence`) and keeping a place per attempt where its supervisor is recorded (`Supervises`).
-Callers never test for a backend class, only for one of these.
+`NodeEvidence`), keeping a place per attempt where its supervisor is recorded (`Supervises`) and
+reading the run's checkpoints on this machine (`ReadsCheckpoints`). Callers never test for a backend
+class, only for one of these.
 """
 
 from __future__ import annotations
@@ -108,4 +109,19 @@ class Supervises(Protocol):
 
     def attempt_folder(self, run_id: str, attempt: int) -> Path:
         """The attempt's folder on this machine (it may not exist): what it left when nothing could be stored."""
+        ...
+
+
+@runtime_checkable
+class ReadsCheckpoints(Protocol):
+    """A backend whose run checkpoint folder this machine reads (a local folder, a shared filesystem).
+
+    Optional beside `Backend`: the verdict then records each checkpoint's kind and step from its
+    acknowledgement, and the steps an attempt lost (`trainguard.core.checkpoints`). The local and
+    Slurm backends implement it; the Kubernetes backend does not (its checkpoints live on a volume
+    only its pods mount), so there the kinds are "unknown" and steps lost come from the log alone.
+    """
+
+    def checkpoint_folder(self, run_id: str) -> Path:
+        """The run's checkpoint folder on this machine (it may not exist yet)."""
         ...

@@ -31,6 +31,7 @@ from trainguard.core.backends import jobfiles
 from trainguard.core.backends.jobfiles import Budget, JobFile
 from trainguard.core.evidence.manifest import Manifest, ManifestItem, MissingItem, attempt_prefix, store_manifest
 from trainguard.core.stores.base import EvidenceStore, StoredItem
+from trainguard.core.backends.base import ERROR, LOST, AttemptOutcome
 from trainguard.core.backends.workspace import (
     COREDUMPS, CRASH_REPORT, EXPECTED_SNAPSHOTS, FLIGHT_RECORDER, GPU_AFTER, GPU_BEFORE, INDEX, LOGS, RANKS,
     RUNNER_REPORT, SNAPSHOT, STACKS, STACKS_SITE, TORCHELASTIC, AttemptWorkspace,
@@ -403,3 +404,31 @@ def collect_workspace(c: BundleWriter, workspace: AttemptWorkspace, *, masker: m
     ]
     for name, step in steps:
         c.guarded(name, WORKSPACE, step)
+
+
+def lost_outcome(root: Path | None) -> AttemptOutcome:
+    """How an attempt ended, from what it left in its folder (the runner's report, else the entrypoint's
+    crash report); for the backends whose attempt folder this machine reads."""
+    runner = (read_json_object(root / RUNNER_REPORT) or {}) if root else {}
+    crash = (read_json_object(root / CRASH_REPORT) or {}) if root else {}
+    source = runner or crash
+    if not source:
+        return AttemptOutcome(None, None, LOST, "the attempt left no account of how it ended; its supervisor was lost")
+    lost = crash.get("supervisor_lost") and not runner
+    exit_code, signal = source.get("exit_code"), source.get("signal")
+    return AttemptOutcome(
+        exit_code=exit_code if isinstance(exit_code, int) else None, signal=signal if isinstance(signal, int) else None,
+        reason=LOST if lost else str(source.get("reason") or ERROR),
+        message=str(source.get("message") or ("its supervisor was lost; the entrypoint stopped the command"
+                                              if lost else "ended without a report from the runner")),
+        started_at=_text(source.get("started_at")), finished_at=_text(source.get("finished_at")),
+        duration_seconds=_seconds(source.get("duration_seconds")), log_path=_text(source.get("log_path")),
+    )
+
+
+def _text(value: Any) -> str | None:
+    return str(value) if isinstance(value, str) and value else None
+
+
+def _seconds(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0 else 0.0

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from trainguard.core import ids
+from trainguard.core.attempt import UploadStatus
 from trainguard.core.evidence.manifest import VERDICT, Manifest, ManifestItem, attempt_prefix, manifest_key, read_manifest
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore, ExpiringLinks, SpoolingStore, checksum_of_hex
 
@@ -123,12 +124,10 @@ DEFAULT_LINK_SECONDS = 7 * 24 * 3600  # the longest a SigV4 presigned URL may li
 MAX_LINKS = 50
 
 
-def upload_status(store: EvidenceStore, manifest: Manifest, now: datetime | None = None) -> dict[str, Any]:
-    """What a report says about a bundle beyond its counts: what is still spooled, and links to the items.
-
-    Returns ``spooled`` (item names still waiting locally), ``upload_error`` (why), ``links``
-    (item name → URL, at most 50, presigned where the store is remote) and ``links_expire_at``.
-    """
+def upload_status(store: EvidenceStore, manifest: Manifest, uploading: bool = False,
+                  now: datetime | None = None) -> UploadStatus:
+    """What a report says about a bundle beyond its counts: what is still spooled, and links to the items
+    (at most 50, presigned where the store is remote). ``uploading``: the spooled items go up after the verdict."""
     prefix = attempt_prefix(manifest.run_id, manifest.attempt) + "/"
     spooled: list[str] = []
     error = ""
@@ -143,5 +142,5 @@ def upload_status(store: EvidenceStore, manifest: Manifest, now: datetime | None
         except Exception:  # a link is a convenience; the report goes out without it
             continue
     expires = (now or datetime.now(UTC)) + timedelta(seconds=seconds)
-    return {"spooled": spooled, "upload_error": error, "links": links,
-            "links_expire_at": expires.isoformat(timespec="seconds") if isinstance(store, SpoolingStore) else ""}
+    return UploadStatus(tuple(spooled), error, uploading, links,
+                        expires.isoformat(timespec="seconds") if isinstance(store, SpoolingStore) else "")

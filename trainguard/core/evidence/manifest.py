@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass
 from typing import Any
 
@@ -190,27 +189,6 @@ def storage_failures(manifest: Manifest) -> list[str]:
     failed = [item for item in manifest.missing
               if item.name == "manifest.json" or "EvidenceStoreError" in item.reason]
     return [f"evidence {item.name}: {item.reason.removeprefix('could not collect: ')}" for item in failed]
-
-
-def write_verdict(
-    store: EvidenceStore, run_id: str, attempt: int, data: bytes, source: str, collected_at: str,
-    items: Mapping[str, bytes] | None = None,
-) -> str | None:
-    """Keep ``verdict.json`` beside the attempt's evidence and list it in the manifest; never raise.
-
-    Without a readable manifest the verdict is still stored on its own. Returns None, or one line
-    saying what could not be stored and why.
-    """
-    try:
-        add_items(store, run_id, attempt, {**(items or {}), VERDICT: data}, source, collected_at)
-        return None
-    except Exception as exc:  # a store failure must not mask the attempt's own outcome
-        problem = f"{type(exc).__name__}: {exc}"
-    try:
-        store.put_bytes(f"{attempt_prefix(run_id, attempt)}/{VERDICT}", data)
-    except Exception as exc:
-        return f"{VERDICT} could not be stored: {type(exc).__name__}: {exc}"
-    return f"{VERDICT} was stored but is not listed in the manifest: {problem}"
 
 
 def read_manifest(store: EvidenceStore, run_id: str, attempt: int) -> Manifest:

@@ -181,7 +181,7 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
         f"| duration | {summary.duration_seconds:.1f} s |",
         f"| GPU-seconds | {summary.gpu_seconds:.1f} ({summary.gpus} GPU x wall time) |",
     ]
-    lines += _placement_rows(summary) + _storage_rows(summary)
+    lines += _checkpoint_rows(summary) + _placement_rows(summary) + _storage_rows(summary)
     if decision:
         lines.append(f"| next | {_cell(str(decision.get('reason', '-')))} |")
     if summary.signature:
@@ -190,6 +190,28 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
     lines += _links(summary)
     lines += ["", "## All attempts of this run", "", render_table([*earlier, summary])]
     return "\n".join(lines)
+
+
+def _checkpoint_rows(summary: AttemptSummary) -> list[str]:
+    """What the checkpoints say: the kind and step of the one used and of the newest, the steps lost, how fast
+    a checkpoint followed the notice; only what the attempt's records show."""
+    def which(kind: str | None, step: int | None) -> str:
+        return f"{_cell(kind or 'unknown')}{f', step {step}' if step is not None else ''}"
+
+    rows: list[str] = []
+    if summary.resumed_from and (summary.resumed_from_kind or summary.resumed_from_step is not None):
+        rows.append(f"| resumed from | a {which(summary.resumed_from_kind, summary.resumed_from_step)} checkpoint |")
+    if summary.newest_checkpoint and (summary.newest_checkpoint_kind or summary.newest_checkpoint_step is not None):
+        rows.append(f"| newest checkpoint left | a {which(summary.newest_checkpoint_kind, summary.newest_checkpoint_step)} "
+                    "checkpoint |")
+    if summary.steps_lost is not None and not summary.succeeded:
+        resumes = summary.newest_checkpoint_step if summary.newest_checkpoint else 0
+        rows.append(f"| steps lost | {summary.steps_lost} (its last step {summary.progress_step}; the next attempt "
+                    f"resumes from step {resumes}) |")
+    if summary.notice_to_ack_seconds is not None:
+        rows.append(f"| notice to checkpoint | {summary.notice_to_ack_seconds:.1f} s from the notice to the newest "
+                    "checkpoint's acknowledgement |")
+    return rows
 
 
 def _placement_rows(summary: AttemptSummary) -> list[str]:

@@ -103,6 +103,43 @@ def chart(summaries: Sequence[AttemptSummary]) -> str:
     return "```text\n" + "\n".join(lines) + "\n```"
 
 
+def effective_time(summaries: Sequence[AttemptSummary]) -> list[str]:
+    """The run's effective training time so far, and where the rest of its attempts' wall time went.
+
+    As far as the attempts' records show it: an attempt's wall time is shared out among the steps it
+    made past the checkpoint it resumed from (its last completed step minus that checkpoint's), and
+    the share of the steps it lost (redone by the next attempt) goes to its failure's category. An
+    attempt that made no step spent its time not training; one that recorded no step is not known.
+    Nothing (an empty list) when no attempt recorded its steps.
+    """
+    if all(s.progress_step is None for s in summaries):
+        return []
+    counted, kept, lost = 0.0, 0, 0
+    rest: dict[str, float] = {}
+    for s in summaries:
+        cause = md_text(s.category or ("completed" if s.succeeded else "unknown"), 40)
+        made = s.progress_step - (s.resumed_from_step or 0) if s.progress_step is not None else None
+        gone = 0 if s.succeeded else s.steps_lost
+        if made is None or (made > 0 and gone is None):
+            rest[f"not known (attempt {s.attempt}, {cause}: no step record)"] = s.duration_seconds
+        elif made <= 0:
+            rest[f"not training (attempt {s.attempt}, {cause}: no step made)"] = s.duration_seconds
+        else:
+            gone = min(made, gone or 0)
+            counted += s.duration_seconds * (made - gone) / made
+            kept, lost = kept + made - gone, lost + gone
+            if gone:
+                rest[f"steps lost (attempt {s.attempt}, {cause}: {gone} steps redone)"] = s.duration_seconds * gone / made
+    total = sum(s.duration_seconds for s in summaries) or 1.0
+    lines = ["", "## Effective training time", "",
+             f"{counted:.1f} s of {sum(s.duration_seconds for s in summaries):.1f} s of the attempts' wall time "
+             f"({counted / total:.0%}) made the {kept} steps that count; {lost} steps were lost.", ""]
+    if rest:
+        lines += ["| where the rest went | seconds |", "|---|---|",
+                  *(f"| {what} | {seconds:.1f} |" for what, seconds in rest.items())]
+    return lines
+
+
 def _storage(summaries: Sequence[AttemptSummary]) -> list[str]:
     """A warning block for every attempt that could not write everything (a full disk), before the timeline."""
     lines = [f"- attempt {s.attempt}: {md_text(problem, 300)}" for s in summaries for problem in s.storage_problems]
@@ -124,6 +161,7 @@ def render_run(summaries: Sequence[AttemptSummary]) -> str:
     lines = [f"# Run {md_text(last.run_id, 128)}: {verdict}", "",
              f"{len(summaries)} attempt(s), {total:.0f} GPU-seconds, {wasted:.0f} of them wasted.", "",
              *_storage(summaries), "## Timeline", "", *_timeline(summaries)]
+    lines += effective_time(summaries)
     picture = chart(summaries)
     if picture:
         lines += ["", "## Progress per attempt", "", picture]

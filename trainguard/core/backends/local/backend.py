@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from trainguard_entrypoint import safefiles
 
-from trainguard.core.backends import jobfiles, workspace_evidence
+from trainguard.core.backends import jobfiles, processes, workspace_evidence
 from trainguard.core.backends.forensics import StackCapture
 from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.local import orphans
@@ -102,6 +102,13 @@ class LocalBackend:
         folder = run_checkpoint_dir(self.work_root, run_id)
         return [str(path) for path in workspace_evidence.newest_checkpoints(folder)] if folder.is_dir() else []
 
+    def checkpoint_folder(self, run_id: str) -> Path:
+        return run_checkpoint_dir(self.work_root, run_id)
+
+    def lost_outcome(self, ref: AttemptRef) -> AttemptOutcome:
+        """From the runner's report, else the entrypoint's crash report, in the attempt's folder."""
+        return workspace_evidence.lost_outcome(self.workspace(ref).root)
+
     def stop_orphan(self, ref: AttemptRef) -> str | None:
         """Stop the entrypoint (and its process group) a killed flow process left running."""
         result = orphans.stop_leftover(self.workspace(ref).process_path, self.capture.stop_grace(self.grace_seconds))
@@ -119,7 +126,7 @@ class LocalBackend:
 
     def supervisor_pid(self, run_id: str, attempt: int) -> int | None:
         """The flow process that runs the attempt, from its `process.json`, if it still lives here."""
-        return orphans.live_supervisor(AttemptWorkspace.at(self.work_root, run_id, attempt).process_path)
+        return processes.live_supervisor(orphans.read_record(AttemptWorkspace.at(self.work_root, run_id, attempt).process_path))
 
     def attempt_folder(self, run_id: str, attempt: int) -> Path:
         return AttemptWorkspace.at(self.work_root, run_id, attempt).root

@@ -39,14 +39,10 @@ class LeftoverStop:
     pid: int | None = None
 
 
-def _record(path: Path) -> dict[str, Any] | None:
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The attempt's `process.json` as the runner wrote it; None when absent or not one."""
     data = read_json_object(path)
     return data if data is not None and isinstance(data.get("entrypoint_pid"), int) else None
-
-
-def live_supervisor(process_record: Path) -> int | None:
-    """The pid of the process that supervises the attempt, if it still runs on this host; else None."""
-    return processes.live_supervisor(_record(process_record))
 
 
 def stop_leftover(
@@ -60,7 +56,7 @@ def stop_leftover(
         grace_seconds: Time between SIGTERM to the entrypoint and SIGKILL to its process group.
         sleep, clock: Injected for tests.
     """
-    record = _record(process_record)
+    record = read_record(process_record)
     if record is None:
         return LeftoverStop(False, f"no process record at {process_record}: the command never started here")
     pid, ticks = int(record["entrypoint_pid"]), record.get("start_ticks")
@@ -91,7 +87,7 @@ def ask_for_stacks(process_record: Path) -> str:
     Raises:
         NotRunning: Nothing of the attempt runs here, or the process is not its entrypoint.
     """
-    record = _record(process_record)
+    record = read_record(process_record)
     if record is None:
         raise NotRunning(f"no process record at {process_record}: the attempt never started here")
     pid, ticks = int(record["entrypoint_pid"]), record.get("start_ticks")

@@ -165,6 +165,14 @@ class SlurmBackend:
         folder = run_checkpoint_dir(self.shared_folder, run_id)
         return [str(path) for path in workspace_evidence.newest_checkpoints(folder)] if folder.is_dir() else []
 
+    def checkpoint_folder(self, run_id: str) -> Path:
+        return run_checkpoint_dir(self.shared_folder, run_id)
+
+    def lost_outcome(self, ref: AttemptRef) -> AttemptOutcome:
+        """From the runner's report, else the entrypoint's crash report, in the attempt's folder on the shared
+        filesystem (the job's own folder, which this machine mounts)."""
+        return workspace_evidence.lost_outcome(self.workspace(ref).root)
+
     def stop_orphan(self, ref: AttemptRef) -> str | None:
         """Cancel the job a dead flow process left queued or running, once Slurm's account of it is kept.
 

@@ -1,0 +1,110 @@
+"""What an attempt's checkpoints say: which it resumed from and of what kind, the newest it left, the steps it lost.
+
+A checkpoint's kind and step come from its acknowledgement, where the training-side helper wrote
+one (`trainguard_entrypoint.acks`: "periodic", "notice" or "just_in_time", with the optimizer
+step and the seconds from the notice to the save). A checkpoint without one is the training's own
+save: ``periodic``, its step read from its name where the name carries one. Where this machine cannot
+read the run's checkpoint folder (a Kubernetes volume), every kind is ``unknown``. Steps lost are the
+last optimizer step the attempt completed (the helper's ``progress.json``, else the newest step its
+log shows) minus the step the next attempt resumes from: the newest checkpoint's, 0 without one.
+Read once per attempt, when it is judged; everything the job wrote is read as hostile, never raising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePath
+
+from trainguard_entrypoint import acks
+
+from trainguard.core.attempt import AttemptSummary
+from trainguard.core.backends.base import Backend
+from trainguard.core.backends.capabilities import ReadsCheckpoints
+from trainguard.core.reports.progress import checkpoint_step
+
+PERIODIC, UNKNOWN = "periodic", "unknown"
+
+
+@dataclass(frozen=True)
+class CheckpointFacts:
+    """One attempt's checkpoints as its verdict records them (None: not known, or not applicable).
+
+    Attributes:
+        resumed_from_kind, resumed_from_step: The checkpoint it resumed from: its kind and step (None: from scratch).
+        newest_kind, newest_step: The newest checkpoint of the run after it: its kind and optimizer step.
+        progress_step: The last optimizer step it completed.
+        steps_lost: ``progress_step`` minus the step the next attempt resumes from.
+        notice_to_ack_seconds: From the notice to the newest checkpoint's acknowledgement, when notice was given.
+    """
+
+    resumed_from_kind: str | None = None
+    resumed_from_step: int | None = None
+    newest_kind: str | None = None
+    newest_step: int | None = None
+    progress_step: int | None = None
+    steps_lost: int | None = None
+    notice_to_ack_seconds: float | None = None
+
+    def into(self, summary: AttemptSummary) -> AttemptSummary:
+        """``summary`` with these facts."""
+        return replace(summary, resumed_from_kind=self.resumed_from_kind, resumed_from_step=self.resumed_from_step,
+                       newest_checkpoint_kind=self.newest_kind, newest_checkpoint_step=self.newest_step,
+                       progress_step=self.progress_step, steps_lost=self.steps_lost,
+                       notice_to_ack_seconds=self.notice_to_ack_seconds)
+
+
+def read_ack(folder: Path, name: str) -> acks.Ack | None:
+    """The acknowledgement of checkpoint entry ``name`` in ``folder``: the one place trainguard's core reads one."""
+    return acks.read_ack(folder, name)
+
+
+def facts(backend: Backend, run_id: str, attempt: int, resumed_from: str | None, newest: str | None,
+          logged: Sequence[tuple[int, float | None]] = ()) -> CheckpointFacts:
+    """The checkpoint facts of one attempt, just after it ended (see the module docstring).
+
+    Args:
+        backend: Where it ran; only a backend that `ReadsCheckpoints` here says kinds and acknowledgements.
+        run_id, attempt: The attempt.
+        resumed_from: The checkpoint it resumed from, as the backend listed it.
+        newest: The run's newest checkpoint after it, as the backend lists them (what the next attempt resumes from).
+        logged: The (step, loss) points its log shows, for its progress where the helper kept none.
+    """
+    folder = backend.checkpoint_folder(run_id) if isinstance(backend, ReadsCheckpoints) else None
+    newest_ack, resumed_ack = _ack(folder, newest), _ack(folder, resumed_from)
+    progress = _progress(folder, attempt) if folder is not None else None
+    progress = progress if progress is not None else max((step for step, _ in logged), default=None)
+    newest_step = newest_ack.step if newest_ack is not None else (checkpoint_step(newest) if newest else 0)
+    return CheckpointFacts(
+        resumed_from_kind=_kind(folder, resumed_from),
+        resumed_from_step=resumed_ack.step if resumed_ack is not None else checkpoint_step(resumed_from),
+        newest_kind=_kind(folder, newest),
+        newest_step=newest_step if newest else None, progress_step=progress,
+        steps_lost=max(0, progress - newest_step) if progress is not None and newest_step is not None else None,
+        notice_to_ack_seconds=newest_ack.seconds_from_notice if newest_ack is not None else None,
+    )
+
+
+def _entry(checkpoint: str) -> str:
+    return PurePath(checkpoint).name
+
+
+def _ack(folder: Path | None, checkpoint: str | None) -> acks.Ack | None:
+    return read_ack(folder, _entry(checkpoint)) if folder is not None and checkpoint else None
+
+
+def _kind(folder: Path | None, checkpoint: str | None) -> str | None:
+    if not checkpoint:
+        return None
+    if folder is None:
+        return UNKNOWN
+    ack = _ack(folder, checkpoint)
+    if ack is not None:
+        return ack.kind
+    return PERIODIC if (folder / _entry(checkpoint)).exists() else UNKNOWN
+
+
+def _progress(folder: Path, attempt: int) -> int | None:
+    """The helper's last completed step, when this attempt wrote it (an earlier attempt's says nothing of this one)."""
+    progress = acks.read_progress(folder)
+    return progress.step if progress is not None and progress.attempt == str(attempt) else None

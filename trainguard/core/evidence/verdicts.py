@@ -1,0 +1,100 @@
+"""An attempt's verdict kept beside its evidence, and read back: the one place that knows how.
+
+Whoever judges an attempt (the attempt flow, the crash hook and the retry controller, `trainguard
+run` when it stops or resumes) keeps the verdict with `keep`: ``verdict.json`` (and any extra items)
+listed in the attempt's manifest, the attempt's objects tagged with its outcome (`retention`), its
+record in the verdict index, and the space `manifest.reserve_space` set aside given back. Nothing
+here raises because of storage: what could not be kept comes back as the summary's storage problems
+and as lines to warn with. `read` gives a kept verdict back as an `AttemptSummary`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from trainguard.core.attempt import AttemptSummary
+from trainguard.core.evidence import bundles, index, retention
+from trainguard.core.evidence.manifest import VERDICT, Manifest, attempt_prefix, read_manifest, release_space
+from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What keeping a verdict left.
+
+    Attributes:
+        summary: The verdict as kept, with the storage problems and the upload status keeping found.
+        manifest: The attempt's manifest as it now stands (None when it could not be read or written).
+        index_key: The verdict index record's key (it goes up with the bundle).
+        warnings: What went wrong on the way, one line each, for the caller's log.
+    """
+
+    summary: AttemptSummary
+    manifest: Manifest | None
+    index_key: str
+    warnings: tuple[str, ...] = ()
+
+
+def keep(store: EvidenceStore, summary: AttemptSummary, source: str, *, manifest: Manifest | None = None,
+         items: Mapping[str, bytes] | None = None, held: bool = False, now: datetime | None = None) -> Kept:
+    """Keep ``summary`` as the attempt's verdict beside its evidence; never raises.
+
+    Args:
+        store: The evidence store.
+        summary: The verdict (the summary with its decision).
+        source: Who reached it ("flow", "retry-controller", "cli"), as the manifest lists it.
+        manifest: The manifest as its writer has it; read back from the store when None.
+        items: More evidence items to keep with it (the whole stacks' table).
+        held: The store holds its uploads until the verdict is kept (`afterupload`).
+        now: When the verdict was reached.
+    """
+    data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
+    stamp = (now or datetime.now(UTC)).isoformat()
+    warnings: list[str] = []
+    try:
+        current = manifest if manifest is not None else read_manifest(store, summary.run_id, summary.attempt)
+        manifest = retention.add_verdict(store, current, data, summary.succeeded, source, stamp, items)
+        problem = None
+    except Exception as exc:  # store what can be stored, and say what could not
+        if not isinstance(exc, EvidenceNotFound):
+            warnings.append(f"could not keep the verdict with its evidence: {type(exc).__name__}: {exc}")
+        problem = _alone(store, summary, data, items or {}, exc)
+        warnings.append(problem)
+    if manifest is not None:
+        summary = summary.with_upload(bundles.upload_status(store, manifest, held))
+        if summary.evidence_spooled and not held:
+            warnings.append(f"the verdict waits in the local spool with {len(summary.evidence_spooled)} evidence "
+                            f"items ({summary.evidence_upload_error})")
+    key, index_problem = index.keep(store, summary)
+    if index_problem:
+        warnings.append(f"{index_problem}; the verdict itself is kept, only the fleet view misses it")
+    release_space(store, summary.run_id, summary.attempt)
+    return Kept(summary.with_storage_problems(problem, index_problem), manifest, key, tuple(warnings))
+
+
+def _alone(store: EvidenceStore, summary: AttemptSummary, data: bytes, items: Mapping[str, bytes],
+           why: Exception) -> str:
+    """Store the verdict (and ``items``) without listing them; one line saying what was and was not stored."""
+    prefix = attempt_prefix(summary.run_id, summary.attempt)
+    try:
+        store.put_bytes(f"{prefix}/{VERDICT}", data)
+    except Exception as exc:
+        return f"{VERDICT} could not be stored: {type(exc).__name__}: {exc}"
+    for name, item in items.items():
+        try:
+            store.put_bytes(f"{prefix}/{name}", item)
+        except Exception:  # the verdict is what matters; its extras are said with it
+            continue
+    return f"{VERDICT} was stored but is not listed in the manifest: {type(why).__name__}: {why}"
+
+
+def read(store: EvidenceStore, run_id: str, attempt: int) -> AttemptSummary | None:
+    """The attempt's kept verdict, or None when it was never judged (or what is kept is not a verdict)."""
+    try:
+        data = json.loads(store.get_bytes(f"{attempt_prefix(run_id, attempt)}/{VERDICT}"))
+    except (EvidenceNotFound, ValueError, OSError, RecursionError):
+        return None
+    return AttemptSummary.from_dict(data) if isinstance(data, dict) else None
