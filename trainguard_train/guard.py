@@ -205,6 +205,8 @@ class Guard:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.signalled is None:
             self.signalled = (signum, time.time())
+        elif signum == signal.SIGINT:  # Ctrl-C a second time: the person does not want to wait for the save
+            raise KeyboardInterrupt
 
     # ---- resuming ------------------------------------------------------------------------------------
     def resume(self) -> int:
