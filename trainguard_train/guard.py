@@ -309,8 +309,9 @@ class Guard:
     def _stop(self, completed: int) -> None:
         notice = self.notice_now() if self.signalled is not None else None
         if self.rank == self.saving_rank:
-            notice = notice or Notice("terminated", time.time(), time.time() + grace_seconds(os.environ),
-                                      "another rank's notice")
+            # another rank had the notice: this node's notice file may hold it, else its grace applies
+            notice = notice or current_notice(os.environ) or Notice(
+                "terminated", time.time(), time.time() + grace_seconds(os.environ), "another rank's notice")
             self.notice = notice
             _say(f"notice ({notice.reason}, {notice.seconds_left():.1f}s left): all ranks stop after step {completed}")
             self.save(completed, "notice")
