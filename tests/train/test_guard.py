@@ -147,3 +147,20 @@ def test_the_helper_travels_in_the_zipapp_and_beside_a_source_tree_without_train
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
                           cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.strip() == f"{archive}/trainguard_train/guard.py", done.stderr[-2000:]
+
+
+def test_the_helper_installs_alone_from_its_wheel_with_pip(tmp_path: Path) -> None:
+    built = subprocess.run([sys.executable, "-m", "trainguard_entrypoint.trainpath", str(tmp_path / "dist")],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert built.returncode == 0, built.stderr
+    wheel = Path(built.stdout.strip())
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target",
+                                str(tmp_path / "site"), str(wheel)], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "site").iterdir()) == [
+        "trainguard_entrypoint", "trainguard_train", "trainguard_train-0.1.0.dist-info"]
+    code = "import trainguard_train.guard as g; print(g.__file__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(tmp_path / "site")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / "site" / "trainguard_train" / "guard.py")
