@@ -27,6 +27,7 @@ from trainguard_entrypoint.report import AttemptFacts, build_crash_report, write
 from trainguard_entrypoint.snapshot import host_facts, snapshot_environment, snapshot_gpu
 from trainguard_entrypoint.supervision import SupervisorWatch, become_subreaper, end_descendants
 from trainguard_entrypoint.forensics import Forensics
+from trainguard_entrypoint.notice import NOTICE_FILE, NOTICE_FILE_ENV, NOTICE_GRACE_ENV, current_notice, give_notice, grace_seconds
 from trainguard_entrypoint.tee import STOP_SIGNALS, ChildResult, SignalForwarder, run_command
 from trainguard_entrypoint.termination import write_summary
 
@@ -185,7 +186,23 @@ def child_environment(options: Options, environ: Mapping[str, str]) -> dict[str,
     )
     if options.checkpoint_dir is not None:
         env["TRAINGUARD_CHECKPOINT_DIR"] = str(options.checkpoint_dir)
+    # Where a stop with warning is announced; a backend that gives notice itself may have named it.
+    env.setdefault(NOTICE_FILE_ENV, str(options.workspace / NOTICE_FILE))
+    env.setdefault(NOTICE_GRACE_ENV, f"{options.grace_seconds:g}")
     return env
+
+
+def notice_giver(env: Mapping[str, str], not_before: float) -> Callable[[int], None]:
+    """What the entrypoint does on the first SIGTERM/SIGINT/SIGHUP while the command runs, before passing
+    it on: unless whoever stops us already gave notice for this attempt, write the notice file with a
+    deadline the grace from now (the time the command gets before SIGKILL)."""
+    def give(signum: int) -> None:
+        if current_notice(env, not_before=not_before) is not None:
+            return
+        grace = grace_seconds(env)
+        reason = "interrupted" if signum == signal.SIGINT else "terminated"
+        give_notice(env[NOTICE_FILE_ENV], reason, grace, f"{signal_name(signum)} to the entrypoint, grace {grace:g}s")
+    return give
 
 
 def _guard(problems: list[str], step: str, action: Callable[[], T]) -> T | None:
@@ -262,6 +279,7 @@ def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalF
     forensics = Forensics.for_attempt(options.workspace, options.log_file, env, _say)
     policy = _before(options, env, problems)
     started_at, started_wall, started = utc_now_iso(), time.time(), time.monotonic()
+    forwarder.give_notice = notice_giver(env, started_wall)
     forwarder.before_stop = forensics.before_stop
     forensics.start(lambda: forwarder.child_pid)
     try:

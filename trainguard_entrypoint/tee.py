@@ -49,6 +49,7 @@ class SignalForwarder:
 
     child_pid: int | None = None
     received: list[int] = field(default_factory=list)
+    give_notice: Callable[[int], None] | None = None  # runs once, first: writes the notice file
     before_stop: Callable[[int], None] | None = None  # runs once, before the first stop is passed on
     _previous: dict[int, object] = field(default_factory=dict)
 
@@ -65,7 +66,15 @@ class SignalForwarder:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
-        if self.child_pid is None or self._terminal_already_sent(signum):
+        if self.child_pid is None:
+            return
+        if signum in STOP_SIGNALS and self.give_notice is not None:
+            notice, self.give_notice = self.give_notice, None
+            try:
+                notice(signum)  # the training reads the deadline from it when the signal reaches it
+            except Exception:
+                pass
+        if self._terminal_already_sent(signum):
             return
         if signum in STOP_SIGNALS and self.before_stop is not None:
             hook, self.before_stop = self.before_stop, None
