@@ -127,7 +127,7 @@ def _launch(spec: TrainingSpec, run_id: str, attempt: int, resume_from: str | No
         spec.command, run_id=run_id, attempt=attempt, env=spec.env, gpus=spec.gpus, nodes=spec.nodes,
         processes_per_node=spec.nprocs, workdir=spec.workdir,
         deadline_seconds=spec.deadline_seconds, stall_seconds=spec.stall_seconds, resume_from=resume_from,
-        avoid_nodes=avoid_nodes, memory_factor=memory_factor,
+        avoid_nodes=avoid_nodes, memory_factor=memory_factor, notice_grace_seconds=spec.notice_grace_seconds,
     )
 
 

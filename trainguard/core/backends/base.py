@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
+from trainguard_entrypoint.notice import NOTICE_GRACE_ENV
+
 from trainguard.core.backends import workspace as workspace_files
 from trainguard.core.backends.forensics import StackCapture, capture_env, flight_recorder_env
 from trainguard.core.evidence.manifest import Manifest
@@ -54,6 +56,7 @@ class Launch:
         resume_from: The checkpoint to resume from, as the backend listed it; None = from scratch.
         avoid_nodes: Nodes to keep off (earlier attempts failed there, or the shared avoid list's).
         memory_factor: Scale for the memory request/limit (>= 1), e.g. after a host OOM.
+        notice_grace_seconds: Time the training has from a notice to the hard stop; None: the backend's.
     """
 
     run_id: str
@@ -69,6 +72,7 @@ class Launch:
     resume_from: str | None = None
     avoid_nodes: tuple[str, ...] = ()
     memory_factor: float = 1.0
+    notice_grace_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -305,6 +309,8 @@ def container_env(
         env["TRAINGUARD_CHECKPOINT_DIR"] = checkpoint_dir
     if launch.workdir:
         env["TRAINGUARD_WORKDIR"] = launch.workdir
+    if launch.notice_grace_seconds:  # a backend whose stop gives another grace sets its own
+        env[NOTICE_GRACE_ENV] = f"{launch.notice_grace_seconds:g}"
     return env
 
 
@@ -312,12 +318,12 @@ def launch_for(
     spec_command: Sequence[str], *, run_id: str, attempt: int, env: Mapping[str, str], gpus: int,
     deadline_seconds: float | None, stall_seconds: float | None, workdir: str | None,
     resume_from: str | None, avoid_nodes: Sequence[str] = (), memory_factor: float = 1.0, nodes: int = 1,
-    processes_per_node: int = 1,
+    processes_per_node: int = 1, notice_grace_seconds: float | None = None,
 ) -> Launch:
     """A `Launch` from a spec's fields and the attempt's lineage (keeps the flow body short)."""
     return Launch(
         run_id=run_id, attempt=attempt, command=tuple(spec_command), env=dict(env), workdir=workdir,
         gpus=gpus, nodes=nodes, processes_per_node=processes_per_node, deadline_seconds=deadline_seconds,
         stall_seconds=stall_seconds, resume_from=resume_from, avoid_nodes=tuple(avoid_nodes),
-        memory_factor=memory_factor,
+        memory_factor=memory_factor, notice_grace_seconds=notice_grace_seconds,
     )
