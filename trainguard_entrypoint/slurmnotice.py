@@ -1,0 +1,82 @@
+"""Slurm's warning as a notice: what the batch shell runs when SIGTERM reaches it, before passing it on.
+
+Slurm warns a job two ways, and both reach the batch shell as SIGTERM:
+
+- before its time limit, `sbatch --signal=B:TERM@<lead>` signals the batch shell alone, `lead`
+  seconds before the limit (up to 60 s earlier: Slurm checks once a minute);
+- when the job is preempted with a `GraceTime` (partition or QoS), Slurm sets its end to now plus
+  the grace and sends SIGCONT and SIGTERM to the batch shell and every step at once.
+
+``python -m trainguard_entrypoint.slurmnotice STARTED LIMIT LEAD TASKS WORKSPACE`` tells them apart
+by the time left to the limit the job was given (`STARTED` + `LIMIT`, epoch seconds): much more than
+the lead means the warning did not come from the limit. It writes the notice into every task's
+folder (task 0's is `WORKSPACE`, task N's `WORKSPACE/tasks/N`), unless that task's entrypoint has
+already written one (a preemption's SIGTERM reaches it directly), then the batch shell passes the
+stop on to the tasks. Stdlib only; it never fails the batch shell: a problem is one line on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainguard_entrypoint.notice import NOTICE_FILE, current_notice, give_notice
+
+TASKS = "tasks"
+# How much earlier than its lead Slurm may send the warning (its timer runs once a minute), plus slack.
+EARLY_SECONDS = 90.0
+
+
+def classify(now: float, started: float, limit_seconds: float, lead_seconds: float) -> tuple[str, float, str]:
+    """(reason, deadline, source) of a SIGTERM that reached the batch shell at ``now``."""
+    end = started + limit_seconds
+    if limit_seconds > 0 and end - now <= lead_seconds + EARLY_SECONDS:
+        # the limit's own warning: the job ends at its limit, never before it
+        return "time_limit", max(end, now), f"Slurm --signal=B:TERM@{lead_seconds:g} before the time limit"
+    # a preemption: Slurm moved the job's end to now plus the partition's GraceTime, which the job
+    # cannot read; the lead is what the spec asked to be warned with, and the limit caps it
+    return "preemption", min(now + lead_seconds, end) if limit_seconds > 0 else now + lead_seconds, \
+        "Slurm SIGTERM to the batch shell away from the time limit (preemption)"
+
+
+def task_folders(workspace: Path, tasks: int) -> list[Path]:
+    """Each task's folder: task 0 the attempt's own, task N `tasks/N` in it."""
+    return [workspace] + [workspace / TASKS / str(n) for n in range(1, tasks)]
+
+
+def give(workspace: Path, tasks: int, reason: str, deadline: float, source: str, now: float,
+         started: float) -> list[Path]:
+    """Write the notice into each task's folder that holds none given since the job started; the files written."""
+    written = []
+    for folder in task_folders(workspace, tasks):
+        path = folder / NOTICE_FILE
+        if current_notice({"TRAINGUARD_NOTICE_FILE": str(path)}, not_before=started) is not None:
+            continue  # its entrypoint had the stop first and gave notice itself
+        give_notice(path, reason, max(deadline - now, 0.0), source, now=now)
+        written.append(path)
+    return written
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        started, limit, lead = (float(a) for a in argv[:3])
+        tasks, workspace = int(argv[3]), Path(argv[4])
+    except (ValueError, IndexError):
+        print("trainguard-slurmnotice: usage: STARTED LIMIT_SECONDS LEAD_SECONDS TASKS WORKSPACE", file=sys.stderr)
+        return 2
+    now = time.time()
+    reason, deadline, source = classify(now, started, limit, lead)
+    try:
+        written = give(workspace, max(tasks, 1), reason, deadline, source, now, started)
+    except OSError as exc:
+        print(f"trainguard-slurmnotice: could not write the notice ({reason}): {exc}", file=sys.stderr)
+        return 1
+    print(f"trainguard-slurmnotice: {reason}, deadline in {deadline - now:.0f}s, notice in {len(written)} "
+          "task folder(s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
