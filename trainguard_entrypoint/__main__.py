@@ -30,6 +30,7 @@ from trainguard_entrypoint.forensics import Forensics
 from trainguard_entrypoint.notice import NOTICE_FILE, NOTICE_FILE_ENV, NOTICE_GRACE_ENV, current_notice, give_notice, grace_seconds
 from trainguard_entrypoint.tee import STOP_SIGNALS, ChildResult, SignalForwarder, run_command
 from trainguard_entrypoint.termination import write_summary
+from trainguard_entrypoint.trainpath import with_helper
 
 PROG = "trainguard-entrypoint"
 # A pod of a multi-node attempt other than the first keeps its files in `tasks/<index>` of the
@@ -277,6 +278,7 @@ def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalF
     if subreaper_problem:
         problems.append(subreaper_problem)
     forensics = Forensics.for_attempt(options.workspace, options.log_file, env, _say)
+    _guard(problems, "training helper on PYTHONPATH", lambda: env.update(with_helper(env, options.workspace)))
     policy = _before(options, env, problems)
     started_at, started_wall, started = utc_now_iso(), time.time(), time.monotonic()
     forwarder.give_notice = notice_giver(env, started_wall)

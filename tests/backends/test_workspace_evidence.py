@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from trainguard_entrypoint import acks
+
 from trainguard.core.backends.forensics import flight_recorder_env
 from trainguard.core.backends.jobfiles import Budget
-from trainguard.core.backends.workspace_evidence import collect_local_evidence, newest_checkpoints
+from trainguard.core.backends.workspace_evidence import collect_local_evidence, newest_checkpoints, verified
 from trainguard.core.backends.local.runner import LocalProcessRunner
 from trainguard.core.evidence.manifest import Manifest, read_manifest, verify_manifest
 from trainguard.core.stores.base import EvidenceStoreError, StoredItem
@@ -260,3 +262,27 @@ def test_rank_logs_error_files_stacks_and_flight_recorder_dumps_are_kept_masked_
     stored = (store.root / "runs" / "run-1" / "attempt-1" / "ranks" / "run_0" / "attempt_0" / "0" / "stdout.log")
     assert "step 1 token" in stored.read_text() and "hf_RankLogSecretNeverStored01" not in stored.read_text()
     assert verify_manifest(store, manifest) == []
+
+
+def _acknowledged(folder: Path, name: str, step: int, kind: str = "periodic") -> None:
+    (folder / name).write_bytes(f"state of step {step}".encode() * 10)
+    acks.write_ack(folder, acks.Ack(name, step, kind, acks.describe_files(folder, name), 0, 4, 1.0))
+
+
+def test_a_checkpoint_whose_acknowledgement_does_not_verify_is_passed_over_for_the_newest_good_one(tmp_path: Path) -> None:
+    _acknowledged(tmp_path, "step-000010.pt", 10)
+    _acknowledged(tmp_path, "step-000016.pt", 16, "just_in_time")
+    (tmp_path / "step-000016.pt").write_bytes(b"corrupt!" * 20)  # same size, other bytes
+
+    assert [p.name for p in newest_checkpoints(tmp_path)] == ["step-000010.pt"]
+    kept, left_out = verified([tmp_path / "step-000016.pt", tmp_path / "step-000010.pt"], tmp_path)
+    assert [p.name for p in kept] == ["step-000010.pt"]
+    assert left_out == [("step-000016.pt", "step-000016.pt: SHA-256 differs from the acknowledgement's")]
+
+
+def test_unacknowledged_checkpoints_and_a_verified_newest_stay_ranked_as_before(tmp_path: Path) -> None:
+    (tmp_path / "step-000005.pt").write_bytes(b"the training's own save")
+    _acknowledged(tmp_path, "step-000010.pt", 10)
+    (tmp_path / ".step-000012.pt.4242.tmp").write_bytes(b"a save the deadline cut short")
+
+    assert [p.name for p in newest_checkpoints(tmp_path)] == ["step-000010.pt", "step-000005.pt"]

@@ -263,3 +263,10 @@ def test_a_category_override_counts_attempts_without_progress_too():
     stuck = failed(6, Category.NCCL_ERROR, resumed_from="ckpt/step-50.json", newest_checkpoint="ckpt/step-50.json")
     decision = decide_retry(policy, [*moved, stuck], ckpts)
     assert not decision.retry and "budget spent: 1 of 1" in decision.reason and decision.budget == 1
+
+
+def test_a_corrupted_checkpoint_already_left_out_of_the_list_resumes_from_the_newest_left():
+    """Its acknowledgement no longer verifies, so the selection dropped it: the newest remaining is good."""
+    last = failed(2, Category.CHECKPOINT_CORRUPTED, resumed_from="ckpt/step-40.json", newest_checkpoint="ckpt/step-40.json")
+    decision = decide_retry(RetryPolicy(require_checkpoint_progress=False), [failed(1, Category.PREEMPTED), last], CKPTS)
+    assert decision.retry and decision.resume_from == CKPTS[0]

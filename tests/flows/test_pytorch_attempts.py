@@ -21,6 +21,7 @@ from flows.run import training_run
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.reports import attempt as attempt_report
 from trainguard.core.spec import parse_spec
+from trainguard_entrypoint import acks
 
 ROOT = Path(__file__).resolve().parents[2]
 DDP = str(ROOT / "tests" / "pytorch" / "scripts" / "train_ddp.py")
@@ -85,8 +86,12 @@ def test_the_ddp_example_runs_as_its_spec_says_and_checkpoints_into_the_runs_fol
     spec["command"][spec["command"].index("--checkpoint-every") + 1] = "4"
     state, attempts = run(spec, blocks, "ddp-example-1")
     assert state.is_completed() and len(attempts) == 1
-    checkpoints = sorted(p.name for p in (blocks["work"] / "runs" / "ddp-example-1" / "checkpoints").iterdir())
+    folder = blocks["work"] / "runs" / "ddp-example-1" / "checkpoints"
+    checkpoints = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
     assert checkpoints == ["step-000004.pt", "step-000008.pt"]
+    for name, step in (("step-000004.pt", 4), ("step-000008.pt", 8)):  # each acknowledged, and it verifies
+        ack = acks.read_ack(folder, name)
+        assert ack is not None and (ack.step, ack.kind) == (step, "periodic") and acks.verify(folder, ack) is None
     assert Path(attempts[0].newest_checkpoint or "").name == "step-000008.pt"
 
 

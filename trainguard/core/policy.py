@@ -371,10 +371,19 @@ def _resume_point(last: AttemptRecord, checkpoints: Sequence[str]) -> tuple[str 
     if last.category is not Category.CHECKPOINT_CORRUPTED:
         return checkpoints[0], f"resuming from the newest checkpoint {checkpoints[0]}"
     bad = last.resumed_from or checkpoints[0]
-    older = list(checkpoints[checkpoints.index(bad) + 1 :]) if bad in checkpoints else list(checkpoints[1:])
+    if bad in checkpoints:
+        older = list(checkpoints[checkpoints.index(bad) + 1 :])
+    elif last.resumed_from is not None and _name(bad) not in {_name(c) for c in checkpoints}:
+        older = list(checkpoints)  # already left out: its acknowledgement no longer verifies, or it is gone
+    else:
+        older = list(checkpoints[1:])
     if not older:
         return None, f"starting from scratch: {bad} is unreadable and no older checkpoint exists"
     return older[0], f"resuming from {older[0]}, the checkpoint before the unreadable {bad}"
+
+
+def _name(checkpoint: str) -> str:
+    return checkpoint.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _nodes_to_avoid(history: Sequence[AttemptRecord]) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trainguard_entrypoint import safefiles
+from trainguard_entrypoint import acks, safefiles
 from trainguard_entrypoint.checkpoints import list_checkpoints
 from trainguard_entrypoint.coredumps import CORE_SIGNALS
 from trainguard_entrypoint.files import read_json_object, read_tail_lines
@@ -100,7 +100,27 @@ def newest_checkpoints(checkpoint_dir: Path) -> list[Path]:
         step = _step_number(entry.name)
         ranked.append(((step is not None, step if step is not None else -1, mtime), path))
     ranked.sort(key=lambda pair: pair[0], reverse=True)
-    return [entry for _, entry in ranked]
+    return verified([entry for _, entry in ranked], checkpoint_dir)[0]
+
+
+def verified(ranked: Sequence[Path], checkpoint_dir: Path) -> tuple[list[Path], list[tuple[str, str]]]:
+    """``ranked`` (newest first) without the newest checkpoints whose acknowledgement does not verify,
+    and those left out with why.
+
+    The training-side helper acknowledges what it saved (step, files, SHA-256): a checkpoint whose
+    files no longer match (cut short, corrupted, replaced) is no place to resume from, and the next
+    older one is taken. Checking stops at the first checkpoint kept (acknowledged and verified, or
+    one the training saved itself without an acknowledgement): only the newest are resumed from, and
+    hashing every old checkpoint would cost minutes.
+    """
+    left_out: list[tuple[str, str]] = []
+    for index, path in enumerate(ranked):
+        ack = acks.read_ack(checkpoint_dir, path.name)
+        why = acks.verify(checkpoint_dir, ack) if ack is not None else None
+        if why is None:
+            return list(ranked[index:]), left_out
+        left_out.append((path.name, why))
+    return [], left_out
 
 
 def _usable(entry: Path, root: Path) -> bool:

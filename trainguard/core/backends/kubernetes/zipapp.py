@@ -17,6 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from trainguard_entrypoint.trainpath import PACKAGES
+
 ENTRYPOINT_FILE = "trainguard-entrypoint.pyz"
 CONFIG_MAP_PREFIX = "trainguard-entrypoint-"
 _MAIN = b"import sys\nfrom trainguard_entrypoint.__main__ import main\nsys.exit(main())\n"
@@ -32,14 +34,15 @@ def _package_dir() -> Path:
 
 @lru_cache(maxsize=1)
 def build() -> bytes:
-    """The zipapp's bytes: `__main__.py` plus every `.py` file of `trainguard_entrypoint`."""
+    """The zipapp's bytes: `__main__.py` plus every `.py` file of `trainguard_entrypoint` and `trainguard_train`."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr(zipfile.ZipInfo("__main__.py", _EPOCH), _MAIN)
-        for path in sorted(_package_dir().glob("*.py")):
-            info = zipfile.ZipInfo(f"trainguard_entrypoint/{path.name}", _EPOCH)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, path.read_bytes())
+        for package in PACKAGES:  # the entrypoint and the training-side helper it puts on the path
+            for path in sorted((_package_dir().parent / package).glob("*.py")):
+                info = zipfile.ZipInfo(f"{package}/{path.name}", _EPOCH)
+                info.compress_type = zipfile.ZIP_DEFLATED
+                archive.writestr(info, path.read_bytes())
     return buffer.getvalue()
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import trainguard_entrypoint
 from trainguard_entrypoint.files import write_bytes_atomic
+from trainguard_entrypoint.trainpath import PACKAGES
 
 from trainguard_entrypoint import safefiles
 
@@ -45,19 +46,20 @@ _NO_CONTROLLER = "the Slurm controller did not answer when the attempt ended (se
 
 def entrypoint_archive(shared_folder: Path) -> Path:
     """`{shared}/.trainguard/entrypoint-<hash>.pyz`, built once per entrypoint version."""
-    package = Path(trainguard_entrypoint.__file__).resolve().parent
-    sources = sorted(p for p in package.glob("*.py"))
+    root = Path(trainguard_entrypoint.__file__).resolve().parent.parent
+    # the entrypoint and the training-side helper it puts on the command's path
+    sources = [(f"{package}/{p.name}", p) for package in PACKAGES for p in sorted((root / package).glob("*.py"))]
     digest = hashlib.sha256()
-    for path in sources:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for name, path in sources:
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     target = Path(shared_folder) / ".trainguard" / f"entrypoint-{digest.hexdigest()[:16]}.pyz"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sources:
-            archive.writestr(f"trainguard_entrypoint/{path.name}", path.read_bytes())
+        for name, path in sources:
+            archive.writestr(name, path.read_bytes())
         archive.writestr("__main__.py", "import sys\nfrom trainguard_entrypoint.__main__ import main\nsys.exit(main())\n")
     partial = target.with_name(f".{target.name}.{id(buffer)}.tmp")
     partial.write_bytes(buffer.getvalue())

@@ -1,0 +1,401 @@
+"""The guard around a training loop: notice, agreement on a step, atomic saves with acks, just-in-time saves.
+
+One `Guard` per training process. It keeps the number of optimizer steps completed (a step counts
+only once the loop body that ran ``optimizer.step()`` has returned), and at step boundaries:
+
+- saves a periodic checkpoint every ``every`` steps (the saving rank only: with DDP every rank holds
+  the whole state, so rank 0 saves);
+- on a notice (SIGTERM or SIGINT, with the deadline of ``TRAINGUARD_NOTICE_FILE`` or now plus
+  ``TRAINGUARD_NOTICE_GRACE_SECONDS``) all ranks agree on one step through a one-element
+  ``all_reduce(MAX)`` of a flag, so no rank saves a step the others did not finish; the checkpoint is
+  saved, acknowledged and every rank raises `Stopped` (exit status 128 + the signal);
+- when the loop fails because a peer died (its collective fails: gloo's connection closed or reset,
+  a ``DistError``), one survivor saves the state after the last completed step: the first to claim
+  ``.trainguard-acks/just-in-time-<attempt>.claim`` with ``O_EXCL`` (lower ranks claim first), the
+  others stand down, and the failure goes on up unchanged so the attempt still fails as it did.
+
+A save is written under a dot-name, fsynced, checked against the deadline and renamed into place;
+only then is its acknowledgement written. A save that is killed or too late leaves only the
+dot-name, which is never taken for a checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainguard_entrypoint import acks
+from trainguard_entrypoint.notice import Notice, current_notice, grace_seconds
+
+SaveFunction = Callable[[int, Path], None]
+LoadFunction = Callable[[Path], int]
+NOTICE_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "connection refused",
+              "socket closed", "timed out", "nccl", "processgroup", "gloo", "peer")
+_CHECK_COST = 0.005  # the agreement may cost this share of a step at most...
+_CHECK_LATENCY_SECONDS = 1.0  # ...unless that would leave more than this between two agreements
+_WARMUP_STEPS = 10
+
+
+class Stopped(SystemExit):
+    """Raised on every rank once the notice checkpoint is saved: the attempt ends with 128 + the signal."""
+
+
+def _say(message: str) -> None:
+    try:
+        print(f"trainguard: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that failed because another rank went away."""
+    if isinstance(exc, SystemExit | KeyboardInterrupt):
+        return False
+    dist_error = getattr(torch.distributed, "DistError", None)
+    if dist_error is not None and isinstance(exc, dist_error):
+        return True
+    return isinstance(exc, RuntimeError) and any(word in str(exc).lower() for word in _PEER_LOST)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, torch.nn.Module) else model
+
+
+def sharded(model: torch.nn.Module | None) -> bool:
+    """Whether ``model``'s parameters are sharded across ranks (FSDP), so no one rank holds them all."""
+    if model is None:
+        return False
+    names = {type(m).__name__ for m in model.modules()}
+    return bool(names & {"FullyShardedDataParallel"}) or any(name.startswith("FSDP") for name in names)
+
+
+def _fsync_tree(path: Path) -> None:
+    paths = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for item in paths:
+        fd = os.open(item, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+class Guard:
+    """Guards one training process's loop; see the module docstring and `steps`.
+
+    Args:
+        model: The model (DDP-wrapped or not); the default save and load use its state dict.
+        optimizer: The optimizer; saved and loaded with the model by default.
+        save: ``save(step, path)`` writes the checkpoint of ``step`` completed steps at ``path`` (a file
+            or a folder; a temporary name the guard renames). Default: ``torch.save`` of
+            ``{"model", "optimizer", "step"}``.
+        load: ``load(path) -> step`` restores a checkpoint. Default: the counterpart of the default save.
+        every: Steps between periodic checkpoints (None: none; notices and failures still save).
+        checkpoint_dir: Default ``TRAINGUARD_CHECKPOINT_DIR`` (else ``checkpoints``).
+        name: The checkpoint's name for a step, default ``step-{step:06d}.pt``.
+        agree_every: Steps between agreements on a notice; None measures the collective in the first
+            steps and agrees as often as keeps its cost under 0.5 % of a step (at least once a second).
+        saving_rank: The rank that saves periodic and notice checkpoints (0).
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
+                 save: SaveFunction | None = None, load: LoadFunction | None = None, every: int | None = None,
+                 checkpoint_dir: str | os.PathLike[str] | None = None, name: str = "step-{step:06d}.pt",
+                 agree_every: int | None = None, saving_rank: int = 0) -> None:
+        if save is None and model is None:
+            raise ValueError("Guard needs a model (and optimizer) to save, or a save function")
+        if every is not None and every < 1:
+            raise ValueError(f"every={every!r}: give a number of steps >= 1, or None for no periodic checkpoints")
+        self.model, self.optimizer = model, optimizer
+        self._save_fn = save or self._default_save
+        self._load_fn = load or self._default_load
+        self.every, self.name, self.saving_rank = every, name, saving_rank
+        self.checkpoint_dir = Path(checkpoint_dir or os.environ.get("TRAINGUARD_CHECKPOINT_DIR") or "checkpoints")
+        self.attempt = os.environ.get("TRAINGUARD_ATTEMPT", "")
+        self.completed: int | None = None  # optimizer steps completed, once known
+        self.resumed_from: int | None = None
+        self.signalled: tuple[int, float] | None = None
+        self.notice: Notice | None = None
+        self.agree_every = agree_every
+        self._fixed_cadence = agree_every is not None
+        self._previous: dict[int, Any] = {}
+        self._flag = torch.zeros(1)
+        self._last_progress = 0.0
+        self._last_boundary: float | None = None
+        self._step_seconds: list[float] = []
+        self._agree_seconds: list[float] = []
+
+    # ---- ranks -------------------------------------------------------------------------------------
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
+
+    @property
+    def world_size(self) -> int:
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
+    # ---- the context: signals in, failures caught ---------------------------------------------------
+    def __enter__(self) -> Guard:
+        self.install()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        try:
+            if exc is not None and peer_lost(exc):
+                self.just_in_time(exc)
+        finally:
+            self.uninstall()
+
+    def install(self) -> None:
+        """Take SIGTERM and SIGINT as notices (recorded; acted on at the next step boundary)."""
+        for signum in NOTICE_SIGNALS:
+            if signum not in self._previous:
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def uninstall(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.signalled is None:
+            self.signalled = (signum, time.time())
+
+    # ---- resuming ------------------------------------------------------------------------------------
+    def resume(self) -> int:
+        """Load ``TRAINGUARD_RESUME_FROM`` when trainguard names one; the steps it holds (0 without one)."""
+        path = os.environ.get("TRAINGUARD_RESUME_FROM")
+        step = self._load_fn(Path(path)) if path else 0
+        if path:
+            _say(f"resumed from {path} at step {step}")
+        self.completed = self.resumed_from = step
+        return step
+
+    def _default_save(self, step: int, path: Path) -> None:
+        assert self.model is not None
+        state = {"model": _unwrap(self.model).state_dict(), "step": step,
+                 "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
+        torch.save(state, path)
+
+    def _default_load(self, path: Path) -> int:
+        assert self.model is not None
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        _unwrap(self.model).load_state_dict(state["model"])
+        if self.optimizer is not None and state.get("optimizer") is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        return int(state["step"])
+
+    # ---- the loop ------------------------------------------------------------------------------------
+    def steps(self, first: int, total: int) -> Iterator[int]:
+        """Step indices ``first`` .. ``total - 1``; a step counts as completed when the body returns."""
+        self.completed = first
+        for step in range(first, total):
+            yield step
+            self.step_done(step + 1)
+
+    def step_done(self, completed: int) -> None:
+        """Call after ``optimizer.step()`` returned (``completed`` steps in all); may save, or raise `Stopped`."""
+        self.completed = completed
+        now = time.time()
+        if self._last_boundary is not None and len(self._step_seconds) < _WARMUP_STEPS:
+            self._step_seconds.append(now - self._last_boundary)
+        self._last_boundary = now
+        if self.rank == self.saving_rank:
+            if self.every and completed % self.every == 0:
+                self.save(completed, "periodic")
+            if now - self._last_progress >= 1.0:
+                self._progress(completed, now)
+        if self._due(completed) and self.agree():
+            self._stop(completed)
+
+    def _progress(self, step: int, now: float) -> None:
+        self._last_progress = now
+        try:
+            acks.write_progress(self.checkpoint_dir, step, self.attempt, at=now)
+        except OSError as exc:
+            _say(f"cannot record progress in {self.checkpoint_dir}: {exc}")
+
+    def _due(self, completed: int) -> bool:
+        if not self.distributed:
+            return True
+        if self.agree_every is None:
+            if len(self._agree_seconds) < _WARMUP_STEPS:
+                return True
+            self.agree_every = self._cadence()
+        return completed % self.agree_every == 0
+
+    def _cadence(self) -> int:
+        """Steps between agreements: all ranks measured the same warm-up and take the largest proposal."""
+        step = sorted(self._step_seconds)[len(self._step_seconds) // 2] if self._step_seconds else 1.0
+        check = sorted(self._agree_seconds)[len(self._agree_seconds) // 2]
+        wanted = max(1, math.ceil(check / (_CHECK_COST * max(step, 1e-9))))
+        bound = max(1, int(_CHECK_LATENCY_SECONDS / max(step, 1e-9)))
+        proposal = torch.tensor([float(min(wanted, bound))])
+        dist.all_reduce(proposal, op=dist.ReduceOp.MAX)
+        return int(proposal.item())
+
+    def agree(self) -> bool:
+        """Whether any rank has a notice: the ranks' flags, all-reduced with MAX (every rank must call it)."""
+        local = 1.0 if self.signalled is not None else 0.0
+        if not self.distributed:
+            return bool(local)
+        started = time.perf_counter()
+        self._flag.fill_(local)
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
+        if not self._fixed_cadence and len(self._agree_seconds) < _WARMUP_STEPS:
+            self._agree_seconds.append(time.perf_counter() - started)
+        return bool(self._flag.item())
+
+    def notice_now(self) -> Notice:
+        """The notice this process acts on: the notice file's, else one from the signal and the grace."""
+        if self.notice is None:
+            signum, at = self.signalled or (signal.SIGTERM, time.time())
+            given = current_notice(os.environ, not_before=0.0)
+            if given is None or given.deadline < at - 3600:
+                reason = "interrupted" if signum == signal.SIGINT else "terminated"
+                grace = grace_seconds(os.environ)
+                given = Notice(reason, at, at + grace, f"{signal.Signals(signum).name} with no notice file, grace {grace:g}s")
+            self.notice = given
+        return self.notice
+
+    def _stop(self, completed: int) -> None:
+        notice = self.notice_now() if self.signalled is not None else None
+        if self.rank == self.saving_rank:
+            notice = notice or Notice("terminated", time.time(), time.time() + grace_seconds(os.environ),
+                                      "another rank's notice")
+            self.notice = notice
+            _say(f"notice ({notice.reason}, {notice.seconds_left():.1f}s left): all ranks stop after step {completed}")
+            self.save(completed, "notice")
+        signum = self.signalled[0] if self.signalled is not None else signal.SIGTERM
+        raise Stopped(128 + signum)
+
+    # ---- saving --------------------------------------------------------------------------------------
+    def checkpoint_name(self, step: int) -> str:
+        return self.name.format(step=step)
+
+    def save(self, step: int, kind: str, failure: str | None = None, failed_at: float | None = None) -> Path | None:
+        """Save ``step`` atomically and acknowledge it; the checkpoint's path, or None when it was not saved."""
+        name = self.checkpoint_name(step)
+        final = self.checkpoint_dir / name
+        existing = acks.read_ack(self.checkpoint_dir, name)
+        if existing is not None and existing.step == step and acks.verify(self.checkpoint_dir, existing) is None:
+            return final  # this step is saved and acknowledged already (a periodic save of the same step)
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        temporary = self.checkpoint_dir / f".{name}.{os.getpid()}.tmp"
+        deadline = self.notice.deadline if self.notice is not None else None
+        try:
+            self._save_fn(step, temporary)
+            _fsync_tree(temporary)
+            if deadline is not None and time.time() > deadline:
+                _say(f"{kind} checkpoint of step {step} finished after the deadline; discarded")
+                _remove(temporary)
+                return None
+            if final.is_dir() and not final.is_symlink():
+                shutil.rmtree(final)
+            os.replace(temporary, final)
+            _fsync_dir(self.checkpoint_dir)
+        except BaseException:
+            _remove(temporary)
+            raise
+        self._acknowledge(name, step, kind, failure, failed_at)
+        if kind != "periodic":
+            self._progress(step, time.time())
+        return final
+
+    def _acknowledge(self, name: str, step: int, kind: str, failure: str | None, failed_at: float | None) -> None:
+        written = time.time()
+        notice = self.notice
+        ack = acks.Ack(
+            checkpoint=name, step=step, kind=kind, files=acks.describe_files(self.checkpoint_dir, name),
+            saved_by_rank=self.rank, world_size=self.world_size, written_at=written,
+            notice=notice.to_json() if notice is not None and kind == "notice" else None,
+            seconds_from_notice=round(written - notice.given_at, 3) if notice is not None and kind == "notice" else None,
+            failure=failure, seconds_from_failure=round(written - failed_at, 3) if failed_at is not None else None,
+        )
+        acks.write_ack(self.checkpoint_dir, ack)
+        if kind != "periodic":
+            since = ack.seconds_from_notice if kind == "notice" else ack.seconds_from_failure
+            _say(f"{kind.replace('_', '-')} checkpoint {name} (step {step}) saved by rank {self.rank}, "
+                 f"acknowledged {since}s after the {'notice' if kind == 'notice' else 'failure'}")
+
+    # ---- a peer died ---------------------------------------------------------------------------------
+    def just_in_time(self, exc: BaseException) -> Path | None:
+        """After a peer's death made a collective fail: one survivor saves the last completed step."""
+        failed_at = time.time()
+        failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500]
+        step = self.completed
+        if step is None or step == self.resumed_from or step == 0:
+            _say(f"no just-in-time checkpoint: no step completed since the start ({failure})")
+            return None
+        if self.rank == self.saving_rank:
+            self._progress(step, failed_at)
+        if sharded(self.model):
+            self._refuse(step, "the state is sharded (FSDP): no survivor holds a replica of every shard")
+            return None
+        if self.signalled is not None:
+            self.notice_now()  # the launcher's SIGTERM to the survivors: its deadline bounds the save
+        time.sleep(min(self.rank, 50) * 0.02)  # lower ranks claim first; the claim itself decides
+        claim = acks.acks_folder(self.checkpoint_dir) / f"just-in-time-{self.attempt or 'attempt'}.claim"
+        try:
+            claim.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            _say(f"rank {self.rank} stands down: another survivor saves the just-in-time checkpoint")
+            return None
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f'{{"rank": {self.rank}, "step": {step}, "at": {failed_at}}}\n')
+        _say(f"rank {self.rank} saves a just-in-time checkpoint of step {step} after: {failure}")
+        try:
+            return self.save(step, "just_in_time", failure=failure, failed_at=failed_at)
+        except Exception as error:
+            _say(f"just-in-time checkpoint of step {step} failed: {type(error).__name__}: {error}")
+            return None
+
+    def _refuse(self, step: int, why: str) -> None:
+        _say(f"no just-in-time checkpoint of step {step}: {why}")
+        if self.rank != 0:
+            return
+        record = {"version": 1, "attempt": self.attempt, "step": step, "reason": why, "at": time.time()}
+        try:
+            from trainguard_entrypoint.files import write_json_atomic
+            write_json_atomic(acks.acks_folder(self.checkpoint_dir) / f"no-just-in-time-{self.attempt or 'attempt'}.json",
+                              record)
+        except OSError as exc:
+            _say(f"cannot record why: {exc}")
