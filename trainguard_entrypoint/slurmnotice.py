@@ -7,9 +7,12 @@ Slurm warns a job two ways, and both reach the batch shell as SIGTERM:
 - when the job is preempted with a `GraceTime` (partition or QoS), Slurm sets its end to now plus
   the grace and sends SIGCONT and SIGTERM to the batch shell and every step at once.
 
+A `scancel` (a person's, or trainguard's own when its flow is stopped) also sends SIGTERM to the
+batch shell, with Slurm's KillWait before the SIGKILL.
+
 ``python -m trainguard_entrypoint.slurmnotice STARTED LIMIT LEAD TASKS WORKSPACE`` tells them apart
-by the time left to the limit the job was given (`STARTED` + `LIMIT`, epoch seconds): much more than
-the lead means the warning did not come from the limit. It writes the notice into every task's
+by the time left to the limit the job was given (`STARTED` + `LIMIT`, epoch seconds) and squeue's
+word on the job (its state; its end time, which a preemption moves). It writes the notice into every task's
 folder (task 0's is `WORKSPACE`, task N's `WORKSPACE/tasks/N`), unless that task's entrypoint has
 already written one (a preemption's SIGTERM reaches it directly), then the batch shell passes the
 stop on to the tasks. Stdlib only; it never fails the batch shell: a problem is one line on stderr.
@@ -17,6 +20,8 @@ stop on to the tasks. Stdlib only; it never fails the batch shell: a problem is 
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -27,18 +32,46 @@ from trainguard_entrypoint.notice import NOTICE_FILE, current_notice, give_notic
 TASKS = "tasks"
 # How much earlier than its lead Slurm may send the warning (its timer runs once a minute), plus slack.
 EARLY_SECONDS = 90.0
+KILL_WAIT_SECONDS = 30.0  # slurm.conf's KillWait default: SIGTERM to SIGKILL after scancel
 
 
-def classify(now: float, started: float, limit_seconds: float, lead_seconds: float) -> tuple[str, float, str]:
-    """(reason, deadline, source) of a SIGTERM that reached the batch shell at ``now``."""
-    end = started + limit_seconds
-    if limit_seconds > 0 and end - now <= lead_seconds + EARLY_SECONDS:
+def classify(now: float, started: float, limit_seconds: float, lead_seconds: float,
+             state: str | None = None, end: float | None = None) -> tuple[str, float, str]:
+    """(reason, deadline, source) of a SIGTERM that reached the batch shell at ``now``.
+
+    ``state`` and ``end`` are squeue's word on the job at that moment (its state, its end time in
+    epoch seconds), where it answered.
+    """
+    limit_end = started + limit_seconds if limit_seconds > 0 else None
+    if state in ("CANCELLED", "COMPLETING") and (limit_end is None or limit_end - now > lead_seconds + EARLY_SECONDS):
+        # scancel: Slurm's KillWait (30 s unless the site changed it) is all the job gets
+        return "cancelled", now + min(lead_seconds or KILL_WAIT_SECONDS, KILL_WAIT_SECONDS), \
+            f"Slurm SIGTERM to the batch shell, job {state} (scancel), KillWait {KILL_WAIT_SECONDS:g}s assumed"
+    if limit_end is not None and limit_end - now <= lead_seconds + EARLY_SECONDS:
         # the limit's own warning: the job ends at its limit, never before it
-        return "time_limit", max(end, now), f"Slurm --signal=B:TERM@{lead_seconds:g} before the time limit"
-    # a preemption: Slurm moved the job's end to now plus the partition's GraceTime, which the job
-    # cannot read; the lead is what the spec asked to be warned with, and the limit caps it
-    return "preemption", min(now + lead_seconds, end) if limit_seconds > 0 else now + lead_seconds, \
-        "Slurm SIGTERM to the batch shell away from the time limit (preemption)"
+        return "time_limit", max(limit_end, now), f"Slurm --signal=B:TERM@{lead_seconds:g} before the time limit"
+    if end is not None and end > now and (limit_end is None or end < limit_end - 1):
+        # a preemption: Slurm moved the job's end to now plus the partition's or QoS's GraceTime
+        return "preemption", end, f"Slurm preemption, the job's end moved to {end - now:.0f}s from the notice (GraceTime)"
+    return "terminated", now + min(lead_seconds or KILL_WAIT_SECONDS, KILL_WAIT_SECONDS), \
+        "Slurm SIGTERM to the batch shell away from the time limit, cause unknown"
+
+
+def job_facts(job_id: str, timeout: float = 10.0) -> tuple[str | None, float | None]:
+    """squeue's state and end time (epoch seconds, from the controller's local time) of the job, or Nones."""
+    if not job_id:
+        return None, None
+    try:
+        done = subprocess.run(["squeue", "--noheader", f"--jobs={job_id}", "--format=%T|%e"], capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    state, _, end_text = done.stdout.strip().partition("|")
+    try:
+        end = time.mktime(time.strptime(end_text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        end = None
+    return (state.strip() or None), end
 
 
 def task_folders(workspace: Path, tasks: int) -> list[Path]:
@@ -67,7 +100,7 @@ def main(argv: Sequence[str]) -> int:
         print("trainguard-slurmnotice: usage: STARTED LIMIT_SECONDS LEAD_SECONDS TASKS WORKSPACE", file=sys.stderr)
         return 2
     now = time.time()
-    reason, deadline, source = classify(now, started, limit, lead)
+    reason, deadline, source = classify(now, started, limit, lead, *job_facts(os.environ.get("SLURM_JOB_ID", "")))
     try:
         written = give(workspace, max(tasks, 1), reason, deadline, source, now, started)
     except OSError as exc:

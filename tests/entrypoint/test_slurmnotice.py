@@ -19,9 +19,21 @@ def test_the_limits_own_warning_is_a_time_limit_with_the_limit_as_its_deadline()
     assert "--signal=B:TERM@120" in source
 
 
-def test_a_sigterm_far_from_the_limit_is_a_preemption_within_the_lead() -> None:
+def test_a_sigterm_that_moved_the_jobs_end_is_a_preemption_with_the_new_end_as_deadline() -> None:
+    # Slurm sets a preempted job's end to now plus the GraceTime; squeue shows it
+    reason, deadline, source = classify(2000.0, 1000.0, 3600, 120, state="RUNNING", end=2300.0)
+    assert (reason, deadline) == ("preemption", 2300.0)
+    assert "GraceTime" in source
+
+
+def test_a_scancel_is_a_cancel_with_slurms_kill_wait() -> None:
+    reason, deadline, _ = classify(2000.0, 1000.0, 3600, 120, state="CANCELLED", end=2000.0)
+    assert (reason, deadline) == ("cancelled", 2030.0)
+
+
+def test_a_sigterm_squeue_says_nothing_of_is_a_termination_within_the_kill_wait() -> None:
     reason, deadline, _ = classify(2000.0, 1000.0, 3600, 120)
-    assert (reason, deadline) == ("preemption", 2120.0)
+    assert (reason, deadline) == ("terminated", 2030.0)
 
 
 def test_every_task_folder_gets_the_notice_but_one_its_entrypoint_already_gave(tmp_path: Path) -> None:
