@@ -88,7 +88,7 @@ def test_node_1_evicted_with_grace_saves_the_agreed_step_and_the_next_attempt_re
     attempt_1 = sim.root / "pvc" / kb["namespace"] / "trainguard-attempts" / ids.attempt_path(RUN_ID, 1)
     notice = read_notice(attempt_1 / "tasks" / "1" / "notice.json")
     assert notice is not None and notice.reason == "terminated"
-    assert notice.deadline - notice.given_at == grace
+    assert abs(notice.deadline - notice.given_at - grace) < 1e-3
     assert read_notice(attempt_1 / "notice.json") is None  # node 0 was never stopped: it learnt by agreement
 
     # exactly one notice checkpoint, acknowledged, of the step the ranks agreed on

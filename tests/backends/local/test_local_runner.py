@@ -281,6 +281,6 @@ def test_the_deadline_gives_notice_before_the_stop_with_the_grace_to_save(worksp
     assert got["signal"] == signal.SIGTERM
     notice = got["notice"]  # written before the SIGTERM reached the command, by the one who stopped it
     assert (notice["version"], notice["reason"]) == (1, "deadline")
-    assert notice["deadline"] - notice["given_at"] == 5.0  # the sweep and the grace: SIGKILL comes no earlier
+    assert abs(notice["deadline"] - notice["given_at"] - 5.0) < 1e-3  # the sweep and the grace: no SIGKILL before
     assert notice["given_at"] <= got["at"] < notice["deadline"]
     assert "the attempt's 3s deadline" in notice["source"]
