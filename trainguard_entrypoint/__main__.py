@@ -27,7 +27,7 @@ from trainguard_entrypoint.report import AttemptFacts, build_crash_report, write
 from trainguard_entrypoint.snapshot import host_facts, snapshot_environment, snapshot_gpu
 from trainguard_entrypoint.supervision import SupervisorWatch, become_subreaper, end_descendants
 from trainguard_entrypoint.forensics import Forensics
-from trainguard_entrypoint.notice import NOTICE_FILE, NOTICE_FILE_ENV, NOTICE_GRACE_ENV, current_notice, give_notice, grace_seconds
+from trainguard_entrypoint.notice import NOTICE_FILE, NOTICE_FILE_ENV, NOTICE_GRACE_ENV, Notice, current_notice, grace_seconds, write_notice
 from trainguard_entrypoint.tee import STOP_SIGNALS, ChildResult, SignalForwarder, run_command
 from trainguard_entrypoint.termination import write_summary
 from trainguard_entrypoint.trainpath import with_helper
@@ -193,16 +193,19 @@ def child_environment(options: Options, environ: Mapping[str, str]) -> dict[str,
     return env
 
 
-def notice_giver(env: Mapping[str, str], not_before: float) -> Callable[[int], None]:
+def notice_giver(env: Mapping[str, str], not_before: float) -> Callable[[int, float], None]:
     """What the entrypoint does on the first SIGTERM/SIGINT/SIGHUP while the command runs, before passing
-    it on: unless whoever stops us already gave notice for this attempt, write the notice file with a
-    deadline the grace from now (the time the command gets before SIGKILL)."""
-    def give(signum: int) -> None:
+    it on (after the ranks' stacks are taken): unless whoever stops us already gave notice for this
+    attempt, write the notice file, given when the signal came, with a deadline the grace from now
+    (the time the command gets before SIGKILL)."""
+    def give(signum: int, received_at: float) -> None:
         if current_notice(env, not_before=not_before) is not None:
             return
         grace = grace_seconds(env)
         reason = "interrupted" if signum == signal.SIGINT else "terminated"
-        give_notice(env[NOTICE_FILE_ENV], reason, grace, f"{signal_name(signum)} to the entrypoint, grace {grace:g}s")
+        notice = Notice(reason, received_at, time.time() + grace,
+                        f"{signal_name(signum)} to the entrypoint, grace {grace:g}s")
+        write_notice(env[NOTICE_FILE_ENV], notice)
     return give
 
 

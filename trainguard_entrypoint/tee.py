@@ -49,7 +49,7 @@ class SignalForwarder:
 
     child_pid: int | None = None
     received: list[int] = field(default_factory=list)
-    give_notice: Callable[[int], None] | None = None  # runs once, first: writes the notice file
+    give_notice: Callable[[int, float], None] | None = None  # runs once, then: writes the notice file
     before_stop: Callable[[int], None] | None = None  # runs once, before the first stop is passed on
     _previous: dict[int, object] = field(default_factory=dict)
 
@@ -68,20 +68,21 @@ class SignalForwarder:
         self.received.append(signum)
         if self.child_pid is None:
             return
-        if signum in STOP_SIGNALS and self.give_notice is not None:
-            notice, self.give_notice = self.give_notice, None
-            try:
-                notice(signum)  # the training reads the deadline from it when the signal reaches it
-            except Exception:
-                pass
-        if self._terminal_already_sent(signum):
-            return
+        received_at = time.time()
         if signum in STOP_SIGNALS and self.before_stop is not None:
             hook, self.before_stop = self.before_stop, None
             try:
                 hook(signum)  # bounded by its own budget; the stop is passed on whatever it does
             except Exception:
                 pass
+        if signum in STOP_SIGNALS and self.give_notice is not None:
+            notice, self.give_notice = self.give_notice, None
+            try:  # after the stacks: the grace the command gets runs from when it hears of the stop
+                notice(signum, received_at)
+            except Exception:
+                pass
+        if self._terminal_already_sent(signum):
+            return
         try:
             os.kill(self.child_pid, signum)
         except ProcessLookupError:

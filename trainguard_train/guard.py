@@ -155,21 +155,29 @@ class Guard:
         self._last_boundary: float | None = None
         self._step_seconds: list[float] = []
         self._agree_seconds: list[float] = []
+        self._known: tuple[int, int] | None = None
 
     # ---- ranks -------------------------------------------------------------------------------------
+    def _ranks(self) -> tuple[int, int]:
+        """(rank, world size), read once the process group exists (a step must not pay for it again)."""
+        if self._known is not None:
+            return self._known
+        if dist.is_available() and dist.is_initialized():
+            self._known = (dist.get_rank(), dist.get_world_size())
+            return self._known
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
     @property
     def distributed(self) -> bool:
-        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        return self._ranks()[1] > 1 and dist.is_available() and dist.is_initialized()
 
     @property
     def rank(self) -> int:
-        return dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        return self._ranks()[0]
 
     @property
     def world_size(self) -> int:
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_world_size()
-        return int(os.environ.get("WORLD_SIZE", "1"))
+        return self._ranks()[1]
 
     # ---- the context: signals in, failures caught ---------------------------------------------------
     def __enter__(self) -> Guard:
@@ -319,12 +327,15 @@ class Guard:
             return final  # this step is saved and acknowledged already (a periodic save of the same step)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         temporary = self.checkpoint_dir / f".{name}.{os.getpid()}.tmp"
-        deadline = self.notice.deadline if self.notice is not None else None
         try:
             self._save_fn(step, temporary)
             _fsync_tree(temporary)
-            if deadline is not None and time.time() > deadline:
-                _say(f"{kind} checkpoint of step {step} finished after the deadline; discarded")
+            # a notice may have come during the save (the launcher's SIGTERM to survivors): its deadline holds
+            notice = self.notice_now() if self.signalled is not None else self.notice
+            if notice is not None and time.time() > notice.deadline:
+                late = time.time() - notice.deadline
+                _say(f"{kind.replace('_', '-')} checkpoint of step {step} was ready {late:.1f}s after the notice's "
+                     f"deadline; discarded, so nothing half-trusted is left")
                 _remove(temporary)
                 return None
             if final.is_dir() and not final.is_symlink():

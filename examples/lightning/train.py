@@ -5,6 +5,9 @@ torchrun started; trainguard's rendezvous variables make the same spec run on on
 `ModelCheckpoint` writes into `TRAINGUARD_CHECKPOINT_DIR` (every attempt of the run shares it;
 Lightning saves atomically), and `fit(ckpt_path=...)` resumes from the checkpoint trainguard
 names in `TRAINGUARD_RESUME_FROM` on a retry (`epoch=3-step=120.ckpt`, or `last.ckpt`).
+trainguard's `GuardCallback` adds what makes a failure cost one step: on a notice (SIGTERM, Ctrl-C,
+an eviction) the ranks agree on a step and rank 0 saves it before the deadline; when a rank dies,
+a survivor saves the last completed step (`step-NNNNNN.ckpt`, acknowledged in `.trainguard-acks/`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, TensorDataset
+from trainguard_train.lightning import GuardCallback
 
 
 class Classifier(pl.LightningModule):
@@ -52,7 +56,7 @@ def main() -> None:
     trainer = pl.Trainer(
         accelerator="auto", devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         num_nodes=int(os.environ.get("NNODES", "1")), strategy="ddp", max_epochs=args.epochs,
-        callbacks=[checkpoints], logger=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[checkpoints, GuardCallback()], logger=False, enable_progress_bar=False, enable_model_summary=False,
     )
     trainer.fit(Classifier(args.step_seconds), data, ckpt_path=os.environ.get("TRAINGUARD_RESUME_FROM") or None)
 

@@ -161,7 +161,7 @@ def test_the_entrypoint_writes_the_notice_file_before_the_command_sees_sigterm(t
             entrypoint.wait()
     notice = parse_notice(json.loads(seen.read_text()))
     assert notice is not None and notice.reason == "terminated"
-    assert notice.deadline - notice.given_at == 7
+    assert 7 <= notice.deadline - notice.given_at < 9  # the grace, from when the command heard of the stop
     assert sent - 1 <= notice.given_at <= time.time()
     assert notice.source == "SIGTERM to the entrypoint, grace 7s"
     assert read_notice(workspace / "notice.json") == notice
