@@ -84,11 +84,12 @@ def test_node_1_evicted_with_grace_saves_the_agreed_step_and_the_next_attempt_re
     assert (first["category"], first["decision"]["retry"]) == ("preempted", True)
     assert first["root_cause"]["index"] == 1
 
-    # node 1's entrypoint gave the notice on the kubelet's SIGTERM, the deadline at the grace's end
+    # node 1's entrypoint gave the notice on the kubelet's SIGTERM, the deadline before the SIGKILL
     attempt_1 = sim.root / "pvc" / kb["namespace"] / "trainguard-attempts" / ids.attempt_path(RUN_ID, 1)
     notice = read_notice(attempt_1 / "tasks" / "1" / "notice.json")
     assert notice is not None and notice.reason == "terminated"
-    assert abs(notice.deadline - notice.given_at - grace) < 1e-3
+    # given when the SIGTERM came; the spec's 30 s counted from after the stacks, within the pod's grace
+    assert 30 <= notice.deadline - notice.given_at <= grace
     assert read_notice(attempt_1 / "notice.json") is None  # node 0 was never stopped: it learnt by agreement
 
     # exactly one notice checkpoint, acknowledged, of the step the ranks agreed on

@@ -249,10 +249,15 @@ def termination_grace(settings: JobSettings, launch: Launch) -> int:
     default), plus the stack sweep, which the entrypoint runs before it passes the stop on.
 
     It is the whole time from the kubelet's SIGTERM to its SIGKILL (no preStop hook takes a share):
-    the entrypoint writes the notice with the deadline at its end (`NOTICE_GRACE_ENV`).
+    the entrypoint takes the stacks, then writes the notice with the notice grace to go
+    (`NOTICE_GRACE_ENV`), so its deadline is at the grace's end or before it.
     """
-    grace = math.ceil(launch.notice_grace_seconds) if launch.notice_grace_seconds else DEFAULT_GRACE_SECONDS
-    return grace + (math.ceil(settings.stack_sweep_seconds) if settings.stack_sweep_seconds > 0 else 0)
+    return notice_grace(launch) + (math.ceil(settings.stack_sweep_seconds) if settings.stack_sweep_seconds > 0 else 0)
+
+
+def notice_grace(launch: Launch) -> int:
+    """Whole seconds the training has from the notice to the SIGKILL: the spec's, else the pod default's 30."""
+    return math.ceil(launch.notice_grace_seconds) if launch.notice_grace_seconds else DEFAULT_GRACE_SECONDS
 
 
 def container(settings: JobSettings, launch: Launch) -> Wire:
@@ -266,10 +271,11 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
                         checkpoint_dir=checkpoint_path(launch.run_id), rendezvous=meeting,
                         capture=StackCapture(settings.stack_sweep_seconds, native=settings.sys_ptrace))
     env["TRAINGUARD_TERMINATION_LOG"] = TERMINATION_LOG
-    # The kubelet's SIGTERM reaches the entrypoint (PID 1) with this long left before SIGKILL: the
-    # notice it writes before passing the stop on says so (reason "terminated": a pod cannot tell an
-    # eviction from a deletion; the flow reads which from its DisruptionTarget condition).
-    env[NOTICE_GRACE_ENV] = str(termination_grace(settings, launch))
+    # The kubelet's SIGTERM reaches the entrypoint (PID 1), which takes the stacks (at most the sweep)
+    # and then gives notice with this long to go: the pod's grace less the sweep, so the deadline is
+    # never past the SIGKILL (reason "terminated": a pod cannot tell an eviction from a deletion; the
+    # flow reads which from its DisruptionTarget condition).
+    env[NOTICE_GRACE_ENV] = str(notice_grace(launch))
     secrets = frozenset(secret_env(launch))
     mounts = [{"name": ENTRYPOINT_VOLUME, "mountPath": ENTRYPOINT_MOUNT, "readOnly": True},
               attempt_mount(settings, launch.run_id, launch.attempt),
