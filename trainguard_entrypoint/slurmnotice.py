@@ -13,9 +13,9 @@ batch shell, with Slurm's KillWait before the SIGKILL.
 ``python -m trainguard_entrypoint.slurmnotice STARTED LIMIT LEAD TASKS WORKSPACE`` tells them apart
 by the time left to the limit the job was given (`STARTED` + `LIMIT`, epoch seconds) and squeue's
 word on the job (its state; its end time, which a preemption moves). It writes the notice into every task's
-folder (task 0's is `WORKSPACE`, task N's `WORKSPACE/tasks/N`), unless that task's entrypoint has
-already written one (a preemption's SIGTERM reaches it directly), then the batch shell passes the
-stop on to the tasks. Stdlib only; it never fails the batch shell: a problem is one line on stderr.
+folder (task 0's is `WORKSPACE`, task N's `WORKSPACE/tasks/N`), or refines the one a task's
+entrypoint wrote first (a preemption's or a scancel's SIGTERM reaches it directly), then the batch
+shell passes the stop on to the tasks. Stdlib only; it never fails the batch shell: a problem is one line on stderr.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainguard_entrypoint.notice import NOTICE_FILE, current_notice, give_notice
+from trainguard_entrypoint.notice import NOTICE_FILE, Notice, current_notice, give_notice, write_notice
 
 TASKS = "tasks"
 # How much earlier than its lead Slurm may send the warning (its timer runs once a minute), plus slack.
@@ -81,13 +81,25 @@ def task_folders(workspace: Path, tasks: int) -> list[Path]:
 
 def give(workspace: Path, tasks: int, reason: str, deadline: float, source: str, now: float,
          started: float) -> list[Path]:
-    """Write the notice into each task's folder that holds none given since the job started; the files written."""
+    """Write the notice into each task's folder; the files written.
+
+    A scancel or a preemption signals the tasks at the same moment as the batch shell, so a task's
+    entrypoint may have written its own notice first, knowing only that a SIGTERM came
+    (`terminated`): that one is refined with the reason, keeping when it was given and the earlier
+    of the two deadlines (the training may have read it already). Any other notice given since the
+    job started is left as it is.
+    """
     written = []
     for folder in task_folders(workspace, tasks):
         path = folder / NOTICE_FILE
-        if current_notice({"TRAINGUARD_NOTICE_FILE": str(path)}, not_before=started) is not None:
-            continue  # its entrypoint had the stop first and gave notice itself
-        give_notice(path, reason, max(deadline - now, 0.0), source, now=now)
+        existing = current_notice({"TRAINGUARD_NOTICE_FILE": str(path)}, not_before=started)
+        if existing is None:
+            give_notice(path, reason, max(deadline - now, 0.0), source, now=now)
+        elif existing.reason == "terminated" and reason != "terminated":
+            write_notice(path, Notice(reason, existing.given_at, min(existing.deadline, deadline),
+                                      f"{source}; first said by: {existing.source}"))
+        else:
+            continue
         written.append(path)
     return written
 

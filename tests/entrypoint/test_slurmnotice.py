@@ -36,16 +36,29 @@ def test_a_sigterm_squeue_says_nothing_of_is_a_termination_within_the_kill_wait(
     assert (reason, deadline) == ("terminated", 2030.0)
 
 
-def test_every_task_folder_gets_the_notice_but_one_its_entrypoint_already_gave(tmp_path: Path) -> None:
+def test_every_task_folder_gets_the_notice_and_an_entrypoints_bare_one_is_refined(tmp_path: Path) -> None:
     (tmp_path / "tasks" / "2").mkdir(parents=True)
-    own = give_notice(tmp_path / "tasks" / "2" / "notice.json", "terminated", 30, "SIGTERM to the entrypoint")
     now = time.time()
-    written = give(tmp_path, 3, "time_limit", now + 60, "Slurm", now, started=now - 10)
-    assert written == [tmp_path / "notice.json", tmp_path / "tasks" / "1" / "notice.json"]
-    for path in written:
+    # task 2's entrypoint had the SIGTERM first and knew only that, with a shorter grace
+    own = give_notice(tmp_path / "tasks" / "2" / "notice.json", "terminated", 10, "SIGTERM to the entrypoint",
+                      now=now - 0.5)
+    written = give(tmp_path, 3, "cancelled", now + 30, "Slurm scancel", now, started=now - 10)
+    assert written == [tmp_path / "notice.json", tmp_path / "tasks" / "1" / "notice.json",
+                       tmp_path / "tasks" / "2" / "notice.json"]
+    for path in written[:2]:
         notice = read_notice(path)
-        assert notice is not None and notice.reason == "time_limit" and abs(notice.deadline - (now + 60)) < 1e-3
-    assert read_notice(tmp_path / "tasks" / "2" / "notice.json") == own
+        assert notice is not None and notice.reason == "cancelled" and abs(notice.deadline - (now + 30)) < 1e-3
+    refined = read_notice(tmp_path / "tasks" / "2" / "notice.json")
+    assert refined is not None and refined.reason == "cancelled"
+    assert (refined.given_at, refined.deadline) == (own.given_at, own.deadline)  # never later than first said
+    assert "SIGTERM to the entrypoint" in refined.source
+
+
+def test_a_notice_with_its_reason_is_left_as_it_is(tmp_path: Path) -> None:
+    now = time.time()
+    first = give_notice(tmp_path / "notice.json", "time_limit", 60, "Slurm --signal", now=now - 20)
+    assert give(tmp_path, 1, "cancelled", now + 30, "Slurm scancel", now, started=now - 100) == []
+    assert read_notice(tmp_path / "notice.json") == first
 
 
 def test_a_notice_from_before_the_job_started_is_replaced(tmp_path: Path) -> None:
