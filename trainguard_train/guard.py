@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from trainguard_entrypoint import acks
+from trainguard_entrypoint.files import write_json_atomic
 from trainguard_entrypoint.notice import Notice, current_notice, grace_seconds
 
 SaveFunction = Callable[[int, Path], None]
@@ -205,6 +206,8 @@ class Guard:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.signalled is None:
             self.signalled = (signum, time.time())
+        elif signum == signal.SIGINT:  # Ctrl-C a second time: the person does not want to wait for the save
+            raise KeyboardInterrupt
 
     # ---- resuming ------------------------------------------------------------------------------------
     def resume(self) -> int:
@@ -405,7 +408,6 @@ class Guard:
             return
         record = {"version": 1, "attempt": self.attempt, "step": step, "reason": why, "at": time.time()}
         try:
-            from trainguard_entrypoint.files import write_json_atomic
             write_json_atomic(acks.acks_folder(self.checkpoint_dir) / f"no-just-in-time-{self.attempt or 'attempt'}.json",
                               record)
         except OSError as exc:

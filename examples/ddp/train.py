@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 
 import torch
@@ -40,6 +41,10 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="extra time per step (to watch it run)")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--kill-rank", type=int, default=-1,
+                        help="to see a survivor's just-in-time checkpoint: this rank SIGKILLs itself in the first "
+                             "attempt, in step --kill-at-step, before its gradients are all-reduced")
+    parser.add_argument("--kill-at-step", type=int, default=0)
     return parser.parse_args()
 
 
@@ -63,6 +68,8 @@ def main() -> None:
             x, y = inputs[start:start + args.batch_size], labels[start:start + args.batch_size]
             loss = torch.nn.functional.cross_entropy(ddp(x), y)
             optimizer.zero_grad()
+            if rank == args.kill_rank and step + 1 == args.kill_at_step and os.environ.get("TRAINGUARD_ATTEMPT") == "1":
+                os.kill(os.getpid(), signal.SIGKILL)
             loss.backward()
             optimizer.step()
             if rank == 0:

@@ -10,6 +10,7 @@ retry decision, the root cause across the pods, its victims, and the evidence of
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -236,3 +237,22 @@ def test_a_pytorchjob_attempt_finds_rank_2_s_code_error_on_its_first_worker(sim:
         kept(kb["evidence"], "mn-ptj-1", 1, "tasks/1/torchelastic/error.json"))
     ns = kb["namespace"]
     assert calls(sim, ns) <= allowed_by_rbac(ns), calls(sim, ns) - allowed_by_rbac(ns)
+
+
+def test_rank_3_of_2x2_killed_in_step_17_resumes_at_step_16_from_a_survivors_checkpoint(kb: dict[str, Any],
+                                                                                         sim: Any) -> None:
+    """The training-side helper across pods: rank 3 (index 1) is SIGKILLed in step 17 of attempt 1;
+    a survivor saves step 16 on the shared checkpoint volume and both pods of attempt 2 start there."""
+    spec = ddp("mn-jit", "--steps", "24", "--checkpoint-every", "10", "--kill-rank", "3", "--kill-at-step", "17",
+               script=EXAMPLE)
+    state, history = run(spec, kb, "mn-jit-1")
+    assert state.is_completed(), state.message
+    first, second = history
+    assert first["root_cause"]["index"] == 1 and first["decision"]["retry"]
+    assert second["resumed_from"] == "/trainguard/checkpoints/mn-jit-1/step-000016.pt"
+    folder = sim.root / "pvc" / kb["namespace"] / "trainguard-checkpoints" / "mn-jit-1"
+    ack = json.loads((folder / ".trainguard-acks" / "step-000016.pt.json").read_text())
+    assert (ack["kind"], ack["step"], ack["world_size"]) == ("just_in_time", 16, 4) and ack["saved_by_rank"] in (0, 1, 2)
+    for log in ("logs/train-mn-jit-1-attempt-2.log", "tasks/1/logs/train-mn-jit-1-attempt-2.log"):
+        assert "resumed from /trainguard/checkpoints/mn-jit-1/step-000016.pt at step 16" in kept(
+            kb["evidence"], "mn-jit-1", 2, log)

@@ -209,8 +209,8 @@ def evict_after_checkpoint(checkout: Path, index: str) -> None:
     state = _running(checkout)
     claims = Path(state["root"]) / "pvc"
 
-    def checkpoints() -> set[Path]:
-        return set(claims.glob(f"*/{CHECKPOINTS_CLAIM}/*/*"))
+    def checkpoints() -> set[Path]:  # dot-names (a save in progress, the helper's acks) are no checkpoint
+        return {p for p in claims.glob(f"*/{CHECKPOINTS_CLAIM}/*/*") if not p.name.startswith(".")}
 
     before = checkpoints()
     checkpoint = _wait("a training run's first checkpoint",

@@ -156,9 +156,10 @@ def test_the_command_does_not_see_trainguards_pythonpath(runner, workspace, line
     monkeypatch.setenv("PYTHONPATH", "/opt/mine")
     runner.run(_py("import os; print('PP=' + os.environ.get('PYTHONPATH', '<unset>'))"), workspace=workspace)
 
-    # the user's own path, behind only the entrypoint's faulthandler site (stacks/site in the attempt's folder)
+    # the user's own path, behind only the entrypoint's faulthandler site (stacks/site in the attempt's folder),
+    # and last the training-side helper's zip (trainguard_train and the formats it writes, never trainguard)
     shown = next(line for line in lines if line.startswith("PP="))
-    assert shown == f"PP={workspace.root / 'stacks' / 'site'}:/opt/mine"
+    assert shown == f"PP={workspace.root / 'stacks' / 'site'}:/opt/mine:{workspace.root / 'site' / 'trainguard-train.zip'}"
 
 
 class Terminated(BaseException):
