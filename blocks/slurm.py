@@ -62,7 +62,8 @@ class SlurmBackend(Block):
     signal_lead_seconds: int = Field(
         default=120, ge=0, title="Warning before the time limit (s)",
         description="sbatch --signal=B:TERM@N: how long before the time limit (from the spec's deadline) the job "
-        "is told to stop, so the entrypoint writes its report. 0 = no warning.",
+        "is given notice (the training saves a checkpoint, the entrypoint writes its report), unless the spec's "
+        "notice_grace_seconds sets it. Slurm may send it up to a minute early. 0 = no warning.",
     )
     extra_sbatch_options: list[str] = Field(
         default_factory=list, title="Extra sbatch options",

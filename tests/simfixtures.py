@@ -25,19 +25,22 @@ TIME_SCALE = 0.02  # kubelet and controller delays (back-offs, grace periods) at
 
 
 def sim_fixture(scope: str = "module", nodes: Sequence[kubesim.Node] = GPU_NODES,
-                images: Mapping[str, Any] | None = None) -> Callable[..., Iterator[kubesim.fixture.Sim]]:
+                images: Mapping[str, Any] | None = None,
+                grace_scale: float | None = None) -> Callable[..., Iterator[kubesim.fixture.Sim]]:
     """A pytest fixture that runs one kubesim for ``scope``.
 
     Args:
         scope: The pytest scope ("module" for a file's own cluster, "session" for a folder's).
         nodes: The cluster's nodes.
         images: More image patterns and the runtime each maps to, beside the host-Python ones.
+        grace_scale: The pods' grace periods' scale (1.0: real seconds), where not TIME_SCALE's.
     """
 
     @pytest.fixture(scope=scope)  # type: ignore[misc]
     def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubesim.fixture.Sim]:
         with kubesim.run(root=tmp_path_factory.mktemp("kubesim"), nodes=list(nodes),
-                         images={**HOST_PYTHON, **(images or {})}, time_scale=TIME_SCALE) as running:
+                         images={**HOST_PYTHON, **(images or {})}, time_scale=TIME_SCALE,
+                         grace_scale=grace_scale) as running:
             yield running
 
     return sim

@@ -57,8 +57,24 @@ def test_config_round_trips_through_json(tmp_path: Path) -> None:
                                                         taints=({"key": "k", "value": "v",
                                                                  "effect": "NoSchedule"},)),),
                          images={"ghcr.io/*": kubesim.HostPython(sys.executable),
-                                 "busybox:*": kubesim.Host()}, time_scale=0.1, history=50)
+                                 "busybox:*": kubesim.Host()}, time_scale=0.1, history=50, grace_scale=1.0)
     assert SimConfig.from_json(original.to_json()) == original
+
+
+def test_grace_periods_follow_their_own_scale_where_one_is_given(tmp_path: Path) -> None:
+    from kubesim.kubelet import MIN_TERMINATION_GRACE_SECONDS, Kubelet
+
+    def grace(config: SimConfig, seconds: float) -> float:
+        kubelet = Kubelet.__new__(Kubelet)  # only its config is read here
+        kubelet.config = config
+        return kubelet.termination_grace(seconds)
+
+    assert grace(SimConfig(root=tmp_path, time_scale=0.02), 100) == 2.0
+    assert grace(SimConfig(root=tmp_path, time_scale=0.02), 1) == MIN_TERMINATION_GRACE_SECONDS
+    assert grace(SimConfig(root=tmp_path, time_scale=0.02, grace_scale=1.0), 35) == 35.0  # a real node's
+    assert grace(SimConfig(root=tmp_path, time_scale=0.02, grace_scale=1.0), 0) == 0.0
+    with pytest.raises(ValueError, match="grace_scale: 0 must be a number above 0"):
+        SimConfig(root=tmp_path, grace_scale=0)
 
 
 def test_command_line_without_root_says_what_is_missing() -> None:

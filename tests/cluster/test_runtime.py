@@ -76,6 +76,44 @@ def test_stop_sends_sigterm_and_a_handler_exits_143(tmp_path: Path) -> None:
     assert "got TERM" in (tmp_path / "logs" / "0.log").read_text()
 
 
+# The init process passes the stop on itself (as the entrypoint does, after writing a notice): its
+# child learns of it only through SIGUSR1 from the init, sent once the init had its SIGTERM.
+# Python runs pending handlers together, so the child ends only after its loop, past both.
+CHILD = ("import os, signal, sys, time\n"
+         "told = []\n"
+         "signal.signal(signal.SIGTERM, lambda *a: os.write(1, b'child got TERM\\n'))\n"
+         "signal.signal(signal.SIGUSR1, lambda *a: (os.write(1, b'child got USR1\\n'), told.append(1)))\n"
+         "print('child ready', flush=True)\n"
+         "while not told:\n    time.sleep(0.05)")
+INIT = ("import os, signal, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', sys.argv[1]])\n"
+        "def stop(*a):\n"
+        "    os.write(1, b'init got TERM\\n')\n"
+        "    child.send_signal(signal.SIGUSR1)\n"
+        "    child.wait()\n"
+        "    sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "time.sleep(30)")  # not child.wait(): the handler's own wait would block on its lock
+
+
+def test_stop_sends_sigterm_to_the_init_process_alone(tmp_path: Path) -> None:
+    launch = runtime.Launch(argv=(sys.executable, "-c", INIT, CHILD), env={"PATH": "/usr/bin:/bin"},
+                            cwd=tmp_path, log_path=tmp_path / "logs" / "0.log")
+
+    async def scenario() -> runtime.Exit:
+        memory = runtime.MemoryControl(None, "watchdog")
+        container = await runtime.Container.start(launch, memory, "c1")
+        await _wait_for_log(tmp_path / "logs" / "0.log", "child ready")
+        return await container.stop(10)
+
+    result = asyncio.run(scenario())
+    log = (tmp_path / "logs" / "0.log").read_text()
+    assert result.exit_code == 143
+    # the child's SIGUSR1 came after the init's SIGTERM: a SIGTERM to the group would be there by then
+    assert "init got TERM" in log and "child got USR1" in log
+    assert "child got TERM" not in log
+
+
 def test_stop_kills_a_process_that_ignores_sigterm_after_the_grace_period(tmp_path: Path) -> None:
     code = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
             "print('ready', flush=True)\ntime.sleep(30)")

@@ -123,3 +123,15 @@ def test_torchruns_own_node_count_must_agree_with_the_specs() -> None:
     with pytest.raises(SpecError, match=r"^spec: command: --nnodes 2 disagrees with nodes: 1; .* or set nodes: 2$"):
         parse_spec({"name": "ddp", "command": ["torchrun", "--nnodes", "2", "t.py"]})
     assert parse_spec({"name": "ddp", "command": ["torchrun", "--nnodes=2", "t.py"], "nodes": 2}).nodes == 2
+
+
+@pytest.mark.parametrize("value", [0, 0.5, 3601, -5])
+def test_a_notice_grace_out_of_range_is_one_line_naming_the_field_and_the_range(value: float) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_spec({"name": "n", "command": ["python", "t.py"], "notice_grace_seconds": value})
+    message = str(caught.value)
+    assert "\n" not in message and "notice_grace_seconds" in message and "from 1 to 3600" in message
+
+
+def test_a_notice_grace_reaches_the_launch() -> None:
+    assert parse_spec({"name": "n", "command": ["t"], "notice_grace_seconds": 75}).notice_grace_seconds == 75

@@ -59,6 +59,9 @@ class SimConfig:
     images: Mapping[str, ImageRuntime] = field(default_factory=dict)
     time_scale: float = 1.0
     history: int = 10000
+    # Pods' termination grace periods run at this scale (default: time_scale). 1.0 keeps them real,
+    # as a test needs whose training reads the grace's end from a notice and saves before it.
+    grace_scale: float | None = None
 
     def __post_init__(self) -> None:
         for node in self.nodes:
@@ -74,6 +77,8 @@ class SimConfig:
         if not self.time_scale > 0:
             raise ValueError(f"time_scale: {self.time_scale!r} must be a number above 0, "
                              "e.g. 0.05")
+        if self.grace_scale is not None and not self.grace_scale > 0:
+            raise ValueError(f"grace_scale: {self.grace_scale!r} must be a number above 0, e.g. 1.0")
         if self.history < 1:
             raise ValueError(f"history: {self.history!r} must be at least 1")
 
@@ -87,6 +92,7 @@ class SimConfig:
             "images": {glob: _runtime_json(rt) for glob, rt in self.images.items()},
             "time_scale": self.time_scale,
             "history": self.history,
+            "grace_scale": self.grace_scale,
         })
 
     @classmethod
@@ -100,6 +106,7 @@ class SimConfig:
             images={glob: _runtime_from(rt) for glob, rt in raw["images"].items()},
             time_scale=raw["time_scale"],
             history=raw["history"],
+            grace_scale=raw.get("grace_scale"),
         )
 
 

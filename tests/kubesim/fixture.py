@@ -216,7 +216,7 @@ def _stop(process: subprocess.Popen[bytes], root: Path, log: Path) -> None:
 @contextlib.contextmanager
 def run(root: Path | str | None = None, nodes: Iterable[NodeSpec] | None = None,
         images: Mapping[str, ImageRuntime] | None = None, time_scale: float = 1.0,
-        history: int = 10000) -> Iterator[Sim]:
+        history: int = 10000, grace_scale: float | None = None) -> Iterator[Sim]:
     """Start a cluster on a free loopback port; stop it and its containers on exit.
 
     Args:
@@ -226,12 +226,14 @@ def run(root: Path | str | None = None, nodes: Iterable[NodeSpec] | None = None,
         images: image glob -> HostPython/Host runtime (default: run commands on the host).
         time_scale: factor for internal delays (back-offs, grace periods, node timeouts).
         history: how many changes watches can resume from.
+        grace_scale: factor for pods' termination grace periods (default: time_scale).
     """
     owned = root is None
     base = Path(tempfile.mkdtemp(prefix="kubesim-")) if root is None else Path(root)
     base.mkdir(parents=True, exist_ok=True)
     config = SimConfig(root=base, nodes=tuple(nodes) if nodes else (NodeSpec("node-1"),),
-                       images=dict(images or {}), time_scale=time_scale, history=history)
+                       images=dict(images or {}), time_scale=time_scale, history=history,
+                       grace_scale=grace_scale)
     process = spawn(config)
     kubeconfig, log = base / "kubeconfig", base / "kubesim.log"
     try:

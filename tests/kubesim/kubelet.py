@@ -54,7 +54,8 @@ class Kubelet:
         Scaling 1 s to 20 ms leaves a process no time to run its SIGTERM handler once a loaded
         machine delays it: it would be SIGKILLed (137) where a real node lets it exit (143).
         """
-        return 0.0 if seconds <= 0 else max(self.scaled(seconds), MIN_TERMINATION_GRACE_SECONDS)
+        scale = self.config.time_scale if self.config.grace_scale is None else self.config.grace_scale
+        return 0.0 if seconds <= 0 else max(seconds * scale, MIN_TERMINATION_GRACE_SECONDS)
 
     def allocate_ip(self) -> str:
         return self.ips.allocate(self.store.view("pods"))

@@ -287,6 +287,13 @@ class Container:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
 
+    def signal_init(self, sig: int) -> None:
+        """Send a signal to the container's init process only (nothing once the container ended)."""
+        if self._exit is not None or self.proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.pid, sig)
+
     def oom_kill(self) -> None:
         """Kill the instance as the OOM killer would and report it as OOMKilled."""
         self._forced_oom = True
@@ -317,11 +324,16 @@ class Container:
         return self._exit
 
     async def stop(self, grace_seconds: float) -> Exit:
-        """SIGTERM the group, wait up to the grace period, then SIGKILL."""
+        """SIGTERM the container's init process, wait up to the grace period, then SIGKILL them all.
+
+        As containerd's StopContainer: the stop signal goes to the container's PID 1 alone (runc
+        kills the init process, not the namespace), which passes it on as it sees fit; only the
+        SIGKILL at the end of the grace reaches every process of the container.
+        """
         if self.proc.returncode is None and grace_seconds <= 0:
             self.signal(signal.SIGKILL)  # as containerd's StopContainer with timeout 0
         elif self.proc.returncode is None:
-            self.signal(signal.SIGTERM)
+            self.signal_init(signal.SIGTERM)
             if await self._init_exit(grace_seconds) is None:
                 self.signal(signal.SIGKILL)
         return await self.wait()

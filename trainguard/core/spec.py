@@ -118,6 +118,11 @@ class RetrySpec(BaseModel):
         )
 
 
+# A notice's grace: at least a second to act on it, at most an hour (Kubernetes takes any int64; no
+# platform warns that far ahead, and a longer one only keeps a node that was asked back).
+MIN_NOTICE_GRACE_SECONDS, MAX_NOTICE_GRACE_SECONDS = 1, 3600
+
+
 class TrainingSpec(BaseModel):
     """One training run: the command, its environment, its limits and how it is retried."""
 
@@ -153,6 +158,13 @@ class TrainingSpec(BaseModel):
         default=None, gt=0, allow_inf_nan=False,
         description="Nothing new (console, rank logs, checkpoints) for this long ends a hung attempt, once "
         "every rank's stack is taken (at 80 % of it).")
+    notice_grace_seconds: float | None = Field(
+        default=None, allow_inf_nan=False,
+        description="Time the training has from a notice (a pod evicted or deleted, Slurm's warning before "
+        "its time limit, the attempt's deadline, a cancel) to the hard stop, to save a checkpoint: "
+        "Kubernetes: the pod's terminationGracePeriodSeconds (default 30); Slurm: how long before the time "
+        "limit --signal warns (default the backend's signal_lead_seconds); local: the SIGTERM-to-SIGKILL "
+        "time. Also how early the attempt's own deadline gives notice.")
     retry: RetrySpec | None = Field(
         default=None,
         description="How failures are retried; else the named retry policy block, else the defaults.")
@@ -178,6 +190,14 @@ class TrainingSpec(BaseModel):
     def nprocs(self) -> int:
         """Processes per node: the spec's (or torchrun's --nproc-per-node), else one per GPU, else one."""
         return self.processes_per_node or self.gpus or 1
+
+    @field_validator("notice_grace_seconds")
+    @classmethod
+    def _notice_grace_in_range(cls, value: float | None) -> float | None:
+        if value is not None and not MIN_NOTICE_GRACE_SECONDS <= value <= MAX_NOTICE_GRACE_SECONDS:
+            raise ValueError(f"{value:g} is out of range: give the seconds a checkpoint on notice needs, from "
+                             f"{MIN_NOTICE_GRACE_SECONDS} to {MAX_NOTICE_GRACE_SECONDS}, e.g. 60")
+        return value
 
     @field_validator("name")
     @classmethod

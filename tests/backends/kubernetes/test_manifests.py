@@ -133,7 +133,19 @@ def test_the_pods_grace_gains_the_stack_sweep_so_the_stacks_do_not_eat_the_comma
         return found
 
     assert pod(JobSettings(image="x", stack_sweep_seconds=12.5))["terminationGracePeriodSeconds"] == 30 + 13
-    assert "terminationGracePeriodSeconds" not in pod(JobSettings(image="x", stack_sweep_seconds=0))  # the default 30
+    assert pod(JobSettings(image="x", stack_sweep_seconds=0))["terminationGracePeriodSeconds"] == 30
+
+
+def test_the_specs_notice_grace_sets_the_pods_and_the_entrypoint_gives_it_after_the_sweep() -> None:
+    # the kubelet's SIGTERM reaches the entrypoint with the pod's whole grace left; after the stacks
+    # (at most the sweep) it gives notice with the spec's grace to go: never past the SIGKILL
+    launch = Launch(**{**LAUNCH.__dict__, "notice_grace_seconds": 90.5})
+    spec = manifests.job_manifest(JobSettings(image="x", stack_sweep_seconds=20), launch, CONFIG_MAP)
+    pod = spec["spec"]["template"]["spec"]
+    env = {item["name"]: item.get("value") for item in pod["containers"][0]["env"]}
+    assert pod["terminationGracePeriodSeconds"] == 91 + 20
+    assert env["TRAINGUARD_NOTICE_GRACE_SECONDS"] == "91"
+    assert "preStop" not in json.dumps(pod)  # nothing takes a share of the grace before the SIGTERM
 
 
 def test_the_job_never_retries_by_itself_and_fails_fast_on_hopeless_exit_codes() -> None:

@@ -254,3 +254,34 @@ def test_a_slow_post_mortem_after_the_command_ended_is_not_a_stall(workspace, tm
     assert (outcome.reason, outcome.exit_code) == ("Error", 4)
     index = json.loads((workspace.snapshot_dir / "gpu-after" / "index.json").read_text())
     assert "timed out after 2.5s" in index["absent"][0]["reason"]
+
+
+# A stdlib training stand-in: on SIGTERM it records the notice file it finds and the signal, then exits.
+RECORDS_NOTICE = (
+    "import json, os, signal, sys, time\n"
+    "def stop(signum, frame):\n"
+    "    path = os.environ['TRAINGUARD_NOTICE_FILE']\n"
+    "    notice = json.load(open(path)) if os.path.exists(path) else None\n"
+    "    with open(sys.argv[1], 'w') as out:\n"
+    "        out.write(json.dumps({'signal': signum, 'notice': notice, 'at': time.time()}) + '\\n')\n"
+    "    sys.exit(143)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_the_deadline_gives_notice_before_the_stop_with_the_grace_to_save(workspace, tmp_path: Path) -> None:
+    record = tmp_path / "record.json"
+    runner = LocalProcessRunner(grace_seconds=4.0, poll_interval_seconds=0.05, sweep_seconds=1.0)
+    outcome = runner.run([sys.executable, "-c", RECORDS_NOTICE, str(record)], workspace=workspace,
+                         deadline_seconds=3.0)
+
+    assert outcome.reason == "DeadlineExceeded" and outcome.exit_code == 143
+    got = json.loads(_wait_for_file(record))
+    assert got["signal"] == signal.SIGTERM
+    notice = got["notice"]  # written before the SIGTERM reached the command, by the one who stopped it
+    assert (notice["version"], notice["reason"]) == (1, "deadline")
+    assert abs(notice["deadline"] - notice["given_at"] - 5.0) < 1e-3  # the sweep and the grace: no SIGKILL before
+    assert notice["given_at"] <= got["at"] < notice["deadline"]
+    assert "the attempt's 3s deadline" in notice["source"]

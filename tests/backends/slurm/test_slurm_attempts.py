@@ -16,6 +16,7 @@ from runs import run_logs
 from waiting import wait_for
 
 from trainguard.core.evidence.manifest import read_manifest, verify_manifest
+from trainguard_entrypoint.notice import read_notice
 from trainguard.core.backends.slurm.job import job_name
 from trainguard.core.stores.folder import LocalEvidenceStore
 
@@ -85,6 +86,9 @@ def test_scancel_by_a_user_is_user_cancelled_and_not_retried(slurm_blocks, slurm
     assert state.is_failed()
     assert [(h["category"], h["termination_reason"]) for h in history] == [("user_cancelled", "Cancelled")]
     assert "not retryable" in history[0]["decision"]["reason"]
+    # scancel's SIGTERM reached the batch shell too: the training was told, as a cancel, not a preemption
+    notice = read_notice(slurm_blocks["shared"] / "runs" / "slurm-scancel-1" / "attempt-1" / "notice.json")
+    assert notice is not None and notice.reason == "cancelled" and notice.deadline > notice.given_at, notice
     assert jobcomp_lines(slurm_cluster, job_name("slurm-scancel-1", 2)) == []
     job_id = beside.result
     steps = sacct_steps(slurm_blocks["evidence"] / "runs" / "slurm-scancel-1" / "attempt-1" / "slurm" / "sacct.txt", job_id)

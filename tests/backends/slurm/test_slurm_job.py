@@ -55,6 +55,8 @@ def test_the_batch_script_quotes_the_command_and_wraps_it_in_srun_with_the_entry
     assert "'1e-3; rm -rf /'" in script and "/s/ep.pyz" in script
     assert "marker='/s/ws dir/slurm-signal.txt'" in script
     assert 'scancel --signal=TERM "$SLURM_JOB_ID"' in script  # the warning goes on to the tasks, not to srun
+    # ... once every task's folder holds the notice, written by the entrypoint's own writer
+    assert script.index("-m trainguard_entrypoint.slurmnotice") < script.index("scancel --signal=TERM")
 
 
 @pytest.mark.parametrize(("state", "code", "signalled", "stopped_for", "category"), [
@@ -119,3 +121,9 @@ def test_slurmstepds_memory_kill_in_the_job_stderr_is_a_host_oom():
     err = b"slurmstepd-gpu01: error: StepId=9.0 exceeded memory limit (318976000 > 314572800), being killed\n"
     assert memory_killed(err) and not memory_killed(b"step 3 loss 0.1\nexceeded memory limit in my own print\n")
     assert termination("FAILED", 137, signalled=False, stopped_for=None, memory_exceeded=True) == "OOMKilled"
+
+
+def test_the_specs_notice_grace_is_the_warnings_lead_before_the_time_limit():
+    launch = Launch(run_id="r", attempt=1, command=("t",), deadline_seconds=3600, notice_grace_seconds=300)
+    options = sbatch_options(JobSettings(signal_lead_seconds=120), launch, workspace="/w", shared_folder="/s")
+    assert "--signal=B:TERM@300" in options

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from trainguard_entrypoint.notice import NOTICE_GRACE_ENV
+
 from trainguard.core.backends import workspace as workspace_files
 from trainguard.core.backends.forensics import StackCapture, capture_env, flight_recorder_env
 from trainguard.core.attempt import AttemptSummary, UploadStatus
@@ -59,6 +61,7 @@ class Launch:
         resume_from: The checkpoint to resume from, as the backend listed it; None = from scratch.
         avoid_nodes: Nodes to keep off (earlier attempts failed there, or the shared avoid list's).
         memory_factor: Scale for the memory request/limit (>= 1), e.g. after a host OOM.
+        notice_grace_seconds: Time the training has from a notice to the hard stop; None: the backend's.
     """
 
     run_id: str
@@ -74,6 +77,7 @@ class Launch:
     resume_from: str | None = None
     avoid_nodes: tuple[str, ...] = ()
     memory_factor: float = 1.0
+    notice_grace_seconds: float | None = None
 
     @classmethod
     def of(cls, spec: TrainingSpec, *, run_id: str, attempt: int, resume_from: str | None = None,
@@ -83,7 +87,7 @@ class Launch:
             run_id=run_id, attempt=attempt, command=tuple(spec.command), env=dict(spec.env), workdir=spec.workdir,
             gpus=spec.gpus, nodes=spec.nodes, processes_per_node=spec.nprocs, deadline_seconds=spec.deadline_seconds,
             stall_seconds=spec.stall_seconds, resume_from=resume_from, avoid_nodes=tuple(avoid_nodes),
-            memory_factor=memory_factor,
+            memory_factor=memory_factor, notice_grace_seconds=spec.notice_grace_seconds,
         )
 
 
@@ -335,6 +339,8 @@ def container_env(
         env["TRAINGUARD_CHECKPOINT_DIR"] = checkpoint_dir
     if launch.workdir:
         env["TRAINGUARD_WORKDIR"] = launch.workdir
+    if launch.notice_grace_seconds:  # a backend whose stop gives another grace sets its own
+        env[NOTICE_GRACE_ENV] = f"{launch.notice_grace_seconds:g}"
     return env
 
 

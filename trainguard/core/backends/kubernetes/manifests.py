@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from trainguard_entrypoint.notice import NOTICE_GRACE_ENV
 from trainguard_entrypoint.redact import declared_secret_names
 
 from trainguard.core import ids
@@ -239,9 +240,24 @@ def pod_spec(settings: JobSettings, launch: Launch, entrypoint_config_map: str) 
     spec.update({key: value for key, value in optional.items() if value})
     if not settings.automount_service_account_token:
         spec["automountServiceAccountToken"] = False
-    if settings.stack_sweep_seconds > 0:  # the stacks are taken before the stop is passed on: not out of its grace
-        spec["terminationGracePeriodSeconds"] = DEFAULT_GRACE_SECONDS + math.ceil(settings.stack_sweep_seconds)
+    spec["terminationGracePeriodSeconds"] = termination_grace(settings, launch)
     return spec
+
+
+def termination_grace(settings: JobSettings, launch: Launch) -> int:
+    """The pod's terminationGracePeriodSeconds: the spec's notice grace (default 30 s, the pod's own
+    default), plus the stack sweep, which the entrypoint runs before it passes the stop on.
+
+    It is the whole time from the kubelet's SIGTERM to its SIGKILL (no preStop hook takes a share):
+    the entrypoint takes the stacks, then writes the notice with the notice grace to go
+    (`NOTICE_GRACE_ENV`), so its deadline is at the grace's end or before it.
+    """
+    return notice_grace(launch) + (math.ceil(settings.stack_sweep_seconds) if settings.stack_sweep_seconds > 0 else 0)
+
+
+def notice_grace(launch: Launch) -> int:
+    """Whole seconds the training has from the notice to the SIGKILL: the spec's, else the pod default's 30."""
+    return math.ceil(launch.notice_grace_seconds) if launch.notice_grace_seconds else DEFAULT_GRACE_SECONDS
 
 
 def container(settings: JobSettings, launch: Launch) -> Wire:
@@ -255,6 +271,11 @@ def container(settings: JobSettings, launch: Launch) -> Wire:
                         checkpoint_dir=checkpoint_path(launch.run_id), rendezvous=meeting,
                         capture=StackCapture(settings.stack_sweep_seconds, native=settings.sys_ptrace))
     env["TRAINGUARD_TERMINATION_LOG"] = TERMINATION_LOG
+    # The kubelet's SIGTERM reaches the entrypoint (PID 1), which takes the stacks (at most the sweep)
+    # and then gives notice with this long to go: the pod's grace less the sweep, so the deadline is
+    # never past the SIGKILL (reason "terminated": a pod cannot tell an eviction from a deletion; the
+    # flow reads which from its DisruptionTarget condition).
+    env[NOTICE_GRACE_ENV] = str(notice_grace(launch))
     secrets = frozenset(secret_env(launch))
     mounts = [{"name": ENTRYPOINT_VOLUME, "mountPath": ENTRYPOINT_MOUNT, "readOnly": True},
               attempt_mount(settings, launch.run_id, launch.attempt),

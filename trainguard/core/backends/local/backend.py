@@ -65,7 +65,8 @@ class LocalBackend:
                                  rendezvous=Rendezvous(master_port=free_port()), capture=self.capture)
         if launch.workdir:
             user_env["TRAINGUARD_WORKDIR"] = os.path.abspath(launch.workdir)
-        runner = LocalProcessRunner(python=self.python, grace_seconds=self.grace_seconds, on_line=on_line,
+        grace = launch.notice_grace_seconds or self.grace_seconds  # the spec's notice grace, where it sets one
+        runner = LocalProcessRunner(python=self.python, grace_seconds=grace, on_line=on_line,
                                     sweep_seconds=self.capture.sweep_seconds)
         result = runner.run(list(launch.command), workspace=ws, env=user_env,
                             deadline_seconds=launch.deadline_seconds, stall_seconds=launch.stall_seconds)

@@ -28,6 +28,7 @@ import trainguard_entrypoint
 from trainguard_entrypoint import ORIGINAL_PYTHONPATH
 from trainguard_entrypoint.coredumps import signal_name
 from trainguard_entrypoint.files import read_json_object, write_json_atomic
+from trainguard_entrypoint.notice import NOTICE_FILE, give_notice
 from trainguard_entrypoint.progress import HEARTBEAT
 from trainguard_entrypoint.redact import redact_argv
 
@@ -266,10 +267,23 @@ class LocalProcessRunner:
                     self._stop(proc)
                     return None
                 continue
+            if past_deadline:  # the attempt's own limit gives warning: the training may save before the SIGKILL
+                self._give_notice(workspace, "deadline", f"the attempt's {deadline_seconds:g}s deadline")
             self._stop(proc)
             if past_deadline:
                 return DEADLINE_EXCEEDED, f"still running after the {deadline_seconds:g}s deadline; stopped"
             return STALLED, f"no new log output for {stall_seconds:g}s (stall window); stopped"
+
+    def _give_notice(self, workspace: AttemptWorkspace, reason: str, source: str) -> None:
+        """Write the attempt's notice before stopping it: the SIGKILL comes after the sweep and the grace.
+
+        The entrypoint then passes the SIGTERM on with this notice, not one of its own.
+        """
+        grace = self._sweep + self._grace
+        try:
+            give_notice(workspace.root / NOTICE_FILE, reason, grace, f"{source}, grace {grace:g}s")
+        except OSError as exc:  # the stop still comes; the entrypoint gives its own notice then
+            self._on_line(f"trainguard: could not write the notice ({reason}) in {workspace.root}: {exc}")
 
     def _stop(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGTERM to the entrypoint (it takes the ranks' stacks, then forwards), then SIGKILL to the whole

@@ -256,6 +256,8 @@ class SlurmBackend:
         script.write_text(job.batch_script(
             python=self.python, entrypoint=str(entry), command=launch.command, workspace=str(ws.root),
             run_id=launch.run_id, attempt=launch.attempt,
+            limit_seconds=60 * (job.time_limit_minutes(launch.deadline_seconds) or 0),
+            lead_seconds=job.signal_lead(self.settings, launch),
         ), encoding="utf-8")
         options = job.sbatch_options(self.settings, launch, workspace=str(ws.root),
                                            shared_folder=str(self.shared_folder), exclude=self._exclusions(launch))

@@ -134,6 +134,11 @@ def _gpu_options(settings: JobSettings, gpus: int, nodes: int | None = None) -> 
     return [f"--gpus={kind}{per_node * count}"]
 
 
+def signal_lead(settings: JobSettings, launch: Launch) -> int:
+    """Seconds before the time limit Slurm warns the batch shell: the spec's notice grace, else the block's."""
+    return math.ceil(launch.notice_grace_seconds) if launch.notice_grace_seconds else settings.signal_lead_seconds
+
+
 def sbatch_options(
     settings: JobSettings, launch: Launch, *, workspace: str, shared_folder: str, exclude: Sequence[str] = ()
 ) -> list[str]:
@@ -152,7 +157,7 @@ def sbatch_options(
     limit = time_limit_minutes(launch.deadline_seconds)
     if limit is not None:
         options.append(f"--time={limit}")
-        lead = settings.signal_lead_seconds
+        lead = signal_lead(settings, launch)
         if 0 < lead < limit * 60:
             options.append(f"--signal=B:TERM@{lead}")
     for flag, value in (("--partition", settings.partition), ("--account", settings.account), ("--qos", settings.qos)):
@@ -168,12 +173,15 @@ def sbatch_options(
     return [*options, *settings.extra_options]
 
 
-def batch_script(*, python: str, entrypoint: str, command: Sequence[str], workspace: str, run_id: str, attempt: int) -> str:
-    """The batch script: `srun` starts the entrypoint on every task; Slurm's warning signal is noted and passed on.
+def batch_script(*, python: str, entrypoint: str, command: Sequence[str], workspace: str, run_id: str, attempt: int,
+                 limit_seconds: int = 0, lead_seconds: int = 0) -> str:
+    """The batch script: `srun` starts the entrypoint on every task; Slurm's warning signal is noted,
+    given to every task as a notice (`trainguard_entrypoint.slurmnotice`) and passed on.
 
     Task 0 uses the attempt's folder, task N its `tasks/N` subfolder, so every task's output is
     teed and its crash report kept. The entrypoint reads its options from `TRAINGUARD_*`
-    variables, which the job's environment carries.
+    variables, which the job's environment carries. ``limit_seconds`` and ``lead_seconds`` are the
+    job's `--time` and `--signal` lead (0: none), which tell the limit's warning from a preemption.
     """
     argv = ["srun", "--kill-on-bad-exit=1", "/bin/sh", "-c", _TASK_WRAPPER, "trainguard-task", python, entrypoint,
             "--", *command]
@@ -181,12 +189,19 @@ def batch_script(*, python: str, entrypoint: str, command: Sequence[str], worksp
     return "\n".join([
         "#!/bin/bash",
         f"# trainguard: run {shlex.quote(run_id)}, attempt {attempt}. Generated; Slurm keeps a copy with the job.",
-        "# Slurm's warning before the time limit (--signal=B:TERM@...) reaches this shell: note it, pass it on",
-        "# to the tasks through Slurm (not the batch shell again), so each entrypoint gets SIGTERM and writes its",
-        "# report; srun itself would kill its tasks on SIGTERM. Only if scancel fails is srun signalled.",
+        "# Slurm's warning before the time limit (--signal=B:TERM@...) or a preemption reaches this shell: note it,",
+        "# write the notice (reason and deadline) into every task's folder, then pass the stop on to the tasks",
+        "# through Slurm (not the batch shell again), so each entrypoint gets SIGTERM, finds the notice and passes",
+        "# it to the training; srun itself would kill its tasks on SIGTERM. Only if scancel fails is srun signalled.",
         f"marker={shlex.quote(marker)}",
+        f"entrypoint={shlex.quote(entrypoint)}; python={shlex.quote(python)}",
+        f"started=$(date +%s); limit={int(limit_seconds)}; lead={int(lead_seconds)}",
         "step=",
-        "trap 'date -u +%Y-%m-%dT%H:%M:%SZ >> \"$marker\"; [ -n \"$step\" ] && { scancel --signal=TERM \"$SLURM_JOB_ID\" "
+        "trap 'date -u +%Y-%m-%dT%H:%M:%SZ >> \"$marker\"; "
+        "PYTHONPATH=\"$entrypoint\" \"$python\" -m trainguard_entrypoint.slurmnotice \"$started\" \"$limit\" \"$lead\" "
+        "\"${SLURM_NTASKS:-1}\" "
+        "\"$TRAINGUARD_WORKSPACE\"; "
+        "[ -n \"$step\" ] && { scancel --signal=TERM \"$SLURM_JOB_ID\" "
         "2>/dev/null || kill -TERM \"$step\" 2>/dev/null; }' TERM",
         *_RENDEZVOUS,
         " ".join(shlex.quote(a) for a in argv) + " &",
