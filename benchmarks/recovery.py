@@ -83,6 +83,7 @@ class Measurement:
     resumed_at_step: int | None = None
     category: str | None = None
     problem: str | None = None  # why there is no figure (not recovered within the limit, ...)
+    tasks: dict[str, dict[str, float]] = field(default_factory=dict)  # "a1 collect_evidence" -> seconds from the fault
 
     @property
     def total(self) -> float | None:
@@ -181,7 +182,7 @@ def _ts(moment: Any) -> float | None:
 
 
 def trainguard_moments(fault_at: float, first: dict[str, Any], second: dict[str, Any], control: Control,
-                       placement: list[tuple[str, float]]) -> list[tuple[str, float]]:
+                       placement: list[tuple[str, float]], ended: list[float] = ()) -> list[tuple[str, float]]:
     """The ordered moments of a trainguard recovery, from the fault to the next attempt's first step.
 
     `placement` holds the re-provision's platform moments (Job created, pods created, scheduled,
@@ -189,8 +190,12 @@ def trainguard_moments(fault_at: float, first: dict[str, Any], second: dict[str,
     """
     timeline = [e for e in control.timeline() if str(e.get("attempt")) == "2"]
     start = next(e for e in timeline if e["event"] == "start")
+    seen = first["tasks"]["run_training"]["end"]
+    ends = [at for at in ended if fault_at <= at <= seen]  # the platform's part of the detection
     moments = [
         ("fault", fault_at),
+        *([("a pod of attempt 1 ended (as the watch saw it)", ends[0])] if ends else []),
+        *([(f"all {len(ends)} pods of attempt 1 ended", ends[-1])] if len(ends) > 1 else []),
         ("the backend saw the command end (attempt 1's run_training ended)", first["tasks"]["run_training"]["end"]),
         ("evidence kept, resources released (release_attempt ended)",
          _end_of(first, "release_attempt", "collect_evidence")),
@@ -220,7 +225,7 @@ def _event(timeline: list[dict[str, Any]], event: str) -> dict[str, Any]:
 
 # which phase each moment closes
 _CLOSES = {
-    "the backend saw": "detection", "evidence kept": "evidence", "verdict judged": "judgement",
+    "the backend saw": "detection", "a pod of attempt 1 ended": "detection", "all ": "detection", "evidence kept": "evidence", "verdict judged": "judgement",
     "attempt 2's flow run started": "backoff", "attempt 2's workspace": "re-provision", "Job created": "re-provision",
     "pods created": "re-provision", "pods scheduled": "re-provision", "pods started": "re-provision",
     "torchrun agent started": "re-provision", "workers restarted": "detection",
@@ -289,7 +294,7 @@ def spec_for(kind: str, backend: str, control: Control, s: Settings, run: str) -
 def run_trainguard(kind: str, backend: str, blocks: dict[str, Any], workdir: Path, s: Settings,
                    inject: Callable[[Control], float],
                    placement: Callable[[str, float], list[tuple[str, float]]] | None = None,
-                   ) -> Measurement:
+                   ended: Callable[[], list[float]] | None = None) -> Measurement:
     """Run a spec through `training_run`; `inject` waits for the fault step, makes the fault and
     returns its moment."""
     from flows.run import training_run
@@ -319,8 +324,11 @@ def run_trainguard(kind: str, backend: str, blocks: dict[str, Any], workdir: Pat
         return m
     m.category = history[0].get("category")
     first, second = (prefect_times(str(h["flow_run_id"])) for h in history[:2])
+    for label, times in (("a1", first), ("a2", second)):  # where trainguard's own time goes, task by task
+        for name, span in times["tasks"].items():
+            m.tasks[f"{label} {name}"] = {k: v - box["fault_at"] for k, v in span.items() if v is not None}
     platform = placement(run_id, first["end"]) if placement else []
-    moments = trainguard_moments(box["fault_at"], first, second, control, platform)
+    moments = trainguard_moments(box["fault_at"], first, second, control, platform, ended() if ended else [])
     loaded = next(e for e in control.timeline() if e["event"] == "loaded" and str(e.get("attempt")) == "2")
     failed_at = max(e["step"] for e in control.timeline() if e["event"] == "step" and str(e.get("attempt")) == "1")
     finish(m, moments, failed_at, int(loaded["step"]))
@@ -441,10 +449,24 @@ class PodWatch:
                 "containerStatuses") or []:
             if (status.get("state") or {}).get("running"):
                 marks.setdefault("started", now)
+            if (status.get("state") or {}).get("terminated"):
+                marks.setdefault("ended", now)
+        if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
+            marks.setdefault("ended", now)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=15)
+
+
+def pods_ended(watcher: PodWatch, attempt: str) -> list[float]:
+    """When the watch saw each training pod of `attempt` end (its container terminated, or the pod
+    Failed/Succeeded), in order."""
+    from trainguard.core.backends.kubernetes import manifests
+
+    return sorted(marks["ended"] for name, marks in watcher.seen.items() if "ended" in marks
+                  and watcher.labels.get(name, {}).get(manifests.LABEL_ATTEMPT) == attempt
+                  and watcher.labels.get(name, {}).get(manifests.LABEL_COMPONENT) == "training")
 
 
 def kube_placement(sim: Any, watcher: PodWatch, namespace: str) -> Callable[[str, float], list[tuple[str, float]]]:
@@ -486,7 +508,7 @@ def measure_kube(kind: str, workdir: Path, s: Settings, sim: Any) -> Measurement
     watcher = PodWatch(api, namespace)
     try:
         return run_trainguard(kind, "kubesim", blocks, workdir, s, lambda c: inject_kube(kind, c, sim, api, namespace),
-                              kube_placement(sim, watcher, namespace))
+                              kube_placement(sim, watcher, namespace), lambda: pods_ended(watcher, "1"))
     finally:
         watcher.stop()
 
@@ -638,6 +660,10 @@ def _line(m: Measurement) -> str:
     if m.problem:
         return f"no figure: {m.problem}"
     parts = ", ".join(f"{p} {v:.2f}" for p, v in m.phases.items() if v)
+    for what, at in m.moments:
+        print(f"      +{at - m.moments[0][1]:7.2f} s  {what}")
+    for name, span in sorted(m.tasks.items(), key=lambda item: item[1].get("start", 0.0)):
+        print(f"      task {name}: +{span.get('start', float('nan')):.2f} .. +{span.get('end', float('nan')):.2f} s")
     return f"total {m.total:.2f} s (own share {_f(m.own_share)} s; {parts}); steps lost {m.steps_lost}"
 
 
