@@ -319,8 +319,10 @@ def run_trainguard(kind: str, backend: str, blocks: dict[str, Any], workdir: Pat
                          return_state=True)
     thread.join(timeout=5)
     history = state.result(raise_on_failure=False)
-    if "error" in box or not isinstance(history, list) or len(history) < 2:
-        m.problem = f"{box.get('error') or 'no second attempt'} ({state.message})"
+    if "error" in box or "fault_at" not in box or not isinstance(history, list) or len(history) < 2:
+        why = box.get("error") or ("attempt 1 ended before the fault step" if "fault_at" not in box
+                                   else "no second attempt")
+        m.problem = f"{why} ({state.message})"
         return m
     m.category = history[0].get("category")
     first, second = (prefect_times(str(h["flow_run_id"])) for h in history[:2])
@@ -633,18 +635,16 @@ def main(argv: list[str] | None = None) -> None:
                     if backend == "local" and kind in KUBE_ONLY:
                         continue
                     print(f"[{n + 1}/{args.repeat}] trainguard on {backend}: {kind}", flush=True)
-                    if backend == "local":
-                        results.append(measure_local(kind, workdir / f"{backend}-{kind}-{n}", settings))
-                    else:
-                        with kubesim_cluster(workdir / f"kubesim-{kind}-{n}") as sim:
-                            results.append(measure_kube(kind, workdir / f"{backend}-{kind}-{n}", settings, sim))
+                    results.append(_measured("trainguard", backend, kind, lambda: _trainguard(
+                        backend, kind, workdir / f"{backend}-{kind}-{n}", settings)))
                     print("   ", _line(results[-1]), flush=True)
             if args.baselines == "torchelastic":
                 for kind in kinds:
                     if kind in KUBE_ONLY:
                         continue
                     print(f"[{n + 1}/{args.repeat}] torchelastic, local: {kind}", flush=True)
-                    results.append(run_torchelastic(kind, workdir / f"elastic-{kind}-{n}", settings))
+                    results.append(_measured("torchelastic", "local", kind, lambda: run_torchelastic(
+                        kind, workdir / f"elastic-{kind}-{n}", settings)))
                     print("   ", _line(results[-1]), flush=True)
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}\n")
@@ -654,6 +654,21 @@ def main(argv: list[str] | None = None) -> None:
         print(line)
     if args.json:
         args.json.write_text(json.dumps([{**asdict(m), "total": m.total} for m in results], indent=1))
+
+
+def _trainguard(backend: str, kind: str, workdir: Path, settings: Settings) -> Measurement:
+    if backend == "local":
+        return measure_local(kind, workdir, settings)
+    with kubesim_cluster(workdir.with_name(workdir.name + "-kubesim")) as sim:
+        return measure_kube(kind, workdir, settings, sim)
+
+
+def _measured(system: str, backend: str, kind: str, measure: Callable[[], Measurement]) -> Measurement:
+    """One measurement; a run that broke is a row saying why, and the others still run."""
+    try:
+        return measure()
+    except Exception as exc:
+        return Measurement(system, backend, kind, problem=f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 def _line(m: Measurement) -> str:
