@@ -166,7 +166,8 @@ def prefect_times(flow_run_id: str) -> dict[str, Any]:
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(UUID(flow_run_id))
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])))
-    out: dict[str, Any] = {"start": _ts(run.start_time), "end": _ts(run.end_time), "tasks": {}}
+    out: dict[str, Any] = {"created": _ts(run.created), "start": _ts(run.start_time), "end": _ts(run.end_time),
+                           "tasks": {}}
     for task in sorted(tasks, key=lambda t: _ts(t.start_time) or 0.0):
         name = task.name.rsplit("-", 1)[0]
         out["tasks"].setdefault(name, {"start": _ts(task.start_time), "end": _ts(task.end_time)})
@@ -194,12 +195,14 @@ def trainguard_moments(fault_at: float, first: dict[str, Any], second: dict[str,
     ends = [at for at in ended if fault_at <= at <= seen]  # the platform's part of the detection
     moments = [
         ("fault", fault_at),
-        *([("a pod of attempt 1 ended (as the watch saw it)", ends[0])] if ends else []),
+        *([("a pod of attempt 1 ended (as the watch saw it)" if placement else
+            "attempt 1's command ended (its crash report's finished_at)", ends[0])] if ends else []),
         *([(f"all {len(ends)} pods of attempt 1 ended", ends[-1])] if len(ends) > 1 else []),
         ("the backend saw the command end (attempt 1's run_training ended)", first["tasks"]["run_training"]["end"]),
         ("evidence kept, resources released (release_attempt ended)",
          _end_of(first, "release_attempt", "collect_evidence")),
         ("verdict judged, kept and reported (attempt 1's flow run ended)", first["end"]),
+        ("attempt 2's flow run created (the backoff slept)", second["created"]),
         ("attempt 2's flow run started", second["start"]),
         ("attempt 2's workspace ready (its run_training started)", second["tasks"]["run_training"]["start"]),
         *placement,
@@ -225,8 +228,9 @@ def _event(timeline: list[dict[str, Any]], event: str) -> dict[str, Any]:
 
 # which phase each moment closes
 _CLOSES = {
-    "the backend saw": "detection", "a pod of attempt 1 ended": "detection", "all ": "detection", "evidence kept": "evidence", "verdict judged": "judgement",
-    "attempt 2's flow run started": "backoff", "attempt 2's workspace": "re-provision", "Job created": "re-provision",
+    "the backend saw": "detection", "a pod of attempt 1 ended": "detection",
+    "attempt 1's command ended": "detection", "all ": "detection", "evidence kept": "evidence", "verdict judged": "judgement",
+    "attempt 2's flow run created": "backoff", "attempt 2's flow run started": "re-provision", "attempt 2's workspace": "re-provision", "Job created": "re-provision",
     "pods created": "re-provision", "pods scheduled": "re-provision", "pods started": "re-provision",
     "torchrun agent started": "re-provision", "workers restarted": "detection",
     "rank 0 started": "rendezvous", "init_process_group": "rendezvous", "checkpoint loaded": "checkpoint load",
@@ -407,8 +411,17 @@ def local_blocks(workdir: Path) -> Iterator[dict[str, Any]]:
 
 def measure_local(kind: str, workdir: Path, s: Settings) -> Measurement:
     """One trainguard recovery on the local backend (1 node x 2 ranks); needs PREFECT_API_URL's server."""
+    def command_ended() -> list[float]:  # the entrypoint's crash report: the command and its descendants ended
+        from datetime import datetime
+
+        found = sorted((workdir / "evidence").glob("runs/*/attempt-1/crash-report.json"))
+        if not found:
+            return []
+        return [datetime.fromisoformat(json.loads(found[0].read_text())["finished_at"]).timestamp()]
+
     with local_blocks(workdir) as blocks:
-        return run_trainguard(kind, "local", blocks, workdir, s, lambda c: inject_local(kind, c))
+        return run_trainguard(kind, "local", blocks, workdir, s, lambda c: inject_local(kind, c),
+                              ended=command_ended)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -28,14 +28,17 @@ CONTROL = Path(os.environ.get("RECOVERY_CONTROL", "."))
 
 
 def process_start(pid: int) -> float | None:
-    """When process `pid` started (unix seconds), from /proc; None where /proc cannot say."""
+    """When process `pid` started (unix seconds), from /proc, to 10 ms; None where /proc cannot say.
+
+    /proc/<pid>/stat gives the start in clock ticks since boot; /proc/uptime says how long ago the
+    boot was to 10 ms (/proc/stat's btime is whole seconds, too coarse to order the moments).
+    """
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-    except (OSError, IndexError, StopIteration, ValueError):
+        now, uptime = time.time(), float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
         return None
-    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    return now - uptime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def note(event: str, **fields: object) -> None:

@@ -25,7 +25,7 @@ def test_a_killed_rank_is_timed_from_the_fault_to_the_next_attempts_first_step(p
     assert m.problem is None, m.problem
     names = [what for what, _ in m.moments]
     assert names[0] == "fault" and names[-1] == "first step done"
-    for needed in ("the backend saw", "evidence kept", "verdict judged", "attempt 2's flow run started",
+    for needed in ("the backend saw", "evidence kept", "verdict judged", "attempt 2's flow run created",
                    "attempt 2's workspace", "torchrun agent started", "init_process_group", "checkpoint loaded"):
         assert any(name.startswith(needed) for name in names), (needed, names)
     recovery.check_order(m.moments)
