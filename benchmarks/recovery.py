@@ -60,8 +60,8 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 TRAIN = ROOT / "benchmarks" / "recovery_train.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 KINDS = ("sigkill", "evict", "node-lost", "hang")
-BACKENDS = ("local", "kubesim")
-KUBE_ONLY = ("evict", "node-lost")
+BACKENDS = ("local", "kubesim", "slurm")
+ONLY_ON = {"evict": ("kubesim",), "node-lost": ("kubesim", "slurm")}  # the other kinds run on every backend
 # The phases, in order; a run's moments name where each one ends.
 PHASES = ("detection", "evidence", "judgement", "backoff", "re-provision", "rendezvous", "checkpoint load",
           "first step")
@@ -292,6 +292,8 @@ def spec_for(kind: str, backend: str, control: Control, s: Settings, run: str) -
     }
     if backend == "kubesim":
         spec.update(nodes=2, gpus=1)
+    if backend == "slurm":
+        spec.update(nodes=2)
     return spec
 
 
@@ -392,7 +394,7 @@ def inject_local(kind: str, control: Control, rank: int = 1) -> float:
         return at
     if kind == "hang":
         return control.hang(rank, 30)
-    raise ValueError(f"fault kind {kind!r} needs the kubesim backend")
+    raise ValueError(f"fault kind {kind!r} needs the kubesim or slurm backend")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -577,6 +579,83 @@ def kubesim_cluster(root: Path) -> Iterator[Any]:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Slurm: the two-node cluster the tests start (tests/services/slurm_cluster.py)
+
+
+@contextlib.contextmanager
+def slurm_cluster(root: Path) -> Iterator[Any]:
+    from services.slurm_cluster import SlurmCluster
+
+    cluster = SlurmCluster(root)
+    try:
+        cluster.start()
+        for node in (cluster.node, cluster.second_node):
+            wait(lambda: _slurm_state(cluster, node) == "idle", 120, f"Slurm node {node} to be idle", 0.2)
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _slurm_state(cluster: Any, node: str) -> str:
+    done = cluster.run("scontrol", "show", "node", node, check=False)
+    state = next((w.removeprefix("State=") for w in done.stdout.split() if w.startswith("State=")), "")
+    return state.lower().split("+")[0]
+
+
+def measure_slurm(kind: str, workdir: Path, s: Settings, cluster: Any) -> Measurement:
+    """One trainguard recovery of a 2-node job (one torchrun agent of 2 ranks a node) on real Slurm."""
+    from blocks import EvidenceFolder, SlurmBackend
+    from services.slurm_cluster import MULTI
+
+    suffix = uuid.uuid4().hex[:6]
+    SlurmBackend(shared_folder=str(workdir / "shared"), slurm_conf=str(cluster.conf), partition=MULTI).save(
+        f"recovery-slurm-{suffix}", overwrite=True)
+    EvidenceFolder(root=str(workdir / "evidence")).save(f"recovery-evidence-{suffix}", overwrite=True)
+    blocks = {"backend_block": f"trainguard-slurm-backend/recovery-slurm-{suffix}",
+              "evidence_block": f"recovery-evidence-{suffix}"}
+
+    def inject(control: Control) -> float:
+        if kind != "node-lost":
+            return inject_local(kind, control, rank=2)  # the second node's first rank
+        # the second node dies without notice: its slurmd and every process of its job step at once
+        victims = _ancestors_below(control.pid(2), "slurmstepd")
+        at = time.time()
+        cluster.processes["slurmd-2"].kill()
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        cluster.processes["slurmd-2"].wait()
+        # it reboots at once (the best case: with two nodes, the next attempt needs this one back)
+        cluster._spawn("slurmd-2", ["slurmd", "-D", "-f", str(cluster.conf), "-N", cluster.second_node])
+        return at
+
+    try:
+        return run_trainguard(kind, "slurm", blocks, workdir, s, inject)
+    finally:
+        if cluster.processes["slurmd-2"].poll() is not None:  # the node comes back for the next measurement
+            cluster._spawn("slurmd-2", ["slurmd", "-D", "-f", str(cluster.conf), "-N", cluster.second_node])
+
+
+def _ancestors_below(pid: int, name: str) -> list[int]:
+    """`pid`'s process tree from its ancestor called `name` down: that ancestor and all it started."""
+    top = pid
+    while top > 1:
+        parent = int(Path(f"/proc/{top}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        if Path(f"/proc/{parent}/comm").read_text().strip() == name:
+            top = parent
+            break
+        top = parent
+    out, todo = [], [top]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        with contextlib.suppress(OSError):
+            todo += [int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split()]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
 # the report
 
 
@@ -645,7 +724,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in range(args.repeat):
             for backend in backends:
                 for kind in kinds:
-                    if backend == "local" and kind in KUBE_ONLY:
+                    if backend not in ONLY_ON.get(kind, BACKENDS):
                         continue
                     print(f"[{n + 1}/{args.repeat}] trainguard on {backend}: {kind}", flush=True)
                     results.append(_measured("trainguard", backend, kind, lambda: _trainguard(
@@ -653,7 +732,7 @@ def main(argv: list[str] | None = None) -> None:
                     print("   ", _line(results[-1]), flush=True)
             if args.baselines == "torchelastic":
                 for kind in kinds:
-                    if kind in KUBE_ONLY:
+                    if "local" not in ONLY_ON.get(kind, BACKENDS):
                         continue
                     print(f"[{n + 1}/{args.repeat}] torchelastic, local: {kind}", flush=True)
                     results.append(_measured("torchelastic", "local", kind, lambda: run_torchelastic(
@@ -672,6 +751,9 @@ def main(argv: list[str] | None = None) -> None:
 def _trainguard(backend: str, kind: str, workdir: Path, settings: Settings) -> Measurement:
     if backend == "local":
         return measure_local(kind, workdir, settings)
+    if backend == "slurm":
+        with slurm_cluster(Path(tempfile.mkdtemp(prefix="recovery-slurm-"))) as cluster:
+            return measure_slurm(kind, workdir, settings, cluster)
     with kubesim_cluster(workdir.with_name(workdir.name + "-kubesim")) as sim:
         return measure_kube(kind, workdir, settings, sim)
 
