@@ -190,7 +190,7 @@ def trainguard_moments(fault_at: float, first: dict[str, Any], second: dict[str,
     started), between the next attempt's training task starting and its command starting.
     """
     timeline = [e for e in control.timeline() if str(e.get("attempt")) == "2"]
-    start = next(e for e in timeline if e["event"] == "start")
+    start = _event(timeline, "start")
     seen = first["tasks"]["run_training"]["end"]
     ends = [at for at in ended if fault_at <= at <= seen]  # the platform's part of the detection
     moments = [
@@ -223,7 +223,10 @@ def _end_of(times: dict[str, Any], *names: str) -> float:
 
 
 def _event(timeline: list[dict[str, Any]], event: str) -> dict[str, Any]:
-    return next(e for e in timeline if e["event"] == event)
+    found = next((e for e in timeline if e["event"] == event), None)
+    if found is None:
+        raise LookupError(f"the training left no {event!r} mark (it left {sorted({e['event'] for e in timeline})})")
+    return found
 
 
 # which phase each moment closes
@@ -331,13 +334,16 @@ def run_trainguard(kind: str, backend: str, blocks: dict[str, Any], workdir: Pat
         m.problem = f"{why} ({state.message})"
         return m
     m.category = history[0].get("category")
+    if len(history) > 2 or history[1].get("state") != "Completed":
+        m.problem = f"attempt 2 did not complete ({[h.get('category') for h in history]})"
+        return m
     first, second = (prefect_times(str(h["flow_run_id"])) for h in history[:2])
     for label, times in (("a1", first), ("a2", second)):  # where trainguard's own time goes, task by task
         for name, span in times["tasks"].items():
             m.tasks[f"{label} {name}"] = {k: v - box["fault_at"] for k, v in span.items() if v is not None}
     platform = placement(run_id, first["end"]) if placement else []
     moments = trainguard_moments(box["fault_at"], first, second, control, platform, ended() if ended else [])
-    loaded = next(e for e in control.timeline() if e["event"] == "loaded" and str(e.get("attempt")) == "2")
+    loaded = _event([e for e in control.timeline() if str(e.get("attempt")) == "2"], "loaded")
     failed_at = max(e["step"] for e in control.timeline() if e["event"] == "step" and str(e.get("attempt")) == "1")
     finish(m, moments, failed_at, int(loaded["step"]))
     m.own_share = own_share(moments)
@@ -701,7 +707,7 @@ def ratios(measurements: list[Measurement]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backends", default="local,kubesim", help=f"comma-separated: {', '.join(BACKENDS)}")
+    parser.add_argument("--backends", default="local,kubesim,slurm", help=f"comma-separated: {', '.join(BACKENDS)}")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated: {', '.join(KINDS)}")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--backoff", type=float, default=1.0, help="retry delay_seconds")
