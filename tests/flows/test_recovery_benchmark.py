@@ -1,0 +1,50 @@
+"""The recovery benchmark's own code, run once on the local backend so it cannot rot unseen.
+
+One real fault (rank 1 of a 2-rank DDP run on gloo gets SIGKILL) goes through `benchmarks/recovery.py`
+exactly as the benchmark runs it: trainguard's `training_run` with a real Prefect server, the
+moments read back from that server and the training script's timeline. What is checked is the
+shape of the answer (every moment present, in order, the phases adding up to the total, the steps
+lost from the checkpoints the run really has), never how long anything took: the figures belong to
+the benchmark.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import recovery
+
+SETTINGS = recovery.Settings(steps=12, fault_step=6, checkpoint_every=4, step_seconds=0.1, backoff=0.0,
+                             stall_seconds=60.0, timeout=240.0)
+
+
+def test_a_killed_rank_is_timed_from_the_fault_to_the_next_attempts_first_step(prefect_server, tmp_path: Path) -> None:
+    m = recovery.measure_local("sigkill", tmp_path, SETTINGS)
+    assert m.problem is None, m.problem
+    names = [what for what, _ in m.moments]
+    assert names[0] == "fault" and names[-1] == "first step done"
+    for needed in ("the backend saw", "evidence kept", "verdict judged", "attempt 2's flow run created",
+                   "attempt 2's workspace", "torchrun agent started", "init_process_group", "checkpoint loaded"):
+        assert any(name.startswith(needed) for name in names), (needed, names)
+    recovery.check_order(m.moments)
+    assert list(m.phases) == list(recovery.PHASES)
+    assert sum(m.phases.values()) == pytest.approx(m.total, abs=1e-6)
+    assert all(seconds >= -0.02 for seconds in m.phases.values()), m.phases
+    # the run's own checkpoints say which step the next attempt had to resume from
+    kept = sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "work").rglob("step-*.pt"))
+    assert m.failed_at_step is not None and m.failed_at_step >= SETTINGS.fault_step
+    assert m.resumed_at_step == max(s for s in kept if s <= m.failed_at_step)
+    assert m.steps_lost == m.failed_at_step - m.resumed_at_step
+    assert m.own_share is not None and 0 < m.own_share < m.total
+    row = recovery.table([m]).splitlines()[2]
+    assert row.startswith("| trainguard | local | sigkill | 1/1 |") and row.endswith(f"| {m.steps_lost} |")
+
+
+def test_moments_out_of_order_are_refused_not_turned_into_negative_phases() -> None:
+    moments = [("fault", 10.0), ("the backend saw the command end", 12.0), ("evidence kept", 11.5)]
+    with pytest.raises(ValueError, match="'evidence kept' at 11.500 before 'the backend saw the command end'"):
+        recovery.check_order(moments)
+    recovery.check_order(moments[:2])
+    assert recovery.phases_of(moments[:2])["detection"] == pytest.approx(2.0)
