@@ -27,9 +27,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainguard_entrypoint.notice import NOTICE_FILE, Notice, current_notice, give_notice, write_notice
+from trainguard_entrypoint.notice import Notice, current_notice, give_notice, write_notice
+from trainguard_entrypoint.paths import NODE_FOLDERS, NOTICE_FILE
 
-TASKS = "tasks"
 # How much earlier than its lead Slurm may send the warning (its timer runs once a minute), plus slack.
 EARLY_SECONDS = 90.0
 KILL_WAIT_SECONDS = 30.0  # slurm.conf's KillWait default: SIGTERM to SIGKILL after scancel
@@ -76,7 +76,7 @@ def job_facts(job_id: str, timeout: float = 10.0) -> tuple[str | None, float | N
 
 def task_folders(workspace: Path, tasks: int) -> list[Path]:
     """Each task's folder: task 0 the attempt's own, task N `tasks/N` in it."""
-    return [workspace] + [workspace / TASKS / str(n) for n in range(1, tasks)]
+    return [workspace] + [workspace / NODE_FOLDERS / str(n) for n in range(1, tasks)]
 
 
 def give(workspace: Path, tasks: int, reason: str, deadline: float, source: str, now: float,

@@ -28,7 +28,8 @@ import trainguard_entrypoint
 from trainguard_entrypoint import ORIGINAL_PYTHONPATH
 from trainguard_entrypoint.coredumps import signal_name
 from trainguard_entrypoint.files import read_json_object, write_json_atomic
-from trainguard_entrypoint.notice import NOTICE_FILE, give_notice
+from trainguard_entrypoint.notice import give_notice
+from trainguard_entrypoint.paths import NOTICE_FILE
 from trainguard_entrypoint.progress import HEARTBEAT
 from trainguard_entrypoint.redact import redact_argv
 
