@@ -200,6 +200,8 @@ def test_a_stalled_attempt_of_two_pods_is_judged_by_its_stall(kb: dict[str, Any]
     # the stall is the attempt's, told on the pod the attempt ended on: node 0, as no pod failed first
     assert (only["root_cause"]["index"], only["root_cause"]["rule_id"]) == (0, "reason.deadline")
     assert only["root_cause"]["pod"] == entries[0]["pod"]
+    stacks = only["stacks"]  # taken while the ranks were alive: all four in the same place
+    assert (stacks["kind"], stacks["culprits"], stacks["ranks"]) == ("undetermined", [], 4), stacks
 
 
 def test_a_flow_killed_mid_attempt_and_run_again_adopts_the_job_and_its_service(kb: dict[str, Any], sim: Any,
