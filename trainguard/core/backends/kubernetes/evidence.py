@@ -48,7 +48,7 @@ from trainguard.core.stores.base import EvidenceStore
 FLOW = "flow"
 NODE_EVENTS_NAMESPACE = "default"  # the kubelet and node controller record node events there
 TRIAGE_NAME = "kubernetes/triage.json"
-__all__ = ["ClusterFacts", "collect_kubernetes_evidence"]
+__all__ = ["collect_kubernetes_evidence"]
 
 
 def _utc_now() -> datetime:

@@ -3,8 +3,9 @@
 The pods and their logs go with the Job, so collection keeps what triage reads in the attempt's
 private folder (`localdir`): `TRIAGE_FACTS`, the `ClusterFacts` of the pod the attempt ended on;
 its log as `KEPT_LOG`; and, for several pods, ``attempt.json`` with each node's files
-(`nodes.keep_nodes`). `read` reads that folder once: a `KeptAttempt`, which hands triage the
-attempt as one (`KeptAttempt.signals`) and each node rank (`KeptAttempt.nodes`). Both join what
+(`nodes.keep_nodes`). `read` reads the triage facts once: a `KeptAttempt`, which hands triage
+the attempt as one (`KeptAttempt.signals`) and each node rank (`KeptAttempt.nodes`, reading
+``attempt.json`` once and each node's files, its events taken from the facts). Both join what
 was kept with how the supervisor saw the attempt end (the `AttemptOutcome`), by one rule
 (`_ending`): the outcome's reason and exit code belong to the pod it ended on, since a stall, a
 deadline or a deleted Job is said by the supervisor alone, never by a pod.
@@ -49,23 +50,17 @@ def read_facts(folder: Path) -> ClusterFacts | None:
 
 def read(folder: Path | None, run_id: str, attempt: int) -> KeptAttempt:
     """What is kept in ``folder`` for the attempt; nothing when None (the folder may not be trusted)."""
-    if folder is None:
-        return KeptAttempt(None, run_id, attempt, None, ())
-    mapped = read_json_object(folder / ATTEMPT_MAP) or {}
-    entries = tuple(e for e in mapped.get("indexes") or () if isinstance(e, dict) and isinstance(e.get("index"), int))
-    return KeptAttempt(folder, run_id, attempt, read_facts(folder), entries)
+    return KeptAttempt(folder, run_id, attempt, read_facts(folder) if folder is not None else None)
 
 
 @dataclass(frozen=True)
 class KeptAttempt:
-    """One attempt's kept facts: the attempt's (`facts`) and, for several pods, each node rank's (`entries`,
-    as ``attempt.json`` has them)."""
+    """One attempt's kept facts (`facts`, read once), and where each node rank's are (for several pods)."""
 
     folder: Path | None
     run_id: str
     attempt: int
     facts: ClusterFacts | None
-    entries: tuple[Mapping[str, Any], ...]
 
     def signals(self, outcome: AttemptOutcome) -> Signals:
         """The attempt as one: the outcome joined with the pod it ended on, with the conditions, events
@@ -87,11 +82,15 @@ class KeptAttempt:
         never bound to a node when the attempt ended unschedulable carries that reason too: where no
         scheduler decided on it, nothing the cluster kept says so.
         """
-        if self.folder is None or len(self.entries) < 2:
+        if self.folder is None:
             return []
-        ended = next((e["index"] for e in self.entries if outcome.instance and e.get("pod") == outcome.instance), 0)
+        mapped = read_json_object(self.folder / ATTEMPT_MAP) or {}
+        entries = [e for e in as_list(mapped.get("indexes")) if isinstance(e, dict) and as_int(e.get("index")) is not None]
+        if len(entries) < 2:
+            return []
+        ended = next((e["index"] for e in entries if outcome.instance and e.get("pod") == outcome.instance), 0)
         budget = rankstacks.StackBudget()
-        return [self._node(self.folder, entry, outcome, entry["index"] == ended, budget) for entry in self.entries]
+        return [self._node(self.folder, entry, outcome, entry["index"] == ended, budget) for entry in entries]
 
     def _node(self, kept: Path, entry: Mapping[str, Any], outcome: AttemptOutcome, ended: bool,
               budget: rankstacks.StackBudget) -> NodeEvidence:
