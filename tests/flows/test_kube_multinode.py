@@ -184,6 +184,27 @@ def test_a_hang_is_named_on_its_rank_from_the_stacks_retried_once_and_then_the_r
     assert "the same failure signature" in second["decision"]["reason"]  # the same frame again
 
 
+def test_a_stalled_attempt_of_two_pods_is_judged_by_its_stall(kb: dict[str, Any]) -> None:
+    """Every rank goes silent in the same place after its first step (a step that never ends): the stall
+    window ends the attempt with both pods still running. Neither pod's own evidence says it failed, and
+    the ranks' stacks name no odd one out; the attempt's outcome says it stalled, and the verdict does."""
+    spec = ddp("mn-stall", "--steps", "3", "--step-seconds", "3600", script=EXAMPLE, stall_seconds=25,
+               retry={"max_total_attempts": 1})
+    state, history = run(spec, kb, "mn-stall-1")
+    assert state.is_failed() and len(history) == 1
+    only = history[0]
+    assert only["termination_reason"] == "Stalled"
+    assert (only["category"], only["rule_id"], only["retryable"]) == ("timeout", "reason.deadline", True), only
+    entries = both_pods(kb, "mn-stall-1", 1)
+    assert "step 1 loss" in kept(kb["evidence"], "mn-stall-1", 1, "logs/train-mn-stall-1-attempt-1.log")
+    assert [entries[i]["exit_code"] for i in (0, 1)] == [None, None]  # both still running when it was judged
+    # the stall is the attempt's, told on the pod the attempt ended on: node 0, as no pod failed first
+    assert (only["root_cause"]["index"], only["root_cause"]["rule_id"]) == (0, "reason.deadline")
+    assert only["root_cause"]["pod"] == entries[0]["pod"]
+    stacks = only["stacks"]  # taken while the ranks were alive: all four in the same place
+    assert (stacks["kind"], stacks["culprits"], stacks["ranks"]) == ("undetermined", [], 4), stacks
+
+
 def test_a_flow_killed_mid_attempt_and_run_again_adopts_the_job_and_its_service(kb: dict[str, Any], sim: Any,
                                                                                 prefect_server: str) -> None:
     spec = ddp("mn-adopt", "--steps", "40", "--step-seconds", "0.1", script=EXAMPLE)

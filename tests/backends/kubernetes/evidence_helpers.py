@@ -11,8 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainguard.core.backends.base import Launch
-from trainguard.core.backends.kubernetes import errors, manifests, zipapp
+from trainguard.core.backends.base import ERROR, AttemptOutcome, Launch
+from trainguard.core.backends.kubernetes import errors, kept, manifests, zipapp
+from trainguard.core.backends.kubernetes.scene import ClusterFacts
+from trainguard.core.triage.signals import Signals
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.evidence.manifest import Manifest
 from trainguard.core.stores.folder import LocalEvidenceStore
@@ -64,6 +66,19 @@ def training_job(name: str, script: str, *, run_id: str, image: str = IMAGE, vol
         spec["initContainers"] = [init]
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
             "spec": {"backoffLimit": backoff, "template": {"spec": spec}}}
+
+
+def kept_facts(folder: Path) -> ClusterFacts:
+    """The triage facts collection kept in ``folder``, read back as the backend reads them."""
+    facts = kept.read_facts(folder)
+    assert facts is not None, f"no triage facts kept in {folder}"
+    return facts
+
+
+def kept_signals(folder: Path, run_id: str = "run-1") -> Signals:
+    """What the backend hands triage from what collection kept in ``folder`` (attempt 1 of ``run_id``), for a
+    Job its supervisor saw fail with the Job's bare verdict: the pod's kept facts say why."""
+    return kept.read(folder, run_id, 1).signals(AttemptOutcome(None, None, ERROR, "the Job failed"))
 
 
 def pods_of(kube: KubeApi, ns: str, job: str) -> list[dict[str, Any]]:

@@ -12,12 +12,14 @@ import signal
 from pathlib import Path
 
 import pytest
-from evidence_helpers import Kept, collectors, job_failed, pods_of, trainguard_job, training_job
+from evidence_helpers import (
+    Kept, collectors, job_failed, kept_facts, kept_signals, pods_of, trainguard_job, training_job,
+)
 
 import kubesim.fixture
 from trainguard.core.backends.kubernetes import errors
 from trainguard.core.backends.kubernetes.api import KubeApi, RetrySettings
-from trainguard.core.backends.kubernetes.evidence import collect_kubernetes_evidence, read_triage_facts
+from trainguard.core.backends.kubernetes.evidence import collect_kubernetes_evidence
 from trainguard.core.backends.kubernetes.scene import BreakerApi
 from trainguard.core.stores.folder import LocalEvidenceStore
 from trainguard.core.taxonomy import Category
@@ -68,7 +70,7 @@ def test_sigsegv_core_file_is_reached_through_the_volume_and_the_collector_pod_i
     assert b"hf_secret_value" not in kept.read(f"kubernetes/pods/{pod}.json")
     assert b"hf_secret_value" not in kept.read("kubernetes/job.json")
     assert json.loads(kept.read("termination-message.txt"))["exit_code"] == 139  # the entrypoint's summary
-    facts = read_triage_facts(kept.store, "run-1", 1, tmp_path / "triage")
+    facts = kept_facts(tmp_path / "triage")
     assert (facts.exit_code, facts.signal, facts.node) == (139, 11, pod_json["spec"]["nodeName"])
     assert facts.log_path and b"step 1 loss" in Path(facts.log_path).read_bytes()
     wait_for(lambda: not collectors(kube, ns), what="the collector pod deleted")
@@ -98,9 +100,11 @@ def test_oom_killed_pod_keeps_its_termination_state_log_and_volume_files(
     assert b"step 1 loss 2.0" in kept.read("logs/train-run-1-attempt-1.log")  # from the volume
     assert "Reason:       OOMKilled" in kept.read(f"kubernetes/pods/{pod}/describe.txt").decode()
     assert "killed (SIGKILL)" in kept.why("crash-report.json")
-    facts = read_triage_facts(kept.store, "run-1", 1, tmp_path / "elsewhere")  # the log comes from the store
+    facts = kept_facts(tmp_path / "triage")
     assert (facts.reason, facts.exit_code) == ("OOMKilled", 137)
-    assert classify(facts.signals()).category is Category.HOST_OOM
+    stored = kept.json("kubernetes/triage.json")  # the store's copy says the same, with no path of this machine
+    assert (stored["reason"], stored["exit_code"], stored["log_path"]) == ("OOMKilled", 137, None)
+    assert classify(kept_signals(tmp_path / "triage")).category is Category.HOST_OOM
     node = facts.node
     assert kept.json(f"kubernetes/nodes/{node}.json")["allocatable"]["nvidia.com/gpu"] == "2"
     assert any(c["type"] == "Ready" for c in kept.json(f"kubernetes/nodes/{node}.json")["conditions"])
@@ -157,10 +161,10 @@ def test_err_image_pull_keeps_the_events_and_says_why_logs_are_missing(
     assert times == sorted(times)
     assert "waiting to start" in kept.why(f"kubernetes/pods/{pod}/logs/train.log")
     assert "ErrImagePull" in kept.why("volume")  # the collector uses the same image, and says so
-    facts = read_triage_facts(kept.store, "run-1", 1)
+    facts = kept_facts(tmp_path / "triage")
     assert facts.reason in ("ErrImagePull", "ImagePullBackOff")
     assert any(e.get("reason") == "Failed" for e in facts.events)
-    assert classify(facts.signals()).category is Category.CONFIG_ERROR
+    assert classify(kept_signals(tmp_path / "triage")).category is Category.CONFIG_ERROR
     kube.delete_job(ns, job)
     wait_for(lambda: not collectors(kube, ns), what="the collector pod deleted")
 
@@ -182,7 +186,7 @@ def test_a_pod_already_deleted_is_recorded_absent_and_the_rest_is_still_collecte
     assert b"bad config" in kept.read("logs/train-run-1-attempt-1.log")  # the volume outlived the pod
     assert kept.json("crash-report.json")["exit_code"] == 2
     assert "no pod of the Job" in kept.why("termination-message.txt")
-    assert read_triage_facts(kept.store, "run-1", 1).node in ("gpu-node-1", "gpu-node-2")  # from its events
+    assert kept_facts(tmp_path / "triage").node in ("gpu-node-1", "gpu-node-2")  # from its events
 
 
 @pytest.mark.parametrize("resource", ["pods", "events", "everything", "node events forbidden"])
@@ -213,7 +217,7 @@ def test_api_errors_during_collection_become_absent_items_never_an_exception(
         assert "503" in kept.why(f"kubernetes/events.json (Job {job})")
         assert "kubernetes/job.json" in kept.items and len(kept.names("kubernetes/pods/")) >= 2
     elif resource == "node events forbidden":
-        node = read_triage_facts(kept.store, "run-1", 1).node
+        node = kept_facts(tmp_path / "triage").node
         assert "grant `events: list` in namespace default" in kept.why(f"kubernetes/events.json (Node {node})")
         assert f"kubernetes/nodes/{node}.json" in kept.items and "kubernetes/events.json" in kept.items
     else:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from evidence_helpers import Kept, job_failed, pods_of, trainguard_job, training_job
+from evidence_helpers import Kept, job_failed, kept_facts, kept_signals, pods_of, trainguard_job, training_job
 from hostile import HOST_MARKER, HOSTILE_TRAINER, ODD_NAME, host_file, within
 
 import kubesim.fixture
@@ -21,7 +21,7 @@ from trainguard.core.backends.base import Launch
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.backend import KubernetesBackend, KubeSettings
 from trainguard.core.backends.kubernetes.manifests import JobSettings
-from trainguard.core.backends.kubernetes.evidence import collect_kubernetes_evidence, read_triage_facts
+from trainguard.core.backends.kubernetes.evidence import collect_kubernetes_evidence
 from trainguard.core.stores.folder import LocalEvidenceStore
 from trainguard.core.taxonomy import Category
 from trainguard.core.triage import classify
@@ -58,9 +58,8 @@ def test_triage_reads_the_entrypoints_log_not_the_first_file_a_job_put_under_log
     kept = _collect(kube, ns, job, tmp_path)
 
     assert b"epoch 2 acc" in kept.read("logs/metrics.log")  # kept as evidence, but not what decides
-    facts = read_triage_facts(kept.store, "run-1", 1, tmp_path / "triage")
-    assert facts.log_item == "logs/train-run-1-attempt-1.log"
-    assert classify(facts.signals()).category is Category.CUDA_OOM
+    assert kept_facts(tmp_path / "triage").log_item == "logs/train-run-1-attempt-1.log"
+    assert classify(kept_signals(tmp_path / "triage")).category is Category.CUDA_OOM
     assert b"CUDA out of memory" in kept.read("crash-tail.txt")
 
 
@@ -226,8 +225,7 @@ def test_what_a_hostile_job_leaves_in_its_folder_is_refused_with_reasons_and_col
     assert all(miss.name.isprintable() and miss.reason.isprintable() for miss in kept.manifest.missing)
     skipped = {entry["name"]: entry["reason"] for entry in kept.json("checkpoints.json").get("skipped", [])}
     assert "FIFO" in skipped["step-000009.pt"] and "symbolic link" in skipped["step-000005.pt"]
-    facts = read_triage_facts(kept.store, "run-1", 1, tmp_path / "triage")
-    assert classify(facts.signals()).category is Category.CODE_ERROR
+    assert classify(kept_signals(tmp_path / "triage")).category is Category.CODE_ERROR
 
 
 def test_a_checkpoint_folder_of_thousands_of_shards_keeps_the_volumes_evidence(

@@ -14,7 +14,6 @@ import os
 from collections.abc import Sequence
 from functools import lru_cache
 
-from trainguard.core.triage import hangs
 from trainguard.core.triage.decide import decide
 from trainguard.core.triage.rules import (
     RuleFileError,
@@ -84,8 +83,7 @@ def classify(signals: Signals, *, rules: RuleSet | None = None,
         The diagnosis, or None when the attempt is not a failure (exit code 0 and nothing that
         says otherwise).
     """
-    diagnosis = decide(signals, rules or load_rules(), previous, engine, nearest_vote)
-    return hangs.refine(diagnosis, hangs.odd_ones_out(signals.stacks)) if signals.stacks else diagnosis
+    return decide(signals, rules or load_rules(), previous, engine, nearest_vote)
 
 
 def explain(signals: Signals, *, rules: RuleSet | None = None,

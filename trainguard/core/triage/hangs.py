@@ -6,7 +6,8 @@ The stacks tell them apart: the ranks that are somewhere else (a data loader, a 
 different collective) are the odd ones out. This module parses stacks as `py-spy dump` (with or
 without ``--native``) and Python's `faulthandler` print them, normalises their frames as the
 triage fingerprint does (no line numbers, no installation prefixes), and compares the ranks'
-main threads. Taking the stacks is the entrypoint's business; showing them, the report's.
+main threads. Taking the stacks is the entrypoint's business; naming the failure from the verdict,
+`trainguard.core.judging`'s; showing them, the report's.
 
 The verdict is one of:
 - ``hang``: most ranks wait in a collective and the others do not; those others are the culprits,
@@ -19,17 +20,10 @@ The verdict is one of:
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
-
-from trainguard.core.taxonomy import INFO, Category
-
-if TYPE_CHECKING:
-    from trainguard.core.triage.signals import Diagnosis
+from dataclasses import dataclass, field
 
 # Frames that mean "this rank waits for its peers" (Python and native names, as py-spy prints them).
 _COLLECTIVE = re.compile(
@@ -225,32 +219,6 @@ def odd_ones_out(ranks: Sequence[RankStacks]) -> HangVerdict:
         state = "waits in another collective" if place in waiting else "elsewhere"
         rows.append(RankRow(rank.rank, rank.node, state, top, differs))
     return _verdict(ranks, had, waiting, culprits, frame, tuple(rows))
-
-
-# What a hang looks like in the logs alone: ranks that only lost a peer (a timeout), or the
-# attempt stopped from outside for silence or at its deadline.
-_HANG_LIKE = {"nccl_error", "timeout", "unknown"}
-
-
-def refine(diagnosis: Diagnosis | None, verdict: HangVerdict) -> Diagnosis | None:
-    """The diagnosis once the stacks are read: a hang (or desync) named on its odd ones out.
-
-    Only a failure that looks like a hang from the logs (a communication timeout with the culprit
-    undetermined, a stall, a deadline) becomes one; a rank's own error stays what it is.
-    """
-    if diagnosis is None or verdict.kind not in ("hang", "desync") or not verdict.culprits:
-        return diagnosis
-    looks_hung = diagnosis.culprit_undetermined or diagnosis.category.value in _HANG_LIKE
-    if not looks_hung:
-        return diagnosis
-    category = Category.HANG if verdict.kind == "hang" else Category.DESYNC
-    frame = re.sub(r":\d+\)$", ")", verdict.frame)  # the fingerprint keeps the place, not the line
-    return replace(
-        diagnosis, category=category, retryable=INFO[category].retryable, rule_id=f"stacks.{verdict.kind}",
-        signature=f"rank {verdict.culprits[0]} at {verdict.frame}", line_number=None, rank=verdict.culprits[0],
-        remediation=INFO[category].remediation, strength="cause", culprit_undetermined=False,
-        decided_by="stacks", fingerprint=hashlib.sha256(f"{category.value}|{frame}".encode()).hexdigest()[:16],
-    )
 
 
 def _verdict(ranks: Sequence[RankStacks], had: list[tuple[RankStacks, ThreadStack]], waiting: set[str],

@@ -39,7 +39,7 @@ class Signals:
         error_files: torchelastic error files of the attempt's ranks (``errorfile``): each is
             evidence of the rank it names, at the time it records.
         stacks: Every rank's stack, taken while the ranks were alive (``hangs``), where a hang was
-            seen coming: a hang's culprit is named from them.
+            seen coming: judging (`trainguard.core.judging`) names a hang's culprit from them.
     """
 
     exit_code: int | None = None

@@ -10,8 +10,8 @@ end, `supervise_nodes` one of several pods, `podstate` reads a pod's states and 
 waits for. `evidence`, `scene`, `describe` (with `gotext`, Go's
 text formatting kubectl's output depends on) and `volume` freeze what the cluster knows, the
 volume's files through the `collector` pod, which runs `collector_program` and is read back by
-`collector_output`; `nodes` reads each pod of a multi-node attempt as evidence and triage see it;
-the `lister` pod lists a run's checkpoints; `localdir` is the private folder on the flow's
-machine where triage facts and the nodes' files are kept. `backend` puts it together behind
-`trainguard.core.backends.base.Backend`.
+`collector_output`; `nodes` maps and keeps each pod of a multi-node attempt; `localdir` is the
+private folder on the flow's machine where the triage facts and the nodes' files are kept, and
+`kept` reads them back, once, for triage; the `lister` pod lists a run's checkpoints. `backend`
+puts it together behind `trainguard.core.backends.base.Backend`.
 """

@@ -18,16 +18,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainguard_entrypoint.files import read_json_object
-
 from trainguard.core import masking
-from trainguard.core.backends import workspace, workspace_evidence
+from trainguard.core.backends import workspace_evidence
 from trainguard.core.backends.base import (
-    COMPLETED, ERROR, LOST, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
+    COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
 )
 from trainguard.core.backends.capabilities import NodeEvidence
 from trainguard.core.backends.kubernetes import (
-    collector, evidence, indexed, kinds, lister, localdir, manifests, nodes, placement, zipapp,
+    collector, evidence, indexed, kept, kinds, lister, localdir, manifests, placement, zipapp,
 )
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotFound
@@ -41,8 +39,6 @@ from trainguard.core.triage.signals import LogSource, Signals
 
 KIND = "kubernetes"
 JOB_DELETED = "JobDeleted"  # someone deleted the Job while it ran: triage reads a cancellation
-# Job-level reasons that say the Job failed but not why; the pod evidence names the cause.
-_JOB_VERDICTS = frozenset({"BackoffLimitExceeded", "PodFailurePolicy", "Error", "Failed"})
 
 
 @dataclass(frozen=True)
@@ -256,58 +252,24 @@ class KubernetesBackend:
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
     def signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> Signals:
-        """The outcome's reason and exit code, with the conditions, events and log evidence kept."""
-        facts = self._facts(ref)
-        reason, exit_code = outcome.reason, outcome.exit_code
-        if reason in _JOB_VERDICTS and facts.get("reason"):
-            # The Job's own verdict says only that it failed; its pod says why (OOMKilled, Evicted, ...),
-            # and the watch may have seen the Job fail before the pod's final status arrived.
-            reason = str(facts["reason"])
-        if exit_code is None and isinstance(facts.get("exit_code"), int):
-            exit_code = facts["exit_code"]
-        return Signals(
-            exit_code=exit_code, reason=reason,
-            conditions=tuple(facts.get("conditions") or outcome.conditions),
-            events=tuple(facts.get("events") or outcome.events), log=self._log(facts, outcome),
-        )
+        """The outcome joined with what collection kept of the pod it ended on (`kept.KeptAttempt.signals`)."""
+        return self._kept(ref).signals(outcome)
 
     def log(self, ref: AttemptRef, outcome: AttemptOutcome) -> LogSource:
-        return self._log(self._facts(ref), outcome)
-
-    def _facts(self, ref: AttemptRef) -> dict[str, Any]:
-        """The triage facts collection kept, with ``log_path`` only where collection keeps the log;
-        {} when none are kept (or the folder may not be trusted): what the supervisor saw still classifies."""
-        try:
-            folder = self.local_dir(ref.run_id, ref.attempt)
-        except OSError:
-            return {}
-        facts = read_json_object(folder / workspace.TRIAGE_FACTS) or {}
-        if facts.get("log_path") != str(folder / workspace.KEPT_LOG):
-            facts.pop("log_path", None)
-        return facts
-
-    @staticmethod
-    def _log(facts: dict[str, Any], outcome: AttemptOutcome) -> LogSource:
-        log_path = facts.get("log_path")
-        return Path(log_path) if log_path and Path(log_path).is_file() else (outcome.log_tail or None)
+        return self._kept(ref).log(outcome)
 
     def node_signals(self, ref: AttemptRef, outcome: AttemptOutcome) -> list[NodeEvidence]:
-        """Each pod's signals, by node rank, for an attempt of several pods; [] for one pod.
+        """Each pod's signals, by node rank, for an attempt of several pods; [] for one (`kept.KeptAttempt.nodes`)."""
+        return self._kept(ref).nodes(outcome)
 
-        Read from what collection kept on this machine (`nodes.keep_nodes`): each pod's exit code,
-        reason, conditions and events, its node's log, torchrun error files and ranks' stacks. A pod never
-        bound to a node when the attempt ended unschedulable carries that reason: where no scheduler decided
-        on it, nothing the cluster kept says so.
-        """
+    def _kept(self, ref: AttemptRef) -> kept.KeptAttempt:
+        """What collection kept on this machine (`nodes.keep_nodes`, the triage facts); nothing when the folder
+        may not be trusted: what the supervisor saw still classifies, the attempt judged as one."""
         try:
-            folder = self.local_dir(ref.run_id, ref.attempt)
+            folder: Path | None = self.local_dir(ref.run_id, ref.attempt)
         except OSError:
-            return []  # nothing kept there can be trusted: the attempt is judged as one
-        found = nodes.node_evidence(folder, ref.run_id, ref.attempt)
-        if outcome.reason != "Unschedulable":
-            return found
-        return [replace(n, signals=replace(n.signals, reason="Unschedulable"))
-                if n.node is None and not n.signals.reason else n for n in found]
+            folder = None
+        return kept.read(folder, ref.run_id, ref.attempt)
 
     def placeable_nodes(self) -> list[str]:
         """Nodes the Job's pods could land on: those matching the block's node selector, not cordoned."""
@@ -348,26 +310,6 @@ class KubernetesBackend:
                 self.api.delete_service(self.namespace, ref.name)
             except NotFound:
                 pass
-
-    def lost_outcome(self, ref: AttemptRef) -> AttemptOutcome:
-        """From the cluster: the attempt's Job and its pod (the first that failed, else the newest), read as
-        the supervisor reads them when it stops; `LOST` when the cluster no longer has them or cannot say."""
-        try:
-            try:
-                job: dict[str, Any] | None = kinds.read(self.api, self.kind_of_job, self.namespace, ref.name)
-            except NotFound:
-                job = None
-            pods = self.api.list_pods(self.namespace, label_selector=manifests.selector(ref.run_id, ref.attempt))
-        except KubeError as exc:
-            return AttemptOutcome(None, None, LOST, f"its supervisor was lost, and the cluster could not say how it "
-                                                    f"ended: {exc}")
-        items = sorted(pods.get("items") or [], key=lambda p: str(p.get("metadata", {}).get("creationTimestamp")))
-        failed = [p for p in items if p.get("status", {}).get("phase") == "Failed"]
-        pod = failed[0] if failed else (items[-1] if items else None)
-        if job is None and pod is None:
-            return AttemptOutcome(None, None, LOST, f"its supervisor was lost, and its {self.kind_of_job} "
-                                                    f"{self.namespace}/{ref.name} is gone")
-        return outcome_of_ending(Ending(job, pod, job_deleted=job is None))
 
     def stop_orphan(self, ref: AttemptRef) -> str | None:
         """Stop the Job of an attempt whose flow process died, once its evidence is kept.
@@ -421,7 +363,7 @@ def _reason(ending: Ending, pod: Mapping[str, Any], job: Mapping[str, Any],
             terminated: Mapping[str, Any]) -> tuple[str, str]:
     """The most telling reason and its message, in the order triage trusts them."""
     waiting = blocking_wait(pod)
-    fixed = {"unschedulable": "Unschedulable", "start_error": waiting.get("reason") or START_ERROR,
+    fixed = {"unschedulable": kept.UNSCHEDULABLE, "start_error": waiting.get("reason") or START_ERROR,
              "stalled": "Stalled", "deadline": "DeadlineExceeded", "api": ERROR}
     if ending.why in fixed:
         scheduled: Mapping[str, Any] = next((c for c in pod.get("status", {}).get("conditions") or [] if c.get("type") == "PodScheduled"), {})

@@ -10,14 +10,14 @@ report, snapshots, core dumps, the checkpoint listing), read back through a coll
 named as the local collector names them, so `trainguard evidence show` reads both alike.
 
 Collection never raises: each piece that cannot be had is a `MissingItem` with the reason (pod
-already gone, no previous instance, API error). The facts triage needs are written as
-``kubernetes/triage.json`` and can be read back with `read_triage_facts`. Talking to the API is
-``api``'s job; the collector pod is ``collector``'s; the describe text is ``describe``'s.
+already gone, no previous instance, API error). The facts triage needs are stored as
+``kubernetes/triage.json`` and, with the log, kept on this machine, where ``kept`` reads them back.
+Talking to the API is ``api``'s job; the collector pod is ``collector``'s; the describe text is
+``describe``'s.
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -26,10 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.core import masking
-from trainguard_entrypoint.files import read_json_object
-
-from trainguard.core.backends import workspace
 from trainguard.core.backends.kubernetes import collector, kinds, localdir, nodes
+from trainguard.core.backends.workspace import KEPT_LOG, KEPT_NODE_MAP, TRIAGE_FACTS
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.describe import describe_pod
 from trainguard.core.backends.kubernetes.errors import Forbidden, KubeError, NotFound
@@ -45,12 +43,12 @@ from trainguard.core.backends.kubernetes.scene import (
 )
 from trainguard.core.backends.kubernetes.volume import store_volume_files
 from trainguard.core.evidence.manifest import Manifest, attempt_prefix, store_manifest
-from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
+from trainguard.core.stores.base import EvidenceStore
 
 FLOW = "flow"
 NODE_EVENTS_NAMESPACE = "default"  # the kubelet and node controller record node events there
 TRIAGE_NAME = "kubernetes/triage.json"
-__all__ = ["ClusterFacts", "collect_kubernetes_evidence", "read_triage_facts"]
+__all__ = ["collect_kubernetes_evidence"]
 
 
 def _utc_now() -> datetime:
@@ -207,7 +205,7 @@ def _map_nodes(c: ClusterWriter, s: Scene, log_dir: Path | None) -> None:
         try:
             nodes.keep_nodes(c, s, mapped, log_dir)
         except OSError as exc:
-            c.absent(f"{log_dir}/{workspace.KEPT_NODE_MAP}", KUBERNETES, f"could not keep the nodes' files locally: {exc}")
+            c.absent(f"{log_dir}/{KEPT_NODE_MAP}", KUBERNETES, f"could not keep the nodes' files locally: {exc}")
 
 
 def _collect_termination_message(c: ClusterWriter, s: Scene, facts: ClusterFacts) -> None:
@@ -237,12 +235,12 @@ def _keep_for_triage(c: ClusterWriter, s: Scene, facts: ClusterFacts, log_dir: P
         try:
             localdir.ensure_private(log_dir)
             if facts.log_path:
-                kept = log_dir / workspace.KEPT_LOG
-                localdir.copy_private(facts.log_path, kept)
-                facts = facts.with_log(str(kept))
-            localdir.write_private(log_dir / workspace.TRIAGE_FACTS, json_bytes(masking.mask_tree(facts.to_dict(), c.masker)))
+                log = log_dir / KEPT_LOG
+                localdir.copy_private(facts.log_path, log)
+                facts = facts.with_log(str(log))
+            localdir.write_private(log_dir / TRIAGE_FACTS, json_bytes(masking.mask_tree(facts.to_dict(), c.masker)))
         except OSError as exc:
-            c.absent(f"{log_dir}/triage.json", KUBERNETES, f"could not keep the triage facts locally: {exc}")
+            c.absent(f"{log_dir}/{TRIAGE_FACTS}", KUBERNETES, f"could not keep the triage facts locally: {exc}")
             facts = facts.with_log(None)
     c.put_json(TRIAGE_NAME, {**facts.to_dict(), "log_path": None}, KUBERNETES)
     return facts
@@ -268,8 +266,8 @@ def collect_kubernetes_evidence(
         attempt: The attempt number.
         store: Where the evidence goes, under ``runs/{run_id}/attempt-{n}/``.
         extra: More items by name (e.g. the flow's ``classification.json``).
-        log_dir: A local folder to keep ``triage.json`` and the attempt's log in, for triage
-            (see `read_triage_facts`); nothing is kept locally when None.
+        log_dir: A local folder to keep the triage facts and the attempt's log in, for triage
+            (``kept`` reads them); nothing is kept locally when None.
         copy_budget_bytes: At most this many bytes of the volume's files are copied; larger files
             are listed as missing with where they stay.
         collector_timeout_seconds: How long the collector pod may take to start.
@@ -300,34 +298,10 @@ def collect_kubernetes_evidence(
         c.guarded("termination-message.txt", KUBERNETES, lambda: _collect_termination_message(c, s, facts))
         c.guarded(TRIAGE_NAME, KUBERNETES, lambda: _keep_for_triage(c, s, facts, log_dir))
         if local_problem:
-            c.absent("triage.json (kept on this machine)", KUBERNETES, local_problem)
+            c.absent(f"{TRIAGE_FACTS} (kept on this machine)", KUBERNETES, local_problem)
         if several:
-            c.guarded(workspace.KEPT_NODE_MAP, KUBERNETES, lambda: _map_nodes(c, s, log_dir))
+            c.guarded(KEPT_NODE_MAP, KUBERNETES, lambda: _map_nodes(c, s, log_dir))
         for name, data in (extra or {}).items():
             c.guarded(str(name), FLOW, partial(_put_extra, c, str(name), data))
     manifest = Manifest(run_id, attempt, now().isoformat(), tuple(c.items), tuple(c.missing))
     return store_manifest(store, manifest, KUBERNETES)
-
-
-def read_triage_facts(store: EvidenceStore, run_id: str, attempt: int, log_dir: Path | None = None) -> ClusterFacts:
-    """The triage facts of an attempt, from ``log_dir`` when kept there, else from the store.
-
-    Raises:
-        EvidenceNotFound: Neither holds them (collection did not run or could not store them).
-    """
-    kept = read_json_object(log_dir / workspace.TRIAGE_FACTS) if log_dir is not None else None
-    if log_dir is not None and kept is not None:
-        facts = ClusterFacts.from_dict(kept)
-        if facts.log_path is None or (facts.log_path == str(log_dir / workspace.KEPT_LOG) and Path(facts.log_path).is_file()):
-            return facts
-    data = store.get_bytes(f"{attempt_prefix(run_id, attempt)}/{TRIAGE_NAME}")
-    facts = ClusterFacts.from_dict(json.loads(data.decode("utf-8", errors="replace")))
-    if log_dir is None or not facts.log_item:
-        return facts
-    try:
-        localdir.ensure_private(log_dir)
-        local = log_dir / workspace.KEPT_LOG
-        localdir.write_private(local, store.get_bytes(f"{attempt_prefix(run_id, attempt)}/{facts.log_item}"))
-    except (EvidenceNotFound, OSError):
-        return facts
-    return facts.with_log(str(local))

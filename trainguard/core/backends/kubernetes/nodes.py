@@ -1,13 +1,12 @@
-"""The nodes of a multi-node Kubernetes attempt as evidence and triage read them: one pod per node rank.
+"""The nodes of a multi-node Kubernetes attempt as collection keeps them: one pod per node rank.
 
-At collection (`map_attempt`, `keep_nodes`): ``attempt.json`` maps each node rank (the pod's
-completion index) to its pod, node, global ranks, exit code, termination reason, first-error time
-and its evidence items, with a pod already gone recorded as absent and why; and the files triage
-reads of each node (its log, torchrun's error files, its ranks' stacks, its environment snapshot,
-masked as stored) are kept on the flow's machine beside ``triage.json``, in the attempt folder's
-own layout (node 0 in the folder itself, node N in ``tasks/N``). At judging (`node_evidence`): one
-`NodeEvidence` per node from what was kept, read as the job's files are (regular files only, never
-through a link, bounded). Which items are collected is ``evidence``'s business.
+``attempt.json`` (`map_attempt`) maps each node rank (the pod's completion index) to its pod, node,
+global ranks, exit code, termination reason, first-error time and its evidence items, with a pod
+already gone recorded as absent and why; and the files triage reads of each node (its log,
+torchrun's error files, its ranks' stacks, its environment snapshot, masked as stored) are kept on
+the flow's machine beside the triage facts (`keep_nodes`), in the attempt folder's own layout
+(node 0 in the folder itself, node N in ``tasks/N``). Reading them back for triage is ``kept``'s;
+which items are collected is ``evidence``'s.
 """
 
 from __future__ import annotations
@@ -15,23 +14,14 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from trainguard_entrypoint.files import read_json_object
-
-from trainguard.core.backends import rankstacks, torchrun, workspace
-from trainguard.core.backends.capabilities import NodeEvidence
-from trainguard.core.backends.workspace import (
-    KEPT_NODE_MAP, KEPT_PODS, KEPT_VOLUME, NODE_FOLDERS, TRIAGE_FACTS, node_prefix,
-)
 from trainguard.core import masking
+from trainguard.core.backends.workspace import KEPT_NODE_MAP, KEPT_PODS, KEPT_VOLUME, NODE_FOLDERS, node_prefix
 from trainguard.core.backends.kubernetes import kinds, localdir
 from trainguard.core.backends.kubernetes.collector import training_container
 from trainguard.core.backends.kubernetes.scene import KUBERNETES, ClusterWriter, Scene, pod_reason, terminated_state
-from trainguard.core.triage.signals import Signals
-
 
 
 def multi_node(s: Scene) -> bool:
@@ -54,13 +44,6 @@ def pods_by_index(s: Scene) -> dict[int, dict[str, Any]]:
         if held is None or (held.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
             chosen[index] = pod
     return chosen
-
-
-def _iso_epoch(stamp: Any) -> float | None:
-    try:
-        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def _entry(s: Scene, index: int, pod: Mapping[str, Any], nprocs: int, names: list[str]) -> dict[str, Any]:
@@ -141,46 +124,3 @@ def keep_nodes(c: ClusterWriter, s: Scene, mapped: Mapping[str, Any], log_dir: P
 def _container_of(s: Scene, pod_name: str) -> str | None:
     pod = next((p for p in s.pods if (p.get("metadata") or {}).get("name") == pod_name), None)
     return str((training_container((pod or {}).get("spec") or {}) or {}).get("name") or "") or None
-
-
-def node_evidence(log_dir: Path, run_id: str, attempt: int) -> list[NodeEvidence]:
-    """One entry per node rank, from what `keep_nodes` kept; [] when nothing was (one node, or no evidence)."""
-    mapped = read_json_object(log_dir / KEPT_NODE_MAP) or {}
-    found = []
-    budget = rankstacks.StackBudget()
-    for entry in mapped.get("indexes") or ():
-        if not isinstance(entry, dict) or not isinstance(entry.get("index"), int):
-            continue
-        index, ranks = entry["index"], entry.get("ranks") or []
-        folder = log_dir / KEPT_VOLUME / node_prefix(index)
-        signals = _signals(log_dir, folder, entry, run_id, attempt, budget)
-        # the error files date a rank's own failure to the second; without them the pod's end does
-        found.append(NodeEvidence(
-            index, signals, node=entry.get("node"), instance=entry.get("pod"),
-            ranks=range(min(ranks), max(ranks) + 1) if ranks else None,
-            first_error_at=None if signals.error_files else _iso_epoch(entry.get("first_error_at"))))
-    return found if len(found) > 1 else []
-
-
-def _signals(log_dir: Path, folder: Path, entry: Mapping[str, Any], run_id: str, attempt: int,
-             budget: rankstacks.StackBudget) -> Signals:
-    node = entry.get("node")
-    kept = folder / workspace.LOGS / workspace.log_name(run_id, attempt)
-    pod_log = log_dir / KEPT_PODS / f"{entry.get('pod')}.log"
-    log = kept if kept.is_file() else pod_log if entry.get("pod") and pod_log.is_file() else None
-    events = [e for e in _events(log_dir) if _about(e, entry.get("pod"), node)]
-    code = entry.get("exit_code")
-    return Signals(exit_code=code if isinstance(code, int) else None, reason=entry.get("reason"),
-                   conditions=tuple(entry.get("conditions") or ()), events=tuple(events), log=log,
-                   error_files=torchrun.nodes_error_files([(int(entry["index"]), folder)]),
-                   stacks=rankstacks.read_stacks(folder, node if isinstance(node, str) else None, budget))
-
-
-def _events(log_dir: Path) -> list[Mapping[str, Any]]:
-    facts = read_json_object(log_dir / TRIAGE_FACTS) or {}
-    return [e for e in facts.get("events") or () if isinstance(e, Mapping)]
-
-
-def _about(event: Mapping[str, Any], pod: Any, node: Any) -> bool:
-    involved = event.get("involvedObject") or {}
-    return (involved.get("kind"), involved.get("name")) in (("Pod", pod), ("Node", node))

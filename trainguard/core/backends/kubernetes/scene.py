@@ -3,9 +3,10 @@
 `Scene` holds what the API answered (the Job, its pods, events, nodes, the spooled logs);
 `ClusterWriter` puts items into the store and keeps the manifest's two lists; `ClusterFacts` is the
 small value triage needs (reason, exit code, conditions, events, the log as a local file), built
-by `facts_of`. Also here: `scrub` (secret-looking variables and flags of a stored object as ``***``; the
-writer's masker then masks every value the flow knows to be secret). Which items are
-collected, and in what order, is ``evidence``'s business; reading the API is ``api``'s.
+by `facts_of` and read back from its JSON (`ClusterFacts.from_dict`, with `as_text` and its kin)
+by ``kept``. Also here: `scrub` (secret-looking variables and flags of a stored object as
+``***``; the writer's masker then masks every value the flow knows to be secret). Which items
+are collected, and in what order, is ``evidence``'s business; reading the API is ``api``'s.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import codecs
 import copy
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,7 +30,6 @@ from trainguard.core.backends.kubernetes.describe import event_time
 from trainguard.core.backends.kubernetes.errors import Transient
 from trainguard.core.backends.kubernetes.podstate import blocking_wait
 from trainguard.core.stores.base import EvidenceStore
-from trainguard.core.triage.signals import Signals
 
 T = TypeVar("T")
 KUBERNETES = "kubernetes"
@@ -225,22 +225,38 @@ class ClusterFacts:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterFacts:
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        values["conditions"] = tuple(values.get("conditions") or ())
-        values["events"] = tuple(values.get("events") or ())
-        values.setdefault("namespace", "")
-        values.setdefault("job_name", "")
-        return cls(**values)
+        """The facts as `to_dict` wrote them; a field of the wrong type reads as absent."""
+        def text(key: str) -> str | None:
+            return as_text(data.get(key))
+
+        return cls(text("namespace") or "", text("job_name") or "", pod_name=text("pod_name"),
+                   container=text("container"), node=text("node"), exit_code=as_int(data.get("exit_code")),
+                   signal=as_int(data.get("signal")), reason=text("reason"), message=text("message") or "",
+                   termination_message=text("termination_message"), conditions=as_wires(data.get("conditions")),
+                   events=as_wires(data.get("events")), log_item=text("log_item"), log_path=text("log_path"))
 
     def with_log(self, path: str | None) -> ClusterFacts:
         return replace(self, log_path=path)
 
-    def signals(self) -> Signals:
-        """What triage reads: the log file when one was kept, else the termination message."""
-        log: str | None = self.log_path if self.log_path and Path(self.log_path).is_file() else None
-        return Signals(exit_code=self.exit_code, reason=self.reason, conditions=self.conditions,
-                       events=self.events, log=Path(log) if log else self.termination_message)
+
+def as_text(value: Any) -> str | None:
+    """A field read back from a kept JSON file: a string, else None."""
+    return value if isinstance(value, str) else None
+
+
+def as_int(value: Any) -> int | None:
+    """A field read back from a kept JSON file: an integer (not a boolean), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def as_list(value: Any) -> list[Any]:
+    """A field read back from a kept JSON file: a list, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def as_wires(value: Any) -> tuple[Mapping[str, Any], ...]:
+    """A field read back from a kept JSON file: the objects of a list (conditions, events), else none."""
+    return tuple(v for v in as_list(value) if isinstance(v, Mapping))
 
 
 def terminated_state(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
