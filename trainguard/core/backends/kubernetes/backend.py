@@ -21,7 +21,7 @@ from typing import Any
 from trainguard.core import masking
 from trainguard.core.backends import workspace_evidence
 from trainguard.core.backends.base import (
-    COMPLETED, ERROR, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
+    COMPLETED, ERROR, LOST, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
 )
 from trainguard.core.backends.capabilities import NodeEvidence
 from trainguard.core.backends.kubernetes import (
@@ -310,6 +310,26 @@ class KubernetesBackend:
                 self.api.delete_service(self.namespace, ref.name)
             except NotFound:
                 pass
+
+    def lost_outcome(self, ref: AttemptRef) -> AttemptOutcome:
+        """From the cluster: the attempt's Job and its pod (the first that failed, else the newest), read as
+        the supervisor reads them when it stops; `LOST` when the cluster no longer has them or cannot say."""
+        try:
+            try:
+                job: dict[str, Any] | None = kinds.read(self.api, self.kind_of_job, self.namespace, ref.name)
+            except NotFound:
+                job = None
+            pods = self.api.list_pods(self.namespace, label_selector=manifests.selector(ref.run_id, ref.attempt))
+        except KubeError as exc:
+            return AttemptOutcome(None, None, LOST, f"its supervisor was lost, and the cluster could not say how it "
+                                                    f"ended: {exc}")
+        items = sorted(pods.get("items") or [], key=lambda p: str(p.get("metadata", {}).get("creationTimestamp")))
+        failed = [p for p in items if p.get("status", {}).get("phase") == "Failed"]
+        pod = failed[0] if failed else (items[-1] if items else None)
+        if job is None and pod is None:
+            return AttemptOutcome(None, None, LOST, f"its supervisor was lost, and its {self.kind_of_job} "
+                                                    f"{self.namespace}/{ref.name} is gone")
+        return outcome_of_ending(Ending(job, pod, job_deleted=job is None))
 
     def stop_orphan(self, ref: AttemptRef) -> str | None:
         """Stop the Job of an attempt whose flow process died, once its evidence is kept.
