@@ -82,7 +82,7 @@ def test_files_on_a_notready_node_are_recorded_absent_at_once_and_the_rest_is_ke
     assert not collectors(kube, ns)  # none was started for a node that cannot run it
 
 
-def test_a_collector_waiting_on_a_node_that_goes_notready_gives_up_then(
+def test_a_collector_waiting_on_the_node_it_is_bound_to_gives_up_once_that_node_is_notready(
     kube: KubeApi, ns: str, tmp_path: Path, crashed: Any,
 ) -> None:
     job = trainguard_job(kube, ns, _STEADY, attempt_volume="hostPath")
@@ -95,7 +95,7 @@ def test_a_collector_waiting_on_a_node_that_goes_notready_gives_up_then(
     name = kube.create_pod(ns, body)["metadata"]["name"]
 
     with pytest.raises(collector.NodeUnavailable, match=f"node {node} is NotReady"):
-        collector.wait_started(kube, ns, name, _WAIT, node=node)
+        collector.wait_started(kube, ns, name, _WAIT)  # the node it waits on is the one the pod is bound to
     assert _ready(kube, node) != "True"
     assert (kube.read_pod(ns, name).get("status") or {}).get("phase") == "Pending"  # it could never have started
     kube.delete_pod(ns, name, grace_seconds=0)

@@ -226,8 +226,9 @@ def wait_started(api: KubeApi, namespace: str, name: str, timeout_seconds: float
                  clock: Callable[[], float] = time.monotonic, node: str | None = None) -> None:
     """Watch the collector pod until its container runs or ends; raise TimeoutError saying why not.
 
-    With ``node`` (the pod is bound to it), that node is looked at every few seconds: once it is
-    gone or NotReady the pod cannot start, and NodeUnavailable says so instead of waiting on.
+    The node the pod is bound to (``node``, or the one the scheduler chose: a local PV's node
+    affinity pins it too) is looked at every few seconds: once it is gone or NotReady the pod cannot
+    start, and NodeUnavailable says so instead of waiting on.
     """
     deadline = clock() + timeout_seconds
     pod = api.read_pod(namespace, name)
@@ -237,7 +238,8 @@ def wait_started(api: KubeApi, namespace: str, name: str, timeout_seconds: float
             return
         if verdict:
             raise TimeoutError(f"collector pod {name} {verdict}")
-        if node and (down := node_unavailable(api, node)):
+        bound = node or (pod.get("spec") or {}).get("nodeName")
+        if bound and (down := node_unavailable(api, str(bound))):
             raise NodeUnavailable(down)
         left = deadline - clock()
         if left <= 0:
@@ -245,7 +247,7 @@ def wait_started(api: KubeApi, namespace: str, name: str, timeout_seconds: float
                                    for c in (pod.get("status") or {}).get("conditions") or ())
             raise TimeoutError(f"collector pod {name} did not start within {timeout_seconds:g}s ({conditions})")
         version = str((pod.get("metadata") or {}).get("resourceVersion") or "")
-        watch_for = min(left, NODE_CHECK_SECONDS) if node else left
+        watch_for = min(left, NODE_CHECK_SECONDS)
         for event in api.watch("pods", namespace, resource_version=version,
                                field_selector=f"metadata.name={name}", timeout_seconds=max(1, int(watch_for))):
             if event.get("type") in ("ADDED", "MODIFIED"):
@@ -269,8 +271,8 @@ def _ended(api: KubeApi, namespace: str, name: str) -> str:
 
 
 def _node_down(why: str) -> str:
-    return (f"not read: the attempt's files are on a hostPath volume of a node that cannot run the collector pod: "
-            f"{why}; they stay on that node's disk, and all other evidence was kept")
+    return (f"not read: the collector pod must run on the node that holds the attempt's volume, which cannot run "
+            f"it: {why}; the files stay on that volume, and all other evidence was kept")
 
 
 def fetch(api: KubeApi, namespace: str, job: Mapping[str, Any], p: Plan, spool: Path, *, node: str | None,
@@ -278,9 +280,10 @@ def fetch(api: KubeApi, namespace: str, job: Mapping[str, Any], p: Plan, spool: 
     """Run a collector pod for ``job``, follow its output into ``spool``, and delete the pod.
 
     Never raises: what went wrong is in ``Fetched.problems``; ``tar_path`` is set only for a
-    complete, verified tar. Files on a hostPath live on one node: when that node is gone or NotReady
-    (a lost node), no collector is started, or the one waiting to start is given up, with one line
-    saying so, rather than waiting out ``start_timeout_seconds`` for a pod that cannot run.
+    complete, verified tar. Files on a hostPath (or a local PV) live on one node: when that node is
+    gone or NotReady (a lost node), no collector is started, or the one waiting to start there is given
+    up, with one line saying so, rather than waiting out ``start_timeout_seconds`` for a pod that
+    cannot run.
     """
     result = Fetched()
     bound = node if p.needs_node else None
