@@ -15,11 +15,13 @@ leave behind, never from its own guesses:
 
 Consecutive moments give the phases, so they add up to the total by construction; the moments are
 checked to come in order. Steps lost = the last step completed before the fault minus the step the
-next attempt resumed from. Checkpoints are periodic (every `--checkpoint-every` steps), the only
-kind trainguard's training side writes today: this is trainguard as it is, which is also the
-"periodic checkpoints only" baseline. The other baseline, torchelastic, runs the same script under
-`torchrun --max-restarts 3` on one node and restarts the workers in place from the newest
-checkpoint; it has no stall window, so a hung rank is reported as not recovered within the limit.
+next attempt resumed from. The script takes its checkpoints through `trainguard_train` (periodic
+every `--checkpoint-every` steps, on notice, and just in time from a survivor), as
+`examples/ddp/train.py` does. Two baselines run in the same invocation: "periodic checkpoints only"
+(the same trainguard run, the script saving every `--checkpoint-every` steps itself and nothing
+else) and torchelastic, the same periodic-only script under `torchrun --max-restarts 3` on one node,
+restarting the workers in place from the newest checkpoint; it has no stall window, so a hung rank
+is reported as not recovered within the limit.
 
 Fault kinds: `sigkill` (rank 1, or the second node's first rank, gets SIGKILL), `evict` (kubesim:
 the Eviction API on the second node's pod, with the pod's grace), `node-lost` (kubesim: the
@@ -27,7 +29,7 @@ second node crashes without notice: its processes die, its heartbeats stop), `ha
 answering; the stall window catches it).
 
     .venv/bin/python benchmarks/recovery.py [--backends local,kubesim] [--kinds sigkill,hang,...]
-        [--repeat 3] [--backoff 1] [--baselines torchelastic] [--json out.json]
+        [--repeat 3] [--backoff 1] [--baselines periodic,torchelastic] [--json out.json]
 """
 
 from __future__ import annotations
@@ -66,13 +68,15 @@ ONLY_ON = {"evict": ("kubesim",), "node-lost": ("kubesim", "slurm")}  # the othe
 PHASES = ("detection", "evidence", "judgement", "backoff", "re-provision", "rendezvous", "checkpoint load",
           "first step")
 OWN = ("detection", "evidence", "judgement", "backoff")  # + re-provision up to the pods' creation
+PERIODIC = "trainguard, periodic checkpoints only"  # the baseline row's system
+BASELINES = ("periodic", "torchelastic")
 
 
 @dataclass
 class Measurement:
     """One fault and the recovery from it."""
 
-    system: str  # "trainguard" or "torchelastic"
+    system: str  # "trainguard", PERIODIC or "torchelastic"
     backend: str
     kind: str
     moments: list[tuple[str, float]] = field(default_factory=list)  # (what happened, unix time), in order
@@ -147,9 +151,9 @@ def wait(probe: Callable[[], Any], timeout: float, what: str, interval: float = 
         time.sleep(interval)
 
 
-def train_args(steps: int, checkpoint_every: int, step_seconds: float) -> list[str]:
+def train_args(steps: int, checkpoint_every: int, step_seconds: float, periodic_only: bool = False) -> list[str]:
     return [str(TRAIN), "--steps", str(steps), "--checkpoint-every", str(checkpoint_every),
-            "--step-seconds", str(step_seconds)]
+            "--step-seconds", str(step_seconds), *(["--periodic-only"] if periodic_only else [])]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -284,12 +288,13 @@ class Settings:
     backoff: float = 1.0
     stall_seconds: float = 10.0
     timeout: float = 400.0
+    periodic_only: bool = False  # the baseline: the script's own periodic checkpoints, no trainguard_train
 
 
 def spec_for(kind: str, backend: str, control: Control, s: Settings, run: str) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": run, "command": [*(["python", "-m", "torch.distributed.run"] if backend == "kubesim" else TORCHRUN),
-                                 *train_args(s.steps, s.checkpoint_every, s.step_seconds)],
+                                 *train_args(s.steps, s.checkpoint_every, s.step_seconds, s.periodic_only)],
         "processes_per_node": 2, "env": {"RECOVERY_CONTROL": str(control.folder), "OMP_NUM_THREADS": "1"},
         "retry": {"max_attempts": 3, "delay_seconds": s.backoff}, "stall_seconds": s.stall_seconds,
     }
@@ -311,7 +316,7 @@ def run_trainguard(kind: str, backend: str, blocks: dict[str, Any], workdir: Pat
 
     control = Control(workdir / f"control-{uuid.uuid4().hex[:6]}")
     run_id = f"recovery-{kind}-{uuid.uuid4().hex[:6]}"
-    m = Measurement("trainguard", backend, kind)
+    m = Measurement(PERIODIC if s.periodic_only else "trainguard", backend, kind)
     box: dict[str, Any] = {}
 
     def injector() -> None:
@@ -358,7 +363,7 @@ def run_torchelastic(kind: str, workdir: Path, s: Settings, give_up: float = 60.
     control = Control(workdir / f"elastic-{uuid.uuid4().hex[:6]}")
     m = Measurement("torchelastic", "local", kind)
     command = [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "3",
-               *train_args(s.steps, s.checkpoint_every, s.step_seconds), "--resume-newest"]
+               *train_args(s.steps, s.checkpoint_every, s.step_seconds, periodic_only=True), "--resume-newest"]
     env = {**os.environ, "RECOVERY_CONTROL": str(control.folder), "OMP_NUM_THREADS": "1"}
     with (control.folder / "torchrun.log").open("wb") as log:
         agent = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -712,15 +717,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--backoff", type=float, default=1.0, help="retry delay_seconds")
     parser.add_argument("--stall-seconds", type=float, default=10.0)
-    parser.add_argument("--baselines", default="torchelastic", help="'torchelastic' or 'none'")
+    parser.add_argument("--baselines", default=",".join(BASELINES),
+                        help=f"comma-separated: {', '.join(BASELINES)}, or 'none'")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
     args = parser.parse_args(argv)
     backends = [b for b in args.backends.split(",") if b]
     kinds = [k for k in args.kinds.split(",") if k]
-    for name, given, allowed in (("--backends", backends, BACKENDS), ("--kinds", kinds, KINDS)):
+    baselines = [b for b in args.baselines.split(",") if b and b != "none"]
+    for name, given, allowed in (("--backends", backends, BACKENDS), ("--kinds", kinds, KINDS),
+                                 ("--baselines", baselines, BASELINES)):
         if unknown := sorted(set(given) - set(allowed)):
             parser.error(f"{name}: unknown {', '.join(unknown)}; choose from {', '.join(allowed)}")
     settings = Settings(backoff=args.backoff, stall_seconds=args.stall_seconds)
+    periodic = Settings(backoff=args.backoff, stall_seconds=args.stall_seconds, periodic_only=True)
+    systems = [("trainguard", settings), *([(PERIODIC, periodic)] if "periodic" in baselines else [])]
     from prefect.testing.utilities import prefect_test_harness
 
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
@@ -732,11 +742,13 @@ def main(argv: list[str] | None = None) -> None:
                 for kind in kinds:
                     if backend not in ONLY_ON.get(kind, BACKENDS):
                         continue
-                    print(f"[{n + 1}/{args.repeat}] trainguard on {backend}: {kind}", flush=True)
-                    results.append(_measured("trainguard", backend, kind, lambda: _trainguard(
-                        backend, kind, workdir / f"{backend}-{kind}-{n}", settings)))
-                    print("   ", _line(results[-1]), flush=True)
-            if args.baselines == "torchelastic":
+                    for system, chosen in systems:
+                        print(f"[{n + 1}/{args.repeat}] {system} on {backend}: {kind}", flush=True)
+                        folder = workdir / f"{backend}-{kind}-{n}{'-periodic' if chosen.periodic_only else ''}"
+                        results.append(_measured(system, backend, kind, lambda: _trainguard(
+                            backend, kind, folder, chosen)))
+                        print("   ", _line(results[-1]), flush=True)
+            if "torchelastic" in baselines:
                 for kind in kinds:
                     if "local" not in ONLY_ON.get(kind, BACKENDS):
                         continue

@@ -8,9 +8,12 @@ decision in its message and data; the state hooks carry the decision out.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.context import TagsContext
 from prefect.runtime import flow_run as current_run
 from prefect.client.schemas.objects import State
 from prefect.states import Failed
@@ -25,7 +28,7 @@ from tasks.report import publish_report, read_progress
 from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
 from tasks.triage import classify_failure, decide_retry
 from trainguard.core.attempt import (
-    STACKS_TABLE, AttemptFailed, AttemptSummary, Judgement, history_records, new_run_id, stacks_table,
+    STACKS_TABLE, AttemptFailed, AttemptSummary, Judgement, history_records, lineage_tags, new_run_id, stacks_table,
 )
 from trainguard.core.evidence import afterupload, manifest
 from trainguard.core.backends.base import AttemptOutcome, Backend, CollectedEvidence, Launch
@@ -39,6 +42,23 @@ def spec_name() -> str:
     """The run spec's name, for flow run names."""
     spec = current_run.parameters.get("spec") or {}
     return str(spec.get("name") if isinstance(spec, dict) else getattr(spec, "name", "run"))
+
+
+@contextmanager
+def lineage_off_tasks(run_id: str, attempt: int, parent_flow_run_id: str | None) -> Iterator[None]:
+    """The attempt's tasks without the lineage tags its flow run carries.
+
+    `training_run` tags each attempt's flow run with its lineage (`trainguard-run:<run>`,
+    `attempt:<n>`, `parent:<id>`) through Prefect's tags context, which every task run inside would
+    inherit too. Prefect's client acquires a tag-concurrency slot for each tag of a task run before it
+    starts it, a round trip to the server that took about 2 s before evidence collection; no
+    concurrency limit can meaningfully name tags unique to one run, so the tasks go without them.
+    Tags a caller set around the run (a concurrency limit's tag, say) stay on the tasks; the flow
+    runs keep every tag, for the UI, filters and automations.
+    """
+    lineage = set(lineage_tags(run_id, attempt, parent_flow_run_id))
+    with TagsContext(current_tags=TagsContext.get().current_tags - lineage):
+        yield
 
 
 def attempt_run_name() -> str:
@@ -83,44 +103,45 @@ def train_attempt(
         rules_file: a user's triage rule file layered over the shipped rules.
     """
     run_id = run_id or new_run_id(spec.name, current_run.id)
-    if current_run.run_count > 1:  # the same flow run again, after its process was stopped (an evicted pod)
-        return _ends(*settle_lost_attempt(train_attempt, current_run.id))
-    backend, store = load_backend(backend_reference(backend_block, spec)), load_evidence(evidence_block)
-    retry_policy = resolve_policy(spec, retry_policy_block)
-    held = afterupload.hold(store)  # S3 gets the evidence after the verdict: judging never waits on it
-    shared = read_avoid_list(backend, spec.nodes)  # the fleet's avoid list, when it leaves enough nodes
-    launch = Launch.of(spec, run_id=run_id, attempt=attempt, resume_from=resume_from,
-                       avoid_nodes=[*(avoid_nodes or ()), *shared.avoid], memory_factor=memory_factor)
-    summary = AttemptSummary(
-        run_id=run_id, attempt=attempt, max_attempts=retry_policy.max_attempts, state="Failed",
-        flow_run_id=str(current_run.id), flow_run_name=current_run.name, gpus=spec.total_gpus,
-        memory_factor=memory_factor, resumed_from=resume_from, avoided_nodes=tuple(avoid_nodes or ()),
-        avoid_list=tuple(entry.to_dict() for entry in shared.in_force), avoid_note=shared.note,
-    )
-    ref, outcome, collected = None, AttemptOutcome.never_ran("training never started"), None
-    # before the attempt can fill the disk: space for the manifest and verdict that say what happened
-    unreserved = manifest.reserve_space(store, run_id, attempt)
-    try:
-        ref = provision_workspace(backend, run_id, attempt)
-        outcome = _outcome(run_training(backend, ref, launch, dict(spec.secret_env), return_state=True))
-    finally:  # also on SIGTERM and deadlines: freeze the crime scene before anything else
-        if ref is not None:
-            collected = _collected(collect_evidence(backend, ref, store, outcome, held, return_state=True))
-            release_attempt(backend, ref, return_state=True)  # only now may the platform clean up
-    checkpoints = _checkpoints(backend, run_id)
-    judgement = classify_failure(backend, ref, outcome, rules_file)
-    summary = outcome.into(summary)
-    summary = (collected.into(summary, unreserved) if collected else summary).with_judgement(judgement)
-    points, newest = read_progress(backend, ref, outcome), checkpoints[0] if checkpoints else None
-    summary = facts(backend, run_id, attempt, resume_from, newest, points).into(summary.with_progress(points, newest))
-    decision = decide_retry(retry_policy, [*history_records(history or []), summary.record()], checkpoints)
-    kept = record_verdict(store, summary.with_decision(decision), collected.manifest if collected else None, held,
-                          _whole_stacks(judgement), return_state=True).result(raise_on_failure=False)
-    summary = kept if isinstance(kept, AttemptSummary) else summary.with_decision(decision).with_storage_problems(
-        f"verdict.json could not be stored: {kept}")
-    publish_report(summary, [AttemptSummary.from_dict(item) for item in history or []])
-    events.report_attempt(summary)
-    return _ends(summary, decision)
+    with lineage_off_tasks(run_id, attempt, parent_flow_run_id):
+        if current_run.run_count > 1:  # the same flow run again, after its process was stopped (an evicted pod)
+            return _ends(*settle_lost_attempt(train_attempt, current_run.id))
+        backend, store = load_backend(backend_reference(backend_block, spec)), load_evidence(evidence_block)
+        retry_policy = resolve_policy(spec, retry_policy_block)
+        held = afterupload.hold(store)  # S3 gets the evidence after the verdict: judging never waits on it
+        shared = read_avoid_list(backend, spec.nodes)  # the fleet's avoid list, when it leaves enough nodes
+        launch = Launch.of(spec, run_id=run_id, attempt=attempt, resume_from=resume_from,
+                           avoid_nodes=[*(avoid_nodes or ()), *shared.avoid], memory_factor=memory_factor)
+        summary = AttemptSummary(
+            run_id=run_id, attempt=attempt, max_attempts=retry_policy.max_attempts, state="Failed",
+            flow_run_id=str(current_run.id), flow_run_name=current_run.name, gpus=spec.total_gpus,
+            memory_factor=memory_factor, resumed_from=resume_from, avoided_nodes=tuple(avoid_nodes or ()),
+            avoid_list=tuple(entry.to_dict() for entry in shared.in_force), avoid_note=shared.note,
+        )
+        ref, outcome, collected = None, AttemptOutcome.never_ran("training never started"), None
+        # before the attempt can fill the disk: space for the manifest and verdict that say what happened
+        unreserved = manifest.reserve_space(store, run_id, attempt)
+        try:
+            ref = provision_workspace(backend, run_id, attempt)
+            outcome = _outcome(run_training(backend, ref, launch, dict(spec.secret_env), return_state=True))
+        finally:  # also on SIGTERM and deadlines: freeze the crime scene before anything else
+            if ref is not None:
+                collected = _collected(collect_evidence(backend, ref, store, outcome, held, return_state=True))
+                release_attempt(backend, ref, return_state=True)  # only now may the platform clean up
+        checkpoints = _checkpoints(backend, run_id)
+        judgement = classify_failure(backend, ref, outcome, rules_file)
+        summary = outcome.into(summary)
+        summary = (collected.into(summary, unreserved) if collected else summary).with_judgement(judgement)
+        points, newest = read_progress(backend, ref, outcome), checkpoints[0] if checkpoints else None
+        summary = facts(backend, run_id, attempt, resume_from, newest, points).into(summary.with_progress(points, newest))
+        decision = decide_retry(retry_policy, [*history_records(history or []), summary.record()], checkpoints)
+        kept = record_verdict(store, summary.with_decision(decision), collected.manifest if collected else None, held,
+                              _whole_stacks(judgement), return_state=True).result(raise_on_failure=False)
+        summary = kept if isinstance(kept, AttemptSummary) else summary.with_decision(decision).with_storage_problems(
+            f"verdict.json could not be stored: {kept}")
+        publish_report(summary, [AttemptSummary.from_dict(item) for item in history or []])
+        events.report_attempt(summary)
+        return _ends(summary, decision)
 
 
 def _checkpoints(backend: Backend, run_id: str) -> list[str]:

@@ -5,11 +5,13 @@ exactly as the benchmark runs it: trainguard's `training_run` with a real Prefec
 moments read back from that server and the training script's timeline. What is checked is the
 shape of the answer (every moment present, in order, the phases adding up to the total, the steps
 lost from the checkpoints the run really has), never how long anything took: the figures belong to
-the benchmark.
+the benchmark. Both ways the script checkpoints: through `trainguard_train` (a survivor saves the
+last completed step, so at most one step is lost) and the periodic-only baseline.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -20,8 +22,10 @@ SETTINGS = recovery.Settings(steps=12, fault_step=6, checkpoint_every=4, step_se
                              stall_seconds=60.0, timeout=240.0)
 
 
-def test_a_killed_rank_is_timed_from_the_fault_to_the_next_attempts_first_step(prefect_server, tmp_path: Path) -> None:
-    m = recovery.measure_local("sigkill", tmp_path, SETTINGS)
+@pytest.mark.parametrize("periodic_only", [False, True], ids=["helper", "periodic-only"])
+def test_a_killed_rank_is_timed_from_the_fault_to_the_next_attempts_first_step(prefect_server, tmp_path: Path,
+                                                                               periodic_only: bool) -> None:
+    m = recovery.measure_local("sigkill", tmp_path, dataclasses.replace(SETTINGS, periodic_only=periodic_only))
     assert m.problem is None, m.problem
     names = [what for what, _ in m.moments]
     assert names[0] == "fault" and names[-1] == "first step done"
@@ -37,9 +41,16 @@ def test_a_killed_rank_is_timed_from_the_fault_to_the_next_attempts_first_step(p
     assert m.failed_at_step is not None and m.failed_at_step >= SETTINGS.fault_step
     assert m.resumed_at_step == max(s for s in kept if s <= m.failed_at_step)
     assert m.steps_lost == m.failed_at_step - m.resumed_at_step
+    acked = {p.name.removesuffix(".json") for p in (tmp_path / "work").rglob(".trainguard-acks/step-*.pt.json")}
+    if periodic_only:  # the script's own saves, on the checkpoint cadence only, never acknowledged
+        assert all(s % SETTINGS.checkpoint_every == 0 for s in kept) and not acked, (kept, acked)
+    else:  # the survivor saved the last step completed before the fault
+        assert m.steps_lost <= 1, (m.failed_at_step, m.resumed_at_step, kept)
+        assert f"step-{m.resumed_at_step:06d}.pt" in acked, (m.resumed_at_step, acked)
     assert m.own_share is not None and 0 < m.own_share < m.total
     row = recovery.table([m]).splitlines()[2]
-    assert row.startswith("| trainguard | local | sigkill | 1/1 |") and row.endswith(f"| {m.steps_lost} |")
+    system = recovery.PERIODIC if periodic_only else "trainguard"
+    assert row.startswith(f"| {system} | local | sigkill | 1/1 |") and row.endswith(f"| {m.steps_lost} |")
 
 
 def test_moments_out_of_order_are_refused_not_turned_into_negative_phases() -> None:

@@ -163,3 +163,21 @@ def test_a_hung_attempt_is_ended_by_the_stall_window_classified_timeout_and_its_
         assert "stall window" in (evidence / "runner.json").read_text()
     else:  # the backend's supervisor, watching the pod's log, ended the Job
         assert "no new log output within stall_seconds" in (evidence / "kubernetes" / "outcome.json").read_text()
+
+
+def test_attempt_flow_runs_carry_the_lineage_tags_and_their_task_runs_only_the_callers(blocks):
+    # the lineage tags name one run, so no concurrency limit can use them, and each tag on a task run
+    # costs a concurrency-slot round trip before it starts; a caller's own tag (a limit's) stays on them
+    from prefect import tags
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with tags("gpu-pool"):
+        state, history = run(tiny_spec("tagged"), blocks, "tagged-1")
+    assert state.is_completed(), state.message
+    (attempt,) = attempt_runs("tagged-1")
+    assert set(attempt.tags) == {"trainguard-run:tagged-1", "attempt:1", "gpu-pool"}
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[attempt.id])))
+    names = {task.name.rsplit("-", 1)[0] for task in tasks}
+    assert {"run_training", "collect_evidence", "release_attempt"} <= names, names
+    assert {tuple(sorted(task.tags)) for task in tasks} == {("gpu-pool",)}

@@ -27,7 +27,7 @@ from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.collector_output import decode  # re-exported: the reader's entry
 from trainguard.core.backends.kubernetes.collector_program import script
 from trainguard.core.backends.kubernetes.describe import safe
-from trainguard.core.backends.kubernetes.errors import KubeError
+from trainguard.core.backends.kubernetes.errors import KubeError, NotFound
 from trainguard.core.backends.kubernetes.zipapp import ENTRYPOINT_FILE
 
 CONTAINER = "collect"
@@ -37,6 +37,7 @@ COLLECTS_LABEL = "trainguard.io/collects"
 DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
 DEFAULT_COPY_TIMEOUT_SECONDS = 600.0  # the pod itself is stopped after 900 s (activeDeadlineSeconds)
 DEFAULT_PYTHON = "python3"
+NODE_CHECK_SECONDS = 3.0  # while a collector bound to a node waits to start, how often that node is looked at
 
 @dataclass(frozen=True)
 class Plan:
@@ -197,9 +198,38 @@ def _started(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+class NodeUnavailable(Exception):
+    """The node a collector must run on (its hostPath files are there) is gone or not Ready."""
+
+
+def node_unavailable(api: KubeApi, node: str) -> str | None:
+    """Why ``node`` cannot run a pod now (deleted, or its Ready condition not True), or None.
+
+    A node that cannot be read for another reason (RBAC, a flaky API server) is not judged: the
+    collector then waits out its start timeout as before.
+    """
+    try:
+        found = api.read_node(node)
+    except NotFound:
+        return f"node {node} is gone (no longer in the cluster)"
+    except KubeError:
+        return None
+    conditions = [c for c in (found.get("status") or {}).get("conditions") or () if isinstance(c, Mapping)]
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") == "True":
+        return None
+    why = ": ".join(safe(str(part)) for part in (ready.get("reason"), ready.get("message")) if part)
+    return f"node {node} is NotReady (Ready={safe(str(ready.get('status')))}{', ' + why if why else ''})"
+
+
 def wait_started(api: KubeApi, namespace: str, name: str, timeout_seconds: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-    """Watch the collector pod until its container runs or ends; raise TimeoutError saying why not."""
+                 clock: Callable[[], float] = time.monotonic, node: str | None = None) -> None:
+    """Watch the collector pod until its container runs or ends; raise TimeoutError saying why not.
+
+    The node the pod is bound to (``node``, or the one the scheduler chose: a local PV's node
+    affinity pins it too) is looked at every few seconds: once it is gone or NotReady the pod cannot
+    start, and NodeUnavailable says so instead of waiting on.
+    """
     deadline = clock() + timeout_seconds
     pod = api.read_pod(namespace, name)
     while True:
@@ -208,14 +238,18 @@ def wait_started(api: KubeApi, namespace: str, name: str, timeout_seconds: float
             return
         if verdict:
             raise TimeoutError(f"collector pod {name} {verdict}")
+        bound = node or (pod.get("spec") or {}).get("nodeName")
+        if bound and (down := node_unavailable(api, str(bound))):
+            raise NodeUnavailable(down)
         left = deadline - clock()
         if left <= 0:
             conditions = "; ".join(f"{c.get('type')}={c.get('status')} {c.get('message') or ''}".strip()
                                    for c in (pod.get("status") or {}).get("conditions") or ())
             raise TimeoutError(f"collector pod {name} did not start within {timeout_seconds:g}s ({conditions})")
         version = str((pod.get("metadata") or {}).get("resourceVersion") or "")
+        watch_for = min(left, NODE_CHECK_SECONDS)
         for event in api.watch("pods", namespace, resource_version=version,
-                               field_selector=f"metadata.name={name}", timeout_seconds=max(1, int(left))):
+                               field_selector=f"metadata.name={name}", timeout_seconds=max(1, int(watch_for))):
             if event.get("type") in ("ADDED", "MODIFIED"):
                 pod = event.get("object") or pod
                 if _started(pod):
@@ -236,14 +270,26 @@ def _ended(api: KubeApi, namespace: str, name: str) -> str:
     return f" (its container ended: {done.get('reason')}, exit code {done.get('exitCode')}: {safe(done.get('message'))})"
 
 
+def _node_down(why: str) -> str:
+    return (f"not read: the collector pod must run on the node that holds the attempt's volume, which cannot run "
+            f"it: {why}; the files stay on that volume, and all other evidence was kept")
+
+
 def fetch(api: KubeApi, namespace: str, job: Mapping[str, Any], p: Plan, spool: Path, *, node: str | None,
           budget_bytes: int = DEFAULT_BUDGET_BYTES, start_timeout_seconds: float = 120.0) -> Fetched:
     """Run a collector pod for ``job``, follow its output into ``spool``, and delete the pod.
 
     Never raises: what went wrong is in ``Fetched.problems``; ``tar_path`` is set only for a
-    complete, verified tar.
+    complete, verified tar. Files on a hostPath (or a local PV) live on one node: when that node is
+    gone or NotReady (a lost node), no collector is started, or the one waiting to start there is given
+    up, with one line saying so, rather than waiting out ``start_timeout_seconds`` for a pod that
+    cannot run.
     """
     result = Fetched()
+    bound = node if p.needs_node else None
+    if bound and (down := node_unavailable(api, bound)):
+        result.problems.append(_node_down(down))
+        return result
     try:
         created = api.create_pod(namespace, pod_manifest(job, p, node=node, budget_bytes=budget_bytes))
         result.pod_name = str((created.get("metadata") or {}).get("name"))
@@ -251,11 +297,13 @@ def fetch(api: KubeApi, namespace: str, job: Mapping[str, Any], p: Plan, spool: 
         result.problems.append(f"could not create the collector pod: {exc}")
         return result
     try:
-        wait_started(api, namespace, result.pod_name, start_timeout_seconds)
+        wait_started(api, namespace, result.pod_name, start_timeout_seconds, node=bound)
         with spool.open("wb") as out:
             stream = api.stream_pod_log(namespace, result.pod_name, CONTAINER, read_timeout_seconds=120.0)
             result.meta = decode(stream, out)
         result.tar_path = spool
+    except NodeUnavailable as exc:
+        result.problems.append(_node_down(str(exc)))
     except (KubeError, TimeoutError, ValueError, OSError) as exc:
         result.problems.append(f"collector pod {result.pod_name}: {exc}{_ended(api, namespace, result.pod_name)}")
     finally:
