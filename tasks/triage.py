@@ -1,13 +1,22 @@
-"""Tasks that judge a failed attempt: classify it, then decide whether to retry."""
+"""The judging step: classify a failed attempt, list the run's checkpoints, then decide whether to retry."""
 
 from __future__ import annotations
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainguard.core import judging, policy, triage
 from trainguard.core.attempt import Judgement
 from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend
+from trainguard.core.backends.waits import said_while, span
+
+
+def list_checkpoints(backend: Backend, run_id: str) -> list[str]:
+    """The run's checkpoints, newest first, that the retry decision weighs; listing them may take a pod of
+    its own (Kubernetes): said if slow."""
+    with said_while(get_run_logger().info, lambda waited: f"trainguard: waiting {span(waited)} for the {backend.kind} "
+                    "backend to list the run's checkpoints"):
+        return backend.checkpoints(run_id)
 
 
 @task(name="classify_failure", cache_policy=NO_CACHE)
