@@ -21,9 +21,9 @@ from flows.hooks import schedule_next_attempt, settle_lost_attempt
 from flows.uploads import finish_evidence_upload
 from tasks.evidence import freeze, keep_verdict
 from tasks.fleet import read_avoid_list
-from tasks.report import publish_report, read_progress
+from tasks.report import publish_report
 from tasks.training import provision_workspace, train
-from tasks.triage import classify_failure, decide_retry, list_checkpoints
+from tasks.triage import classify_failure, decide_retry, list_checkpoints, read_progress
 from trainguard.core.attempt import (
     STACKS_TABLE, AttemptFailed, AttemptSummary, Judgement, history_records, new_run_id, stacks_table,
 )
