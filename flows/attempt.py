@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.context import TagsContext
 from prefect.runtime import flow_run as current_run
 from prefect.client.schemas.objects import State
@@ -22,19 +22,17 @@ from blocks import backend_reference, load_backend, load_evidence, resolve_polic
 from flows import events
 from flows.hooks import schedule_next_attempt, settle_lost_attempt
 from flows.uploads import finish_evidence_upload
-from tasks.evidence import collect_evidence, record_verdict
+from tasks.evidence import freeze, keep_verdict
 from tasks.fleet import read_avoid_list
-from tasks.report import publish_report, read_progress
-from tasks.training import TrainingFailed, provision_workspace, release_attempt, run_training
-from tasks.triage import classify_failure, decide_retry
+from tasks.report import publish_report
+from tasks.training import provision_workspace, train
+from tasks.triage import classify_failure, decide_retry, list_checkpoints, read_progress
 from trainguard.core.attempt import (
     STACKS_TABLE, AttemptFailed, AttemptSummary, Judgement, history_records, lineage_tags, new_run_id, stacks_table,
 )
 from trainguard.core.evidence import afterupload, manifest
-from trainguard.core.backends.base import AttemptOutcome, Backend, CollectedEvidence, Launch
+from trainguard.core.backends.base import AttemptOutcome, Launch
 from trainguard.core.checkpoints import facts
-from trainguard.core.backends.waits import said_while, span
-from trainguard.core.policy import RetryDecision
 from trainguard.core.spec import TrainingSpec
 
 
@@ -105,7 +103,8 @@ def train_attempt(
     run_id = run_id or new_run_id(spec.name, current_run.id)
     with lineage_off_tasks(run_id, attempt, parent_flow_run_id):
         if current_run.run_count > 1:  # the same flow run again, after its process was stopped (an evicted pod)
-            return _ends(*settle_lost_attempt(train_attempt, current_run.id))
+            lost, decision = settle_lost_attempt(train_attempt, current_run.id)
+            return _ends(lost, lost.to_dict(), decision.reason)
         backend, store = load_backend(backend_reference(backend_block, spec)), load_evidence(evidence_block)
         retry_policy = resolve_policy(spec, retry_policy_block)
         held = afterupload.hold(store)  # S3 gets the evidence after the verdict: judging never waits on it
@@ -123,32 +122,22 @@ def train_attempt(
         unreserved = manifest.reserve_space(store, run_id, attempt)
         try:
             ref = provision_workspace(backend, run_id, attempt)
-            outcome = _outcome(run_training(backend, ref, launch, dict(spec.secret_env), return_state=True))
+            outcome = train(backend, ref, launch, dict(spec.secret_env))
         finally:  # also on SIGTERM and deadlines: freeze the crime scene before anything else
             if ref is not None:
-                collected = _collected(collect_evidence(backend, ref, store, outcome, held, return_state=True))
-                release_attempt(backend, ref, return_state=True)  # only now may the platform clean up
-        checkpoints = _checkpoints(backend, run_id)
+                collected = freeze(backend, ref, store, outcome, held)
+        checkpoints = list_checkpoints(backend, run_id)
         judgement = classify_failure(backend, ref, outcome, rules_file)
         summary = outcome.into(summary)
         summary = (collected.into(summary, unreserved) if collected else summary).with_judgement(judgement)
         points, newest = read_progress(backend, ref, outcome), checkpoints[0] if checkpoints else None
         summary = facts(backend, run_id, attempt, resume_from, newest, points).into(summary.with_progress(points, newest))
         decision = decide_retry(retry_policy, [*history_records(history or []), summary.record()], checkpoints)
-        kept = record_verdict(store, summary.with_decision(decision), collected.manifest if collected else None, held,
-                              _whole_stacks(judgement), return_state=True).result(raise_on_failure=False)
-        summary = kept if isinstance(kept, AttemptSummary) else summary.with_decision(decision).with_storage_problems(
-            f"verdict.json could not be stored: {kept}")
-        publish_report(summary, [AttemptSummary.from_dict(item) for item in history or []])
-        events.report_attempt(summary)
-        return _ends(summary, decision)
-
-
-def _checkpoints(backend: Backend, run_id: str) -> list[str]:
-    """The run's checkpoints, newest first; listing them may take a pod of its own (Kubernetes): said if slow."""
-    with said_while(get_run_logger().info, lambda waited: f"trainguard: waiting {span(waited)} for the {backend.kind} "
-                    "backend to list the run's checkpoints"):
-        return backend.checkpoints(run_id)
+        kept = keep_verdict(store, summary.with_decision(decision), collected.manifest if collected else None, held,
+                            _whole_stacks(judgement))
+        publish_report(kept.summary, [AttemptSummary.from_dict(item) for item in history or []])
+        events.report_attempt(kept.summary, kept.data)
+        return _ends(kept.summary, kept.data, decision.reason)
 
 
 def _whole_stacks(judgement: Judgement) -> dict[str, bytes]:
@@ -158,25 +147,10 @@ def _whole_stacks(judgement: Judgement) -> dict[str, bytes]:
     return {STACKS_TABLE: json.dumps(stacks_table(judgement.hang), indent=1).encode("utf-8")}
 
 
-def _ends(summary: AttemptSummary, decision: RetryDecision) -> dict[str, Any] | State:
-    """The flow run's end: Completed with the summary, or Failed carrying it; the failure hook schedules the next."""
+def _ends(summary: AttemptSummary, data: dict[str, Any], reason: str) -> dict[str, Any] | State:
+    """The flow run's end: Completed with the kept summary's data, or Failed carrying the summary; the failure
+    hook schedules the next."""
     if summary.succeeded:
-        return summary.to_dict()
-    message = f"attempt {summary.attempt} failed: {summary.category} ({summary.rule_id}); {decision.reason}"
+        return data
+    message = f"attempt {summary.attempt} failed: {summary.category} ({summary.rule_id}); {reason}"
     return Failed(message=message, data=AttemptFailed(message, summary))
-
-
-def _outcome(train_state: State) -> AttemptOutcome:
-    """The backend's outcome from the train task's state, whether it completed or failed."""
-    result = train_state.result(raise_on_failure=False)
-    if isinstance(result, TrainingFailed):
-        return result.outcome
-    if isinstance(result, AttemptOutcome):
-        return result
-    return AttemptOutcome.never_ran(f"{type(result).__name__}: {result}")
-
-
-def _collected(evidence_state: State) -> CollectedEvidence | None:
-    """What the collect task kept, or None when the task itself failed (the verdict is then kept without it)."""
-    result = evidence_state.result(raise_on_failure=False)
-    return result if isinstance(result, CollectedEvidence) else None

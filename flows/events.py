@@ -10,6 +10,7 @@ retry controller both report a dead attempt, Prefect keeps one event.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from prefect.events import emit_event
@@ -45,15 +46,17 @@ def _related(summary: AttemptSummary) -> list[dict[str, str]]:
              "prefect.resource.role": "attempt", "prefect.resource.name": summary.flow_run_name or ""}]
 
 
-def _emit(event: str, summary: AttemptSummary, key: str, payload: dict[str, Any]) -> None:
-    emit_event(event=event, resource=labels(summary), related=_related(summary), payload=payload,
+def _emit(event: str, summary: AttemptSummary, key: str, payload: Mapping[str, Any]) -> None:
+    emit_event(event=event, resource=labels(summary), related=_related(summary), payload=dict(payload),
                id=uuid.uuid5(_NAMESPACE, f"{event}/{key}"))
 
 
-def report_attempt(summary: AttemptSummary) -> None:
+def report_attempt(summary: AttemptSummary, data: Mapping[str, Any]) -> None:
     """Both events an attempt's end can mean, in order: `trainguard.attempt.finished` (with its verdict and
-    retry decision), then, when the run is over (it succeeded, or the policy gave up), the run's own."""
-    data = summary.to_dict()
+    retry decision), then, when the run is over (it succeeded, or the policy gave up), the run's own.
+
+    ``data`` is the summary as it was kept (`verdicts.Kept.data`): what the event carries as its payload.
+    """
     _emit(ATTEMPT_FINISHED, summary, f"{summary.run_id}/{summary.attempt}", data)
     if summary.succeeded:
         _emit(RUN_SUCCEEDED, summary, summary.run_id, {"attempts": summary.attempt, "summary": data})

@@ -108,7 +108,7 @@ def recover_crashed(run: AttemptRun, flow_run: Any, why: str) -> AttemptSummary:
     _log().info("recovered %s attempt %s: %d evidence items in %s", run.run_id, run.attempt, summary.evidence_items,
                 summary.evidence)
     _publish_report([*(AttemptSummary.from_dict(h) for h in history), summary])
-    events.report_attempt(summary)
+    events.report_attempt(summary, recovered.kept.data)
     return summary
 
 

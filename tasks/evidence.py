@@ -1,4 +1,4 @@
-"""The evidence tasks: freeze what the attempt left behind, and keep the verdict beside it."""
+"""The evidence step: freeze what the attempt left behind, let the platform clean up, keep the verdict beside it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from trainguard.core.evidence import afterupload, bundles, verdicts
+from trainguard.core.evidence import bundles, verdicts
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, CollectedEvidence
 from trainguard.core.backends.waits import said_while, span
@@ -40,11 +40,26 @@ def collect_evidence(
     return replace(collected, upload=upload)
 
 
+@task(name="release_attempt", cache_policy=NO_CACHE)
+def release_attempt(backend: Backend, ref: AttemptRef) -> None:
+    """Let the platform clean the attempt up, now that its evidence is kept."""
+    backend.release(ref)
+
+
+def freeze(backend: Backend, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome,
+           held: bool = False) -> CollectedEvidence | None:
+    """`collect_evidence`, then `release_attempt` (only now may the platform clean up); what was kept, or
+    None when the collect task itself failed (the verdict is then kept without it)."""
+    collected = collect_evidence(backend, ref, store, outcome, held, return_state=True).result(raise_on_failure=False)
+    release_attempt(backend, ref, return_state=True)
+    return collected if isinstance(collected, CollectedEvidence) else None
+
+
 @task(name="record_verdict", cache_policy=NO_CACHE)
 def record_verdict(store: EvidenceStore, summary: AttemptSummary, manifest: Manifest | None,
-                   held: bool = False, items: Mapping[str, bytes] | None = None) -> AttemptSummary:
-    """Keep the attempt's classification and retry decision with its evidence (`verdicts.keep`), then let a
-    held store's uploads start (`afterupload`); the summary as kept.
+                   held: bool = False, items: Mapping[str, bytes] | None = None) -> verdicts.Kept:
+    """Keep the attempt's classification and retry decision with its evidence (`verdicts.keep`, which
+    also lets a held store's uploads start); the verdict as kept.
 
     Never raises or waits because of storage: what the store could not take is in the kept summary's
     storage problems, and said here as a warning. The next attempt is scheduled or started while the
@@ -53,7 +68,13 @@ def record_verdict(store: EvidenceStore, summary: AttemptSummary, manifest: Mani
     kept = verdicts.keep(store, summary, "flow", manifest=manifest, items=items, held=held)
     for line in kept.warnings:
         get_run_logger().warning("%s", line)
-    if held:  # the verdict index's record goes up with the bundle
-        afterupload.start(store, summary.run_id, summary.attempt, kept.manifest.to_json() if kept.manifest else None,
-                          (kept.index_key,))
-    return kept.summary
+    return kept
+
+
+def keep_verdict(store: EvidenceStore, summary: AttemptSummary, manifest: Manifest | None,
+                 held: bool = False, items: Mapping[str, bytes] | None = None) -> verdicts.Kept:
+    """`record_verdict` run as the attempt's task; when the task itself fails, the verdict unkept, saying why."""
+    kept = record_verdict(store, summary, manifest, held, items, return_state=True).result(raise_on_failure=False)
+    if isinstance(kept, verdicts.Kept):
+        return kept
+    return verdicts.Kept.of(summary.with_storage_problems(f"verdict.json could not be stored: {kept}"), manifest, "")

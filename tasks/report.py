@@ -1,4 +1,4 @@
-"""The report tasks: read an attempt's progress, publish its report, the run's report and attempts table."""
+"""The report tasks: publish an attempt's report, the run's report and its attempts table."""
 
 from __future__ import annotations
 
@@ -8,18 +8,11 @@ from prefect.cache_policies import NO_CACHE
 
 from trainguard.core.reports import attempt as attempt_report, run as run_report
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, progress_points
 
 
 def artifact_key(run_id: str) -> str:
     """The run's artifact key prefix (artifact keys are lowercase letters, digits and dashes)."""
     return run_id.lower().replace("_", "-").replace(".", "-")
-
-
-@task(name="read_progress", cache_policy=NO_CACHE)
-def read_progress(backend: Backend, ref: AttemptRef | None, outcome: AttemptOutcome) -> list[tuple[int, float | None]]:
-    """(step, loss) points from the attempt's log, for the run report's chart."""
-    return progress_points(backend, ref, outcome) if ref is not None else []
 
 
 def publish_run_report(summaries: list[AttemptSummary]) -> None:

@@ -1,4 +1,4 @@
-"""Tasks that prepare and run the training command: thin wrappers over the backend seam."""
+"""The training step: prepare the attempt's place, run the command, and hand back its outcome."""
 
 from __future__ import annotations
 
@@ -69,7 +69,11 @@ def run_training(
     return outcome
 
 
-@task(name="release_attempt", cache_policy=NO_CACHE)
-def release_attempt(backend: Backend, ref: AttemptRef) -> None:
-    """Let the platform clean the attempt up, now that its evidence is kept."""
-    backend.release(ref)
+def train(backend: Backend, ref: AttemptRef, launch: Launch, secret_env: dict[str, str]) -> AttemptOutcome:
+    """`run_training` run as the attempt's task; the backend's outcome whether it completed or failed."""
+    result = run_training(backend, ref, launch, secret_env, return_state=True).result(raise_on_failure=False)
+    if isinstance(result, TrainingFailed):
+        return result.outcome
+    if isinstance(result, AttemptOutcome):
+        return result
+    return AttemptOutcome.never_ran(f"{type(result).__name__}: {result}")

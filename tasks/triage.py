@@ -1,13 +1,23 @@
-"""Tasks that judge a failed attempt: classify it, then decide whether to retry."""
+"""The judging step: classify a failed attempt, list the run's checkpoints, read its progress, then decide whether
+to retry."""
 
 from __future__ import annotations
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainguard.core import judging, policy, triage
 from trainguard.core.attempt import Judgement
-from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend
+from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, progress_points
+from trainguard.core.backends.waits import said_while, span
+
+
+def list_checkpoints(backend: Backend, run_id: str) -> list[str]:
+    """The run's checkpoints, newest first, that the retry decision weighs; listing them may take a pod of
+    its own (Kubernetes): said if slow."""
+    with said_while(get_run_logger().info, lambda waited: f"trainguard: waiting {span(waited)} for the {backend.kind} "
+                    "backend to list the run's checkpoints"):
+        return backend.checkpoints(run_id)
 
 
 @task(name="classify_failure", cache_policy=NO_CACHE)
@@ -17,6 +27,12 @@ def classify_failure(
     """Classify the attempt from every signal the backend has (exit code, reason, conditions, events,
     log, error files), across its nodes when it ran on several."""
     return judging.judge(backend, ref, outcome, triage.load_rules(rules_file) if rules_file else None)
+
+
+@task(name="read_progress", cache_policy=NO_CACHE)
+def read_progress(backend: Backend, ref: AttemptRef | None, outcome: AttemptOutcome) -> list[tuple[int, float | None]]:
+    """(step, loss) points from the attempt's log: its progress for the checkpoint facts and the run report's chart."""
+    return progress_points(backend, ref, outcome) if ref is not None else []
 
 
 @task(name="decide_retry", cache_policy=NO_CACHE)

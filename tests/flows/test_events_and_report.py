@@ -143,7 +143,7 @@ def test_the_documented_automation_notifies_about_a_run_that_gave_up_on_a_non_re
         gave_up = AttemptSummary(run_id="readme-1", attempt=1, max_attempts=3, state="Failed", category="code_error",
                                  retryable=False, rule_id="python.traceback", gpus=2, duration_seconds=30,
                                  decision={"retry": False, "reason": "code_error is not retryable"})
-        events.report_attempt(gave_up)  # the attempt's event, then the run's: it gave up
+        events.report_attempt(gave_up, gave_up.to_dict())  # the attempt's event, then the run's: it gave up
         got = wait_for(lambda: _Webhook.received, 60, "the notification on the loopback webhook")[0]
         assert got["subject"] == "readme-1 gave up"
         assert got["body"].startswith("code_error (python.traceback) after 60.0 GPU-seconds: code_error is not retryable")

@@ -76,9 +76,9 @@ def facts(backend: Backend, run_id: str, attempt: int, resumed_from: str | None,
     progress = progress if progress is not None else max((step for step, _ in logged), default=None)
     newest_step = newest_ack.step if newest_ack is not None else (checkpoint_step(newest) if newest else 0)
     return CheckpointFacts(
-        resumed_from_kind=_kind(folder, resumed_from),
+        resumed_from_kind=_kind(folder, resumed_from, resumed_ack),
         resumed_from_step=resumed_ack.step if resumed_ack is not None else checkpoint_step(resumed_from),
-        newest_kind=_kind(folder, newest),
+        newest_kind=_kind(folder, newest, newest_ack),
         newest_step=newest_step if newest else None, progress_step=progress,
         steps_lost=max(0, progress - newest_step) if progress is not None and newest_step is not None else None,
         notice_to_ack_seconds=newest_ack.seconds_from_notice if newest_ack is not None else None,
@@ -93,12 +93,12 @@ def _ack(folder: Path | None, checkpoint: str | None) -> acks.Ack | None:
     return read_ack(folder, _entry(checkpoint)) if folder is not None and checkpoint else None
 
 
-def _kind(folder: Path | None, checkpoint: str | None) -> str | None:
+def _kind(folder: Path | None, checkpoint: str | None, ack: acks.Ack | None) -> str | None:
+    """The checkpoint's kind: its acknowledgement's (as `_ack` read it), else periodic when it is there."""
     if not checkpoint:
         return None
     if folder is None:
         return UNKNOWN
-    ack = _ack(folder, checkpoint)
     if ack is not None:
         return ack.kind
     return PERIODIC if (folder / _entry(checkpoint)).exists() else UNKNOWN

@@ -94,9 +94,14 @@ class Stop:
 class Recovered:
     """What recovering an attempt did: its verdict as kept, what was stopped, and what went wrong on the way."""
 
-    summary: AttemptSummary
+    kept: verdicts.Kept
     stopped: str | None
     warnings: tuple[str, ...] = ()
+
+    @property
+    def summary(self) -> AttemptSummary:
+        """The verdict as kept."""
+        return self.kept.summary
 
 
 def recover(backend: Backend, store: EvidenceStore, begun: AttemptSummary, *, judge: Judge, decide: Decide,
@@ -130,7 +135,7 @@ def recover(backend: Backend, store: EvidenceStore, begun: AttemptSummary, *, ju
         summary.with_progress(points, newest))
     kept = verdicts.keep(store, summary.with_decision(decide(summary, checkpoints)), source,
                          manifest=collected.manifest)
-    return Recovered(kept.summary, stopped, (*warnings, *kept.warnings))
+    return Recovered(kept, stopped, (*warnings, *kept.warnings))
 
 
 def retry_not_made(store: EvidenceStore, summary: AttemptSummary, why: str) -> AttemptSummary:

@@ -3,9 +3,11 @@
 Whoever judges an attempt (the attempt flow, the crash hook and the retry controller, `trainguard
 run` when it stops or resumes) keeps the verdict with `keep`: ``verdict.json`` (and any extra items)
 listed in the attempt's manifest, the attempt's objects tagged with its outcome (`retention`), its
-record in the verdict index, and the space `manifest.reserve_space` set aside given back. Nothing
-here raises because of storage: what could not be kept comes back as the summary's storage problems
-and as lines to warn with. `read` gives a kept verdict back as an `AttemptSummary`.
+record in the verdict index, the space `manifest.reserve_space` set aside given back, and a held store's
+uploads started (`afterupload`). Nothing here raises because of storage: what could not be kept comes
+back as the summary's storage problems and as lines to warn with. The verdict as kept is turned into its
+plain data once, here: the flow's result and the events carry that one value. `read` gives a kept
+verdict back as an `AttemptSummary`.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.evidence import bundles, index, retention
+from trainguard.core.evidence import afterupload, bundles, index, retention
 from trainguard.core.evidence.manifest import VERDICT, Manifest, attempt_prefix, read_manifest, release_space
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
 
@@ -27,15 +30,23 @@ class Kept:
 
     Attributes:
         summary: The verdict as kept, with the storage problems and the upload status keeping found.
+        data: ``summary`` as plain data (`AttemptSummary.to_dict`): what the flow returns and the events carry.
         manifest: The attempt's manifest as it now stands (None when it could not be read or written).
         index_key: The verdict index record's key (it goes up with the bundle).
         warnings: What went wrong on the way, one line each, for the caller's log.
     """
 
     summary: AttemptSummary
+    data: dict[str, Any]
     manifest: Manifest | None
     index_key: str
     warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, summary: AttemptSummary, manifest: Manifest | None, index_key: str,
+           warnings: tuple[str, ...] = ()) -> Kept:
+        """``summary`` kept as it stands, its plain data taken once."""
+        return cls(summary, summary.to_dict(), manifest, index_key, warnings)
 
 
 def keep(store: EvidenceStore, summary: AttemptSummary, source: str, *, manifest: Manifest | None = None,
@@ -63,16 +74,18 @@ def keep(store: EvidenceStore, summary: AttemptSummary, source: str, *, manifest
             warnings.append(f"could not keep the verdict with its evidence: {type(exc).__name__}: {exc}")
         problem = _alone(store, summary, data, items or {}, exc)
         warnings.append(problem)
-    if manifest is not None:
-        summary = summary.with_upload(bundles.upload_status(store, manifest, held))
-        if summary.evidence_spooled and not held:
-            warnings.append(f"the verdict waits in the local spool with {len(summary.evidence_spooled)} evidence "
-                            f"items ({summary.evidence_upload_error})")
+    upload = bundles.upload_status(store, manifest, held) if manifest is not None else None
+    if upload is not None and upload.spooled and not held:
+        warnings.append(f"the verdict waits in the local spool with {len(upload.spooled)} evidence "
+                        f"items ({upload.upload_error})")
     key, index_problem = index.keep(store, summary)
     if index_problem:
         warnings.append(f"{index_problem}; the verdict itself is kept, only the fleet view misses it")
     release_space(store, summary.run_id, summary.attempt)
-    return Kept(summary.with_storage_problems(problem, index_problem), manifest, key, tuple(warnings))
+    if held:  # the verdict index's record goes up with the bundle
+        afterupload.start(store, summary.run_id, summary.attempt, manifest.to_json() if manifest else None, (key,))
+    kept = summary.with_upload(upload) if upload is not None else summary
+    return Kept.of(kept.with_storage_problems(problem, index_problem), manifest, key, tuple(warnings))
 
 
 def _alone(store: EvidenceStore, summary: AttemptSummary, data: bytes, items: Mapping[str, bytes],
