@@ -99,7 +99,7 @@ def recover_crashed(run: AttemptRun, flow_run: Any, why: str) -> AttemptSummary:
         judge=recovery.Stop(category, "flow.crashed", why, INFO[category].remediation, "crashed:terminated").judge,
         decide=lambda summary, checkpoints: policy.decide_retry(
             retry_policy, [*history_records(history), summary.record()], checkpoints),
-        source="retry-controller")
+        source="retry-controller", say=_log().info)
     if recovered.stopped:
         _log().warning("%s attempt %s: %s", run.run_id, run.attempt, recovered.stopped)
     for line in recovered.warnings:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime
 
 import pytest
@@ -25,7 +26,9 @@ from trainguard.core.backends.slurm.backend import SlurmBackend
 from trainguard.core.backends.workspace import AttemptWorkspace
 from trainguard.core.policy import RetryDecision
 from trainguard.core.stores.folder import LocalEvidenceStore
+from trainguard.core.taxonomy import Category
 from trainguard.core.triage.signals import Signals
+from waiting import wait_for
 
 
 def _launch(**changes: object) -> Launch:
@@ -178,3 +181,32 @@ def test_local_and_slurm_say_which_attempts_a_run_has_and_who_supervises_them(tm
     data = json.loads(record.read_text())
     record.write_text(json.dumps({**data, "supervisor_pid": int(ended.stdout)}))
     assert slurm.supervisor_pid("r-b", 1) is None
+
+
+def test_a_recovery_step_that_lasts_says_what_it_waits_for_and_the_verdict_is_still_kept(tmp_path) -> None:
+    """A Ctrl-C on Kubernetes collects, stops and lists through pods of their own, which take minutes under
+    load: the recovery says what it waits for while it lasts. Here the checkpoint listing blocks until
+    the line naming it has been seen."""
+    listed = threading.Event()
+
+    class SlowToList(LocalBackend):
+        def checkpoints(self, run_id: str) -> list[str]:
+            listed.wait(120)
+            return super().checkpoints(run_id)
+
+    backend, store, lines = SlowToList(work_root=tmp_path / "work"), LocalEvidenceStore(tmp_path / "evidence"), []
+    begun = AttemptSummary(run_id="r-slow", attempt=1, max_attempts=3, state="Cancelled", gpus=0)
+    stop = recovery.Stop(Category.USER_CANCELLED, "trainguard.stop.sigint", "interrupted", "resume")
+    result: dict[str, recovery.Recovered] = {}
+    worker = threading.Thread(target=lambda: result.update(done=recovery.recover(
+        backend, store, begun, judge=stop.judge, decide=lambda summary, points: RetryDecision(False, "stopped"),
+        source="cli", say=lines.append)))
+    worker.start()
+    try:
+        wait_for(lambda: any("list the run's checkpoints for attempt 1 of r-slow" in line for line in lines),
+                 timeout=60, what="a line about the checkpoint listing")
+    finally:
+        listed.set()
+        worker.join(60)
+    assert lines[0].startswith("trainguard: waiting ") and "for the local backend to list" in lines[0], lines
+    assert result["done"].summary.category == Category.USER_CANCELLED.value

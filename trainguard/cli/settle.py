@@ -125,7 +125,8 @@ def _settle(backend: Backend, store: EvidenceStore, run_id: str, attempt: int, m
                            state="Cancelled" if stop is not None else "Crashed", gpus=gpus)
     recovered = recovery.recover(backend, store, begun, source="cli",
                                  judge=stop.judge if stop is not None else recovery.triage_judge(backend, rules),
-                                 decide=lambda summary, checkpoints: retry_policy.RetryDecision(False, next_step))
+                                 decide=lambda summary, checkpoints: retry_policy.RetryDecision(False, next_step),
+                                 say=say)
     if recovered.stopped:
         say(f"attempt {attempt}: {recovered.stopped}")
     return recovered.summary

@@ -16,8 +16,9 @@ import fcntl
 import re
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from trainguard_entrypoint.files import read_json_object
@@ -27,6 +28,7 @@ from trainguard.core.attempt import AttemptSummary, Judgement
 from trainguard.core.backends import workspace
 from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, CollectedEvidence, progress_points
 from trainguard.core.backends.capabilities import StopsOrphans, Supervises
+from trainguard.core.backends.waits import said_while, span
 from trainguard.core.checkpoints import facts
 from trainguard.core.evidence import verdicts
 from trainguard.core.evidence.manifest import ManifestError, attempt_prefix, attempts_in_store, read_manifest
@@ -105,7 +107,7 @@ class Recovered:
 
 
 def recover(backend: Backend, store: EvidenceStore, begun: AttemptSummary, *, judge: Judge, decide: Decide,
-            source: str) -> Recovered:
+            source: str, say: Callable[[str], None] | None = None) -> Recovered:
     """Stop, collect (if need be), judge, decide and keep the verdict of one attempt the flows did not finish.
 
     Args:
@@ -114,17 +116,23 @@ def recover(backend: Backend, store: EvidenceStore, begun: AttemptSummary, *, ju
         judge: How it is judged: by triage (`triage_judge`), or by what stopped it (`Stop.judge`).
         decide: The retry decision, given the judged summary and the run's checkpoints.
         source: Who recovers it ("retry-controller", "cli"), as the manifest lists the verdict.
+        say: Shows a line while a step that may take long (collecting, stopping, listing) goes on.
     """
     warnings: list[str] = []
+    said = partial(_said, say, f"the {backend.kind} backend to", f"attempt {begun.attempt} of {begun.run_id}")
     ref = backend.provision(begun.run_id, begun.attempt)  # finds the attempt's place again; creates nothing new
     evidence_first = isinstance(backend, StopsOrphans) and backend.evidence_first
-    stopped = None if evidence_first else _stop_orphan(backend, ref, warnings)
+    with said("stop what {} left running"):
+        stopped = None if evidence_first else _stop_orphan(backend, ref, warnings)
     outcome = backend.lost_outcome(ref)
-    collected = _evidence(backend, ref, store, outcome)
+    with said("collect the evidence of {}"):
+        collected = _evidence(backend, ref, store, outcome)
     points = progress_points(backend, ref, outcome)  # from the log the evidence kept, before any stop
     if evidence_first:
-        stopped = _stop_orphan(backend, ref, warnings)
-    checkpoints = backend.checkpoints(begun.run_id)
+        with said("stop what {} left running"):
+            stopped = _stop_orphan(backend, ref, warnings)
+    with said("list the run's checkpoints for {}"):
+        checkpoints = backend.checkpoints(begun.run_id)
     judgement = judge(ref, outcome)
     summary = outcome.into(replace(begun, resumed_from=begun.resumed_from or _resumed_from(ref)), begun.state)
     # the longer of what the platform and the caller saw: the seconds the attempt held its resources
@@ -136,6 +144,14 @@ def recover(backend: Backend, store: EvidenceStore, begun: AttemptSummary, *, ju
     kept = verdicts.keep(store, summary.with_decision(decide(summary, checkpoints)), source,
                          manifest=collected.manifest)
     return Recovered(kept, stopped, (*warnings, *kept.warnings))
+
+
+def _said(say: Callable[[str], None] | None, who: str, attempt: str, what: str) -> AbstractContextManager[None]:
+    """Lines while a recovery step lasts more than a few seconds (none without ``say``): no wait is silent."""
+    if say is None:
+        return nullcontext()
+    doing = what.format(attempt)
+    return said_while(say, lambda waited: f"trainguard: waiting {span(waited)} for {who} {doing}")
 
 
 def retry_not_made(store: EvidenceStore, summary: AttemptSummary, why: str) -> AttemptSummary:
