@@ -88,6 +88,11 @@ def test_a_signature_back_after_fewer_new_checkpoints_is_intermittent_and_as_man
     stuck = [failed(1, resumed_from="ckpt/step-90.json", newest_checkpoint="ckpt/step-90.json", **nccl),
              failed(2, resumed_from="ckpt/step-90.json", newest_checkpoint="ckpt/step-90.json", **nccl)]
     assert not decide_retry(RetryPolicy(max_attempts=5, require_checkpoint_progress=False), stuck, ckpts).retry
+    # Three new checkpoints, then none: back at once at the step it resumed from, the same point.
+    at_once = [failed(1, newest_checkpoint="ckpt/step-30.json", **nccl),
+               failed(2, resumed_from="ckpt/step-30.json", newest_checkpoint="ckpt/step-30.json", **nccl)]
+    decision = decide_retry(RetryPolicy(max_attempts=5, require_checkpoint_progress=False), at_once, ckpts)
+    assert not decision.retry and "same failure signature repeated 2 times" in decision.reason
 
 
 def test_a_breaker_limit_of_zero_turns_the_signature_breaker_off():

@@ -337,8 +337,8 @@ def _outlasted(records: Sequence[AttemptRecord], checkpoints: Sequence[str]) -> 
     checkpoints an attempt saved cannot be counted (pruned, renamed), it counts as usual.
     """
     saved = [_saved(r, checkpoints) for r in records]
-    if any(n is None for n in saved):
-        return False
+    if any(n is None for n in saved) or saved[-1] == 0:
+        return False  # uncounted, or back at once at the step it resumed from: the same point
     counts = [n for n in saved if n is not None]
     return max(counts) - min(counts) > 1
 
