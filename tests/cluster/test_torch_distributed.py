@@ -25,8 +25,10 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
 rank, world = dist.get_rank(), dist.get_world_size()
 total = torch.tensor([float(rank)])
 dist.all_reduce(total)
-print(f"rank {rank}/{world} on {socket.gethostname()} all_reduce ok sum {total.item():g}",
-      flush=True)
+# one write per line: two ranks share the pod's stdout, and print's text and newline are two writes
+# when Python runs unbuffered (PYTHONUNBUFFERED), which can interleave as "A" "B" "\\n" "\\n"
+sys.stdout.write(f"rank {rank}/{world} on {socket.gethostname()} all_reduce ok sum {total.item():g}\\n")
+sys.stdout.flush()
 if rank == int(os.environ.get("FAILING_RANK", "-1")):
     raise RuntimeError(f"rank {rank} lost its data shard")
 dist.all_reduce(total)
