@@ -8,11 +8,13 @@ a SIGTERM on, so the training reads a deadline when the signal reaches it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -133,6 +135,22 @@ def test_a_notice_round_trips_and_hostile_notices_read_as_none(tmp_path: Path) -
     assert read_notice(None) is None
 
 
+@contextlib.contextmanager
+def _ready(workspace: Path, argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    """The entrypoint running ``argv`` once its command printed "ready"; the block stops it, and it must
+    then end on its own (it is killed only if the block failed first)."""
+    entrypoint = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = workspace / "logs" / "train-r1-attempt-1.log"
+    try:
+        wait_for(lambda: log.exists() and "ready" in log.read_text(), timeout=60, what="the command to start")
+        yield entrypoint
+        wait_for(lambda: entrypoint.poll() is not None, timeout=60, what="the entrypoint to end")
+    finally:
+        if entrypoint.poll() is None:
+            entrypoint.kill()
+            entrypoint.wait()
+
+
 def test_the_entrypoint_writes_the_notice_file_before_the_command_sees_sigterm(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
     seen = tmp_path / "seen.json"
@@ -147,18 +165,9 @@ def test_the_entrypoint_writes_the_notice_file_before_the_command_sees_sigterm(t
         "while True: time.sleep(0.05)\n"
     )
     env = entrypoint_env({"TRAINGUARD_STACK_SWEEP_SECONDS": "0", "TRAINGUARD_PY_SPY": "/nonexistent/py-spy"})
-    argv = entrypoint_argv(workspace, py(code), "--grace-seconds", "7")
-    entrypoint = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log = workspace / "logs" / "train-r1-attempt-1.log"
-    try:
-        wait_for(lambda: log.exists() and "ready" in log.read_text(), timeout=60, what="the command to start")
+    with _ready(workspace, entrypoint_argv(workspace, py(code), "--grace-seconds", "7"), env) as entrypoint:
         sent = time.time()
         entrypoint.send_signal(signal.SIGTERM)
-        wait_for(lambda: entrypoint.poll() is not None, timeout=60, what="the entrypoint to end")
-    finally:
-        if entrypoint.poll() is None:
-            entrypoint.kill()
-            entrypoint.wait()
     notice = parse_notice(json.loads(seen.read_text()))
     assert notice is not None and notice.reason == "terminated"
     assert 7 <= notice.deadline - notice.given_at < 9  # the grace, from when the command heard of the stop
@@ -173,18 +182,9 @@ def test_a_notice_already_given_by_the_backend_is_not_overwritten(tmp_path: Path
     code = ("import os, time\nprint('ready', flush=True)\nwhile True: time.sleep(0.05)\n")
     env = entrypoint_env({"TRAINGUARD_STACK_SWEEP_SECONDS": "0", "TRAINGUARD_PY_SPY": "/nonexistent/py-spy",
                           "TRAINGUARD_NOTICE_FILE": str(given)})
-    entrypoint = subprocess.Popen(entrypoint_argv(workspace, py(code)), env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
-    log = workspace / "logs" / "train-r1-attempt-1.log"
-    try:
-        wait_for(lambda: log.exists() and "ready" in log.read_text(), timeout=60, what="the command to start")
+    with _ready(workspace, entrypoint_argv(workspace, py(code)), env) as entrypoint:
         backend = Notice("eviction", time.time(), time.time() + 30, "kubelet SIGTERM, grace 30s")
         write_notice(given, backend)
         entrypoint.send_signal(signal.SIGTERM)
-        wait_for(lambda: entrypoint.poll() is not None, timeout=60, what="the entrypoint to end")
-    finally:
-        if entrypoint.poll() is None:
-            entrypoint.kill()
-            entrypoint.wait()
     assert read_notice(given) == backend
     assert not (workspace / "notice.json").exists()
