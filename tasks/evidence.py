@@ -42,8 +42,13 @@ def collect_evidence(
 
 @task(name="release_attempt", cache_policy=NO_CACHE)
 def release_attempt(backend: Backend, ref: AttemptRef) -> None:
-    """Let the platform clean the attempt up, now that its evidence is kept."""
-    backend.release(ref)
+    """Let the platform clean the attempt up, now that its evidence is kept; back once nothing of it runs."""
+    logger = get_run_logger()
+    with said_while(logger.info, lambda waited: f"trainguard: waiting {span(waited)} for the {backend.kind} backend to "
+                    "see the attempt's last processes end (a stopping pod may be saving a checkpoint on notice)"):
+        problem = backend.release(ref)
+    if problem:
+        logger.warning("%s", problem)
 
 
 def freeze(backend: Backend, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome,

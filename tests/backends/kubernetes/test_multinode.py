@@ -101,6 +101,29 @@ def test_a_survivor_still_running_after_the_grace_ends_the_attempt_and_release_d
     wait_for(lambda: _gone(kube, ns, ref.name), timeout=30, what="the Job, its survivor and its Service deleted")
 
 
+def test_release_returns_once_a_survivor_saving_on_notice_has_ended(kube: KubeApi, ns: str, tmp_path: Path) -> None:
+    """Node 0 answers the SIGTERM of the Job's deletion with a 2 s save: the next attempt's checkpoint
+    choice must see it, and its pods must not meet this one on its port, so release waits for it."""
+    b = two_nodes(kube, ns, tmp_path, survivor_grace_seconds=1.0)
+    ref = b.provision("mn-drain", 1)
+    saved = tmp_path / "saved-on-notice"
+    code = ("import os, signal, sys, time\n"
+            "def save(*_):\n    time.sleep(2); open(sys.argv[1], 'w').write('step 7'); sys.exit(143)\n"
+            "signal.signal(signal.SIGTERM, save)\n"
+            "print('node', os.environ['NODE_RANK'], 'up', flush=True)\n"
+            "if os.environ['NODE_RANK'] == '1': sys.exit(3)\ntime.sleep(600)")
+    # a 3600 s notice grace is 72 s under the shared kubesim's time scale: room for the entrypoint's stack sweep
+    outcome = b.run(ref, Launch(run_id="mn-drain", attempt=1, command=("python", "-c", code, str(saved)), nodes=2,
+                                gpus=1, notice_grace_seconds=3600))
+    assert outcome.exit_code == 3
+    assert [indexed.index_of(p) for p in kube.list_pods(ns, f"job-name={ref.name}")["items"]
+            if p["status"]["phase"] == "Running"] == [0]  # the moment release would not wait: the survivor runs
+    assert b.release(ref) is None
+    assert saved.read_text() == "step 7"
+    assert not [p for p in kube.list_pods(ns, f"job-name={ref.name}")["items"]
+                if p["status"]["phase"] not in ("Succeeded", "Failed")]
+
+
 def _gone(kube: KubeApi, ns: str, name: str) -> bool:
     for read in (kube.read_job, kube.read_service):
         try:

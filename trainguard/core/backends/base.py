@@ -269,8 +269,11 @@ class Backend(Protocol):
         or the attempt itself kept; reason `LOST` when nothing says. Never raises."""
         ...
 
-    def release(self, ref: AttemptRef) -> None:
-        """Let the platform clean the attempt up (delete it, or start its TTL). Called after evidence is kept."""
+    def release(self, ref: AttemptRef) -> str | None:
+        """Let the platform clean the attempt up (delete it, or start its TTL). Called after evidence is kept.
+
+        Returns once nothing of the attempt still runs (a stopping pod may still be saving a checkpoint);
+        a line to warn with when that could not be seen to its end, else None."""
         ...
 
 

@@ -25,7 +25,7 @@ from trainguard.core.backends.base import (
 )
 from trainguard.core.backends.capabilities import NodeEvidence
 from trainguard.core.backends.kubernetes import (
-    collector, evidence, indexed, kept, kinds, lister, localdir, manifests, placement, zipapp,
+    collector, drain, evidence, indexed, kept, kinds, lister, localdir, manifests, placement, zipapp,
 )
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import Conflict, KubeError, NotFound
@@ -287,13 +287,14 @@ class KubernetesBackend:
             return []
         return [f"{folder}/{name}" for name in workspace_evidence.rank_checkpoints((n, float(t)) for n, t in listed)]
 
-    def release(self, ref: AttemptRef) -> None:
-        """Delete a succeeded Job now; keep a failed one for `failed_job_ttl_seconds` (its TTL).
+    def release(self, ref: AttemptRef) -> str | None:
+        """Delete a succeeded Job now; keep a failed one for `failed_job_ttl_seconds` (its TTL); then wait
+        for its pods still stopping (`drain`): a warning line when they outlast their grace, else None.
 
         A Job that has not finished (unschedulable, stalled, stopped, its pod disrupted, survivors
         still running after the first pod failed) is deleted: a TTL would never start, and it must not
-        train on beside the next attempt. The headless Service of a multi-node attempt goes now: only
-        the running pods needed it.
+        train on beside the next attempt. The headless Service of a multi-node attempt goes once its
+        pods ended: only they needed it.
         """
         try:
             job = kinds.read(self.api, self.kind_of_job, self.namespace, ref.name)
@@ -305,11 +306,13 @@ class KubernetesBackend:
                                 self.settings.failed_job_ttl_seconds)
         except NotFound:
             job = {}  # already gone (deleted by someone, or its TTL ran out); the Service with it
+        problem = drain.wait_ended(self.api, self.namespace, manifests.selector(ref.run_id, ref.attempt))
         if (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("subdomain") == ref.name:
             try:
                 self.api.delete_service(self.namespace, ref.name)
             except NotFound:
                 pass
+        return problem
 
     def lost_outcome(self, ref: AttemptRef) -> AttemptOutcome:
         """From the cluster: the attempt's Job and its pod (the first that failed, else the newest), read as
