@@ -164,7 +164,7 @@ def test_a_frozen_flow_process_marked_crashed_is_recovered_by_the_controller_alo
             client.set_flow_run_state(run.id, Crashed(message="no heartbeat for 540 s"), force=True)
         assert parent_pid(entrypoint) == flow_process and alive(trainer)  # the watch sees its supervisor
         controller = wait_for(lambda: finished_controller(run.id), 120, "the automation's retry controller")[0]
-        wait_for(lambda: not alive(trainer) and not alive(entrypoint), 10, "the controller to stop the training")
+        wait_for(lambda: not alive(trainer) and not alive(entrypoint), 60, "the controller to stop the training")
         assert len(successors("frozen-1")) == 1
         nxt = successors("frozen-1")[0]
         assert read_run(run.id).state.is_crashed(), "the frozen process reported nothing"
@@ -244,7 +244,7 @@ def logs_of(flow_run_id) -> str:
 
 def logged(flow_run_id, *texts: str) -> bool:
     """Whether the flow run's logs hold every text; its logs are shipped in batches, after its state."""
-    return bool(wait_for(lambda: all(text in logs_of(flow_run_id) for text in texts), 30, f"{texts} in the logs"))
+    return bool(wait_for(lambda: all(text in logs_of(flow_run_id) for text in texts), 120, f"{texts} in the logs"))
 
 
 def _hanging_attempt(blocks: dict, name: str, deployment: str = "train-attempt/local") -> tuple:

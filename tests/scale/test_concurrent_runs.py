@@ -88,7 +88,7 @@ def test_twelve_concurrent_runs_through_two_workers_keep_every_lineage_complete_
                 sigkill_flow_process(scale_blocks["work"], case.run_id)
         try:
             for case in CASES:
-                wait_for(lambda: lineage_settled(case), 600, f"every attempt of {case.run_id} to settle")
+                wait_for(lambda: lineage_settled(case), 600, lambda: where_runs_are(tmp_path / "workers"))
         finally:
             plan.enabled = False
         assert all(w.poll() is None for w in workers), "a worker died"
@@ -106,6 +106,15 @@ def lineage_settled(case: Case) -> bool:
         return False
     last = runs[-1]
     return last.state.is_completed() or hook_finished(last.id)
+
+
+def where_runs_are(workers: Path) -> str:
+    """Every lineage's attempts and states, and the workers' last lines: what a timed-out wait needs to say."""
+    lineages = "; ".join(f"{case.run_id}: " + ", ".join(f"{r.parameters.get('attempt', 1)} {r.state and r.state.name}"
+                                                         for r in attempt_runs(case.run_id)) for case in CASES)
+    tails = "\n".join(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                      for log in sorted(workers.glob("*.log")))
+    return f"every lineage to settle: {lineages}\n{tails}"
 
 
 def hook_finished(flow_run_id) -> bool:
