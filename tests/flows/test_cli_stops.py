@@ -180,7 +180,9 @@ def test_a_stop_during_the_backoff_keeps_the_finished_attempts_verdict_and_says_
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(cli.stderr), daemon=True)
     reader.start()
-    wait_for(lambda: any("retrying as attempt 2 in 600s" in line for line in lines), 240, "the backoff's log line")
+    wait_for(lambda: any("retrying as attempt 2 in 600s" in line for line in lines) or cli.poll() is not None, 240,
+             "the backoff's log line")
+    assert cli.poll() is None, "the run ended before its backoff:\n" + "".join(lines)[-3000:]
     cli.send_signal(signal.SIGTERM)
     out = cli.stdout.read()
     cli.wait(timeout=60)
