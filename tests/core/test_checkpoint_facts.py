@@ -82,7 +82,7 @@ def test_a_just_in_time_save_and_no_checkpoint_at_all_and_a_hostile_ack(tmp_path
     assert facts(backend, "r1", 1, None, str(folder / "jit-49")).newest_kind == "periodic"
 
 
-def test_a_backend_that_cannot_read_its_checkpoints_here_says_unknown(tmp_path) -> None:
+def test_a_backend_that_cannot_read_its_checkpoints_here_and_made_no_listing_says_unknown(tmp_path) -> None:
     kube = KubernetesBackend(connect=lambda: None, settings=KubeSettings(job=JobSettings(image="trainguard:test")))  # type: ignore[arg-type,return-value]
     found = facts(kube, "r1", 2, "/checkpoints/ckpt-40.pt", "/checkpoints/ckpt-87.pt", [(92, None)])
     assert (found.resumed_from_kind, found.newest_kind, found.newest_step) == ("unknown", "unknown", 87)

@@ -4,7 +4,8 @@ A checkpoint's kind and step come from its acknowledgement, where the training-s
 one (`trainguard_entrypoint.acks`: "periodic", "notice" or "just_in_time", with the optimizer
 step and the seconds from the notice to the save). A checkpoint without one is the training's own
 save: ``periodic``, its step read from its name where the name carries one. Where this machine cannot
-read the run's checkpoint folder (a Kubernetes volume), every kind is ``unknown``. Steps lost are the
+read the run's checkpoint folder (a Kubernetes volume), the backend's listing read them there
+(`ListsCheckpoints`); without one, every kind is ``unknown``. Steps lost are the
 last optimizer step the attempt completed (the helper's ``progress.json``, else the newest step its
 log shows) minus the step the next attempt resumes from: the newest checkpoint's, 0 without one.
 Read once per attempt, when it is judged; everything the job wrote is read as hostile, never raising.
@@ -20,7 +21,7 @@ from trainguard_entrypoint import acks
 
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backends.base import Backend
-from trainguard.core.backends.capabilities import ReadsCheckpoints
+from trainguard.core.backends.capabilities import CheckpointListing, ListsCheckpoints, ReadsCheckpoints
 from trainguard.core.reports.progress import checkpoint_step
 
 PERIODIC, UNKNOWN = "periodic", "unknown"
@@ -59,26 +60,62 @@ def read_ack(folder: Path, name: str) -> acks.Ack | None:
     return acks.read_ack(folder, name)
 
 
+class _Seen:
+    """What the core knows of the run's checkpoint folder: read here (a folder), or as a listing read it, or nothing."""
+
+    def __init__(self, folder: Path | None = None, listing: CheckpointListing | None = None) -> None:
+        self.folder, self.listing = folder, listing
+
+    @property
+    def known(self) -> bool:
+        return self.folder is not None or self.listing is not None
+
+    def ack(self, checkpoint: str | None) -> acks.AckBrief | None:
+        if not checkpoint:
+            return None
+        if self.folder is not None:
+            ack = read_ack(self.folder, _entry(checkpoint))
+            return acks.AckBrief.of(ack) if ack is not None else None
+        return self.listing.acks.get(_entry(checkpoint)) if self.listing is not None else None
+
+    def exists(self, checkpoint: str) -> bool:
+        if self.folder is not None:
+            return (self.folder / _entry(checkpoint)).exists()
+        return self.listing is not None and _entry(checkpoint) in self.listing.checkpoints
+
+    def progress(self, attempt: int) -> int | None:
+        """The helper's last completed step, when this attempt wrote it (an earlier attempt's says nothing of this one)."""
+        if self.folder is not None:
+            progress = acks.read_progress(self.folder)
+        else:
+            progress = self.listing.progress if self.listing is not None else None
+        return progress.step if progress is not None and progress.attempt == str(attempt) else None
+
+
 def facts(backend: Backend, run_id: str, attempt: int, resumed_from: str | None, newest: str | None,
           logged: Sequence[tuple[int, float | None]] = ()) -> CheckpointFacts:
     """The checkpoint facts of one attempt, just after it ended (see the module docstring).
 
     Args:
-        backend: Where it ran; only a backend that `ReadsCheckpoints` here says kinds and acknowledgements.
+        backend: Where it ran; a backend that `ReadsCheckpoints` here, or `ListsCheckpoints` (what its last
+            listing read), says kinds and acknowledgements.
         run_id, attempt: The attempt.
         resumed_from: The checkpoint it resumed from, as the backend listed it.
         newest: The run's newest checkpoint after it, as the backend lists them (what the next attempt resumes from).
         logged: The (step, loss) points its log shows, for its progress where the helper kept none.
     """
-    folder = backend.checkpoint_folder(run_id) if isinstance(backend, ReadsCheckpoints) else None
-    newest_ack, resumed_ack = _ack(folder, newest), _ack(folder, resumed_from)
-    progress = _progress(folder, attempt) if folder is not None else None
+    if isinstance(backend, ReadsCheckpoints):
+        seen = _Seen(folder=backend.checkpoint_folder(run_id))
+    else:
+        seen = _Seen(listing=backend.checkpoint_listing(run_id) if isinstance(backend, ListsCheckpoints) else None)
+    newest_ack, resumed_ack = seen.ack(newest), seen.ack(resumed_from)
+    progress = seen.progress(attempt)
     progress = progress if progress is not None else max((step for step, _ in logged), default=None)
     newest_step = newest_ack.step if newest_ack is not None else (checkpoint_step(newest) if newest else 0)
     return CheckpointFacts(
-        resumed_from_kind=_kind(folder, resumed_from, resumed_ack),
+        resumed_from_kind=_kind(seen, resumed_from, resumed_ack),
         resumed_from_step=resumed_ack.step if resumed_ack is not None else checkpoint_step(resumed_from),
-        newest_kind=_kind(folder, newest, newest_ack),
+        newest_kind=_kind(seen, newest, newest_ack),
         newest_step=newest_step if newest else None, progress_step=progress,
         steps_lost=max(0, progress - newest_step) if progress is not None and newest_step is not None else None,
         notice_to_ack_seconds=newest_ack.seconds_from_notice if newest_ack is not None else None,
@@ -89,22 +126,12 @@ def _entry(checkpoint: str) -> str:
     return PurePath(checkpoint).name
 
 
-def _ack(folder: Path | None, checkpoint: str | None) -> acks.Ack | None:
-    return read_ack(folder, _entry(checkpoint)) if folder is not None and checkpoint else None
-
-
-def _kind(folder: Path | None, checkpoint: str | None, ack: acks.Ack | None) -> str | None:
-    """The checkpoint's kind: its acknowledgement's (as `_ack` read it), else periodic when it is there."""
+def _kind(seen: _Seen, checkpoint: str | None, ack: acks.AckBrief | None) -> str | None:
+    """The checkpoint's kind: its acknowledgement's, else periodic when it is there (the training's own save)."""
     if not checkpoint:
         return None
-    if folder is None:
+    if not seen.known:
         return UNKNOWN
     if ack is not None:
         return ack.kind
-    return PERIODIC if (folder / _entry(checkpoint)).exists() else UNKNOWN
-
-
-def _progress(folder: Path, attempt: int) -> int | None:
-    """The helper's last completed step, when this attempt wrote it (an earlier attempt's says nothing of this one)."""
-    progress = acks.read_progress(folder)
-    return progress.step if progress is not None and progress.attempt == str(attempt) else None
+    return PERIODIC if seen.exists(checkpoint) else UNKNOWN

@@ -4,15 +4,19 @@ A backend implements `trainguard.core.backends.base.Backend` and, where its plat
 these: naming the nodes an attempt could be placed on (`PlacesOnNodes`), stopping what a dead flow
 process left running (`StopsOrphans`), handing triage each node's signals (`SeesNodes`, with
 `NodeEvidence`), keeping a place per attempt where its supervisor is recorded (`Supervises`) and
-reading the run's checkpoints on this machine (`ReadsCheckpoints`). Callers never test for a backend
-class, only for one of these.
+reading the run's checkpoints on this machine (`ReadsCheckpoints`) or, where only its pods can, handing
+on what its listing read there (`ListsCheckpoints`, with `CheckpointListing`). Callers never test for
+a backend class, only for one of these.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from trainguard_entrypoint.acks import AckBrief, Progress
 
 from trainguard.core.backends.base import AttemptOutcome, AttemptRef
 from trainguard.core.triage.signals import Signals
@@ -119,9 +123,47 @@ class ReadsCheckpoints(Protocol):
     Optional beside `Backend`: the verdict then records each checkpoint's kind and step from its
     acknowledgement, and the steps an attempt lost (`trainguard.core.checkpoints`). The local and
     Slurm backends implement it; the Kubernetes backend does not (its checkpoints live on a volume
-    only its pods mount), so there the kinds are "unknown" and steps lost come from the log alone.
+    only its pods mount): it `ListsCheckpoints` instead.
     """
 
     def checkpoint_folder(self, run_id: str) -> Path:
         """The run's checkpoint folder on this machine (it may not exist yet)."""
+        ...
+
+
+@dataclass(frozen=True)
+class CheckpointListing:
+    """What a listing of a run's checkpoints read where they lie (a pod, on Kubernetes).
+
+    Attributes:
+        checkpoints: The entry names a run can resume from, newest first, after the newest whose
+            files did not match their acknowledgement were left out.
+        acks: The acknowledgements read, by entry name, without their file lists (the files were
+            checked where they lie).
+        progress: The helper's ``progress.json``, if there was a well-formed one.
+        left_out: (entry name, why) of each checkpoint passed over: its files do not match its acknowledgement.
+        unchecked: (entry name, why) of a checkpoint kept whose digests were not all compared in time.
+        notes: What else the listing could not do, one line each (a folder it may not read, a bound).
+    """
+
+    checkpoints: tuple[str, ...] = ()
+    acks: Mapping[str, AckBrief] = field(default_factory=dict)
+    progress: Progress | None = None
+    left_out: tuple[tuple[str, str], ...] = ()
+    unchecked: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class ListsCheckpoints(Protocol):
+    """A backend that lists the run's checkpoints where this machine cannot read them, reading their
+    acknowledgements and the helper's progress there too (Kubernetes: a pod on the checkpoint volume).
+
+    Optional beside `Backend`: `Backend.checkpoints` makes the listing; this hands on what that
+    listing read, so the verdict records kinds, steps and steps lost (`trainguard.core.checkpoints`)
+    without a second pod. Callers list first, then ask.
+    """
+
+    def checkpoint_listing(self, run_id: str) -> CheckpointListing | None:
+        """What the last `checkpoints(run_id)` of this instance read; None when it made none or it failed."""
         ...

@@ -1,4 +1,5 @@
-"""Collecting a local attempt's evidence into a store, and finding the checkpoints to resume from.
+"""Collecting a local attempt's evidence into a store, and finding the checkpoints to resume from
+(`trainguard_entrypoint.resumable`, re-exported).
 
 Everything the attempt left in its workspace is copied under ``runs/{run_id}/attempt-{n}/`` with
 stable names, and the manifest is written last. Collection runs in the flow's ``finally``, so it
@@ -13,17 +14,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trainguard_entrypoint import acks, safefiles
+from trainguard_entrypoint import safefiles
 from trainguard_entrypoint.checkpoints import list_checkpoints
 from trainguard_entrypoint.coredumps import CORE_SIGNALS
+# choosing the checkpoints to resume from is the entrypoint's (the Kubernetes lister pod runs it too)
+from trainguard_entrypoint.resumable import newest_checkpoints as newest_checkpoints
+from trainguard_entrypoint.resumable import verified as verified
 from trainguard_entrypoint.files import read_json_object, read_tail_lines
 
 from trainguard.core import masking
@@ -41,97 +44,9 @@ CRASH_TAIL_LINES = 200
 JOB_FOLDERS = (RANKS, TORCHELASTIC, STACKS, FLIGHT_RECORDER)  # kept whole when the attempt made them
 ENTRYPOINT, RUNNER, WORKSPACE, FLOW = "entrypoint", "runner", "local-workspace", "flow"
 
-_IGNORED_SUFFIXES = (".tmp", ".partial")
-# a run's checkpoints ranked to choose one to resume from (the evidence lists and copies fewer:
-# `safefiles.MAX_ENTRIES`); ranking needs every name, and a run keeps far fewer than this
-MAX_RANKED_CHECKPOINTS = 100_000
-# "step-000120.pt", "epoch=3-step=1200.ckpt", "checkpoint-500", "iter_0004000"
-_STEP = re.compile(r"(?:step|iter|checkpoint|ckpt)[-_=]?(\d+)", re.IGNORECASE)
-_NUMBER = re.compile(r"(\d+)")
-
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-def _step_number(name: str) -> int | None:
-    if match := _STEP.search(name):
-        return int(match.group(1))
-    numbers = _NUMBER.findall(name)
-    return int(numbers[-1]) if numbers else None
-
-
-def rank_checkpoints(entries: Iterable[tuple[str, float]]) -> list[str]:
-    """Checkpoint names, newest first, from (name, mtime) pairs listed somewhere else (e.g. in a pod).
-
-    The same rules as `newest_checkpoints`: step numbers first, then modification time; temporary,
-    partial and dot-names are not checkpoints.
-    """
-    ranked = [((step is not None, step if step is not None else -1, mtime), name)
-              for name, mtime in entries
-              if not name.startswith(".") and not name.endswith(_IGNORED_SUFFIXES)
-              for step in (_step_number(name),)]
-    ranked.sort(key=lambda pair: pair[0], reverse=True)
-    return [name for _, name in ranked]
-
-
-def newest_checkpoints(checkpoint_dir: Path) -> list[Path]:
-    """Checkpoints (files or folders) in ``checkpoint_dir`` a run can resume from, newest first.
-
-    Names carrying a step number (``step-000120.pt``) are ordered by it, then the others by
-    modification time. Temporary and partial files (``*.tmp``, ``*.partial``, dot-names) are not
-    checkpoints: a crash mid-save leaves exactly those behind. Nor are empty or unreadable ones,
-    which a full disk leaves: resuming from them would fail the next attempt too. Nor is anything
-    that is not a regular file or a folder of the run's own (a link, a FIFO, a device): the
-    training job wrote the folder, and reading such a thing could hang or lead outside it.
-    """
-    ranked: list[tuple[tuple[int, int, float], Path]] = []
-    for entry in safefiles.walk(checkpoint_dir, checkpoint_dir, max_depth=0, max_entries=MAX_RANKED_CHECKPOINTS):
-        if entry.name.endswith(_IGNORED_SUFFIXES) or entry.kind not in (safefiles.FILE, "limit") or entry.left_out:
-            continue  # a link, a FIFO, a device; the folder itself missing; or what is past the limit
-        path = Path(entry.path)
-        if not _usable(path, checkpoint_dir):
-            continue
-        try:
-            mtime = path.lstat().st_mtime
-        except OSError:
-            continue  # vanished
-        step = _step_number(entry.name)
-        ranked.append(((step is not None, step if step is not None else -1, mtime), path))
-    ranked.sort(key=lambda pair: pair[0], reverse=True)
-    return verified([entry for _, entry in ranked], checkpoint_dir)[0]
-
-
-def verified(ranked: Sequence[Path], checkpoint_dir: Path) -> tuple[list[Path], list[tuple[str, str]]]:
-    """``ranked`` (newest first) without the newest checkpoints whose acknowledgement does not verify,
-    and those left out with why.
-
-    The training-side helper acknowledges what it saved (step, files, SHA-256): a checkpoint whose
-    files no longer match (cut short, corrupted, replaced) is no place to resume from, and the next
-    older one is taken. Checking stops at the first checkpoint kept (acknowledged and verified, or
-    one the training saved itself without an acknowledgement): only the newest are resumed from, and
-    hashing every old checkpoint would cost minutes.
-    """
-    left_out: list[tuple[str, str]] = []
-    for index, path in enumerate(ranked):
-        ack = acks.read_ack(checkpoint_dir, path.name)
-        why = acks.verify(checkpoint_dir, ack) if ack is not None else None
-        if why is None:
-            return list(ranked[index:]), left_out
-        left_out.append((path.name, why))
-    return [], left_out
-
-
-def _usable(entry: Path, root: Path) -> bool:
-    """Whether a checkpoint has content that can be read: a non-empty regular file, or a real folder holding one."""
-    try:
-        if stat.S_ISDIR(entry.lstat().st_mode):
-            return any(found.kind == safefiles.FILE and _usable(Path(found.path), root)
-                       for found in safefiles.walk(entry, root))
-        with safefiles.open_regular(entry, root) as handle:
-            return bool(handle.read(1))
-    except OSError:
-        return False
 
 
 class BundleWriter:

@@ -12,6 +12,7 @@ text formatting kubectl's output depends on) and `volume` freeze what the cluste
 volume's files through the `collector` pod, which runs `collector_program` and is read back by
 `collector_output`; `nodes` maps and keeps each pod of a multi-node attempt; `localdir` is the
 private folder on the flow's machine where the triage facts and the nodes' files are kept, and
-`kept` reads them back, once, for triage; the `lister` pod lists a run's checkpoints. `backend`
+`kept` reads them back, once, for triage; the `lister` pod lists a run's checkpoints and checks the
+newest against their acknowledgements; `drain` waits for an ended attempt's pods to stop. `backend`
 puts it together behind `trainguard.core.backends.base.Backend`.
 """

@@ -6,7 +6,7 @@ then follows it by watch (`supervise`) and turns what it saw into an `AttemptOut
 `collect_evidence` freezes the cluster's view (`evidence`) and keeps the triage facts and the log
 on the flow's machine, where `signals` reads them after the Job is gone. `release` deletes a
 succeeded Job and gives a failed one its TTL; `checkpoints` lists the run's checkpoint PVC through a
-short-lived pod. Nothing is deleted before evidence is kept.
+short-lived pod, which also checks the newest against their acknowledgements (`ListsCheckpoints`). Nothing is deleted before evidence is kept.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.core import masking
-from trainguard.core.backends import workspace_evidence
 from trainguard.core.backends.base import (
     COMPLETED, ERROR, LOST, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
 )
-from trainguard.core.backends.capabilities import NodeEvidence
+from trainguard.core.backends.capabilities import CheckpointListing, NodeEvidence
 from trainguard.core.backends.kubernetes import (
     collector, drain, evidence, indexed, kept, kinds, lister, localdir, manifests, placement, zipapp,
 )
@@ -49,7 +48,10 @@ class KubeSettings:
     unschedulable_seconds: float = 600.0
     start_error_seconds: float = 60.0
     failed_job_ttl_seconds: int = 86400
-    lister_timeout_seconds: float = 60.0
+    lister_timeout_seconds: float = 60.0  # the checkpoint lister pod's start and listing, beside its hashing
+    # how long the lister may hash the newest checkpoints' files against their acknowledgements (sizes
+    # are always checked): about 120 GB at 1 GB/s, 18 GB from a network volume at 150 MB/s
+    checkpoint_verify_seconds: float = 120.0
     local_root: str | None = None  # where triage facts and logs are kept on the flow's machine
     # what the collector pod copies of the attempt's folder, by apparent size (a sparse file counts whole)
     evidence_copy_budget_bytes: int = collector.DEFAULT_BUDGET_BYTES
@@ -68,6 +70,7 @@ class KubernetesBackend:
     def __init__(self, connect: Callable[[], KubeApi], settings: KubeSettings) -> None:
         self.connect, self.settings = connect, settings
         self._api: KubeApi | None = None
+        self._listings: dict[str, CheckpointListing] = {}  # the last listing of each run's checkpoints
 
     @property
     def api(self) -> KubeApi:
@@ -92,15 +95,11 @@ class KubernetesBackend:
 
     def provision(self, run_id: str, attempt: int) -> AttemptRef:
         """Make sure the entrypoint ConfigMap exists; the Job itself is created by `run`."""
-        body = zipapp.config_map(self.namespace)
-        try:
-            self.api.create_config_map(self.namespace, body)
-        except Conflict:
-            pass  # named by its digest: the one there holds the same bytes
+        config_map = self._entrypoint_config_map()
         return AttemptRef(KIND, run_id, attempt, name=manifests.job_name(run_id, attempt),
                           workspace=manifests.workspace_path(run_id, attempt),
                           checkpoint_dir=manifests.checkpoint_path(run_id),
-                          details={"namespace": self.namespace, "config_map": body["metadata"]["name"]})
+                          details={"namespace": self.namespace, "config_map": config_map})
 
     def run(self, ref: AttemptRef, launch: Launch, on_line: LineSink | None = None) -> AttemptOutcome:
         """Create (or adopt) the attempt's Job (and Service, on several nodes) and follow it until it is terminal.
@@ -278,14 +277,44 @@ class KubernetesBackend:
         return sorted(str(n["metadata"]["name"]) for n in listed if not (n.get("spec") or {}).get("unschedulable"))
 
     def checkpoints(self, run_id: str) -> list[str]:
-        """The run's checkpoints, newest first, as paths inside the containers (the same in every attempt)."""
+        """The run's checkpoints, newest first, as paths inside the containers (the same in every attempt).
+
+        A lister pod reads the checkpoint volume (`lister`): the newest checkpoints whose files do not
+        match their acknowledgement are left out (said, with why), as on the other backends, and what
+        it read is kept for `checkpoint_listing`. A listing that fails gives no checkpoint, and says why.
+        """
         folder = manifests.checkpoint_path(run_id)
+        self._listings.pop(run_id, None)
         try:
-            listed = json.loads(lister.run(self.api, self.settings.job, run_id, folder,
-                                           self.settings.lister_timeout_seconds).strip().splitlines()[-1])
-        except (KubeError, ValueError, IndexError, TimeoutError):
+            listing = lister.run(self.api, self.settings.job, run_id, folder, self.settings.lister_timeout_seconds,
+                                 config_map=self._entrypoint_config_map(),
+                                 verify_seconds=self.settings.checkpoint_verify_seconds)
+        except (KubeError, ValueError, TimeoutError) as exc:
+            _say(None, f"could not list the checkpoints of run {run_id} (claim {self.settings.job.checkpoint_claim}): "
+                       f"{exc}")
             return []
-        return [f"{folder}/{name}" for name in workspace_evidence.rank_checkpoints((n, float(t)) for n, t in listed)]
+        self._listings[run_id] = listing
+        for name, why in listing.left_out:
+            _say(None, f"not resuming from {folder}/{name}: its files do not match its acknowledgement: {why}")
+        for name, why in listing.unchecked:
+            _say(None, f"{folder}/{name}: {why}")
+        for note in listing.notes:
+            _say(None, f"listing the checkpoints of run {run_id}: {note}")
+        return [f"{folder}/{name}" for name in listing.checkpoints]
+
+    def checkpoint_listing(self, run_id: str) -> CheckpointListing | None:
+        """What the last `checkpoints(run_id)` of this instance read on the volume (acknowledgements, progress)."""
+        return self._listings.get(run_id)
+
+    def _entrypoint_config_map(self) -> str:
+        """The entrypoint ConfigMap's name, made if it is not there yet (named by its digest, so one there holds
+        the same bytes): the Job and the checkpoint lister run from it."""
+        body = zipapp.config_map(self.namespace)
+        try:
+            self.api.create_config_map(self.namespace, body)
+        except Conflict:
+            pass
+        return str(body["metadata"]["name"])
 
     def release(self, ref: AttemptRef) -> str | None:
         """Delete a succeeded Job now; keep a failed one for `failed_job_ttl_seconds` (its TTL); then wait
