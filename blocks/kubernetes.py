@@ -141,6 +141,12 @@ class KubernetesJobBackend(Block):
         description="Several nodes: once one pod failed, how long the others may take to fail on their own "
         "(they usually do within seconds, and what they print dates the failure) before evidence is collected "
         "from every pod and the Job is deleted.")
+    checkpoint_verify_seconds: float = Field(
+        default=120.0, ge=0, le=86400, title="Time to check the newest checkpoints (s)",
+        description="How long the checkpoint lister pod may hash the newest checkpoints' files against their "
+        "acknowledgements before choosing one to resume from (their sizes are always checked): about 120 GB at "
+        "1 GB/s in 120 s, 18 GB from a network volume at 150 MB/s. A checkpoint not hashed in full in time is "
+        "kept, and the flow's log says so; 0 checks sizes only.")
     local_root: str | None = Field(default=None, title="Local folder for triage facts",
                                    description="On the flow's machine, this user's only (refused if another "
                                    "user's or writable by others); trainguard-kube-<uid> in the temporary folder "
@@ -192,7 +198,8 @@ class KubernetesJobBackend(Block):
                             start_error_seconds=self.start_error_seconds,
                             failed_job_ttl_seconds=self.failed_job_ttl_seconds, local_root=self.local_root,
                             evidence_copy_budget_bytes=self.evidence_copy_budget_bytes,
-                            survivor_grace_seconds=self.survivor_grace_seconds)
+                            survivor_grace_seconds=self.survivor_grace_seconds,
+                            checkpoint_verify_seconds=self.checkpoint_verify_seconds)
 
     def backend(self) -> KubernetesBackend:
         """The Kubernetes Job adapter this block describes."""

@@ -7,7 +7,8 @@ grace's end; the entrypoint writes the notice (deadline: the grace's end, from t
 terminationGracePeriodSeconds) and passes SIGTERM on to torchrun, which passes it to its rank. The
 ranks (real PyTorch over gloo, examples/ddp/train.py under the training-side helper) agree on one
 step, rank 0 saves it and acknowledges it, and every rank stops. The flow records the stop as the
-platform's (`preempted`) and the next attempt resumes from that checkpoint. kubesim keeps grace
+platform's (`preempted`), its verdict records the checkpoint's kind and the steps lost (the lister pod
+read the acknowledgement on the volume), and the next attempt resumes from that checkpoint. kubesim keeps grace
 periods real here (grace_scale 1.0): the notice's deadline is a wall-clock time the save is held to.
 The GPUs are the one stand-in (kubesim's nodes advertise nvidia.com/gpu; the ranks run on the CPU).
 """
@@ -100,6 +101,13 @@ def test_node_1_evicted_with_grace_saves_the_agreed_step_and_the_next_attempt_re
     assert acks.verify(checkpoints, ack) is None
     assert ack.step >= 5 and ack.notice is not None and ack.notice["reason"] == "terminated"
     assert ack.seconds_from_notice is not None and 0 <= ack.seconds_from_notice <= grace
+
+    # the verdict knows it: the checkpoint lister read its acknowledgement and the helper's progress on the volume
+    assert (first["newest_checkpoint_kind"], first["newest_checkpoint_step"]) == ("notice", ack.step)
+    assert first["notice_to_ack_seconds"] == ack.seconds_from_notice
+    assert first["progress_step"] is not None and first["progress_step"] >= 5
+    assert first["steps_lost"] == max(0, first["progress_step"] - ack.step) == 0  # saved at the step it stopped
+    assert (second["resumed_from_kind"], second["resumed_from_step"]) == ("notice", ack.step)
 
     # the next attempt resumed from it, at its step
     assert second["resumed_from"] == f"/trainguard/checkpoints/{RUN_ID}/{ack.checkpoint}"
