@@ -25,13 +25,14 @@ from waiting import wait_for
 
 from trainguard.core import triage
 from trainguard.core.backends.base import COMPLETED, AttemptOutcome, AttemptRef, Backend, Launch
-from trainguard.core.backends.capabilities import Supervises
+from trainguard.core.backends.capabilities import ListsCheckpoints, ReadsCheckpoints, Supervises
 from trainguard.core.backends.kubernetes.backend import KubernetesBackend, KubeSettings
 from trainguard.core.backends.kubernetes.manifests import JobSettings
 from trainguard.core.backends.local.backend import LocalBackend
 from trainguard.core.backends.slurm.backend import SlurmBackend
 from trainguard.core.backends.slurm.client import SlurmClient
 from trainguard.core.backends.workspace import CRASH_REPORT, LOGS, log_name
+from trainguard.core.checkpoints import facts
 from trainguard.core.stores.folder import LocalEvidenceStore
 
 SAVES_AND_SUCCEEDS = (
@@ -125,8 +126,12 @@ def test_a_command_that_succeeds_is_completed_with_its_log_crash_report_and_chec
     assert kept["crash"] is not None and kept["crash"]["exit_code"] == 0
     signals = subject.backend.signals(ref, outcome)
     assert signals.exit_code == 0 and b"contract: saved step 3" in _text(signals.log)
-    assert [Path(path).name for path in subject.backend.checkpoints("contract-ok")] == ["step-000003.pt",
-                                                                                        "step-000002.pt"]
+    listed = subject.backend.checkpoints("contract-ok")
+    assert [Path(path).name for path in listed] == ["step-000003.pt", "step-000002.pt"]
+    # the verdict's facts read the same folder: here, or as the backend's listing read it where it lies
+    assert isinstance(subject.backend, ReadsCheckpoints | ListsCheckpoints)
+    found = facts(subject.backend, "contract-ok", 1, None, listed[0])
+    assert (found.newest_kind, found.newest_step) == ("periodic", 3)  # the command's own save, no acknowledgement
 
 
 def test_a_command_that_fails_keeps_its_exit_code_through_outcome_evidence_and_triage(subject: Subject,
