@@ -24,6 +24,7 @@ from processes import alive
 import yaml
 from flow_helpers import tiny_spec
 from waiting import wait_for
+from services.ports import rendezvous_port
 
 from trainguard.core.attempt import AttemptSummary
 
@@ -152,8 +153,9 @@ def test_sigterm_on_the_kubernetes_backend_stops_the_job_records_the_attempt_and
     spec = yaml.safe_load((tmp_path / "run.yaml").read_text())
     spec["command"][0] = "python"  # the image's Python
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
+    port = rendezvous_port()  # kubesim's pods share this host's ports: a rendezvous port of this run's own
     cli = start(tmp_path, "run", "run.yaml", "--kubeconfig", str(sim.kubeconfig), "--image", "python:3.11",
-                api_url=prefect_server)
+                "--master-port", str(port), api_url=prefect_server)
     api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(str(sim.kubeconfig)))
 
     def running_pod() -> str | None:
@@ -162,6 +164,8 @@ def test_sigterm_on_the_kubernetes_backend_stops_the_job_records_the_attempt_and
                      and "kube-stopped" in str(p.metadata.labels)), None)
 
     pod = wait_for(running_pod, 240, "the attempt's pod to run")
+    env = {e.name: e.value for e in api.read_namespaced_pod(pod, "default").spec.containers[0].env or ()}
+    assert env["MASTER_PORT"] == str(port)
     cli.send_signal(signal.SIGTERM)
     out, err = cli.communicate(timeout=120)
 
@@ -197,6 +201,13 @@ def test_a_stop_during_the_backoff_keeps_the_finished_attempts_verdict_and_says_
     assert "attempt 1 keeps its verdict (nccl_error); attempt 2 was not started" in out
     assert f"resume with: trainguard run run.yaml --resume {run_id}" in out
     assert not (tmp_path / "trainguard-data/work/runs" / run_id / "attempt-2").exists()
+
+
+def test_a_master_port_without_a_cluster_is_refused_in_one_line(tmp_path):
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(tiny_spec("port")))
+    refused = cli_once(tmp_path, "run", "run.yaml", "--master-port", "29600")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "error: --master-port goes with --kubeconfig; for a saved Kubernetes backend block, set its master_port"]
 
 
 def test_resume_refuses_a_run_whose_attempts_are_spent_and_says_how_to_allow_more(tmp_path):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backends.kubernetes import indexed, manifests
 from trainguard.core.reports.attempt import render_attempt
 from trainguard.core.spec import parse_spec
+from services.ports import rendezvous_port
 from waiting import wait_for
 
 sim = sim_fixture()
@@ -37,16 +37,10 @@ DDP = str(Path(__file__).resolve().parents[1] / "pytorch" / "scripts" / "train_d
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "ddp" / "train.py")  # checkpoints and resumes
 
 
-def free_port() -> int:
-    """A rendezvous port of the test's own: kubesim's pods share this host's network."""
-    with socket.socket(socket.AF_INET6) as probe:
-        probe.bind(("::", 0))
-        return int(probe.getsockname()[1])
-
 
 @pytest.fixture
 def kb(sim: Any, prefect_server: str, tmp_path: Path) -> dict[str, Any]:
-    return kube_blocks(sim, tmp_path, master_port=free_port(), survivor_grace_seconds=30)
+    return kube_blocks(sim, tmp_path, master_port=rendezvous_port(), survivor_grace_seconds=30)
 
 
 def ddp(name: str, *args: str, script: str = DDP, **fields: Any) -> dict[str, Any]:
@@ -143,7 +137,7 @@ def test_an_evicted_pod_is_preempted_on_index_1_retried_and_resumed(kb: dict[str
 
 def test_a_gpu_fault_on_rank_3_keeps_only_its_node_off_the_next_attempt(sim: Any, prefect_server: str,
                                                                         tmp_path: Path) -> None:
-    kb = kube_blocks(sim, tmp_path, master_port=free_port(), one_pod_per_node=True)
+    kb = kube_blocks(sim, tmp_path, master_port=rendezvous_port(), one_pod_per_node=True)
     spec = ddp("mn-xid", "--fault", "xid", "--fault-rank", "3", "--fault-attempts", "1", "--steps", "4")
     state, history = run(spec, kb, "mn-xid-1")
     assert state.is_completed(), state.message
@@ -237,7 +231,7 @@ def test_a_pytorchjob_attempt_finds_rank_2_s_code_error_on_its_first_worker(sim:
                                                                             tmp_path: Path) -> None:
     """The same attempt as a Kubeflow PyTorchJob (kubesim emulates the training operator): the operator
     names the rendezvous and the pods; the evidence and the root cause are the Indexed Job's."""
-    kb = kube_blocks(sim, tmp_path, master_port=free_port(), job_kind="PyTorchJob")
+    kb = kube_blocks(sim, tmp_path, master_port=rendezvous_port(), job_kind="PyTorchJob")
     sim.clear_requests()
     spec = ddp("mn-ptj", "--fault", "shape", "--fault-rank", "2", "--timeout-seconds", "30")
     state, history = run(spec, kb, "mn-ptj-1")

@@ -15,7 +15,6 @@ The GPUs are the one stand-in (kubesim's nodes advertise nvidia.com/gpu; the ran
 
 from __future__ import annotations
 
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,17 +27,13 @@ from trainguard.core.backends.kubernetes import indexed, manifests
 from trainguard.core.spec import parse_spec
 from trainguard_entrypoint import acks
 from trainguard_entrypoint.notice import read_notice
+from services.ports import rendezvous_port
 from waiting import wait_for
 
 sim = sim_fixture(grace_scale=1.0)
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "ddp" / "train.py")
 RUN_ID = "kn-evict-1"
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET6) as probe:
-        probe.bind(("::", 0))
-        return int(probe.getsockname()[1])
 
 
 def running_pod(kb: dict[str, Any], attempt: int, index: int) -> dict[str, Any] | None:
@@ -56,7 +51,7 @@ def progress_step(checkpoints: Path) -> int | None:
 
 def test_node_1_evicted_with_grace_saves_the_agreed_step_and_the_next_attempt_resumes_there(
         sim: Any, prefect_server: str, tmp_path: Path) -> None:
-    kb = kube_blocks(sim, tmp_path, master_port=free_port(), survivor_grace_seconds=30, stack_sweep_seconds=5)
+    kb = kube_blocks(sim, tmp_path, master_port=rendezvous_port(), survivor_grace_seconds=30, stack_sweep_seconds=5)
     spec = {"name": "kn-evict", "nodes": 2, "processes_per_node": 1, "gpus": 1, "notice_grace_seconds": 30,
             "retry": {"delay_seconds": 0},
             "command": ["python", "-m", "torch.distributed.run", EXAMPLE, "--steps", "60",

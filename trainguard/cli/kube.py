@@ -13,7 +13,8 @@ from pathlib import Path
 from trainguard.cli.output import fail
 
 
-def quick_backend(kubeconfig: Path, *, context: str | None, namespace: str | None, image: str | None) -> str:
+def quick_backend(kubeconfig: Path, *, context: str | None, namespace: str | None, image: str | None,
+                  master_port: int | None = None) -> str:
     """Save (or reuse) the block these options describe; its reference."""
     if not kubeconfig.is_file():
         fail(f"--kubeconfig: no such file {kubeconfig}; pass the path of a kubeconfig (e.g. ~/.kube/config)")
@@ -21,8 +22,10 @@ def quick_backend(kubeconfig: Path, *, context: str | None, namespace: str | Non
         fail("--image is required with --kubeconfig: the training image (it needs a Python 3)")
     from blocks.kubernetes import KubernetesJobBackend
 
-    fields = {"kubeconfig_path": str(kubeconfig.resolve()), "context": context, "namespace": namespace or "default",
-              "image": image}
+    fields: dict[str, object] = {"kubeconfig_path": str(kubeconfig.resolve()), "context": context,
+                                 "namespace": namespace or "default", "image": image}
+    if master_port is not None:  # else the block's default, and the same block as before for the same options
+        fields["master_port"] = master_port
     name = "cli-" + hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     try:
         KubernetesJobBackend(**fields).save(name, overwrite=True)

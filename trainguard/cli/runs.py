@@ -38,6 +38,8 @@ def run(
     context: str | None = typer.Option(None, help="With --kubeconfig: the kubeconfig context."),
     namespace: str | None = typer.Option(None, help="With --kubeconfig: the namespace (default: default)."),
     image: str | None = typer.Option(None, help="With --kubeconfig: the training image (needs a Python 3)."),
+    master_port: int | None = typer.Option(None, min=1, max=65535, help="With --kubeconfig: the port the ranks meet "
+                                           "on (default 29500); pods sharing a host's network need one each."),
 ) -> None:
     """Run a training spec: attempts, evidence, triage and retries, with a table at the end."""
     try:
@@ -50,11 +52,13 @@ def run(
     if rules is not None and not rules.is_file():
         fail(f"--rules: no such file {rules}; pass the path of a YAML rule file")
     backend = backend or spec.backend
+    if master_port is not None and kubeconfig is None:
+        fail("--master-port goes with --kubeconfig; for a saved Kubernetes backend block, set its master_port")
     if kubeconfig is not None:
         from trainguard.cli.kube import quick_backend
 
         _start_server_first()
-        backend = quick_backend(kubeconfig, context=context, namespace=namespace, image=image)
+        backend = quick_backend(kubeconfig, context=context, namespace=namespace, image=image, master_port=master_port)
     if deployment:
         _submit(spec, deployment, backend, evidence, retry_policy)
         return

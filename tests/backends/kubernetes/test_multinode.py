@@ -9,7 +9,6 @@ real PyTorch processes meeting at the first pod's DNS name (tests/pytorch/script
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 from collections import Counter
@@ -23,20 +22,15 @@ from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.backend import KubernetesBackend, KubeSettings
 from trainguard.core.backends.kubernetes.errors import NotFound
 from trainguard.core.backends.kubernetes.manifests import JobSettings
+from services.ports import rendezvous_port
 from waiting import wait_for
 
 DDP = str(Path(__file__).resolve().parents[2] / "pytorch" / "scripts" / "train_ddp.py")
 
 
-def free_port() -> int:
-    """A port no other test's ranks meet on: kubesim's pods share this host's network."""
-    with socket.socket(socket.AF_INET6) as probe:  # c10d's store listens on every address
-        probe.bind(("::", 0))
-        return int(probe.getsockname()[1])
-
 
 def two_nodes(kube: KubeApi, ns: str, tmp_path: Path, **fields: Any) -> KubernetesBackend:
-    job = JobSettings(image="python:3.11", namespace=ns, master_port=free_port(),
+    job = JobSettings(image="python:3.11", namespace=ns, master_port=rendezvous_port(),
                       **{k: fields.pop(k) for k in ("hold_mode", "one_pod_per_node") if k in fields})
     return KubernetesBackend(lambda: kube, KubeSettings(job, local_root=str(tmp_path / "local"), **fields))
 
