@@ -19,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+if __name__ == "__main__":  # run as a script; a test importing it keeps its own environment
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prefect import flow, task  # noqa: E402

@@ -56,8 +56,9 @@ ROOT = Path(__file__).resolve().parents[1]
 for where in (ROOT, ROOT / "tests"):
     if str(where) not in sys.path:
         sys.path.insert(0, str(where))
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+if __name__ == "__main__":  # run as a script; a test importing it keeps its own environment
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 TRAIN = ROOT / "benchmarks" / "recovery_train.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]

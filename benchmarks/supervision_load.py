@@ -53,7 +53,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # one INFO line per pod log read otherwise
+if __name__ == "__main__":  # run as a script; a test importing it keeps its own environment
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # one INFO line per pod log read otherwise
 logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)  # 50 watches outgrow the pool of 10
 
 import kubesim  # noqa: E402

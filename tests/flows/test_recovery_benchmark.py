@@ -59,3 +59,21 @@ def test_moments_out_of_order_are_refused_not_turned_into_negative_phases() -> N
         recovery.check_order(moments)
     recovery.check_order(moments[:2])
     assert recovery.phases_of(moments[:2])["detection"] == pytest.approx(2.0)
+
+
+def test_importing_a_benchmark_leaves_the_environment_of_the_importer_alone() -> None:
+    """The benchmarks quiet Prefect when run as scripts; a test suite importing one (this file) must
+    not have every later subprocess of its worker lose its INFO logs."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, sys; before = dict(os.environ)\n"
+            "import benchmarks.recovery, benchmarks.attempt_overhead, benchmarks.throughput_runs, "
+            "benchmarks.supervision_load\n"
+            "changed = sorted(k for k in set(os.environ) | set(before) if os.environ.get(k) != before.get(k))\n"
+            "sys.exit(f'changed: {changed}' if changed else 0)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_LOGGING", "PREFECT_SERVER_ANALYTICS"))}
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
