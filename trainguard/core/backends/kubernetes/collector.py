@@ -28,10 +28,10 @@ from trainguard.core.backends.kubernetes.collector_output import decode  # re-ex
 from trainguard.core.backends.kubernetes.collector_program import script
 from trainguard.core.backends.kubernetes.describe import safe
 from trainguard.core.backends.kubernetes.errors import KubeError, NotFound
+from trainguard.core.backends.kubernetes.manifests import LABEL_COMPONENT
 from trainguard.core.backends.kubernetes.zipapp import ENTRYPOINT_FILE
 
 CONTAINER = "collect"
-COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "evidence-collector"
 COLLECTS_LABEL = "trainguard.io/collects"
 DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
@@ -156,7 +156,7 @@ def pod_manifest(job: Mapping[str, Any], p: Plan, *, node: str | None, budget_by
     job_name = str(meta.get("name") or "job")
     kept = {k: v for k, v in (meta.get("labels") or {}).items()
             if k.startswith(("trainguard.io/", "app.kubernetes.io/"))}  # run id and attempt, for cleanup
-    labels = {**kept, "app.kubernetes.io/managed-by": "trainguard", COMPONENT_LABEL: COMPONENT,
+    labels = {**kept, "app.kubernetes.io/managed-by": "trainguard", LABEL_COMPONENT: COMPONENT,
               COLLECTS_LABEL: job_name[:63]}
     body: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Pod",

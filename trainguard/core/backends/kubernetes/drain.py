@@ -15,8 +15,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainguard.core.backends.kubernetes.api import KubeApi
-from trainguard.core.backends.kubernetes.collector import COMPONENT, COMPONENT_LABEL as LABEL_COMPONENT
+from trainguard.core.backends.kubernetes.collector import COMPONENT
 from trainguard.core.backends.kubernetes.errors import KubeError
+from trainguard.core.backends.kubernetes.manifests import LABEL_COMPONENT
 from trainguard.core.backends.waits import span
 
 DEFAULT_GRACE_SECONDS = 30  # the API's default terminationGracePeriodSeconds
