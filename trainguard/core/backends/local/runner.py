@@ -10,14 +10,11 @@ collection is ``evidence``'s.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import signal
-import struct
 import subprocess
 import sys
-import termios
 import threading
 import time
 from collections import deque
@@ -47,7 +44,6 @@ STALLED = "Stalled"
 CANCELLED = "Cancelled"
 START_ERROR = "StartError"
 
-CATCH_UP_SECONDS = 60.0  # how long the reader may take to pass on what the ended command left in the pipe
 _MAX_LINE_BYTES = 64 * 1024  # a progress bar that never prints "\n" is still shown, in pieces
 TAIL_LINES = 200  # the output tail kept in memory, for triage when the log file is incomplete
 _TAIL_LINE_CHARS = 4096
@@ -97,22 +93,10 @@ class _OutputWatcher(threading.Thread):
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.log_failure: str | None = None
         self.storage_problems: list[str] = []
-        self._busy = False  # between a read and the hand-out of its lines
-
-    def behind(self) -> bool:
-        """Whether output is still to be handed out: read and not passed on yet, or waiting in the pipe."""
-        if self._busy:
-            return True
-        try:
-            unread = struct.unpack("i", fcntl.ioctl(self._fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-        except OSError:
-            return False
-        return bool(unread)
 
     def run(self) -> None:
         pending = b""
         while data := os.read(self._fd, 65536):
-            self._busy = True
             pending += data
             *lines, pending = pending.split(b"\n")
             if len(pending) > _MAX_LINE_BYTES:
@@ -123,7 +107,6 @@ class _OutputWatcher(threading.Thread):
             for line in lines:
                 if not line.startswith(_HEARTBEAT):  # progress in files, said for the stall window only
                     self._emit(line)
-            self._busy = False
         if pending:
             self._emit(pending)
 
@@ -324,11 +307,6 @@ class LocalProcessRunner:
         # Descendants left behind by the command would hold the pipe open and outlive the attempt.
         _kill_group(proc.pid)
         watcher.join(timeout=max(self._grace, 1.0))
-        # On a loaded machine the reader can be slower than the command's last lines: it may pass them
-        # on as long as it keeps up (a bound still holds for a writer outside the group that never stops).
-        catch_up = time.monotonic() + CATCH_UP_SECONDS
-        while watcher.is_alive() and watcher.behind() and time.monotonic() < catch_up:
-            watcher.join(timeout=0.1)
         # A process outside the group (one that called setsid) may still hold the pipe; closing the
         # fd under the blocked reader could hand its number to an unrelated file, so leave it.
         if proc.stdout is not None and not watcher.is_alive():
