@@ -46,6 +46,7 @@ class LocalProcessBackend(Block):
     stack_sweep_seconds: float = jobfields.stack_sweep(
         "a hung or stopped attempt is ended (added to the grace period)")
     native_stacks: bool = jobfields.native_stacks()
+    checkpoint_verify_seconds: float = jobfields.checkpoint_verify("trainguard")
 
     def backend(self) -> Backend:
         """The local-process adapter this block describes."""
@@ -53,4 +54,5 @@ class LocalProcessBackend(Block):
                              budget=Budget(total_bytes=self.evidence_budget_bytes,
                                            core_dump_bytes=self.core_dump_budget_bytes,
                                            log_bytes=self.log_budget_bytes),
-                             capture=StackCapture(self.stack_sweep_seconds, self.native_stacks))
+                             capture=StackCapture(self.stack_sweep_seconds, self.native_stacks),
+                             checkpoint_verify_seconds=self.checkpoint_verify_seconds)

@@ -16,6 +16,7 @@ from trainguard.core.home import data_path
 from trainguard.core.backends.forensics import StackCapture
 from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.local.backend import LocalBackend
+from trainguard.core.backends.workspace_evidence import VERIFY_SECONDS
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.stores.folder import LocalEvidenceStore
 
@@ -26,9 +27,11 @@ def evidence_folder(root: str | Path) -> EvidenceStore:
 
 
 def local_backend(work_root: str | Path, grace_seconds: float = 10.0, python: str | None = None,
-                  budget: Budget | None = None, capture: StackCapture | None = None) -> Backend:
+                  budget: Budget | None = None, capture: StackCapture | None = None,
+                  checkpoint_verify_seconds: float = VERIFY_SECONDS) -> Backend:
     """The local-process backend over ``work_root``."""
     backend: Backend = LocalBackend(work_root=data_path(work_root),
                                     grace_seconds=grace_seconds, python=python or sys.executable,
-                                    budget=budget or Budget(), capture=capture or StackCapture())
+                                    budget=budget or Budget(), capture=capture or StackCapture(),
+                                    checkpoint_verify_seconds=checkpoint_verify_seconds)
     return backend

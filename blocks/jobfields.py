@@ -1,5 +1,5 @@
 """The fields every block of a backend whose job leaves files in a folder trainguard reads shares:
-the evidence budgets and the stack capture. Each says where what does not fit stays."""
+the evidence budgets, the stack capture and the checkpoint check. Each says where what does not fit stays."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from trainguard.core.backends.forensics import DEFAULT_SWEEP_SECONDS
 from trainguard.core.backends.jobfiles import (
     DEFAULT_CORE_DUMP_BUDGET_BYTES, DEFAULT_EVIDENCE_BUDGET_BYTES, DEFAULT_LOG_BUDGET_BYTES,
 )
+from trainguard.core.backends.workspace_evidence import VERIFY_SECONDS
 
 
 def evidence_budget(left: str, folder: str) -> Any:
@@ -54,4 +55,15 @@ def native_stacks() -> Any:
         default=True, title="Native frames in the stacks",
         description="Ask py-spy for native (C/C++) frames too (py-spy dump --native); where ptrace does not "
                     "allow it the Python stack is kept.",
+    )
+
+
+def checkpoint_verify(where: str) -> Any:
+    """How long choosing a checkpoint to resume from may hash the newest ones; ``where`` reads them."""
+    return Field(
+        default=VERIFY_SECONDS, ge=0, le=86400, title="Time to check the newest checkpoints (s)",
+        description=f"How long {where} may hash the newest checkpoints' files against their acknowledgements "
+        "before choosing one to resume from (their sizes are always compared): about 120 GB at 1 GB/s in 120 s, "
+        "18 GB from a network volume at 150 MB/s. A checkpoint not hashed in full in time is kept, and the "
+        "flow's log says so; 0 checks sizes only.",
     )

@@ -15,6 +15,8 @@ from prefect.blocks.core import Block
 from prefect_kubernetes.credentials import KubernetesCredentials
 from pydantic import Field
 
+from blocks import jobfields
+
 from trainguard.core.backends.kubernetes.api import KubeApi
 from trainguard.core.backends.kubernetes.errors import KubeError
 from trainguard.core.backends.kubernetes.backend import KubernetesBackend, KubeSettings
@@ -141,12 +143,7 @@ class KubernetesJobBackend(Block):
         description="Several nodes: once one pod failed, how long the others may take to fail on their own "
         "(they usually do within seconds, and what they print dates the failure) before evidence is collected "
         "from every pod and the Job is deleted.")
-    checkpoint_verify_seconds: float = Field(
-        default=120.0, ge=0, le=86400, title="Time to check the newest checkpoints (s)",
-        description="How long the checkpoint lister pod may hash the newest checkpoints' files against their "
-        "acknowledgements before choosing one to resume from (their sizes are always checked): about 120 GB at "
-        "1 GB/s in 120 s, 18 GB from a network volume at 150 MB/s. A checkpoint not hashed in full in time is "
-        "kept, and the flow's log says so; 0 checks sizes only.")
+    checkpoint_verify_seconds: float = jobfields.checkpoint_verify("the checkpoint lister pod")
     local_root: str | None = Field(default=None, title="Local folder for triage facts",
                                    description="On the flow's machine, this user's only (refused if another "
                                    "user's or writable by others); trainguard-kube-<uid> in the temporary folder "

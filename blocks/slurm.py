@@ -99,6 +99,7 @@ class SlurmBackend(Block):
 
     stack_sweep_seconds: float = jobfields.stack_sweep("a hung or stalled job is cancelled (the cancel waits for it)")
     native_stacks: bool = jobfields.native_stacks()
+    checkpoint_verify_seconds: float = jobfields.checkpoint_verify("trainguard (on the shared folder)")
 
     def backend(self) -> SlurmAdapter:
         """The Slurm adapter this block describes."""
@@ -117,4 +118,5 @@ class SlurmBackend(Block):
             budget=Budget(total_bytes=self.evidence_budget_bytes, core_dump_bytes=self.core_dump_budget_bytes,
                           log_bytes=self.log_budget_bytes),
             capture=StackCapture(self.stack_sweep_seconds, self.native_stacks),
+            checkpoint_verify_seconds=self.checkpoint_verify_seconds,
         )

@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from blocks.backends import LocalProcessBackend
+from blocks.slurm import SlurmBackend as SlurmBackendBlock
 from trainguard_entrypoint import acks
 
+from trainguard.core.backends.base import Backend
 from trainguard.core.backends.forensics import flight_recorder_env
 from trainguard.core.backends.jobfiles import Budget
 from trainguard.core.backends.workspace_evidence import collect_local_evidence, newest_checkpoints, verified
@@ -286,3 +290,39 @@ def test_unacknowledged_checkpoints_and_a_verified_newest_stay_ranked_as_before(
     (tmp_path / ".step-000012.pt.4242.tmp").write_bytes(b"a save the deadline cut short")
 
     assert [p.name for p in newest_checkpoints(tmp_path)] == ["step-000010.pt", "step-000005.pt"]
+
+
+def _local_block(root: Path, **fields: object) -> Backend:
+    return LocalProcessBackend(work_root=str(root), **fields).backend()
+
+
+def _slurm_block(root: Path, **fields: object) -> Backend:
+    return SlurmBackendBlock(shared_folder=str(root), **fields).backend()
+
+
+@pytest.mark.parametrize("block", [_local_block, _slurm_block], ids=["local", "slurm"])
+def test_a_backend_reading_its_own_folder_says_which_checkpoint_it_passes_over_and_hashes_within_its_blocks_bound(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], block: Callable[..., Backend]) -> None:
+    folder = block(tmp_path).checkpoint_folder("run-1")
+    folder.mkdir(parents=True)
+    for step in (10, 16, 20):
+        _acknowledged(folder, f"step-{step:06d}.pt", step)
+    (folder / "step-000020.pt").write_bytes(b"cut")  # a size that differs: seen without hashing
+    (folder / "step-000016.pt").write_bytes(b"X" * 160)  # the same size, other bytes: seen only by hashing
+
+    sizes_only = block(tmp_path, checkpoint_verify_seconds=0).checkpoints("run-1")
+
+    assert [Path(path).name for path in sizes_only] == ["step-000016.pt", "step-000010.pt"]
+    said = capsys.readouterr().out
+    assert (f"trainguard: not resuming from {folder}/step-000020.pt: its files do not match its acknowledgement: "
+            "step-000020.pt: 3 bytes, the acknowledgement says 160") in said
+    assert (f"trainguard: {folder}/step-000016.pt: SHA-256 of 1 of 1 files (160 bytes) not compared: the time "
+            "bound ran out; their sizes match") in said
+
+    hashed = block(tmp_path).checkpoints("run-1")  # the default bound: 120 s, ample for 480 bytes
+
+    assert [Path(path).name for path in hashed] == ["step-000010.pt"]
+    said = capsys.readouterr().out
+    assert f"not resuming from {folder}/step-000016.pt: its files do not match its acknowledgement: " \
+           "step-000016.pt: SHA-256 differs from the acknowledgement's" in said
+    assert "not compared" not in said

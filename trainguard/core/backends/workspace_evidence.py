@@ -25,6 +25,8 @@ from trainguard_entrypoint import safefiles
 from trainguard_entrypoint.checkpoints import list_checkpoints
 from trainguard_entrypoint.coredumps import CORE_SIGNALS
 # choosing the checkpoints to resume from is the entrypoint's (the Kubernetes lister pod runs it too)
+from trainguard_entrypoint.resumable import VERIFY_SECONDS as VERIFY_SECONDS
+from trainguard_entrypoint.resumable import choose
 from trainguard_entrypoint.resumable import newest_checkpoints as newest_checkpoints
 from trainguard_entrypoint.resumable import verified as verified
 from trainguard_entrypoint.files import read_json_object, read_tail_lines
@@ -197,6 +199,21 @@ def _collect_coredumps(c: BundleWriter, ws: AttemptWorkspace, crash: dict[str, A
         dumps = crash.get("signal") in CORE_SIGNALS
         c.absent(COREDUMPS, ENTRYPOINT, masker.for_people(str(crash.get("core_absent_reason") or "no core file was kept")),
                  applicable=dumps)
+
+
+def resumable_checkpoints(folder: Path, verify_seconds: float = VERIFY_SECONDS) -> list[str]:
+    """A backend's `checkpoints` for a run folder it reads itself (local, Slurm): newest first, the
+    newest whose files do not match their acknowledgement passed over, hashing held to
+    ``verify_seconds``; what was passed over, or kept without every digest compared, is said."""
+    if not folder.is_dir():
+        return []
+    chosen = choose(folder, verify_seconds)
+    for name, why in chosen.left_out:
+        print(f"trainguard: not resuming from {jobfiles.shown(folder / name)}: its files do not match its "
+              f"acknowledgement: {why}", flush=True)
+    for name, why in chosen.unchecked:
+        print(f"trainguard: {jobfiles.shown(folder / name)}: {why}", flush=True)
+    return [str(path) for path in chosen.kept]
 
 
 def _collect_checkpoints(c: BundleWriter, ws: AttemptWorkspace) -> None:

@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from trainguard_entrypoint.resumable import VERIFY_SECONDS
+
 from trainguard.core import masking
 from trainguard.core.backends.base import (
     COMPLETED, ERROR, LOST, START_ERROR, AttemptOutcome, AttemptRef, CollectedEvidence, Launch, LineSink,
@@ -51,7 +53,7 @@ class KubeSettings:
     lister_timeout_seconds: float = 60.0  # the checkpoint lister pod's start and listing, beside its hashing
     # how long the lister may hash the newest checkpoints' files against their acknowledgements (sizes
     # are always checked): about 120 GB at 1 GB/s, 18 GB from a network volume at 150 MB/s
-    checkpoint_verify_seconds: float = 120.0
+    checkpoint_verify_seconds: float = VERIFY_SECONDS
     local_root: str | None = None  # where triage facts and logs are kept on the flow's machine
     # what the collector pod copies of the attempt's folder, by apparent size (a sparse file counts whole)
     evidence_copy_budget_bytes: int = collector.DEFAULT_BUDGET_BYTES

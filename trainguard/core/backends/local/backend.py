@@ -44,6 +44,7 @@ class LocalBackend:
     python: str = sys.executable
     budget: Budget = Budget()
     capture: StackCapture = StackCapture()  # the ranks' stacks before a stop: its sweep comes before the grace
+    checkpoint_verify_seconds: float = workspace_evidence.VERIFY_SECONDS  # hashing the newest before a resume
     kind: str = KIND
     evidence_first: ClassVar[bool] = False  # a stopped process writes its crash report: collect after the stop
 
@@ -100,8 +101,8 @@ class LocalBackend:
         return [os.uname().nodename]
 
     def checkpoints(self, run_id: str) -> list[str]:
-        folder = run_checkpoint_dir(self.work_root, run_id)
-        return [str(path) for path in workspace_evidence.newest_checkpoints(folder)] if folder.is_dir() else []
+        return workspace_evidence.resumable_checkpoints(run_checkpoint_dir(self.work_root, run_id),
+                                                        self.checkpoint_verify_seconds)
 
     def checkpoint_folder(self, run_id: str) -> Path:
         return run_checkpoint_dir(self.work_root, run_id)

@@ -65,6 +65,8 @@ class SlurmBackend:
             "no such job") are asked again before the attempt ends as `ControllerUnreachable`.
         orphan_grace_seconds: How long `stop_orphan` waits for a cancelled job to end.
         budget: How much of what the job left its evidence takes (by apparent size).
+        checkpoint_verify_seconds: How long choosing a checkpoint to resume from may hash the newest
+            checkpoints' files against their acknowledgements (sizes are always compared).
     """
 
     shared_folder: Path
@@ -80,6 +82,7 @@ class SlurmBackend:
     orphan_grace_seconds: float = 60.0
     budget: Budget = Budget()
     capture: forensics.StackCapture = forensics.StackCapture()  # a stall's cancel waits for the ranks' stacks
+    checkpoint_verify_seconds: float = workspace_evidence.VERIFY_SECONDS
     kind: str = KIND
     evidence_first: ClassVar[bool] = False  # scancel lets the job write its crash report: collect after the stop
 
@@ -162,8 +165,8 @@ class SlurmBackend:
         return nodes.node_evidence(ws, outcome.reason, lambda: self.supervisor().hostnames(nodes.node_list(ws.root)))
 
     def checkpoints(self, run_id: str) -> list[str]:
-        folder = run_checkpoint_dir(self.shared_folder, run_id)
-        return [str(path) for path in workspace_evidence.newest_checkpoints(folder)] if folder.is_dir() else []
+        return workspace_evidence.resumable_checkpoints(run_checkpoint_dir(self.shared_folder, run_id),
+                                                        self.checkpoint_verify_seconds)
 
     def checkpoint_folder(self, run_id: str) -> Path:
         return run_checkpoint_dir(self.shared_folder, run_id)
