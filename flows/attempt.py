@@ -20,7 +20,7 @@ from prefect.states import Failed
 
 from blocks import backend_reference, load_backend, load_evidence, resolve_policy
 from flows import events
-from flows.hooks import schedule_next_attempt, settle_lost_attempt
+from flows.hooks import keep_cancelled_verdict, schedule_next_attempt, settle_lost_attempt
 from flows.uploads import finish_evidence_upload
 from tasks.evidence import freeze, keep_verdict
 from tasks.fleet import read_avoid_list
@@ -70,6 +70,7 @@ def attempt_run_name() -> str:
     on_completion=[finish_evidence_upload],
     on_failure=[schedule_next_attempt, finish_evidence_upload],  # the next attempt first: it never waits on S3
     on_crashed=[schedule_next_attempt, finish_evidence_upload],
+    on_cancellation=[keep_cancelled_verdict, finish_evidence_upload],  # a person's cancel: kept, not retried
 )
 def train_attempt(
     spec: TrainingSpec,

@@ -100,6 +100,20 @@ def schedule_next_attempt(flow: Any, flow_run: Any, state: Any) -> None:
     carry_on(run, flow_run, state, data.summary if isinstance(data, AttemptFailed) else None)
 
 
+def keep_cancelled_verdict(flow: Any, flow_run: Any, state: Any) -> None:
+    """on_cancellation hook: a person cancelled the attempt (the UI's Cancel, `prefect flow-run cancel`).
+
+    Its flow was stopped mid-attempt (its evidence collected in the flow's `finally` when training had
+    begun), so no verdict was kept: it is kept here as `user_cancelled`, which is never retried, and
+    what the attempt left running is stopped. Nothing is scheduled: a cancel is a person's decision.
+    """
+    run = recovery.AttemptRun(bound_parameters(flow, dict(flow_run.parameters)), flow_run.id)
+    with core_recovery.attempt_lock(run.run_id, run.attempt):  # the worker's hook and the flow's at once
+        if run.kept_verdict() is None:
+            summary = recovery.recover_cancelled(run, flow_run, (state.message or "flow run cancelled")[:300])
+            logger.info("%s attempt %s was cancelled: %s; not retried", run.run_id, run.attempt, summary.signature)
+
+
 def carry_on(run: recovery.AttemptRun, flow_run: Any, state: Any, known: AttemptSummary | None) -> Any | None:
     """Decide what follows a finished attempt and schedule it, at most once whoever calls.
 

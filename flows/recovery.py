@@ -84,22 +84,35 @@ class AttemptRun:
 
 def recover_crashed(run: AttemptRun, flow_run: Any, why: str) -> AttemptSummary:
     """Recover the attempt of a flow run that died without a verdict, judged preempted; its verdict as kept."""
+    category = Category.PREEMPTED  # the process was terminated from outside (SIGTERM, kill)
+    return _recover(run, flow_run, "Crashed", "retry-controller", recovery.Stop(
+        category, "flow.crashed", why, INFO[category].remediation, "crashed:terminated"))
+
+
+def recover_cancelled(run: AttemptRun, flow_run: Any, why: str) -> AttemptSummary:
+    """Keep the verdict of an attempt a person cancelled (the UI's Cancel, `prefect flow-run cancel`):
+    `user_cancelled`, never retried; what it left is collected as after a crash. Its verdict as kept."""
+    category = Category.USER_CANCELLED
+    return _recover(run, flow_run, "Cancelled", "flow", recovery.Stop(
+        category, "flow.cancelled", why, "cancelled on purpose; to continue from its newest checkpoint, run the "
+        "deployment again with resume_from set, or `trainguard run SPEC --resume RUN_ID`", "cancelled:flow-run"))
+
+
+def _recover(run: AttemptRun, flow_run: Any, state: str, source: str, stop: recovery.Stop) -> AttemptSummary:
     spec = run.spec
     _mask_secret_env(spec)
     retry_policy = resolve_policy(spec, run.params.get("retry_policy_block"))
     history = list(run.params.get("history") or [])
     begun = AttemptSummary(
-        run_id=run.run_id, attempt=run.attempt, max_attempts=retry_policy.max_attempts, state="Crashed",
+        run_id=run.run_id, attempt=run.attempt, max_attempts=retry_policy.max_attempts, state=state,
         flow_run_id=str(flow_run.id), flow_run_name=flow_run.name, gpus=spec.total_gpus,
         resumed_from=run.params.get("resume_from"), duration_seconds=_run_seconds(flow_run),
     )
-    category = Category.PREEMPTED  # the process was terminated from outside (SIGTERM, kill)
     recovered = recovery.recover(
-        load_backend(backend_reference(run.params.get("backend_block"), spec)), run.store, begun,
-        judge=recovery.Stop(category, "flow.crashed", why, INFO[category].remediation, "crashed:terminated").judge,
+        load_backend(backend_reference(run.params.get("backend_block"), spec)), run.store, begun, judge=stop.judge,
         decide=lambda summary, checkpoints: policy.decide_retry(
             retry_policy, [*history_records(history), summary.record()], checkpoints),
-        source="retry-controller", say=_log().info)
+        source=source, say=_log().info)
     if recovered.stopped:
         _log().warning("%s attempt %s: %s", run.run_id, run.attempt, recovered.stopped)
     for line in recovered.warnings:
