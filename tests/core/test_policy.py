@@ -294,3 +294,9 @@ def test_a_corrupted_checkpoint_already_left_out_of_the_list_resumes_from_the_ne
     last = failed(2, Category.CHECKPOINT_CORRUPTED, resumed_from="ckpt/step-40.json", newest_checkpoint="ckpt/step-40.json")
     decision = decide_retry(RetryPolicy(require_checkpoint_progress=False), [failed(1, Category.PREEMPTED), last], CKPTS)
     assert decision.retry and decision.resume_from == CKPTS[0]
+
+
+def test_a_stop_on_purpose_is_not_retried_and_not_called_a_failure_that_would_recur():
+    decision = decide_retry(RetryPolicy(), [failed(1, Category.USER_CANCELLED, retryable=False)], CKPTS)
+    assert not decision.retry
+    assert decision.reason == "user_cancelled is not retryable: someone stopped it on purpose"

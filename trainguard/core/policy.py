@@ -288,6 +288,8 @@ def _refusal(policy: RetryPolicy, history: Sequence[AttemptRecord],
     assert last.category is not None
     category = last.category.value
     if not _retryable(policy, last):
+        if last.category is Category.USER_CANCELLED:
+            return f"{category} is not retryable: someone stopped it on purpose"
         return f"{category} is not retryable: the same attempt would fail again"
     if spent := budget_spent(policy, history, checkpoints):
         return spent
