@@ -1,11 +1,13 @@
 """Slurm's warning as a notice: what the batch shell runs when SIGTERM reaches it, before passing it on.
 
-Slurm warns a job two ways, and both reach the batch shell as SIGTERM:
+Slurm warns a job two ways:
 
 - before its time limit, `sbatch --signal=B:TERM@<lead>` signals the batch shell alone, `lead`
   seconds before the limit (up to 60 s earlier: Slurm checks once a minute);
 - when the job is preempted with a `GraceTime` (partition or QoS), Slurm sets its end to now plus
-  the grace and sends SIGCONT and SIGTERM to the batch shell and every step at once.
+  the grace and sends SIGCONT and SIGTERM to the tasks of every step, not to the batch shell (which
+  hears nothing until the new end). Only where the site sets `SlurmctldParameters=preempt_send_user_signal`
+  does Slurm send the job's `--signal` at once instead: then the batch shell alone gets it.
 
 A `scancel` (a person's, or trainguard's own when its flow is stopped) also sends SIGTERM to the
 batch shell, with Slurm's KillWait before the SIGKILL.
@@ -16,6 +18,10 @@ word on the job (its state; its end time, which a preemption moves). It writes t
 folder (task 0's is `WORKSPACE`, task N's `WORKSPACE/tasks/N`), or refines the one a task's
 entrypoint wrote first (a preemption's or a scancel's SIGTERM reaches it directly), then the batch
 shell passes the stop on to the tasks. Stdlib only; it never fails the batch shell: a problem is one line on stderr.
+
+A preemption's SIGTERM that reaches the tasks alone is told apart by each task's entrypoint
+(`task_notice`), from the same facts: the batch script exports its start, limit and lead as
+`TRAINGUARD_SLURM_TIMES`.
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from trainguard_entrypoint.notice import Notice, current_notice, give_notice, write_notice
 from trainguard_entrypoint.paths import NODE_FOLDERS, NOTICE_FILE
 
+TIMES_ENV = "TRAINGUARD_SLURM_TIMES"  # "STARTED LIMIT_SECONDS LEAD_SECONDS", exported by the batch script
 # How much earlier than its lead Slurm may send the warning (its timer runs once a minute), plus slack.
 EARLY_SECONDS = 90.0
 KILL_WAIT_SECONDS = 30.0  # slurm.conf's KillWait default: SIGTERM to SIGKILL after scancel
@@ -72,6 +79,23 @@ def job_facts(job_id: str, timeout: float = 10.0) -> tuple[str | None, float | N
     except ValueError:
         end = None
     return (state.strip() or None), end
+
+
+def task_notice(environ: Mapping[str, str], received_at: float, timeout: float = 5.0) -> Notice | None:
+    """The notice for a SIGTERM that reached a task's entrypoint, where Slurm's word on the job says it is
+    a preemption (which signals the tasks, not the batch shell); None outside a trainguard batch job, or
+    for any other SIGTERM (the batch shell hears of those itself, and refines the task's notice)."""
+    job_id = environ.get("SLURM_JOB_ID", "")
+    try:
+        started, limit, lead = (float(word) for word in environ.get(TIMES_ENV, "").split())
+    except ValueError:
+        return None
+    if not job_id:
+        return None
+    reason, deadline, source = classify(received_at, started, limit, lead, *job_facts(job_id, timeout))
+    if reason != "preemption":
+        return None
+    return Notice(reason, received_at, deadline, f"{source}; SIGTERM to the task")
 
 
 def task_folders(workspace: Path, tasks: int) -> list[Path]:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from trainguard_entrypoint.notice import give_notice, read_notice
-from trainguard_entrypoint.slurmnotice import classify, give
+from trainguard_entrypoint.slurmnotice import TIMES_ENV, classify, give, task_notice
 
 
 def test_the_limits_own_warning_is_a_time_limit_with_the_limit_as_its_deadline() -> None:
@@ -81,3 +81,11 @@ def test_bad_arguments_are_one_line_and_write_nothing(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "trainguard_entrypoint.slurmnotice", "x"], capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "usage" in done.stderr
+
+
+def test_a_tasks_sigterm_outside_a_trainguard_batch_job_or_not_a_preemption_leaves_the_entrypoints_own_notice() -> None:
+    now = time.time()
+    assert task_notice({}, now) is None  # not under Slurm
+    assert task_notice({"SLURM_JOB_ID": "7", TIMES_ENV: "not numbers"}, now) is None
+    # a job Slurm has no word on (squeue finds no controller here): nothing shows a preemption
+    assert task_notice({"SLURM_JOB_ID": "7", TIMES_ENV: f"{now - 30:.0f} 600 30"}, now, timeout=5) is None
