@@ -73,8 +73,9 @@ def _preempt_once_it_trains(cluster: SlurmCluster, checkpoints: Path, urgent: li
              timeout=120, what="the first attempt to complete 5 steps", interval=0.2)
     name = job_name(PREEMPTED_RUN, 1)
     training = next(j for j, s in job_states(cluster, name) if s == "RUNNING")
+    output = checkpoints.parents[3] / "urgent-%j.out"  # in the test's tmp_path
     urgent.append(cluster.run("sbatch", "--parsable", f"--partition={URGENT}", "--exclusive", "--job-name=urgent",
-                              "--wrap", "sleep 300").stdout.strip().split(";")[0])
+                              f"--output={output}", "--wrap", "sleep 300").stdout.strip().split(";")[0])
     wait_for(lambda: dict(job_states(cluster, "urgent")).get(urgent[0]) == "RUNNING", timeout=GRACE_SECONDS + 60,
              what=lambda: f"the urgent job to run in place of the training job ({job_states(cluster, name)})",
              interval=0.2)
