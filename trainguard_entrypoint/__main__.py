@@ -29,6 +29,7 @@ from trainguard_entrypoint.supervision import SupervisorWatch, become_subreaper,
 from trainguard_entrypoint.forensics import Forensics
 from trainguard_entrypoint.notice import NOTICE_FILE_ENV, NOTICE_GRACE_ENV, Notice, current_notice, grace_seconds, write_notice
 from trainguard_entrypoint.tee import STOP_SIGNALS, ChildResult, SignalForwarder, run_command
+from trainguard_entrypoint.slurmnotice import task_notice
 from trainguard_entrypoint.termination import write_summary
 from trainguard_entrypoint.trainpath import with_helper
 
@@ -198,9 +199,14 @@ def notice_giver(env: Mapping[str, str], not_before: float) -> Callable[[int, fl
     """What the entrypoint does on the first SIGTERM/SIGINT/SIGHUP while the command runs, before passing
     it on (after the ranks' stacks are taken): unless whoever stops us already gave notice for this
     attempt, write the notice file, given when the signal came, with a deadline the grace from now
-    (the time the command gets before SIGKILL)."""
+    (the time the command gets before SIGKILL); in a Slurm job that Slurm is preempting, the
+    preemption's notice with the job's new end as its deadline (`slurmnotice.task_notice`)."""
     def give(signum: int, received_at: float) -> None:
         if current_notice(env, not_before=not_before) is not None:
+            return
+        slurm = task_notice(env, received_at) if signum == signal.SIGTERM else None
+        if slurm is not None:  # a Slurm preemption, which signals the tasks and not the batch shell
+            write_notice(env[NOTICE_FILE_ENV], slurm)
             return
         grace = grace_seconds(env)
         reason = "interrupted" if signum == signal.SIGINT else "terminated"

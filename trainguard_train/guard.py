@@ -38,6 +38,7 @@ import torch.distributed as dist
 from trainguard_entrypoint import acks
 from trainguard_entrypoint.files import write_json_atomic
 from trainguard_entrypoint.notice import Notice, current_notice, grace_seconds
+from trainguard_entrypoint.slurmnotice import TIMES_ENV
 
 SaveFunction = Callable[[int, Path], None]
 LoadFunction = Callable[[Path], int]
@@ -47,6 +48,7 @@ _PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken p
 _CHECK_COST = 0.005  # the agreement may cost this share of a step at most...
 _CHECK_LATENCY_SECONDS = 1.0  # ...unless that would leave more than this between two agreements
 _WARMUP_STEPS = 10
+_SLURM_NOTICE_WAIT_SECONDS = 5.0  # at most this (and a quarter of the grace) for the entrypoint's notice
 
 
 class Stopped(SystemExit):
@@ -148,6 +150,7 @@ class Guard:
         self.resumed_from: int | None = None
         self.signalled: tuple[int, float] | None = None
         self.notice: Notice | None = None
+        self._notice_assumed = False  # the notice is the grace's, for want of a notice file
         self.agree_every = agree_every
         self._fixed_cadence = agree_every is not None
         self._previous: dict[int, Any] = {}
@@ -295,16 +298,38 @@ class Guard:
         return bool(self._flag.item())
 
     def notice_now(self) -> Notice:
-        """The notice this process acts on: the notice file's, else one from the signal and the grace."""
-        if self.notice is None:
+        """The notice this process acts on: the notice file's, else one from the signal and the grace.
+
+        Under Slurm the signal reaches every process of the job's steps at once, the ranks as early as
+        the entrypoint that writes the notice (a preemption's reason and deadline come from asking Slurm),
+        so a rank waits a moment for that file before assuming the grace; one assumed is replaced by the
+        file's as soon as the file is there (the save checks the deadline again before keeping it).
+        """
+        if self.notice is None or self._notice_assumed:
             signum, at = self.signalled or (signal.SIGTERM, time.time())
-            given = current_notice(os.environ, not_before=0.0)
-            if given is None or given.deadline < at - 3600:
+            given = self._notice_file(at, wait=self.notice is None)
+            if given is not None:
+                self.notice, self._notice_assumed = given, False
+            elif self.notice is None:
                 reason = "interrupted" if signum == signal.SIGINT else "terminated"
                 grace = grace_seconds(os.environ)
-                given = Notice(reason, at, at + grace, f"{signal.Signals(signum).name} with no notice file, grace {grace:g}s")
-            self.notice = given
+                self.notice = Notice(reason, at, at + grace,
+                                     f"{signal.Signals(signum).name} with no notice file, grace {grace:g}s")
+                self._notice_assumed = True
         return self.notice
+
+    @staticmethod
+    def _notice_file(at: float, wait: bool) -> Notice | None:
+        """The notice file's notice (not one left from long ago); in a Slurm job, ``wait`` waits a little for it."""
+        waited = min(_SLURM_NOTICE_WAIT_SECONDS, grace_seconds(os.environ) / 4) if wait and TIMES_ENV in os.environ else 0
+        until = time.monotonic() + waited
+        while True:
+            given = current_notice(os.environ, not_before=0.0)
+            if given is not None and given.deadline >= at - 3600:
+                return given
+            if time.monotonic() >= until:
+                return None
+            time.sleep(0.05)
 
     def _stop(self, completed: int) -> None:
         notice = self.notice_now() if self.signalled is not None else None

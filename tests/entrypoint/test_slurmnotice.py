@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from trainguard_entrypoint.notice import give_notice, read_notice
-from trainguard_entrypoint.slurmnotice import classify, give
+from trainguard_entrypoint.slurmnotice import TIMES_ENV, JobFacts, classify, give, parse_job, task_notice
 
 
 def test_the_limits_own_warning_is_a_time_limit_with_the_limit_as_its_deadline() -> None:
@@ -19,15 +19,35 @@ def test_the_limits_own_warning_is_a_time_limit_with_the_limit_as_its_deadline()
     assert "--signal=B:TERM@120" in source
 
 
-def test_a_sigterm_that_moved_the_jobs_end_is_a_preemption_with_the_new_end_as_deadline() -> None:
-    # Slurm sets a preempted job's end to now plus the GraceTime; squeue shows it
-    reason, deadline, source = classify(2000.0, 1000.0, 3600, 120, state="RUNNING", end=2300.0)
+def test_a_sigterm_once_slurm_chose_the_job_for_preemption_has_the_moved_end_as_deadline() -> None:
+    # Slurm sets a preempted job's PreemptTime, and its end to then plus the GraceTime
+    reason, deadline, source = classify(2000.0, 1000.0, 3600, 120,
+                                        JobFacts(state="RUNNING", end=2300.0, preempted_at=1999.0))
     assert (reason, deadline) == ("preemption", 2300.0)
     assert "GraceTime" in source
+    # a job without a time limit shows no end: the partition's GraceTime from the PreemptTime
+    assert classify(2000.0, 1000.0, 0, 0, JobFacts("RUNNING", None, 1999.0, 45.0))[:2] == ("preemption", 2044.0)
+
+
+def test_an_end_before_the_shells_start_plus_the_limit_is_no_preemption_without_a_preempt_time() -> None:
+    # the batch shell starts (and reads the clock) seconds after Slurm started the job, so Slurm's
+    # end (its start + the limit) is earlier than the shell's: that alone says nothing
+    reason, _, _ = classify(2000.0, 1005.0, 3600, 120, JobFacts(state="RUNNING", end=1000.0 + 3600))
+    assert reason == "terminated"
+
+
+def test_scontrols_one_line_gives_the_state_end_and_preempt_time() -> None:
+    shown = ("JobId=7 JobName=tg-r-a1 JobState=RUNNING Reason=None RunTime=00:00:05 TimeLimit=00:10:00 "
+             "StartTime=2026-12-03T22:00:00 EndTime=2026-12-03T22:00:50 PreemptEligibleTime=2026-12-03T22:00:00 "
+             "PreemptTime=2026-12-03T22:00:05 Partition=debug Command=/x/PreemptTime=None")
+    facts = parse_job(shown)
+    assert facts.state == "RUNNING" and facts.preempted_at is not None and facts.end == facts.preempted_at + 45
+    assert parse_job("JobId=7 JobState=RUNNING EndTime=Unknown PreemptTime=None") == JobFacts("RUNNING")
+    assert parse_job("") == JobFacts()
 
 
 def test_a_scancel_is_a_cancel_with_slurms_kill_wait() -> None:
-    reason, deadline, _ = classify(2000.0, 1000.0, 3600, 120, state="CANCELLED", end=2000.0)
+    reason, deadline, _ = classify(2000.0, 1000.0, 3600, 120, JobFacts(state="CANCELLED", end=2000.0))
     assert (reason, deadline) == ("cancelled", 2030.0)
 
 
@@ -81,3 +101,11 @@ def test_bad_arguments_are_one_line_and_write_nothing(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "trainguard_entrypoint.slurmnotice", "x"], capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "usage" in done.stderr
+
+
+def test_a_tasks_sigterm_outside_a_trainguard_batch_job_or_not_a_preemption_leaves_the_entrypoints_own_notice() -> None:
+    now = time.time()
+    assert task_notice({}, now) is None  # not under Slurm
+    assert task_notice({"SLURM_JOB_ID": "7", TIMES_ENV: "not numbers"}, now) is None
+    # a job Slurm has no word on (squeue finds no controller here): nothing shows a preemption
+    assert task_notice({"SLURM_JOB_ID": "7", TIMES_ENV: f"{now - 30:.0f} 600 30"}, now, timeout=5) is None

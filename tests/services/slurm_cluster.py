@@ -23,6 +23,8 @@ from services import slurm_accounting as accounting
 
 DAEMONS = ("mariadbd", "munged", "slurmdbd", "slurmctld", "slurmd", "slurmd-2")  # in starting order
 MULTI = "multi"  # the partition of both nodes; the default one holds the first node alone
+URGENT = "urgent"  # the first node again, one PriorityTier up: its jobs preempt the default partition's
+GRACE_SECONDS = 45  # the default partition's GraceTime: a preempted job's end moves to now + this
 
 
 # Settings that do not depend on the folder or the ports: root daemons, processes tracked without
@@ -51,6 +53,10 @@ _STATIC = (
     "MpiDefault=none",
     "SwitchType=switch/none",
     "LaunchParameters=use_interactive_step",
+    # Preemption by partition tier alone: a job of a higher PriorityTier partition cancels, after the
+    # lower one's GraceTime, the jobs it needs the node of. Jobs of one tier never preempt each other.
+    "PreemptType=preempt/partition_prio",
+    "PreemptMode=CANCEL",
 )
 
 
@@ -196,8 +202,12 @@ class SlurmCluster:
             f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} RealMemory={_memory_mb()} State=UNKNOWN",
             f"NodeName={self.second_node} NodeAddr=127.0.0.1 Port={free_port()} CPUs={os.cpu_count() or 1} "
             f"RealMemory={_memory_mb()} State=UNKNOWN",
-            f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
-            f"PartitionName={MULTI} Nodes={self.node},{self.second_node} MaxTime=INFINITE State=UP OverSubscribe=NO",
+            f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO "
+            f"PriorityTier=1 GraceTime={GRACE_SECONDS}",
+            f"PartitionName={MULTI} Nodes={self.node},{self.second_node} MaxTime=INFINITE State=UP OverSubscribe=NO "
+            "PriorityTier=1",
+            f"PartitionName={URGENT} Nodes={self.node} MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=2 "
+            "PreemptMode=OFF",
             "",
         ]))
         (self.root / "etc" / "plugstack.conf").write_text("")

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -21,6 +22,7 @@ import trainguard_train as tg
 from trainguard.core.backends import entrypoint_archive
 from trainguard_entrypoint import acks
 from trainguard_entrypoint.notice import Notice, write_notice
+from trainguard_entrypoint.slurmnotice import TIMES_ENV
 from trainguard_entrypoint.trainpath import helper_archive
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +80,30 @@ def test_the_notice_files_deadline_is_the_one_kept_and_a_save_that_overruns_it_l
     assert guard.notice is not None and guard.notice.reason == "eviction"
     assert sorted(p.name for p in env.iterdir()) == [".trainguard-acks"]  # no checkpoint, no temporary file
     assert acks.read_ack(env, "step-000003.pt") is None
+
+
+def test_in_a_slurm_job_a_rank_signalled_before_the_notice_file_exists_acts_on_the_file_once_written(
+        env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Slurm signals every process of a step at once: the rank hears the preemption as early as the
+    # entrypoint, which asks Slurm why before it writes the notice
+    notice_file = tmp_path / "notice.json"
+    monkeypatch.setenv("TRAINGUARD_NOTICE_FILE", str(notice_file))
+    monkeypatch.setenv(TIMES_ENV, f"{time.time() - 60:.0f} 600 30")
+    preemption = Notice("preemption", time.time(), time.time() + 45, "Slurm preemption")
+    writer = threading.Timer(0.3, write_notice, (notice_file, preemption))
+
+    def save(step: int, path: Path) -> None:
+        path.write_bytes(b"x" * 100)
+
+    with pytest.raises(tg.Stopped), tg.Guard(save=save) as guard:
+        for step in guard.steps(0, 10):
+            if step == 2:
+                writer.start()
+                os.kill(os.getpid(), signal.SIGTERM)
+    writer.join()
+    ack = acks.read_ack(env, "step-000003.pt")
+    assert ack is not None and ack.notice == preemption.to_json()
+    assert guard.notice == preemption
 
 
 def test_a_loop_that_owns_its_checkpoint_code_gets_its_save_called_with_the_step(env: Path) -> None:

@@ -59,23 +59,27 @@ def test_the_batch_script_quotes_the_command_and_wraps_it_in_srun_with_the_entry
     assert script.index("-m trainguard_entrypoint.slurmnotice") < script.index("scancel --signal=TERM")
 
 
-@pytest.mark.parametrize(("state", "code", "signalled", "stopped_for", "category"), [
-    ("NODE_FAIL", 143, False, None, "node_failure"),
-    ("PREEMPTED", 143, False, None, "preempted"),
-    ("TIMEOUT", 143, False, None, "timeout"),
-    ("FAILED", 143, True, None, "timeout"),
-    ("OUT_OF_MEMORY", 137, False, None, "host_oom"),
-    ("CANCELLED", 143, False, None, "user_cancelled"),
-    ("CANCELLED", 143, False, "Stalled", "timeout"),
+@pytest.mark.parametrize(("state", "code", "signalled", "stopped_for", "notice", "category"), [
+    ("NODE_FAIL", 143, False, None, None, "node_failure"),
+    ("PREEMPTED", 143, False, None, None, "preempted"),
+    ("TIMEOUT", 143, False, None, None, "timeout"),
+    ("FAILED", 143, True, None, "time_limit", "timeout"),
+    ("OUT_OF_MEMORY", 137, False, None, None, "host_oom"),
+    ("CANCELLED", 143, False, None, None, "user_cancelled"),
+    ("CANCELLED", 143, False, "Stalled", None, "timeout"),
+    # stopped on a preemption's notice within the GraceTime: Slurm records only the exit status
+    ("FAILED", 143, False, None, "preemption", "preempted"),
+    ("FAILED", 143, True, None, "preemption", "preempted"),  # the site sends --signal on preemption too
 ])
-def test_slurm_job_states_become_reasons_the_triage_rules_know(state, code, signalled, stopped_for, category):
-    reason = termination(state, code, signalled=signalled, stopped_for=stopped_for)
+def test_slurm_job_states_become_reasons_the_triage_rules_know(state, code, signalled, stopped_for, notice, category):
+    reason = termination(state, code, signalled=signalled, stopped_for=stopped_for, notice_reason=notice)
     diagnosis = triage.classify(Signals(exit_code=code, reason=reason, log=b"step 10/40 loss 0.5\n"))
     assert diagnosis is not None and diagnosis.category.value == category
 
 
 def test_a_completed_job_with_exit_zero_is_completed_even_after_the_warning():
     assert termination("COMPLETED", 0, signalled=True, stopped_for=None) == "Completed"
+    assert termination("COMPLETED", 0, signalled=False, stopped_for=None, notice_reason="preemption") == "Completed"
 
 
 def test_scontrol_one_line_records_parse_with_spaces_in_values():

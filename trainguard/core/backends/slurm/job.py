@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainguard_entrypoint.slurmnotice import TIMES_ENV
+
 from trainguard.core.backends import workspace
 from trainguard.core.backends.base import CANCELLED, COMPLETED, ERROR, Launch
 from trainguard.core.backends.slurm.client import JobInfo
@@ -196,6 +198,8 @@ def batch_script(*, python: str, entrypoint: str, command: Sequence[str], worksp
         f"marker={shlex.quote(marker)}",
         f"entrypoint={shlex.quote(entrypoint)}; python={shlex.quote(python)}",
         f"started=$(date +%s); limit={int(limit_seconds)}; lead={int(lead_seconds)}",
+        "# a preemption signals the tasks alone: each task's entrypoint tells it from the limit's warning by these",
+        f'{TIMES_ENV}="$started $limit $lead"; export {TIMES_ENV}',
         "step=",
         "trap 'date -u +%Y-%m-%dT%H:%M:%SZ >> \"$marker\"; "
         "PYTHONPATH=\"$entrypoint\" \"$python\" -m trainguard_entrypoint.slurmnotice \"$started\" \"$limit\" \"$lead\" "
@@ -221,16 +225,19 @@ def memory_killed(job_stderr: bytes) -> bool:
 
 
 def termination(
-    state: str, exit_code: int | None, *, signalled: bool, stopped_for: str | None, memory_exceeded: bool = False
+    state: str, exit_code: int | None, *, signalled: bool, stopped_for: str | None, memory_exceeded: bool = False,
+    notice_reason: str | None = None,
 ) -> str:
     """The termination reason for a job that ended in `state`.
 
     Args:
         state: Slurm's job state (COMPLETED, FAILED, TIMEOUT, NODE_FAIL, ...).
         exit_code: The command's exit status, shell style.
-        signalled: The batch shell noted Slurm's warning signal, sent only as the time limit nears.
+        signalled: The batch shell noted a SIGTERM: Slurm's warning before the time limit, or a
+            preemption's where the site sends the job's `--signal` on preemption.
         stopped_for: Why trainguard itself cancelled the job (a stall, the flow being stopped), if it did.
         memory_exceeded: slurmstepd killed a step over the job's memory limit (`memory_killed`).
+        notice_reason: The reason of the notice the attempt's first task was given, if any.
     """
     if state == "CANCELLED" and stopped_for:
         return stopped_for
@@ -240,6 +247,10 @@ def termination(
         return COMPLETED
     if memory_exceeded:
         return STATE_REASONS["OUT_OF_MEMORY"]
+    if notice_reason == "preemption":
+        # it stopped on the preemption's notice before its new end: Slurm records the job as its exit
+        # status left it (FAILED, COMPLETED), PREEMPTED only when it had to kill it at that end
+        return STATE_REASONS["PREEMPTED"]
     if signalled:
         return "DeadlineExceeded"  # it stopped on Slurm's warning before its time limit
     return ERROR
@@ -258,7 +269,7 @@ def exit_status(crash: dict[str, Any] | None, info: JobInfo | None) -> tuple[int
 
 
 def ended_message(job_id: str, info: JobInfo | None, code: int | None, sig: int | None, stopped_for: str | None,
-                  signalled: bool) -> str:
+                  signalled: bool, notice_reason: str | None = None) -> str:
     """One line on how the job ended: its state and reason, node, exit status, and why if trainguard or Slurm stopped it."""
     if info is None:
         return f"Slurm job {job_id} ended, but Slurm no longer has its record; exit code {code}"
@@ -268,6 +279,8 @@ def ended_message(job_id: str, info: JobInfo | None, code: int | None, sig: int 
         text += f" (signal {sig})"
     if stopped_for == STALLED:
         text += "; cancelled by trainguard: no new log output within the stall window"
+    elif notice_reason == "preemption" and info.state not in ("COMPLETED", "CANCELLED"):
+        text += "; Slurm preempted it (its end moved to the GraceTime) and the command stopped on the notice"
     elif signalled and info.state not in ("COMPLETED", "CANCELLED"):  # scancel's TERM reaches the trap too
         text += "; Slurm warned of its time limit (--signal) and the command stopped"
     return text

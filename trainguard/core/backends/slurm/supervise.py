@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from trainguard_entrypoint.files import read_json_object
+from trainguard_entrypoint.notice import parse_notice
 
 from trainguard.core.backends import forensics, workspace
 from trainguard.core.backends.base import AttemptOutcome, Launch, LineSink
@@ -158,11 +159,13 @@ class Supervisor:
         state = info.state if info is not None else "UNKNOWN"
         signalled = os.path.lexists(jw.root / workspace.SLURM_SIGNAL_MARKER)
         stderr = last_bytes(jw.root / workspace.slurm_output(job_id, "err"), jw.root)
+        notice = parse_notice(read_json_object(jw.root / workspace.NOTICE_FILE, jw.root))
+        notice_reason = notice.reason if notice is not None else None
         reason = job.termination(state, exit_code, signalled=signalled, stopped_for=stopped_for,
-                                 memory_exceeded=job.memory_killed(stderr))
+                                 memory_exceeded=job.memory_killed(stderr), notice_reason=notice_reason)
         hosts = self.hostnames(info.node_list) if info is not None and info.node_list else []
         node = nodes.failed_node(self.client, ws, hosts) if reason == "NodeLost" else (hosts[0] if hosts else None)
-        message = job.ended_message(job_id, info, exit_code, sig, stopped_for, signalled)
+        message = job.ended_message(job_id, info, exit_code, sig, stopped_for, signalled, notice_reason)
         continuation.write_runner_report(ws, job_id, exit_code, reason, message, sig)
         event = {"type": "Warning" if reason != "Completed" else "Normal", "reason": state, "message": message,
                  "involvedObject": {"kind": "SlurmJob", "name": job_id}}
