@@ -21,7 +21,8 @@ import pytest
 from trainguard_entrypoint import stacks
 
 NO_PY_SPY = "/nonexistent/py-spy"
-WAITER = "import time\ndef waits_here():\n    time.sleep(600)\nprint('ready', flush=True)\nwaits_here()\n"
+# "ready" comes from inside waits_here: a stack taken once it is read always holds that frame
+WAITER = "import time\ndef waits_here():\n    print('ready', flush=True)\n    time.sleep(600)\nwaits_here()\n"
 REQUEUE = ("import os, signal, sys, time\n"
            "def requeue(signum, frame):\n"
            "    open(sys.argv[1], 'w').write('requeued')\n"
