@@ -7,14 +7,15 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
+from contextlib import AbstractContextManager
+from pathlib import Path
 
 from flow_helpers import PREFECT, ROOT, attempt_dir, read_run, subprocess_env, tiny_spec
 from prefect import get_client
 from prefect.states import Cancelling
 from runs import attempt_runs
+from services.prefect_server import managed_process
 from waiting import wait_for
 
 
@@ -42,21 +43,11 @@ def test_a_ui_style_custom_run_with_edited_parameters_completes_through_a_proces
               "backend_block": blocks["backend_block"], "evidence_block": blocks["evidence_block"]}
     with get_client(sync_client=True) as client:  # what the UI's "Custom run" form posts
         run = client.create_flow_run_from_deployment(deployment.id, parameters=edited, tags=["trainguard-run:ui-run-1"])
-    env = {**subprocess_env(prefect_server), "TRAINGUARD_PROJECT_DIR": str(ROOT)}
-    log = (tmp_path / "worker.log").open("wb")
-    worker = subprocess.Popen([*PREFECT, "worker", "start", "--pool", "trainguard-local", "--type", "process",
-                               "--name", "test-worker"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    try:
+    with _local_pool_worker(prefect_server, tmp_path, "test-worker"):
         final = wait_for(lambda: (r := read_run(run.id)).state.is_final() and r, 240, "the custom run to finish")
-    finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=30)
-        log.close()
     assert final.state.is_completed(), (final.state, (tmp_path / "worker.log").read_text()[-3000:])
     assert final.parameters["spec"]["command"][-3:] == ["0", "--steps", "20"]
     assert (attempt_dir(blocks["evidence"], "ui-run-1", 1) / "manifest.json").exists()
-
 
 
 def test_a_person_cancelling_a_running_attempt_from_the_ui_keeps_its_verdict_and_starts_no_next_attempt(
@@ -67,14 +58,9 @@ def test_a_person_cancelling_a_running_attempt_from_the_ui_keeps_its_verdict_and
               "backend_block": blocks["backend_block"], "evidence_block": blocks["evidence_block"]}
     with get_client(sync_client=True) as client:
         run = client.create_flow_run_from_deployment(deployment.id, parameters=params, tags=["trainguard-run:ui-cancel-1"])
-    env = {**subprocess_env(prefect_server), "TRAINGUARD_PROJECT_DIR": str(ROOT)}
-    log = (tmp_path / "worker.log").open("wb")
-    worker = subprocess.Popen([*PREFECT, "worker", "start", "--pool", "trainguard-local", "--type", "process",
-                               "--name", "cancel-worker"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
     logs = blocks["work"] / "runs" / "ui-cancel-1" / "attempt-1" / "logs"
     folder = attempt_dir(blocks["evidence"], "ui-cancel-1", 1)
-    try:
+    with _local_pool_worker(prefect_server, tmp_path, "cancel-worker"):
         wait_for(lambda: any("step 20/" in p.read_text(errors="replace") for p in logs.glob("*.log")), 120,
                  "the attempt to train")
         with get_client(sync_client=True) as client:  # what the UI's Cancel button posts
@@ -82,10 +68,6 @@ def test_a_person_cancelling_a_running_attempt_from_the_ui_keeps_its_verdict_and
         final = wait_for(lambda: (r := read_run(run.id)).state.is_final() and r, 120, "the cancelled run to end")
         # the hook that keeps the verdict is the one that would have scheduled a next attempt
         wait_for(lambda: (folder / "verdict.json").exists(), 60, "the cancelled attempt's verdict")
-    finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=30)
-        log.close()
     worker_log = (tmp_path / "worker.log").read_text()
     assert final.state.is_cancelled(), (final.state, worker_log[-3000:])
     verdict = json.loads((folder / "verdict.json").read_text())
@@ -95,3 +77,11 @@ def test_a_person_cancelling_a_running_attempt_from_the_ui_keeps_its_verdict_and
     assert "was cancelled" in worker_log and "not retried" in worker_log, worker_log[-3000:]
     assert [r.name for r in attempt_runs("ui-cancel-1")] == ["ui-cancel-a1"]
     assert not list(blocks["work"].glob("runs/ui-cancel-1/attempt-2")), "a cancelled attempt was retried"
+
+
+def _local_pool_worker(prefect_server: str, folder: Path, name: str) -> AbstractContextManager[subprocess.Popen]:
+    """A real `prefect worker start --type process` on the trainguard-local pool, its output in
+    ``folder``/worker.log, its process group ended on exit."""
+    env = {**subprocess_env(prefect_server), "TRAINGUARD_PROJECT_DIR": str(ROOT)}
+    return managed_process([*PREFECT, "worker", "start", "--pool", "trainguard-local", "--type", "process",
+                            "--name", name], folder / "worker.log", env, cwd=folder)
