@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
+import threading
+import traceback
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ from trainguard.core.attempt import AttemptSummary
 from trainguard.core.evidence import verdicts
 from trainguard.core.evidence.manifest import Manifest, read_manifest, store_manifest
 from trainguard.core.stores.folder import LocalEvidenceStore
+from waiting import wait_for
 
 
 @pytest.fixture
@@ -55,3 +59,32 @@ def test_reading_back_what_is_not_a_verdict_gives_none_never_raises(store) -> No
     for junk in (b"[1, 2]", b"\xff\xfe not json", b"[" * 100_000):
         store.put_bytes("runs/r1/attempt-3/verdict.json", junk)
         assert verdicts.read(store, "r1", 3) is None
+
+
+def test_after_last_word_another_thread_keeps_no_verdict_over_the_one_that_ended_the_run(store) -> None:
+    """`trainguard run` stopping from a side thread: the flow in the main thread must not overwrite its verdict."""
+    stop = AttemptSummary("r1", 1, 3, "Cancelled", category="user_cancelled", rule_id="cli.sigterm",
+                          decision={"retry": False, "reason": "stopped"})
+    spoken, release = threading.Event(), threading.Event()
+
+    def stopper() -> None:
+        verdicts.last_word()
+        try:
+            verdicts.keep(store, stop, "cli")
+            spoken.set()
+            release.wait(30)
+        finally:  # a real stop ends the process here; the test gives the lock back instead
+            verdicts._KEEPING.release()
+
+    side = threading.Thread(target=stopper)
+    side.start()
+    wait_for(spoken.is_set, 10, "the stop's verdict")
+    flow = threading.Thread(target=verdicts.keep, args=(store, _judged(), "flow"))
+    flow.start()
+    # the moment the flow's verdict would have been written: its thread waiting inside `keep`
+    wait_for(lambda: "_KEEPING" in "".join(traceback.format_stack(sys._current_frames()[flow.ident])), 10,
+             "the flow's keep to wait for the lock")
+    assert verdicts.read(store, "r1", 1).state == "Cancelled"
+    release.set()
+    side.join(10)
+    flow.join(10)

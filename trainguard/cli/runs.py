@@ -150,12 +150,14 @@ def _watch_server(pid: int, spec: TrainingSpec, run_id: str, blocks: dict[str, A
     """
     from trainguard.cli import settle
     from trainguard.cli.server import server_alive
+    from trainguard.core.evidence import verdicts
 
     def watch() -> None:
         while server_alive(pid):
             time.sleep(0.5)
         if settle.stopping.is_set():  # the run is already ending (its own stop, or the CLI's exit)
             return
+        verdicts.last_word()  # the attempt flow, still running in the main thread, keeps none after the stop's
         say(plain(f"the temporary Prefect server (pid {pid}) died; stopping the run here rather than retrying "
                   "a server that is gone", "bold red"))
         try:

@@ -13,6 +13,7 @@ verdict back as an `AttemptSummary`.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,6 +23,21 @@ from trainguard.core.attempt import AttemptSummary
 from trainguard.core.evidence import afterupload, bundles, index, retention
 from trainguard.core.evidence.manifest import VERDICT, Manifest, attempt_prefix, read_manifest, release_space
 from trainguard.core.stores.base import EvidenceNotFound, EvidenceStore
+
+
+# Held by whoever keeps a verdict in this process; `last_word` keeps it for good.
+_KEEPING = threading.RLock()
+
+
+def last_word() -> None:
+    """From now on only the calling thread keeps verdicts in this process.
+
+    For a stop that ends the process from a side thread (`trainguard run` when its temporary
+    server dies): the attempt flow may still be running in the main thread, with the training the
+    stop just ended. Its verdict would then overwrite the stop's; after this call its `keep` waits
+    for the process to end instead. A verdict being kept when this is called is kept first.
+    """
+    _KEEPING.acquire()
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,12 @@ def keep(store: EvidenceStore, summary: AttemptSummary, source: str, *, manifest
         held: The store holds its uploads until the verdict is kept (`afterupload`).
         now: When the verdict was reached.
     """
+    with _KEEPING:
+        return _keep(store, summary, source, manifest, items, held, now)
+
+
+def _keep(store: EvidenceStore, summary: AttemptSummary, source: str, manifest: Manifest | None,
+          items: Mapping[str, bytes] | None, held: bool, now: datetime | None) -> Kept:
     data = json.dumps(summary.to_dict(), indent=2).encode("utf-8")
     stamp = (now or datetime.now(UTC)).isoformat()
     warnings: list[str] = []
