@@ -51,6 +51,20 @@ _WARMUP_STEPS = 10
 _SLURM_NOTICE_WAIT_SECONDS = 5.0  # at most this (and a quarter of the grace) for the entrypoint's notice
 
 
+# The agreement's tensor lives as long as the process: gloo's worker thread lets go of its last
+# all-reduce a moment after the caller's wait returns. If the tensor's Python object died first (the
+# guard freed when the loop's function returns), that late release deallocates it and must take the
+# GIL; when the interpreter is already finalizing, the thread exits there and the process aborts
+# ("terminate called without an active exception") after a training that completed.
+_FLAG: list[torch.Tensor] = []
+
+
+def _agreement_flag() -> torch.Tensor:
+    if not _FLAG:
+        _FLAG.append(torch.zeros(1))
+    return _FLAG[0]
+
+
 class Stopped(SystemExit):
     """Raised on every rank once the notice checkpoint is saved: the attempt ends with 128 + the signal."""
 
@@ -154,7 +168,7 @@ class Guard:
         self.agree_every = agree_every
         self._fixed_cadence = agree_every is not None
         self._previous: dict[int, Any] = {}
-        self._flag = torch.zeros(1)
+        self._flag = _agreement_flag()
         self._last_progress = 0.0
         self._last_boundary: float | None = None
         self._step_seconds: list[float] = []

@@ -50,7 +50,8 @@ def started_at(blocks: dict[str, Any], run_id: str, attempt: int) -> set[str]:
 def test_rank_3_of_4_killed_in_step_17_resumes_at_step_16_from_a_survivors_just_in_time_checkpoint(blocks) -> None:
     state, attempts = run(guarded_spec("jit-1x4"), blocks, "jit-1x4")
 
-    assert state.is_completed() and [a.state for a in attempts] == ["Failed", "Completed"]
+    judged = [(a.state, a.category, a.rule_id, a.signature) for a in attempts]
+    assert state.is_completed() and [a.state for a in attempts] == ["Failed", "Completed"], judged
     first, second = attempts
     assert first.root_cause and first.root_cause["rank"] == 3  # triage still names the culprit
     assert Path(second.resumed_from or "").name == "step-000016.pt"
