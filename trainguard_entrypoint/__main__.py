@@ -21,7 +21,8 @@ from typing import NoReturn, TypeVar
 
 from trainguard_entrypoint import ORIGINAL_PYTHONPATH, paths
 from trainguard_entrypoint.checkpoints import list_checkpoints
-from trainguard_entrypoint.coredumps import CorePolicy, collect_core_files, enable_core_dumps, signal_name
+from trainguard_entrypoint.coredumps import (CorePolicy, collect_child_cores, collect_core_files, enable_core_dumps,
+                                             signal_name)
 from trainguard_entrypoint.files import utc_now_iso, write_json_atomic
 from trainguard_entrypoint.report import AttemptFacts, build_crash_report, write_crash_report
 from trainguard_entrypoint.snapshot import host_facts, snapshot_environment, snapshot_gpu
@@ -273,10 +274,17 @@ def _cores(
         return [], f"the command never started ({result.start_error})"
     if policy is None:
         return [], "core dump settings could not be read (see problems)"
-    return collect_core_files(
-        policy, pid=result.pid, cwd=options.workdir or Path.cwd(), signal_number=result.signal, exit_code=result.exit_code,
-        core_dumped=result.core_dumped, dest=options.workspace / paths.COREDUMPS, not_before=not_before,
+    cwd, dest = options.workdir or Path.cwd(), options.workspace / paths.COREDUMPS
+    own, reason = collect_core_files(
+        policy, pid=result.pid, cwd=cwd, signal_number=result.signal, exit_code=result.exit_code,
+        core_dumped=result.core_dumped, dest=dest, not_before=not_before,
     )
+    # a launcher's workers (torchrun's ranks) crash with a core while the launcher exits with a code
+    children, problems = collect_child_cores(policy, parents=frozenset({result.pid, os.getpid()}),
+                                             command_pid=result.pid, cwd=cwd, dest=dest, not_before=not_before)
+    if children and not own:
+        reason = None
+    return own + children, "; ".join(filter(None, [reason, *problems])) or None
 
 
 def run_attempt(options: Options, environ: Mapping[str, str], forwarder: SignalForwarder) -> int:

@@ -6,6 +6,11 @@ pattern starting with ``|`` hands the core to a program outside our reach. This 
 policy, raises ``RLIMIT_CORE`` and explains, in one line, whenever no core is kept. The command
 can plant files where its core would go, so only a fresh regular file is taken for a core, and it
 is moved without following a link (a copy across file systems keeps its holes, through `safefiles`).
+
+The command is often a launcher (torchrun) whose workers crash while it exits with a code: their
+cores are kept too. Whose core a file is comes from the core itself (its ``NT_PRPSINFO`` note: pid
+and parent pid), so only the cores of the command's own children (or of orphans the entrypoint
+reaped as a subreaper) are taken, never another process's in the same folder.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import re
 import resource
 import signal
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +41,9 @@ CORE_SIGNALS = frozenset(
 
 _SPECIFIER = re.compile(r"%(.)")
 _COPY_SECONDS = 600.0  # a core copied across file systems; beyond that it stays where the kernel wrote it
+_NT_PRPSINFO = 3
+_NOTES_READ = 256 * 1024  # the process note comes second, after the first thread's registers
+_HEADERS_READ = 64  # program headers read while looking for the note segment (it comes first)
 
 
 @dataclass(frozen=True)
@@ -89,10 +98,12 @@ def enable_core_dumps() -> CorePolicy:
     return CorePolicy(pattern, uses_pid, soft, hard, reason)
 
 
-def core_glob(policy: CorePolicy, *, pid: int, cwd: Path, signal_number: int | None) -> str:
-    """The glob that matches the core file the kernel wrote for process ``pid``."""
+def core_glob(policy: CorePolicy, *, pid: int, cwd: Path, signal_number: int | None, any_pid: bool = False) -> str:
+    """The glob that matches the core file the kernel wrote for process ``pid`` (for any process with ``any_pid``)."""
     assert policy.pattern is not None
-    known = {"p": str(pid), "u": str(os.getuid()), "g": str(os.getgid()), "%": "%"}
+    known = {"u": str(os.getuid()), "g": str(os.getgid()), "%": "%"}
+    if not any_pid:
+        known["p"] = str(pid)
     if signal_number is not None:
         known["s"] = str(signal_number)
     parts: list[str] = []
@@ -105,7 +116,7 @@ def core_glob(policy: CorePolicy, *, pid: int, cwd: Path, signal_number: int | N
     parts.append(glob.escape(policy.pattern[last:]))
     text = "".join(parts)
     if policy.uses_pid and "%p" not in policy.pattern:
-        text += f".{pid}"  # core_uses_pid appends the pid when the pattern lacks %p
+        text += ".*" if any_pid else f".{pid}"  # core_uses_pid appends the pid when the pattern lacks %p
     base = Path(glob.escape(str(cwd)))
     return text if text.startswith("/") else str(base / text)
 
@@ -164,6 +175,106 @@ def collect_core_files(
         except OSError as exc:
             problems.append(f"cannot move {source} to {target}: {exc.strerror or exc}")
     return moved, ("; ".join(problems) or None) if not moved else None
+
+
+@dataclass(frozen=True)
+class CoreProcess:
+    """Whose core a file is, from the core's ``NT_PRPSINFO`` note."""
+
+    pid: int
+    ppid: int
+    name: str
+
+
+def core_process(path: str | Path) -> CoreProcess | None:
+    """The process a 64-bit little-endian ELF core was dumped from; None for anything else or unreadable.
+
+    Reads the ELF header, the program headers up to the note segment and that segment's notes,
+    a few kilobytes at most whatever the core's size.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        header = os.pread(fd, 64, 0)
+        if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+            return None
+        kind, = struct.unpack_from("<H", header, 16)
+        phoff, = struct.unpack_from("<Q", header, 32)
+        phentsize, phnum = struct.unpack_from("<HH", header, 54)
+        if kind != 4 or phentsize < 56:  # ET_CORE
+            return None
+        for index in range(min(phnum, _HEADERS_READ)):
+            entry = os.pread(fd, 56, phoff + index * phentsize)
+            if len(entry) < 56:
+                return None
+            segment, = struct.unpack_from("<I", entry, 0)
+            if segment == 4:  # PT_NOTE
+                offset, _, _, size = struct.unpack_from("<QQQQ", entry, 8)
+                return _prpsinfo(os.pread(fd, min(size, _NOTES_READ), offset))
+        return None
+    except (OSError, struct.error, OverflowError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _prpsinfo(notes: bytes) -> CoreProcess | None:
+    at = 0
+    while at + 12 <= len(notes):
+        name_size, desc_size, kind = struct.unpack_from("<III", notes, at)
+        desc = at + 12 + (name_size + 3) // 4 * 4
+        if kind == _NT_PRPSINFO and desc + 136 <= len(notes):
+            # struct elf_prpsinfo on 64-bit Linux: pid and ppid at 24, fname[16] at 40
+            pid, ppid = struct.unpack_from("<ii", notes, desc + 24)
+            name = notes[desc + 40 : desc + 56].split(b"\0", 1)[0].decode("utf-8", "replace")
+            return CoreProcess(pid, ppid, name)
+        at = desc + (desc_size + 3) // 4 * 4
+    return None
+
+
+def collect_child_cores(
+    policy: CorePolicy, *, parents: frozenset[int], command_pid: int, cwd: Path, dest: Path, not_before: float,
+) -> tuple[list[str], list[str]]:
+    """Move the fresh cores of the command's children (a launcher's workers) into ``dest``.
+
+    Args:
+        policy: From `enable_core_dumps`.
+        parents: Whose children count: the command and the entrypoint (which reaps orphans).
+        command_pid: The command itself, whose own core `collect_core_files` keeps.
+        cwd: The command's working directory, where a relative core_pattern puts the cores.
+        dest: The attempt's ``coredumps`` folder.
+        not_before: Epoch seconds when the command started.
+
+    Returns:
+        The names kept (each with the process's pid and name) and one line per core that could not be moved.
+    """
+    if policy.pattern is None or policy.disabled_reason is not None or policy.pipes_to_handler:
+        return [], []
+    pattern = core_glob(policy, pid=0, cwd=cwd, signal_number=None, any_pid=True)
+    moved: list[str] = []
+    problems: list[str] = []
+    for source in sorted(glob.glob(pattern))[:64]:
+        if not _is_fresh_core(source, not_before, []):
+            continue
+        owner = core_process(source)
+        if owner is None or owner.pid == command_pid or owner.ppid not in parents:
+            continue
+        dest.mkdir(parents=True, exist_ok=True)
+        if not stat.S_ISDIR(os.lstat(dest).st_mode):
+            problems.append(f"{safefiles.safe_name(str(dest))} is not a folder (a link?): the core stays at {source}")
+            break
+        label = re.sub(r"[^A-Za-z0-9_.-]", "_", owner.name)[:16] or "process"
+        target = _free_name(dest, f"{Path(source).name}.{label}.{owner.pid}")
+        try:
+            _move(source, target)
+            moved.append(target.name)
+        except OSError as exc:
+            problems.append(f"cannot move {source} to {target}: {exc.strerror or exc}")
+    return moved, problems
 
 
 def _is_fresh_core(path: str, not_before: float, refused: list[str]) -> bool:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import pytest
 
-from trainguard_entrypoint.coredumps import CorePolicy, collect_core_files, core_glob
+from trainguard_entrypoint.coredumps import (CorePolicy, CoreProcess, collect_child_cores, collect_core_files, core_glob,
+                                             core_process)
 
 
 def _policy(pattern: str | None, *, uses_pid: bool = False, reason: str | None = None) -> CorePolicy:
@@ -94,3 +96,48 @@ def test_a_link_or_a_fifo_the_command_planted_where_its_core_goes_is_not_taken_f
 
         assert names == [] and not (tmp_path / "coredumps" / planted).exists()
         assert reason is not None and f"{planted} is not a regular file of its own" in reason
+
+
+def _elf_core(pid: int, ppid: int, name: bytes, *, headers_before_note: int = 0) -> bytes:
+    """A minimal 64-bit ELF core: program headers (loads, then the note segment) and its notes,
+    a thread's NT_PRSTATUS first and the NT_PRPSINFO naming the process second, as Linux writes them."""
+    def note(kind: int, owner: bytes, desc: bytes) -> bytes:
+        padded = owner + b"\0" * (-len(owner) % 4)
+        return struct.pack("<III", len(owner), len(desc), kind) + padded + desc + b"\0" * (-len(desc) % 4)
+
+    info = bytearray(136)
+    struct.pack_into("<ii", info, 24, pid, ppid)
+    info[40:40 + len(name)] = name
+    notes = note(1, b"CORE\0", bytes(336)) + note(3, b"CORE\0", bytes(info))
+    count = headers_before_note + 1
+    offset = 64 + 56 * count
+    header = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 4, 62, 1, 0, 64, 0, 0, 64, 56,
+                                                                     count, 0, 0, 0)
+    loads = b"".join(struct.pack("<IIQQQQQQ", 1, 4, 0, 0, 0, 0, 0, 1) for _ in range(headers_before_note))
+    return header + loads + struct.pack("<IIQQQQQQ", 4, 0, offset, 0, 0, len(notes), 0, 1) + notes
+
+
+def test_a_core_names_its_process_and_its_parent(tmp_path: Path) -> None:
+    (tmp_path / "core").write_bytes(_elf_core(4242, 17, b"python3", headers_before_note=3))
+
+    assert core_process(tmp_path / "core") == CoreProcess(4242, 17, "python3")
+    for junk in (b"", b"ELF core", b"\x7fELF" + bytes(60), _elf_core(1, 2, b"x")[:200]):
+        (tmp_path / "junk").write_bytes(junk)
+        assert core_process(tmp_path / "junk") is None
+
+
+def test_the_cores_of_the_commands_children_are_kept_and_no_one_elses(tmp_path: Path) -> None:
+    """A launcher's rank aborts with a core while the launcher exits 1: the rank's core is the evidence."""
+    cwd, dest = tmp_path / "cwd", tmp_path / "coredumps"
+    cwd.mkdir()
+    (cwd / "core.901").write_bytes(_elf_core(901, 900, b"pt_main_thread"))  # a rank of the command (pid 900)
+    (cwd / "core.950").write_bytes(_elf_core(950, 33, b"python"))  # an orphan the entrypoint (pid 33) reaped
+    (cwd / "core.777").write_bytes(_elf_core(777, 1, b"python"))  # another job's, in the same folder
+    (cwd / "core.900").write_bytes(_elf_core(900, 33, b"torchrun"))  # the command's own: collect_core_files's
+
+    names, problems = collect_child_cores(_policy("core.%p"), parents=frozenset({900, 33}), command_pid=900,
+                                          cwd=cwd, dest=dest, not_before=0.0)
+
+    assert (names, problems) == (["core.901.pt_main_thread.901", "core.950.python.950"], [])
+    assert sorted(p.name for p in cwd.iterdir()) == ["core.777", "core.900"]
+    assert core_process(dest / names[0]) == CoreProcess(901, 900, "pt_main_thread")

@@ -13,6 +13,8 @@ import pytest
 from entrypoint_harness import entrypoint_argv, entrypoint_env, py
 from waiting import wait_for
 
+from trainguard_entrypoint.coredumps import core_process
+
 SEGFAULT = py("import os, signal; print('about to crash', flush=True); os.kill(os.getpid(), signal.SIGSEGV)")
 
 
@@ -45,6 +47,27 @@ def test_a_segfault_exits_139_and_the_report_names_the_signal(run_entrypoint) ->
     kept = [run.workspace / "coredumps" / name for name in report["core_files"]]
     assert kept and all(p.is_file() and p.stat().st_size > 0 for p in kept)
     assert not list((run.workspace.parent / "cwd").glob("core*")), "the core was moved, not copied"
+
+
+LAUNCHER = py("import subprocess, sys; "
+              "rank = subprocess.run([sys.executable, '-c', 'import os; os.abort()']); "
+              "print('rank ended with', rank.returncode, flush=True); sys.exit(1)")
+
+
+def test_a_rank_that_aborts_under_a_launcher_that_exits_1_leaves_its_core_with_the_attempt(run_entrypoint) -> None:
+    """torchrun's case: the rank dumps core, the launcher only exits with a code."""
+    run = run_entrypoint(LAUNCHER)
+
+    assert run.returncode == 1 and run.report["log_tail"] == ["rank ended with -6"]
+    why_not = _machine_keeps_cores_in_cwd()
+    if why_not is not None:
+        assert run.report["core_absent_reason"]
+        pytest.skip(f"core file part only: {why_not}; the report says {run.report['core_absent_reason']!r}")
+    assert run.report["core_absent_reason"] is None
+    [name] = run.report["core_files"]
+    kept = core_process(run.workspace / "coredumps" / name)
+    assert kept is not None and kept.ppid == run.report["pid"] and name.endswith(f".{kept.pid}")
+    assert not list((run.workspace.parent / "cwd").glob("core*")), "the core was moved, not left in the cwd"
 
 
 def test_a_segfault_with_core_dumps_forbidden_says_why_no_core_is_kept(tmp_path: Path) -> None:
