@@ -39,7 +39,7 @@ STRENGTHS: dict[str, int] = {
 }
 _KEYS = {
     "id", "category", "strength", "retryable", "description", "log", "log_not", "context",
-    "context_lines", "warnings", "ignore_case", "exit_codes", "signals", "reasons",
+    "context_not", "context_lines", "warnings", "ignore_case", "exit_codes", "signals", "reasons",
     "conditions", "events", "disabled", "victim", "wrapper", "pid_group",
 }
 _ID = re.compile(r"^[a-z0-9_][a-z0-9_.-]*$")
@@ -74,6 +74,7 @@ class Rule:
     log: tuple[str, ...] = ()
     log_not: tuple[str, ...] = ()
     context: tuple[str, ...] = ()
+    context_not: tuple[str, ...] = ()  # vetoes a line when found in the `context_lines` before it
     context_lines: int = 40
     warnings: bool = False
     ignore_case: bool = False
@@ -98,6 +99,10 @@ class Rule:
     @cached_property
     def context_res(self) -> tuple[re.Pattern[str], ...]:
         return self._compiled(self.context)
+
+    @cached_property
+    def context_not_res(self) -> tuple[re.Pattern[str], ...]:
+        return self._compiled(self.context_not)
 
     def _compiled(self, patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
         return tuple(re.compile(p, re.IGNORECASE if self.ignore_case else 0) for p in patterns)
@@ -208,17 +213,18 @@ def _parse_rule(raw: _Located, source: str, where: str, check_patterns: bool = T
             raise fail(key, f"unknown field; expected one of: {', '.join(sorted(_KEYS))}")
     category, strength, context_lines = _scalars(raw, fail)
     ignore_case = bool(raw.get("ignore_case", False))
-    patterns = {k: _strings(raw, k, fail) for k in ("log", "log_not", "context")}
+    patterns = {k: _strings(raw, k, fail) for k in ("log", "log_not", "context", "context_not")}
     for key, values in patterns.items():
         for pattern in values if check_patterns else ():
             _regex(pattern, source, raw.lines[key], f"{where}.{key}", ignore_case)
-    if patterns["context"] and not patterns["log"]:
-        raise fail("context", "needs a 'log' pattern to be the context of")
+    for key in ("context", "context_not"):
+        if patterns[key] and not patterns["log"]:
+            raise fail(key, "needs a 'log' pattern to be the context of")
     rule = Rule(
         id=rule_id, category=category, strength=strength,
         retryable=raw.get("retryable"), description=_description(raw, fail),
         log=patterns["log"], log_not=patterns["log_not"],
-        context=patterns["context"], context_lines=context_lines,
+        context=patterns["context"], context_not=patterns["context_not"], context_lines=context_lines,
         warnings=bool(raw.get("warnings", False)), ignore_case=ignore_case,
         exit_codes=_exit_codes(raw, fail),
         reasons=frozenset(s.lower() for s in _strings(raw, "reasons", fail)),

@@ -24,6 +24,7 @@ the fallback verdict, and the last ``TAIL_BYTES`` of whole lines (torchrun's fai
 from __future__ import annotations
 
 import io
+import re
 import os
 from collections import deque
 from collections.abc import Collection, Iterator, Sequence
@@ -176,6 +177,9 @@ class _Collector:
             line_no += buf.count(b"\n", pos, offset)
             pos = offset
             hit = Hit(rule, line_no + 1, line)
+            vetoes = self.info.rules[rule].context_not_res
+            if vetoes and self._any_in(vetoes, self._before(buf, start, offset, self.info.rules[rule].context_lines)):
+                continue
             if not self.info.rules[rule].context:
                 self._add(hit)
             elif (rule, line.rank) not in self.hits:
@@ -304,14 +308,7 @@ class _Collector:
     def _with_context(self, hit: Hit, buf: bytes, start: int, stop: int, offset: int) -> None:
         rule = self.info.rules[hit.rule]
         window = rule.context_lines
-        before: list[bytes] = []
-        pos = offset
-        while len(before) < window and pos > start:
-            prev = buf.rfind(b"\n", start, pos - 1) + 1 or start
-            before.append(buf[prev:pos - 1])
-            pos = prev
-        if len(before) < window:
-            before.extend(reversed(list(self.tail)[-(window - len(before)):] if window else []))
+        before = self._before(buf, start, offset, window)
         after: list[bytes] = []
         pos = offset
         while len(after) <= window and pos < stop:
@@ -337,11 +334,27 @@ class _Collector:
             if self._context_in(self.info.rules[w.hit.rule], lines):
                 self._add(w.hit)
 
+    def _before(self, buf: bytes, start: int, offset: int, window: int) -> list[bytes]:
+        """Up to ``window`` lines before the one at ``offset``, nearest first (from the previous block's tail too)."""
+        before: list[bytes] = []
+        pos = offset
+        while len(before) < window and pos > start:
+            prev = buf.rfind(b"\n", start, pos - 1) + 1 or start
+            before.append(buf[prev:pos - 1])
+            pos = prev
+        if len(before) < window:
+            before.extend(reversed(list(self.tail)[-(window - len(before)):] if window else []))
+        return before
+
     @staticmethod
     def _context_in(rule: Rule, raw_lines: list[bytes]) -> bool:
+        return _Collector._any_in(rule.context_res, raw_lines)
+
+    @staticmethod
+    def _any_in(patterns: tuple[re.Pattern[str], ...], raw_lines: list[bytes]) -> bool:
         for raw in raw_lines:
             text = read_line(raw[:MAX_LINE_BYTES]).text
-            if any(r.search(text) for r in rule.context_res):
+            if any(r.search(text) for r in patterns):
                 return True
         return False
 

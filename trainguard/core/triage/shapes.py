@@ -146,7 +146,7 @@ class RuleChecks:
         # Confirmed lines after which a rule is not looked at again: later ones cannot win.
         self.limits = [hint_saturation if r.strength <= STRENGTHS["hint"] else saturation
                        for r in ruleset.rules]
-        self.window = max((r.context_lines for r in ruleset.rules if r.context), default=0)
+        self.window = max((r.context_lines for r in ruleset.rules if r.context or r.context_not), default=0)
         self._rejectors: dict[int, list[tuple[re.Pattern[str], list[re.Pattern[str]]]]] = {}
 
     def rejectors(self, index: int) -> list[tuple[re.Pattern[str], list[re.Pattern[str]]]]:
