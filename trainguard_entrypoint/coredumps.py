@@ -162,19 +162,27 @@ def collect_core_files(
                 f"the process's dumpable flag and core_pattern {policy.pattern!r}){not_kept}"
             )
         return [], f"the kernel reported a core dump but no file matched {pattern!r}{not_kept}"
+    moved, problems = _move_into(dest, [(source, Path(source).name) for source in sorted(found)])
+    return moved, ("; ".join(problems) or None) if not moved else None
+
+
+def _move_into(dest: Path, cores: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """Move each ``(source, name)`` core into ``dest`` under a free name; the names kept, and one line per failure."""
+    if not cores:
+        return [], []
     dest.mkdir(parents=True, exist_ok=True)
     if not stat.S_ISDIR(os.lstat(dest).st_mode):
-        return [], f"{safefiles.safe_name(str(dest))} is not a folder (a link?): the core stays at {found[0]}"
+        return [], [f"{safefiles.safe_name(str(dest))} is not a folder (a link?): the core stays at {cores[0][0]}"]
     moved: list[str] = []
     problems: list[str] = []
-    for source in sorted(found):
-        target = _free_name(dest, Path(source).name)
+    for source, name in cores:
+        target = _free_name(dest, name)
         try:
             _move(source, target)
             moved.append(target.name)
         except OSError as exc:
             problems.append(f"cannot move {source} to {target}: {exc.strerror or exc}")
-    return moved, ("; ".join(problems) or None) if not moved else None
+    return moved, problems
 
 
 @dataclass(frozen=True)
@@ -255,26 +263,13 @@ def collect_child_cores(
     if policy.pattern is None or policy.disabled_reason is not None or policy.pipes_to_handler:
         return [], []
     pattern = core_glob(policy, pid=0, cwd=cwd, signal_number=None, any_pid=True)
-    moved: list[str] = []
-    problems: list[str] = []
+    cores: list[tuple[str, str]] = []
     for source in sorted(glob.glob(pattern))[:64]:
-        if not _is_fresh_core(source, not_before, []):
-            continue
-        owner = core_process(source)
-        if owner is None or owner.pid == command_pid or owner.ppid not in parents:
-            continue
-        dest.mkdir(parents=True, exist_ok=True)
-        if not stat.S_ISDIR(os.lstat(dest).st_mode):
-            problems.append(f"{safefiles.safe_name(str(dest))} is not a folder (a link?): the core stays at {source}")
-            break
-        label = re.sub(r"[^A-Za-z0-9_.-]", "_", owner.name)[:16] or "process"
-        target = _free_name(dest, f"{Path(source).name}.{label}.{owner.pid}")
-        try:
-            _move(source, target)
-            moved.append(target.name)
-        except OSError as exc:
-            problems.append(f"cannot move {source} to {target}: {exc.strerror or exc}")
-    return moved, problems
+        owner = core_process(source) if _is_fresh_core(source, not_before, []) else None
+        if owner is not None and owner.pid != command_pid and owner.ppid in parents:
+            label = re.sub(r"[^A-Za-z0-9_.-]", "_", owner.name)[:16] or "process"
+            cores.append((source, f"{Path(source).name}.{label}.{owner.pid}"))
+    return _move_into(dest, cores)
 
 
 def _is_fresh_core(path: str, not_before: float, refused: list[str]) -> bool:

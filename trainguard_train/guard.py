@@ -21,6 +21,7 @@ dot-name, which is never taken for a checkpoint.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -56,13 +57,9 @@ _SLURM_NOTICE_WAIT_SECONDS = 5.0  # at most this (and a quarter of the grace) fo
 # guard freed when the loop's function returns), that late release deallocates it and must take the
 # GIL; when the interpreter is already finalizing, the thread exits there and the process aborts
 # ("terminate called without an active exception") after a training that completed.
-_FLAG: list[torch.Tensor] = []
-
-
+@functools.cache
 def _agreement_flag() -> torch.Tensor:
-    if not _FLAG:
-        _FLAG.append(torch.zeros(1))
-    return _FLAG[0]
+    return torch.zeros(1)
 
 
 class Stopped(SystemExit):

@@ -24,8 +24,8 @@ the fallback verdict, and the last ``TAIL_BYTES`` of whole lines (torchrun's fai
 from __future__ import annotations
 
 import io
-import re
 import os
+import re
 from collections import deque
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
