@@ -59,3 +59,18 @@ def test_a_veto_needs_a_line_to_veto(tmp_path: Path) -> None:
 
     with pytest.raises(RuleFileError, match=r"rules\.yaml:\d+: .*context_not: needs a 'log' pattern"):
         load_rules(rules)
+
+
+def test_lines_a_veto_passes_over_do_not_use_up_the_rules_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A rule stops looking after so many confirmed lines. With that limit at one, the agent's own
+    # JSONDecodeError (vetoed) must not be the line that uses it up: a rank's own comes after it.
+    monkeypatch.setattr(scan, "SATURATION", 1)
+    monkeypatch.setattr(scan, "BLOCK_BYTES", 4096)  # the two lines in different blocks
+    rules = load_rules()
+    data_rule = next(i for i, rule in enumerate(rules.rules) if rule.id == "data.not_found")
+    later = "".join(f"[default1]:step {n} loss 1.40\n" for n in range(40))  # past the veto's 30 lines
+    log = RECORDED.read_text() + later + RANK_OWN
+
+    hits = [hit for hit in scan.Scanner(rules, "re").scan(log).hits if hit.rule == data_rule]
+
+    assert [hit.line_number for hit in hits] == [len(log.splitlines())], hits

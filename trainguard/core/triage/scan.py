@@ -164,7 +164,7 @@ class _Collector:
         newlines = 0
         for (a, b), pids in zip(parts, present, strict=True):
             self.newlines = None
-            found.extend(self._chunk(engine, buf, a, b, pids))
+            found.extend(self._chunk(engine, buf, start, a, b, pids))
             # A chunk split into lines has had them counted; counting again costs a pass.
             newlines += buf.count(b"\n", a, b) if self.newlines is None else self.newlines
             for rule in {r for _, r, _ in found}:
@@ -177,9 +177,6 @@ class _Collector:
             line_no += buf.count(b"\n", pos, offset)
             pos = offset
             hit = Hit(rule, line_no + 1, line)
-            vetoes = self.info.rules[rule].context_not_res
-            if vetoes and self._any_in(vetoes, self._before(buf, start, offset, self.info.rules[rule].context_lines)):
-                continue
             if not self.info.rules[rule].context:
                 self._add(hit)
             elif (rule, line.rank) not in self.hits:
@@ -187,7 +184,7 @@ class _Collector:
         self._remember_tail(buf, start, stop)
         self.base += newlines
 
-    def _chunk(self, engine: ReEngine | HyperscanEngine, buf: bytes, a: int, b: int,
+    def _chunk(self, engine: ReEngine | HyperscanEngine, buf: bytes, start: int, a: int, b: int,
                pids: list[int]) -> list[tuple[int, int, Line]]:
         todo = [pid for pid in pids
                 if self.patterns[pid].rule in self.active and self.patterns[pid].rule not in self.done]
@@ -204,6 +201,8 @@ class _Collector:
                 line = self._confirm(pid, buf, line_start, line_start + len(shape), shape)
                 if line is not None:
                     seen.add((rule, line_start))
+                    if self._vetoed(rule, buf, start, line_start):
+                        continue  # not the rule's line here, so it does not count toward its saturation
                     out.append((line_start, rule, line))
                     self.confirmed[rule] += 1
         if self.fresh:
@@ -345,6 +344,11 @@ class _Collector:
         if len(before) < window:
             before.extend(reversed(list(self.tail)[-(window - len(before)):] if window else []))
         return before
+
+    def _vetoed(self, rule: int, buf: bytes, start: int, offset: int) -> bool:
+        """Whether the rule's ``context_not`` finds a line it names before the one at ``offset``."""
+        vetoes = self.info.rules[rule].context_not_res
+        return bool(vetoes) and self._any_in(vetoes, self._before(buf, start, offset, self.info.rules[rule].context_lines))
 
     @staticmethod
     def _context_in(rule: Rule, raw_lines: list[bytes]) -> bool:
