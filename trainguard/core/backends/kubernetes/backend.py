@@ -73,6 +73,8 @@ class KubernetesBackend:
         self.connect, self.settings = connect, settings
         self._api: KubeApi | None = None
         self._listings: dict[str, CheckpointListing] = {}  # the last listing of each run's checkpoints
+        # what collection kept of the last attempt judged, read once for its signals, nodes and log
+        self._kept_read: tuple[tuple[str, int], kept.KeptAttempt] | None = None
 
     @property
     def api(self) -> KubeApi:
@@ -238,6 +240,7 @@ class KubernetesBackend:
         extra: Mapping[str, bytes] | None = None,
     ) -> CollectedEvidence:
         extra = dict(extra or {})
+        self._kept_read = None  # what is kept is about to be written again
         if outcome is not None:
             shown = masking.mask_tree(outcome.to_dict())
             extra.setdefault("kubernetes/outcome.json", json.dumps(shown, indent=2).encode())
@@ -265,12 +268,19 @@ class KubernetesBackend:
 
     def _kept(self, ref: AttemptRef) -> kept.KeptAttempt:
         """What collection kept on this machine (`nodes.keep_nodes`, the triage facts); nothing when the folder
-        may not be trusted: what the supervisor saw still classifies, the attempt judged as one."""
-        try:
-            folder: Path | None = self.local_dir(ref.run_id, ref.attempt)
-        except OSError:
-            folder = None
-        return kept.read(folder, ref.run_id, ref.attempt)
+        may not be trusted: what the supervisor saw still classifies, the attempt judged as one.
+
+        Read once per attempt after its collection: judging its nodes, then the attempt as one when no
+        pod failed, then its log for the progress chart, all read the same facts.
+        """
+        key = (ref.run_id, ref.attempt)
+        if self._kept_read is None or self._kept_read[0] != key:
+            try:
+                folder: Path | None = self.local_dir(ref.run_id, ref.attempt)
+            except OSError:
+                folder = None
+            self._kept_read = (key, kept.read(folder, ref.run_id, ref.attempt))
+        return self._kept_read[1]
 
     def placeable_nodes(self) -> list[str]:
         """Nodes the Job's pods could land on: those matching the block's node selector, not cordoned."""
