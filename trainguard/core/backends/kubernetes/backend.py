@@ -73,6 +73,7 @@ class KubernetesBackend:
         self.connect, self.settings = connect, settings
         self._api: KubeApi | None = None
         self._listings: dict[str, CheckpointListing] = {}  # the last listing of each run's checkpoints
+        self._config_map: str | None = None  # the entrypoint ConfigMap, once this instance made or found it
         # what collection kept of the last attempt judged, read once for its signals, nodes and log
         self._kept_read: tuple[tuple[str, int], kept.KeptAttempt] | None = None
 
@@ -320,13 +321,16 @@ class KubernetesBackend:
 
     def _entrypoint_config_map(self) -> str:
         """The entrypoint ConfigMap's name, made if it is not there yet (named by its digest, so one there holds
-        the same bytes): the Job and the checkpoint lister run from it."""
-        body = zipapp.config_map(self.namespace)
-        try:
-            self.api.create_config_map(self.namespace, body)
-        except Conflict:
-            pass
-        return str(body["metadata"]["name"])
+        the same bytes): the Job and the checkpoint lister run from it. Asked for once per instance (an
+        attempt's provisioning, then its listing): not again before each listing."""
+        if self._config_map is None:
+            body = zipapp.config_map(self.namespace)
+            try:
+                self.api.create_config_map(self.namespace, body)
+            except Conflict:
+                pass
+            self._config_map = str(body["metadata"]["name"])
+        return self._config_map
 
     def release(self, ref: AttemptRef) -> str | None:
         """Delete a succeeded Job now; keep a failed one for `failed_job_ttl_seconds` (its TTL); then wait
