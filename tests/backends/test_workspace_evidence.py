@@ -23,7 +23,7 @@ from trainguard.core.backends.local.runner import LocalProcessRunner
 from trainguard.core.evidence.manifest import Manifest, read_manifest, verify_manifest
 from trainguard.core.stores.base import EvidenceStoreError, StoredItem
 from trainguard.core.stores.folder import LocalEvidenceStore
-from trainguard.core.backends.workspace import AttemptWorkspace, torchrun_env
+from trainguard.core.backends.workspace import COREDUMPS, AttemptWorkspace, torchrun_env
 
 CRASHING_TRAINER = """
 import os, signal
@@ -132,7 +132,7 @@ class _RefusingStore(LocalEvidenceStore):
 
 def test_a_failure_on_one_item_is_recorded_and_the_others_are_still_collected(workspace, tmp_path: Path) -> None:
     _run(workspace, "raise SystemExit(1)")
-    os.symlink(tmp_path / "gone", workspace.coredumps_dir / "core.dangling")
+    os.symlink(tmp_path / "gone", workspace.root / COREDUMPS / "core.dangling")
     store = _RefusingStore(tmp_path / "evidence", "snapshot/env.json")
 
     manifest = collect_local_evidence(workspace, store, extra={"bad/../name": b"x", "classification.json": b"{}"})
