@@ -87,16 +87,16 @@ class KubernetesBackend:
     def namespace(self) -> str:
         return self.settings.job.namespace
 
-    def local_dir(self, run_id: str, attempt: int) -> Path:
+    def kept_dir(self, run_id: str, attempt: int) -> Path:
         """Where this machine keeps the attempt's triage facts and log, made private (`localdir`).
 
         Raises:
             localdir.UnsafeFolder: The root may not be used; the message says why and how to fix it.
         """
         root = localdir.private_root(self.settings.local_root)
-        folder = root / attempt_prefix(run_id, attempt)
-        localdir.make_dirs(folder, root)
-        return folder
+        kept_dir = root / attempt_prefix(run_id, attempt)
+        localdir.make_dirs(kept_dir, root)
+        return kept_dir
 
     def provision(self, run_id: str, attempt: int) -> AttemptRef:
         """Make sure the entrypoint ConfigMap exists; the Job itself is created by `run`."""
@@ -245,14 +245,14 @@ class KubernetesBackend:
         if outcome is not None:
             shown = masking.mask_tree(outcome.to_dict())
             extra.setdefault("kubernetes/outcome.json", json.dumps(shown, indent=2).encode())
-        log_dir, problem = None, None
+        kept_dir, problem = None, None
         try:
-            log_dir = self.local_dir(ref.run_id, ref.attempt)
+            kept_dir = self.kept_dir(ref.run_id, ref.attempt)
         except OSError as exc:  # the store still gets everything; triage reads what the supervisor saw
             problem = f"not kept on this machine: {exc}"
         manifest = evidence.collect_kubernetes_evidence(
             self.api, self.namespace, ref.name, ref.run_id, ref.attempt, store, extra=extra,
-            log_dir=log_dir, pod=outcome.instance if outcome else None, local_problem=problem,
+            kept_dir=kept_dir, pod=outcome.instance if outcome else None, local_problem=problem,
             copy_budget_bytes=self.settings.evidence_copy_budget_bytes, kind=self.kind_of_job)
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
@@ -277,10 +277,10 @@ class KubernetesBackend:
         key = (ref.run_id, ref.attempt)
         if self._kept_read is None or self._kept_read[0] != key:
             try:
-                folder: Path | None = self.local_dir(ref.run_id, ref.attempt)
+                kept_dir: Path | None = self.kept_dir(ref.run_id, ref.attempt)
             except OSError:
-                folder = None
-            self._kept_read = (key, kept.read(folder, ref.run_id, ref.attempt))
+                kept_dir = None
+            self._kept_read = (key, kept.read(kept_dir, ref.run_id, ref.attempt))
         return self._kept_read[1]
 
     def placeable_nodes(self) -> list[str]:
