@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -80,6 +81,9 @@ def test_a_crashed_attempt_is_collected_completely_and_every_item_verifies(works
     assert json.loads(store.get_bytes(f"{prefix}/crash-report.json"))["signal_name"] == "SIGSEGV"
     listing = json.loads(store.get_bytes(f"{prefix}/checkpoints.json"))
     assert [f["name"] for f in listing["files"]] == ["step-000001.pt", "step-000002.pt", "step-000003.pt.tmp"]
+    digests = {f["name"]: f["sha256"] for f in listing["files"]}
+    copied = next(item for item in manifest.items if item.name == "checkpoint/step-000002.pt")
+    assert digests["step-000002.pt"] == copied.sha256 == hashlib.sha256(b"weights-2").hexdigest()
     reasons = _reasons(manifest)
     assert reasons["snapshot/gpu-before/nvidia-smi-q.txt"] == "nvidia-smi not found on PATH"
     core_kept = any(name.startswith("coredumps/") for name in _names(manifest))

@@ -217,15 +217,25 @@ def resumable_checkpoints(folder: Path, verify_seconds: float = VERIFY_SECONDS) 
 
 
 def _collect_checkpoints(c: BundleWriter, ws: AttemptWorkspace) -> None:
+    """The newest checkpoint (copied, within its budget), then ``checkpoints.json``: the listing takes the
+    digests of the files copied from the copy itself, so none of them is hashed twice."""
+    copied: dict[str, str] = {}
+    c.guarded("checkpoint", WORKSPACE, lambda: copied.update(_copy_newest_checkpoint(c, ws)))
+
     def listing() -> None:
-        payload = list_checkpoints(ws.checkpoint_dir)
+        payload = list_checkpoints(ws.checkpoint_dir, known=copied)
         c.put_bytes("checkpoints.json", (json.dumps(payload, indent=2) + "\n").encode("utf-8"), WORKSPACE)
 
     c.guarded("checkpoints.json", WORKSPACE, listing)
+
+
+def _copy_newest_checkpoint(c: BundleWriter, ws: AttemptWorkspace) -> dict[str, str]:
+    """Copy the newest checkpoint a run could resume from; the digest of each file copied, by its name in
+    the checkpoint folder."""
     newest = newest_checkpoints(ws.checkpoint_dir)
     if not newest:
         c.absent("checkpoint", WORKSPACE, f"no checkpoint in {jobfiles.shown(ws.checkpoint_dir)}")
-        return
+        return {}
     chosen, limit = newest[0], c.spent.budget.checkpoint_bytes
     name, original = jobfiles.evidence_name("checkpoint", chosen.name)
 
@@ -242,7 +252,9 @@ def _collect_checkpoints(c: BundleWriter, ws: AttemptWorkspace) -> None:
         put_folder(c, f"checkpoint/{chosen.name}", chosen, ws.checkpoint_dir, WORKSPACE,
                    lambda path: JobFile(path, ws.checkpoint_dir, "checkpoint", limit))
 
+    before = len(c.items)
     c.guarded(name, WORKSPACE, copy)
+    return {(item.original_name or item.name).removeprefix("checkpoint/"): item.sha256 for item in c.items[before:]}
 
 
 def not_evidence(name: str) -> bool:
