@@ -8,6 +8,7 @@ and what else it holds (links, FIFOs, devices) is listed as skipped with why, ne
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,9 @@ def sha256_file(path: Path, root: Path | None = None) -> str:
 
 
 def _add_digests(entries: list[tuple[dict[str, Any], float, Path]], root: Path, limit_bytes: int,
-                 budget_bytes: int) -> None:
-    """Hash the newest files first, each up to ``limit_bytes``, all together up to ``budget_bytes``.
+                 budget_bytes: int, known: Mapping[str, str]) -> None:
+    """Hash the newest files first, each up to ``limit_bytes``, all together up to ``budget_bytes``; a file
+    in ``known`` counts the same, its digest taken from there instead of read again.
 
     A run keeps many old checkpoints; hashing all of them would delay the crash report by minutes.
     """
@@ -40,7 +42,8 @@ def _add_digests(entries: list[tuple[dict[str, Any], float, Path]], root: Path, 
             entry["sha256_skipped"] = f"hashing budget of {budget_bytes} bytes spent on newer files"
         else:
             try:
-                entry["sha256"] = sha256_file(path, root)
+                name = str(entry["name"])
+                entry["sha256"] = known[name] if name in known else sha256_file(path, root)
                 spent += size
             except OSError as exc:
                 entry["error"] = f"{exc.strerror or exc}"
@@ -51,6 +54,7 @@ def list_checkpoints(
     *,
     hash_limit_bytes: int = DEFAULT_HASH_LIMIT_BYTES,
     hash_budget_bytes: int = DEFAULT_HASH_BUDGET_BYTES,
+    known: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Every regular file under ``checkpoint_dir`` (names relative to it, "/"-separated), sorted by name.
 
@@ -60,6 +64,8 @@ def list_checkpoints(
     ``"truncated"`` (why) and ``"left_out"`` (how many entries were not listed: a folder counts once).
     Digests cover the newest files within the size limit and the total budget; the others say
     why they have none; a file that cannot be hashed gets an ``error`` instead of failing the rest.
+    ``known`` (name -> hex SHA-256) are digests the caller already took of files here, as it read
+    them whole (evidence collection, copying the newest checkpoint): they are not hashed again.
     """
     listing: dict[str, Any] = {"dir": str(checkpoint_dir), "files": [], "absent": None}
     entries: list[tuple[dict[str, Any], float, Path]] = []
@@ -76,7 +82,7 @@ def list_checkpoints(
             listing["truncated"] = f"{listing['left_out']} entries not listed: the listing stops at {MAX_ENTRIES} entries"
         else:
             skipped.append({"name": found.name, "kind": found.kind, "reason": found.reason})
-    _add_digests(entries, checkpoint_dir, hash_limit_bytes, hash_budget_bytes)
+    _add_digests(entries, checkpoint_dir, hash_limit_bytes, hash_budget_bytes, known or {})
     listing["files"] = sorted((e for e, _, _ in entries), key=lambda item: str(item["name"]))
     if skipped:
         listing["skipped"] = skipped

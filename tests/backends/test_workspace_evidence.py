@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -23,7 +24,7 @@ from trainguard.core.backends.local.runner import LocalProcessRunner
 from trainguard.core.evidence.manifest import Manifest, read_manifest, verify_manifest
 from trainguard.core.stores.base import EvidenceStoreError, StoredItem
 from trainguard.core.stores.folder import LocalEvidenceStore
-from trainguard.core.backends.workspace import AttemptWorkspace, torchrun_env
+from trainguard.core.backends.workspace import COREDUMPS, AttemptWorkspace, torchrun_env
 
 CRASHING_TRAINER = """
 import os, signal
@@ -80,6 +81,9 @@ def test_a_crashed_attempt_is_collected_completely_and_every_item_verifies(works
     assert json.loads(store.get_bytes(f"{prefix}/crash-report.json"))["signal_name"] == "SIGSEGV"
     listing = json.loads(store.get_bytes(f"{prefix}/checkpoints.json"))
     assert [f["name"] for f in listing["files"]] == ["step-000001.pt", "step-000002.pt", "step-000003.pt.tmp"]
+    digests = {f["name"]: f["sha256"] for f in listing["files"]}
+    copied = next(item for item in manifest.items if item.name == "checkpoint/step-000002.pt")
+    assert digests["step-000002.pt"] == copied.sha256 == hashlib.sha256(b"weights-2").hexdigest()
     reasons = _reasons(manifest)
     assert reasons["snapshot/gpu-before/nvidia-smi-q.txt"] == "nvidia-smi not found on PATH"
     core_kept = any(name.startswith("coredumps/") for name in _names(manifest))
@@ -132,7 +136,7 @@ class _RefusingStore(LocalEvidenceStore):
 
 def test_a_failure_on_one_item_is_recorded_and_the_others_are_still_collected(workspace, tmp_path: Path) -> None:
     _run(workspace, "raise SystemExit(1)")
-    os.symlink(tmp_path / "gone", workspace.coredumps_dir / "core.dangling")
+    os.symlink(tmp_path / "gone", workspace.root / COREDUMPS / "core.dangling")
     store = _RefusingStore(tmp_path / "evidence", "snapshot/env.json")
 
     manifest = collect_local_evidence(workspace, store, extra={"bad/../name": b"x", "classification.json": b"{}"})

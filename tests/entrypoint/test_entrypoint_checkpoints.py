@@ -27,6 +27,21 @@ def test_checkpoint_digests_favour_the_newest_files_within_the_budget(tmp_path: 
     assert files["huge.bin"]["sha256_skipped"] == "larger than 400 bytes"
 
 
+def test_a_digest_the_caller_already_took_is_used_and_counts_against_the_budget_the_same(tmp_path: Path) -> None:
+    for step, mtime in ((1, 100), (2, 200), (3, 300)):
+        path = tmp_path / f"step-{step}.pt"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (mtime, mtime))
+    taken = "ab" * 32  # not the file's digest: only a listing that never read step-3.pt again says it
+
+    files = {f["name"]: f for f in list_checkpoints(tmp_path, hash_limit_bytes=400, hash_budget_bytes=250,
+                                                    known={"step-3.pt": taken})["files"]}
+
+    assert files["step-3.pt"]["sha256"] == taken
+    assert files["step-2.pt"]["sha256"] == hashlib.sha256(b"x" * 100).hexdigest()
+    assert files["step-1.pt"]["sha256"] is None and "budget" in files["step-1.pt"]["sha256_skipped"]
+
+
 def test_a_missing_checkpoint_folder_is_listed_as_absent_with_why(tmp_path: Path) -> None:
     listing = list_checkpoints(tmp_path / "none")
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the flow tests: specs for the tiny trainer, lineage queries, waiting."""
+"""Helpers shared by the flow tests: running a spec, specs for the tiny trainer, lineage queries, waiting."""
 
 from __future__ import annotations
 
@@ -14,9 +14,24 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, Lo
 from prefect.exceptions import ObjectNotFound
 from runs import attempt_runs, tiny_spec  # noqa: F401  (re-exported for the tests here)
 
+from flows.run import training_run
+from trainguard.core.attempt import AttemptSummary
+from trainguard.core.spec import parse_spec
+
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = [sys.executable, "-m", "prefect"]
+
+
+def run(spec: dict[str, Any], blocks: dict[str, Any], run_id: str, *, as_summaries: bool = False,
+        evidence_block: str | None = None) -> tuple[Any, list[Any]]:
+    """The run flow of ``spec`` on the blocks' backend and evidence store (``evidence_block`` instead, when
+    given): its final state and each attempt's verdict as the flow returned it, a dict, or an
+    `AttemptSummary` with ``as_summaries``."""
+    state = training_run(parse_spec(spec), run_id=run_id, backend_block=blocks["backend_block"],
+                         evidence_block=evidence_block or blocks["evidence_block"], return_state=True)
+    history = state.result(raise_on_failure=False)
+    return state, [AttemptSummary.from_dict(item) for item in history] if as_summaries else history
 
 
 def attempt_dir(evidence_root: Path, run_id: str, attempt: int) -> Path:

@@ -13,7 +13,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from flow_helpers import ROOT, tiny_spec
+from flow_helpers import ROOT, run, tiny_spec
 from prefect import get_client
 from prefect.artifacts import Artifact
 from prefect.blocks.notifications import CustomWebhookNotificationBlock
@@ -22,9 +22,7 @@ from prefect.events.worker import EventsWorker
 from waiting import wait_for
 
 from flows import events
-from flows.run import training_run
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.spec import parse_spec
 
 HOSTILE = (
     "import sys\n"
@@ -51,14 +49,10 @@ def events_of(run_id: str) -> dict[str, dict]:
     return {event.event: event for event in page.events}
 
 
-def run(spec: dict, blocks: dict, run_id: str):
-    return training_run(parse_spec(spec), run_id=run_id, backend_block=blocks["backend_block"],
-                        evidence_block=blocks["evidence_block"], return_state=True)
-
-
 def test_a_run_that_gives_up_emits_labelled_attempt_and_run_events(blocks):
     spec = tiny_spec("events-fail", "--fail-at-step", "15", "--failure", "type-error", gpus=2)
-    assert run(spec, blocks, "events-fail-1").is_failed()
+    state, _ = run(spec, blocks, "events-fail-1")
+    assert state.is_failed()
 
     found = wait_for(lambda: (e := events_of("events-fail-1")) and len(e) == 2 and e, 60, "both events")
     assert set(found) == {"trainguard.attempt.finished", "trainguard.run.gave-up"}
@@ -72,7 +66,8 @@ def test_a_run_that_gives_up_emits_labelled_attempt_and_run_events(blocks):
 
 
 def test_a_run_that_succeeds_emits_run_succeeded(blocks):
-    assert run(tiny_spec("events-ok"), blocks, "events-ok-1").is_completed()
+    state, _ = run(tiny_spec("events-ok"), blocks, "events-ok-1")
+    assert state.is_completed()
     found = wait_for(lambda: (e := events_of("events-ok-1")) and len(e) == 2 and e, 60, "both events")
     assert set(found) == {"trainguard.attempt.finished", "trainguard.run.succeeded"}
     assert found["trainguard.run.succeeded"].resource["trainguard.retryable"] == "false"
@@ -82,7 +77,8 @@ def test_the_run_report_has_a_timeline_and_chart_and_hostile_log_text_cannot_bre
     # nccl_error gets a budget of its own, below the run's 3: every view must count against it
     spec = tiny_spec("hostile", "--fail-at-step", "25", "--fail-on-attempt", "1",
                      retry={"overrides": {"nccl_error": {"max_attempts": 2}}})
-    assert run(spec, blocks, "hostile-1").is_completed()
+    state, _ = run(spec, blocks, "hostile-1")
+    assert state.is_completed()
     report = Artifact.get("hostile-1-report").data
     assert "# Run hostile-1: succeeded on attempt 2" in report
     timeline = [line for line in report.splitlines() if line.startswith(("| 1 ", "| 2 "))]
@@ -100,7 +96,8 @@ def test_the_run_report_has_a_timeline_and_chart_and_hostile_log_text_cannot_bre
     assert "loss" in chart
 
     bad = {"name": "hostile-log", "command": [sys.executable, "-c", HOSTILE]}
-    assert run(bad, blocks, "hostile-2").is_failed()
+    state, _ = run(bad, blocks, "hostile-2")
+    assert state.is_failed()
     report = Artifact.get("hostile-2-report").data
     assert "<script>" not in report and "<img" not in report and "](javascript" not in report
     assert len(report) < 20_000 and max(len(line) for line in report.splitlines()) < 2_000

@@ -14,22 +14,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from flow_helpers import run
 from waiting import wait_for
 
-from flows.run import training_run
-from trainguard.core.attempt import AttemptSummary
-from trainguard.core.spec import parse_spec
 from trainguard_entrypoint import acks
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARDED = str(ROOT / "tests" / "pytorch" / "scripts" / "train_guarded.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-
-
-def run(spec: dict[str, Any], blocks: dict[str, Any], run_id: str) -> tuple[Any, list[AttemptSummary]]:
-    state = training_run(parse_spec(spec), run_id=run_id, backend_block=blocks["backend_block"],
-                         evidence_block=blocks["evidence_block"], return_state=True)
-    return state, [AttemptSummary.from_dict(item) for item in state.result(raise_on_failure=False)]
 
 
 def guarded_spec(name: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -48,7 +40,7 @@ def started_at(blocks: dict[str, Any], run_id: str, attempt: int) -> set[str]:
 
 
 def test_rank_3_of_4_killed_in_step_17_resumes_at_step_16_from_a_survivors_just_in_time_checkpoint(blocks) -> None:
-    state, attempts = run(guarded_spec("jit-1x4"), blocks, "jit-1x4")
+    state, attempts = run(guarded_spec("jit-1x4"), blocks, "jit-1x4", as_summaries=True)
 
     judged = [(a.state, a.category, a.rule_id, a.signature) for a in attempts]
     assert state.is_completed() and [a.state for a in attempts] == ["Failed", "Completed"], judged
@@ -66,7 +58,7 @@ def test_rank_3_of_4_killed_in_step_17_resumes_at_step_16_from_a_survivors_just_
 
 
 def test_a_survivor_that_dies_during_its_save_leaves_nothing_that_looks_whole_and_the_retry_takes_step_10(blocks) -> None:
-    state, attempts = run(guarded_spec("jit-dies", "--save-fault", "die"), blocks, "jit-dies")
+    state, attempts = run(guarded_spec("jit-dies", "--save-fault", "die"), blocks, "jit-dies", as_summaries=True)
 
     assert state.is_completed() and len(attempts) == 2
     assert Path(attempts[1].resumed_from or "").name == "step-000010.pt"
@@ -80,7 +72,7 @@ def test_a_survivor_that_dies_during_its_save_leaves_nothing_that_looks_whole_an
 def test_a_save_slower_than_the_survivors_grace_is_discarded_and_the_retry_takes_step_10(blocks) -> None:
     spec = guarded_spec("jit-slow", "--save-fault", "slow", "--slow-seconds", "8",
                         env={"TRAINGUARD_NOTICE_GRACE_SECONDS": "2"})
-    state, attempts = run(spec, blocks, "jit-slow")
+    state, attempts = run(spec, blocks, "jit-slow", as_summaries=True)
 
     assert state.is_completed() and len(attempts) == 2
     assert Path(attempts[1].resumed_from or "").name == "step-000010.pt"
@@ -105,7 +97,7 @@ def test_a_just_in_time_file_corrupted_after_its_ack_is_passed_over_for_the_newe
 
     watcher = threading.Thread(target=corrupt, daemon=True)
     watcher.start()
-    state, attempts = run(guarded_spec("jit-corrupt", "--hook"), blocks, "jit-corrupt")
+    state, attempts = run(guarded_spec("jit-corrupt", "--hook"), blocks, "jit-corrupt", as_summaries=True)
     watcher.join(timeout=5)
 
     assert corrupted.is_set()
@@ -120,7 +112,7 @@ def test_the_lightning_callback_saves_from_the_survivor_and_the_retry_resumes_at
     script = str(ROOT / "tests" / "pytorch" / "scripts" / "train_lightning_guarded.py")
     spec = {"name": "jit-lightning", "command": [*TORCHRUN, script, "--kill-rank", "1", "--kill-step", "13"],
             "processes_per_node": 2, "retry": {"max_attempts": 3, "delay_seconds": 0}}
-    state, attempts = run(spec, blocks, "jit-lightning")
+    state, attempts = run(spec, blocks, "jit-lightning", as_summaries=True)
 
     assert state.is_completed() and len(attempts) == 2
     assert Path(attempts[1].resumed_from or "").name == "step-000012.ckpt"

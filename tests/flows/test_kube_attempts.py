@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from simfixtures import sim_fixture
+from flow_helpers import run
 from kube_helpers import GPU_FAULT, evidence_names, inline, kept, kube_blocks, pod_of, run_logs, tiny
-from flows.run import training_run
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.reports.attempt import render_attempt
 from trainguard.core.spec import parse_spec
@@ -28,12 +28,6 @@ sim = sim_fixture()
 @pytest.fixture
 def kb(sim: Any, prefect_server: str, tmp_path: Any) -> dict[str, Any]:
     return kube_blocks(sim, tmp_path, start_error_seconds=1, unschedulable_seconds=2)
-
-
-def run(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[Any, list[dict[str, Any]]]:
-    state = training_run(parse_spec(spec), run_id=run_id, backend_block=kb["backend_block"],
-                         evidence_block=kb["evidence_block"], return_state=True)
-    return state, state.result(raise_on_failure=False)
 
 
 def one_attempt(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[Any, list[dict[str, Any]]]:

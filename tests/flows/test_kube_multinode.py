@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from simfixtures import sim_fixture
+from flow_helpers import run
 from kube_helpers import kept, kube_blocks
-from flows.run import training_run
 from rbac_check import allowed_by_rbac, calls
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backends.kubernetes import indexed, manifests
@@ -47,12 +47,6 @@ def ddp(name: str, *args: str, script: str = DDP, **fields: Any) -> dict[str, An
     retry = {"delay_seconds": 0, **fields.pop("retry", {})}
     return {"name": name, "nodes": 2, "processes_per_node": 2, "gpus": 1, "retry": retry,
             "command": ["python", "-m", "torch.distributed.run", script, *args], **fields}
-
-
-def run(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[Any, list[dict[str, Any]]]:
-    state = training_run(parse_spec(spec), run_id=run_id, backend_block=kb["backend_block"],
-                         evidence_block=kb["evidence_block"], return_state=True)
-    return state, state.result(raise_on_failure=False)
 
 
 def in_background(spec: dict[str, Any], kb: dict[str, Any], run_id: str) -> tuple[threading.Thread, list[Any]]:

@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from simfixtures import sim_fixture
+from flow_helpers import run
 from kube_helpers import kept, kube_blocks
-from flows.run import training_run
 from trainguard.core import ids
 from trainguard.core.backends.kubernetes import indexed, manifests
-from trainguard.core.spec import parse_spec
 from trainguard_entrypoint import acks
 from trainguard_entrypoint.notice import read_notice
 from services.ports import rendezvous_port
@@ -57,9 +56,7 @@ def test_node_1_evicted_with_grace_saves_the_agreed_step_and_the_next_attempt_re
             "command": ["python", "-m", "torch.distributed.run", EXAMPLE, "--steps", "60",
                         "--checkpoint-every", "1000", "--step-seconds", "0.1"]}  # no periodic checkpoint
     box: list[Any] = []
-    thread = threading.Thread(target=lambda: box.append(training_run(
-        parse_spec(spec), run_id=RUN_ID, backend_block=kb["backend_block"], evidence_block=kb["evidence_block"],
-        return_state=True)), daemon=True)
+    thread = threading.Thread(target=lambda: box.append(run(spec, kb, RUN_ID)), daemon=True)
     thread.start()
     checkpoints = sim.root / "pvc" / kb["namespace"] / "trainguard-checkpoints" / RUN_ID
     wait_for(lambda: (progress_step(checkpoints) or 0) >= 5, timeout=300, what="attempt 1 past step 5")
@@ -71,8 +68,7 @@ def test_node_1_evicted_with_grace_saves_the_agreed_step_and_the_next_attempt_re
         "metadata": {"name": victim["metadata"]["name"], "namespace": kb["namespace"]}})
     thread.join(600)
     assert not thread.is_alive(), "the run did not end within 600s"
-    state = box[0]
-    history = state.result(raise_on_failure=False)
+    state, history = box[0]
     assert state.is_completed(), state.message
     first, second = history
 

@@ -16,23 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from flow_helpers import run
 
-from flows.run import training_run
-from trainguard.core.attempt import AttemptSummary
 from trainguard.core.reports import attempt as attempt_report
-from trainguard.core.spec import parse_spec
 from trainguard_entrypoint import acks
 
 ROOT = Path(__file__).resolve().parents[2]
 DDP = str(ROOT / "tests" / "pytorch" / "scripts" / "train_ddp.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-
-
-def run(spec: dict[str, Any], blocks: dict[str, Any], run_id: str) -> tuple[Any, list[AttemptSummary]]:
-    state = training_run(parse_spec(spec), run_id=run_id, backend_block=blocks["backend_block"],
-                         evidence_block=blocks["evidence_block"], return_state=True)
-    history = state.result(raise_on_failure=False)
-    return state, [AttemptSummary.from_dict(item) for item in history]
 
 
 def ddp_spec(name: str, *args: str, tmp_path: Path, **fields: Any) -> dict[str, Any]:
@@ -42,7 +33,7 @@ def ddp_spec(name: str, *args: str, tmp_path: Path, **fields: Any) -> dict[str, 
 
 def test_a_shape_mismatch_on_rank_1_is_its_code_error_not_its_peers_and_is_not_retried(blocks, tmp_path) -> None:
     state, attempts = run(ddp_spec("ddp-shape", "--fault", "shape", "--fault-rank", "1", tmp_path=tmp_path),
-                          blocks, "ddp-shape-1")
+                          blocks, "ddp-shape-1", as_summaries=True)
     assert state.is_failed() and len(attempts) == 1
     only = attempts[0]
     assert (only.category, only.retryable, only.decision["retry"]) == ("code_error", False, False)
@@ -57,7 +48,7 @@ def test_a_hang_in_a_collective_is_retried_from_the_last_checkpoint_and_the_retr
     """Rank 1 stops answering at step 4 in the first attempt only; rank 0 meets gloo's own timeout."""
     spec = ddp_spec("ddp-hang", "--fault", "hang", "--fault-rank", "1", "--fault-step", "4", "--fault-attempts", "1",
                     "--checkpoint-every", "2", "--steps", "6", "--timeout-seconds", "4", tmp_path=tmp_path)
-    state, attempts = run(spec, blocks, "ddp-hang-1")
+    state, attempts = run(spec, blocks, "ddp-hang-1", as_summaries=True)
     assert state.is_completed() and [a.state for a in attempts] == ["Failed", "Completed"]
     first, second = attempts
     assert (first.category, first.retryable, first.decision["retry"]) == ("nccl_error", True, True)
@@ -68,7 +59,7 @@ def test_a_hang_in_a_collective_is_retried_from_the_last_checkpoint_and_the_retr
 def test_a_rank_killed_without_memory_evidence_is_unknown_retried_once_and_said_to_be_weak(blocks, tmp_path) -> None:
     spec = ddp_spec("ddp-kill", "--fault", "sigkill", "--fault-rank", "1", "--fault-step", "3",
                     "--checkpoint-every", "1", "--steps", "6", tmp_path=tmp_path)
-    state, attempts = run(spec, blocks, "ddp-kill-1")
+    state, attempts = run(spec, blocks, "ddp-kill-1", as_summaries=True)
     assert state.is_failed() and len(attempts) == 2  # unknown is retried once, then the same again stops the run
     assert [a.category for a in attempts] == ["unknown", "unknown"]
     assert attempts[0].decision["retry"] and not attempts[1].decision["retry"]
@@ -84,7 +75,7 @@ def test_the_ddp_example_runs_as_its_spec_says_and_checkpoints_into_the_runs_fol
     spec["command"][torchrun:torchrun + 2] = [*TORCHRUN, str(ROOT / "examples" / "ddp" / "train.py")]
     spec["command"][spec["command"].index("--steps") + 1] = "8"
     spec["command"][spec["command"].index("--checkpoint-every") + 1] = "4"
-    state, attempts = run(spec, blocks, "ddp-example-1")
+    state, attempts = run(spec, blocks, "ddp-example-1", as_summaries=True)
     assert state.is_completed() and len(attempts) == 1
     folder = blocks["work"] / "runs" / "ddp-example-1" / "checkpoints"
     checkpoints = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
@@ -100,7 +91,7 @@ def test_the_lightning_example_runs_under_torchrun_and_keeps_its_checkpoints_in_
     torchrun = spec["command"].index("torchrun")
     spec["command"][torchrun:torchrun + 2] = [*TORCHRUN, str(ROOT / "examples" / "lightning" / "train.py")]
     spec["command"][spec["command"].index("--epochs") + 1] = "2"
-    state, attempts = run(spec, blocks, "lightning-example-1")
+    state, attempts = run(spec, blocks, "lightning-example-1", as_summaries=True)
     assert state.is_completed() and len(attempts) == 1
     checkpoints = {p.name for p in (blocks["work"] / "runs" / "lightning-example-1" / "checkpoints").iterdir()}
     assert "last.ckpt" in checkpoints and any(name.startswith("epoch=1-") for name in checkpoints)

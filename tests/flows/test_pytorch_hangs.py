@@ -21,11 +21,9 @@ from typing import Any
 import pytest
 
 from blocks import LocalProcessBackend
-from flows.run import training_run
+from flow_helpers import run
 from processes import alive
-from trainguard.core.attempt import AttemptSummary
 from trainguard.core.reports import attempt as attempt_report
-from trainguard.core.spec import parse_spec
 from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,12 +40,6 @@ def hang_blocks(blocks: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
     name = f"hangs-{uuid.uuid4().hex[:8]}"
     LocalProcessBackend(work_root=str(tmp_path / "work"), grace_seconds=GRACE, stack_sweep_seconds=SWEEP).save(name)
     return {**blocks, "backend_block": f"trainguard-local-process-backend/{name}"}
-
-
-def run(spec: dict[str, Any], blocks: dict[str, Any], run_id: str) -> tuple[Any, list[AttemptSummary]]:
-    state = training_run(parse_spec(spec), run_id=run_id, backend_block=blocks["backend_block"],
-                         evidence_block=blocks["evidence_block"], return_state=True)
-    return state, [AttemptSummary.from_dict(item) for item in state.result(raise_on_failure=False)]
 
 
 def hang_spec(name: str, fault: str, *extra: str, tmp_path: Path, **fields: Any) -> dict[str, Any]:
@@ -69,7 +61,7 @@ def stacks_of(blocks: dict[str, Any], run_id: str, attempt: int) -> dict[str, An
 
 def test_a_rank_sleeping_in_the_loop_is_named_at_its_frame_and_the_same_hang_again_stops_the_run(
         hang_blocks, tmp_path) -> None:
-    state, attempts = run(hang_spec("hang-sleep", "hang", tmp_path=tmp_path), hang_blocks, "hang-sleep-1")
+    state, attempts = run(hang_spec("hang-sleep", "hang", tmp_path=tmp_path), hang_blocks, "hang-sleep-1", as_summaries=True)
     assert state.is_failed() and len(attempts) == 2  # retried once; the same frame again stops the run
     first, second = attempts
     assert (first.category, first.retryable, first.decision["retry"]) == ("hang", True, True)
@@ -88,7 +80,7 @@ def test_a_rank_sleeping_in_the_loop_is_named_at_its_frame_and_the_same_hang_aga
 
 def test_a_rank_stuck_on_its_data_loader_worker_is_named_with_the_loaders_frame(hang_blocks, tmp_path) -> None:
     spec = hang_spec("hang-loader", "loader_hang", tmp_path=tmp_path, retry={"max_total_attempts": 1, "delay_seconds": 0})
-    state, attempts = run(spec, hang_blocks, "hang-loader-1")
+    state, attempts = run(spec, hang_blocks, "hang-loader-1", as_summaries=True)
     assert state.is_failed() and len(attempts) == 1
     only = attempts[0]
     assert only.category == "hang" and only.root_cause and only.root_cause["rank"] == 1
@@ -107,7 +99,7 @@ def test_without_a_usable_py_spy_ranks_that_ignore_sigterm_give_faulthandler_sta
                      retry={"max_total_attempts": 1, "delay_seconds": 0})
     result: dict[str, Any] = {}
     flow = threading.Thread(target=lambda: result.update(zip(("state", "attempts"), run(spec, hang_blocks,
-                                                                                           "hang-deaf-1"))))
+                                                                                           "hang-deaf-1", as_summaries=True))))
     flow.start()
     index = hang_blocks["work"] / "runs" / "hang-deaf-1" / "attempt-1" / "stacks" / "index.json"
     wait_for(index.is_file, timeout=300, what="the ranks' stacks, taken as the stall window runs out", interval=0.2)
@@ -131,7 +123,7 @@ def test_a_healthy_job_that_writes_only_to_its_rank_logs_outlives_a_shorter_stal
                "--steps", "160", "--step-seconds", "0.25", "--checkpoint-every", "40"]
     spec = {"name": "quiet-ddp", "command": command, "stall_seconds": STALL, "env": {"PET_TEE": "0"},
             "retry": {"max_total_attempts": 1, "delay_seconds": 0}}
-    state, attempts = run(spec, hang_blocks, "quiet-ddp-1")
+    state, attempts = run(spec, hang_blocks, "quiet-ddp-1", as_summaries=True)
     assert state.is_completed() and len(attempts) == 1, attempts[0].category if attempts else None
     assert attempts[0].duration_seconds > STALL + 10  # the window came and went while the console was quiet
     work = hang_blocks["work"] / "runs" / "quiet-ddp-1"

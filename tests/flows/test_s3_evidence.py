@@ -18,18 +18,16 @@ import yaml
 from prefect.artifacts import Artifact
 from typer.testing import CliRunner
 
-from flow_helpers import prefect_records, tiny_spec
+from flow_helpers import prefect_records, run, tiny_spec
 from s3fixtures import CREDENTIALS
 from waiting import wait_for
 
 from blocks.evidence import S3EvidenceStore
-from flows.run import training_run
 from trainguard.cli import app
 from trainguard.core.evidence import bundles
 from trainguard.core.stores.s3 import bucket as s3_client
 from trainguard.core.evidence.manifest import read_manifest
 from trainguard.core.evidence.retention import OUTCOME_TAG
-from trainguard.core.spec import parse_spec
 
 SECRET = "planted-secret-4242"
 SESSION_TOKEN = "planted-session-token-FwoGZXIvYXdzE"
@@ -50,9 +48,7 @@ def _run_one_failing_attempt(blocks, evidence_block: str, run_id: str, max_attem
     os.environ["TG_TEST_WANDB_API_KEY"] = SECRET  # where a worker holds it; the spec only names it
     spec = tiny_spec(run_id, "--fail-at-step", "35", "--fail-on-attempt", "1",
                      secret_env={"WANDB_API_KEY": "env:TG_TEST_WANDB_API_KEY"}, retry={"max_total_attempts": max_attempts})
-    state = training_run(parse_spec(spec), run_id=run_id, backend_block=blocks["backend_block"],
-                         evidence_block=evidence_block, return_state=True)
-    return state, state.result(raise_on_failure=False)
+    return run(spec, blocks, run_id, evidence_block=evidence_block)
 
 
 def test_an_attempts_bundle_round_trips_through_s3_with_checksums_links_and_no_secrets(

@@ -11,11 +11,9 @@ from __future__ import annotations
 import json
 import sys
 
-from flow_helpers import attempt_dir
+from flow_helpers import attempt_dir, run
 
-from flows.run import training_run
 from trainguard.core.attempt import STACK_ROWS, STACKS_TABLE
-from trainguard.core.spec import parse_spec
 
 JOB = r"""
 import json, os, sys
@@ -36,9 +34,7 @@ def test_4096_absent_ranks_do_not_stop_the_retry_and_the_whole_table_is_kept(blo
     spec = {"name": "wide", "command": [sys.executable, "-c", JOB],
             "retry": {"max_attempts": 2, "delay_seconds": 0, "same_signature_limit": 0}}
 
-    state = training_run(parse_spec(spec), run_id="wide-1", backend_block=blocks["backend_block"],
-                         evidence_block=blocks["evidence_block"], return_state=True)
-    history = state.result(raise_on_failure=False)
+    state, history = run(spec, blocks, "wide-1")
 
     assert [h["attempt"] for h in history] == [1, 2], state.message
     assert history[0]["category"] == "nccl_error" and history[0]["decision"]["retry"] is True

@@ -15,13 +15,11 @@ from prefect import get_client
 from prefect.artifacts import Artifact
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
-from flow_helpers import attempt_dir, attempt_runs, tiny_spec
+from flow_helpers import attempt_dir, attempt_runs, run, tiny_spec
 from simfixtures import sim_fixture
 from kube_helpers import kube_blocks
 
-from flows.run import training_run
 from trainguard.core.evidence.manifest import read_manifest, verify_manifest
-from trainguard.core.spec import parse_spec
 from trainguard.core.stores.folder import LocalEvidenceStore
 
 
@@ -40,14 +38,6 @@ def either(request: pytest.FixtureRequest, blocks: dict, tmp_path: Any) -> dict:
 def on(backend: dict, spec: dict) -> dict:
     """``spec`` with its command run by the backend's Python."""
     return {**spec, "command": [backend["python"], *spec["command"][1:]]}
-
-
-def run(spec: dict, blocks: dict, run_id: str):
-    state = training_run(
-        parse_spec(spec), run_id=run_id, backend_block=blocks["backend_block"],
-        evidence_block=blocks["evidence_block"], return_state=True,
-    )
-    return state, state.result(raise_on_failure=False)
 
 
 def test_a_retryable_failure_is_retried_from_its_checkpoint_and_succeeds(blocks, monkeypatch):

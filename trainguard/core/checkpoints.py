@@ -55,41 +55,16 @@ class CheckpointFacts:
                        notice_to_ack_seconds=self.notice_to_ack_seconds)
 
 
-def read_ack(folder: Path, name: str) -> acks.Ack | None:
-    """The acknowledgement of checkpoint entry ``name`` in ``folder``: the one place trainguard's core reads one."""
-    return acks.read_ack(folder, name)
+def _read_here(folder: Path, checkpoints: Sequence[str | None]) -> CheckpointListing:
+    """What a listing would say of ``checkpoints`` (and the helper's progress), read in ``folder`` on this machine.
 
-
-class _Seen:
-    """What the core knows of the run's checkpoint folder: read here (a folder), or as a listing read it, or nothing."""
-
-    def __init__(self, folder: Path | None = None, listing: CheckpointListing | None = None) -> None:
-        self.folder, self.listing = folder, listing
-
-    @property
-    def known(self) -> bool:
-        return self.folder is not None or self.listing is not None
-
-    def ack(self, checkpoint: str | None) -> acks.AckBrief | None:
-        if not checkpoint:
-            return None
-        if self.folder is not None:
-            ack = read_ack(self.folder, _entry(checkpoint))
-            return acks.AckBrief.of(ack) if ack is not None else None
-        return self.listing.acks.get(_entry(checkpoint)) if self.listing is not None else None
-
-    def exists(self, checkpoint: str) -> bool:
-        if self.folder is not None:
-            return (self.folder / _entry(checkpoint)).exists()
-        return self.listing is not None and _entry(checkpoint) in self.listing.checkpoints
-
-    def progress(self, attempt: int) -> int | None:
-        """The helper's last completed step, when this attempt wrote it (an earlier attempt's says nothing of this one)."""
-        if self.folder is not None:
-            progress = acks.read_progress(self.folder)
-        else:
-            progress = self.listing.progress if self.listing is not None else None
-        return progress.step if progress is not None and progress.attempt == str(attempt) else None
+    The one place trainguard's core reads an acknowledgement; only the entries asked about are read.
+    """
+    entries = sorted({_entry(checkpoint) for checkpoint in checkpoints if checkpoint})
+    read = {name: ack for name in entries if (ack := acks.read_ack(folder, name)) is not None}
+    return CheckpointListing(checkpoints=tuple(name for name in entries if (folder / name).exists()),
+                             acks={name: acks.AckBrief.of(ack) for name, ack in read.items()},
+                             progress=acks.read_progress(folder))
 
 
 def facts(backend: Backend, run_id: str, attempt: int, resumed_from: str | None, newest: str | None,
@@ -105,11 +80,11 @@ def facts(backend: Backend, run_id: str, attempt: int, resumed_from: str | None,
         logged: The (step, loss) points its log shows, for its progress where the helper kept none.
     """
     if isinstance(backend, ReadsCheckpoints):
-        seen = _Seen(folder=backend.checkpoint_folder(run_id))
+        seen: CheckpointListing | None = _read_here(backend.checkpoint_folder(run_id), (newest, resumed_from))
     else:
-        seen = _Seen(listing=backend.checkpoint_listing(run_id) if isinstance(backend, ListsCheckpoints) else None)
-    newest_ack, resumed_ack = seen.ack(newest), seen.ack(resumed_from)
-    progress = seen.progress(attempt)
+        seen = backend.checkpoint_listing(run_id) if isinstance(backend, ListsCheckpoints) else None
+    newest_ack, resumed_ack = _ack(seen, newest), _ack(seen, resumed_from)
+    progress = _progress(seen, attempt)
     progress = progress if progress is not None else max((step for step, _ in logged), default=None)
     newest_step = newest_ack.step if newest_ack is not None else (checkpoint_step(newest) if newest else 0)
     return CheckpointFacts(
@@ -126,12 +101,22 @@ def _entry(checkpoint: str) -> str:
     return PurePath(checkpoint).name
 
 
-def _kind(seen: _Seen, checkpoint: str | None, ack: acks.AckBrief | None) -> str | None:
+def _ack(seen: CheckpointListing | None, checkpoint: str | None) -> acks.AckBrief | None:
+    return seen.acks.get(_entry(checkpoint)) if seen is not None and checkpoint else None
+
+
+def _progress(seen: CheckpointListing | None, attempt: int) -> int | None:
+    """The helper's last completed step, when this attempt wrote it (an earlier attempt's says nothing of this one)."""
+    progress = seen.progress if seen is not None else None
+    return progress.step if progress is not None and progress.attempt == str(attempt) else None
+
+
+def _kind(seen: CheckpointListing | None, checkpoint: str | None, ack: acks.AckBrief | None) -> str | None:
     """The checkpoint's kind: its acknowledgement's, else periodic when it is there (the training's own save)."""
     if not checkpoint:
         return None
-    if not seen.known:
+    if seen is None:
         return UNKNOWN
     if ack is not None:
         return ack.kind
-    return PERIODIC if seen.exists(checkpoint) else UNKNOWN
+    return PERIODIC if _entry(checkpoint) in seen.checkpoints else UNKNOWN

@@ -119,7 +119,8 @@ def test_a_silent_attempt_is_stopped_as_stalled(kube: KubeApi, ns: str, tmp_path
     b.release(ref)
 
 
-def test_checkpoints_are_listed_newest_first_as_container_paths(kube: KubeApi, ns: str, tmp_path: Path) -> None:
+def test_checkpoints_are_listed_newest_first_as_container_paths(kube: KubeApi, sim: kubesim.fixture.Sim, ns: str,
+                                                                tmp_path: Path) -> None:
     b = backend(kube, ns, tmp_path)
     code = ("import os\nd = os.environ['TRAINGUARD_CHECKPOINT_DIR']\n"
             "for n in ('step-000010.pt', 'step-000020.pt', '.step-000030.pt.tmp'):\n  open(os.path.join(d, n), 'w').write('x')\n"
@@ -128,6 +129,8 @@ def test_checkpoints_are_listed_newest_first_as_container_paths(kube: KubeApi, n
     expected = ["/trainguard/checkpoints/r-ckpt/step-000020.pt", "/trainguard/checkpoints/r-ckpt/step-000010.pt"]
     assert b.checkpoints("r-ckpt") == expected
     assert b.checkpoints("r-none") == []
+    # the attempt's provisioning made the entrypoint ConfigMap the listings run from: not asked for again
+    assert [r["code"] for r in sim.requests(verb="create", resource="configmaps", namespace=ns)] == [201]
 
 
 @pytest.mark.parametrize(("raw", "shown"), [

@@ -71,7 +71,7 @@ def test_files_on_a_notready_node_are_recorded_absent_at_once_and_the_rest_is_ke
     wait_for(lambda: _ready(kube, node) != "True", timeout=60, what=f"{node} NotReady")
 
     store = LocalEvidenceStore(tmp_path / "evidence")
-    manifest = collect_kubernetes_evidence(kube, ns, job, "run-1", 1, store, log_dir=tmp_path / "triage",
+    manifest = collect_kubernetes_evidence(kube, ns, job, "run-1", 1, store, kept_dir=tmp_path / "triage",
                                            collector_timeout_seconds=_WAIT)
     kept = Kept(store, manifest)
 

@@ -39,7 +39,7 @@ _STEADY = ("import time\n"
 
 def _collect(kube: KubeApi, ns: str, job: str, tmp_path: Path, run_id: str = "run-1") -> Kept:
     store = LocalEvidenceStore(tmp_path / "evidence")
-    manifest = collect_kubernetes_evidence(kube, ns, job, run_id, 1, store, log_dir=tmp_path / "triage",
+    manifest = collect_kubernetes_evidence(kube, ns, job, run_id, 1, store, kept_dir=tmp_path / "triage",
                                            collector_timeout_seconds=30)
     return Kept(store, manifest)
 

@@ -33,7 +33,7 @@ CUDA_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 
 
 def _collect(kube: KubeApi, ns: str, job: str, tmp_path: Path, run_id: str = "run-1") -> Kept:
     store = LocalEvidenceStore(tmp_path / "evidence")
-    manifest = collect_kubernetes_evidence(kube, ns, job, run_id, 1, store, log_dir=tmp_path / "triage",
+    manifest = collect_kubernetes_evidence(kube, ns, job, run_id, 1, store, kept_dir=tmp_path / "triage",
                                            collector_timeout_seconds=30)
     return Kept(store, manifest)
 
@@ -267,7 +267,7 @@ def test_a_flood_of_files_and_a_log_over_its_share_cost_the_rest_of_the_evidence
     store = LocalEvidenceStore(tmp_path / "evidence")
 
     manifest = within(240, lambda: collect_kubernetes_evidence(
-        kube, ns, job, "run-1", 1, store, log_dir=tmp_path / "triage", copy_budget_bytes=4 * 1024 * 1024,
+        kube, ns, job, "run-1", 1, store, kept_dir=tmp_path / "triage", copy_budget_bytes=4 * 1024 * 1024,
         collector_timeout_seconds=120), "collection to end")
 
     kept = Kept(store, manifest)

@@ -64,7 +64,7 @@ def test_the_default_folder_is_this_users_0700_and_one_made_first_by_another_use
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)  # asked again, from TMPDIR
     b = KubernetesBackend(lambda: kube, KubeSettings(JobSettings(image="python:3.11", namespace=ns)))
-    folder = b.local_dir("k-default", 1)
+    folder = b.kept_dir("k-default", 1)
     root = tmp_path / f"trainguard-kube-{os.getuid()}"
     assert folder == root / "runs" / "k-default" / "attempt-1"
     for made in (root, root / "runs", root / "runs" / "k-default", folder):
@@ -72,11 +72,11 @@ def test_the_default_folder_is_this_users_0700_and_one_made_first_by_another_use
 
     os.chown(root, 65534, 65534)  # another local user's, made before ours (the tests run as root)
     with pytest.raises(localdir.UnsafeFolder, match="belongs to uid 65534, not to this user"):
-        b.local_dir("k-default", 1)
+        b.kept_dir("k-default", 1)
     os.chown(root, os.getuid(), os.getgid())
     os.chmod(root, 0o755)
     with pytest.raises(localdir.UnsafeFolder, match="is open to others"):
-        b.local_dir("k-default", 1)
+        b.kept_dir("k-default", 1)
     root.rmdir() if not any(root.iterdir()) else None
 
 
@@ -108,7 +108,7 @@ def test_a_multi_node_attempts_kept_map_is_masked_and_private(kube: KubeApi, ns:
                                                      nodes=2, gpus=1)), "the attempt")
     b.collect_evidence(ref, LocalEvidenceStore(tmp_path / "evidence"), outcome)
 
-    kept = b.local_dir("mn-masked", 1) / "attempt.json"
+    kept = b.kept_dir("mn-masked", 1) / "attempt.json"
     text = kept.read_text()
     assert "logging in with" in text, "the termination message is kept"
     assert SHAPED not in text

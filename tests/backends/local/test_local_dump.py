@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from trainguard.core.backends.local.runner import LocalProcessRunner, ProcessOutcome
-from trainguard.core.backends.workspace import AttemptWorkspace
+from trainguard.core.backends.workspace import PROCESS_RECORD, AttemptWorkspace
 from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -42,7 +42,7 @@ def test_dump_takes_a_running_attempts_stacks_and_leaves_it_running_then_says_wh
         [sys.executable, "-c", WAITER], workspace=workspace, env={"GO": str(go)}, deadline_seconds=300)))
     attempt.start()
     try:
-        wait_for(lambda: workspace.process_path.exists(), 60, "the entrypoint to start")
+        wait_for(lambda: (workspace.root / PROCESS_RECORD).exists(), 60, "the entrypoint to start")
         done = _cli("dump", "run-1", "--work", str(work), "--wait", "120")
         assert done.returncode == 0, done.stderr + done.stdout
         assert "SIGQUIT" in done.stdout and "1 of 1 ranks' stacks" in done.stdout

@@ -18,7 +18,7 @@ import pytest
 from processes import alive
 
 from trainguard.core.backends.local.runner import LocalProcessRunner, ProcessOutcome
-from trainguard.core.backends.workspace import AttemptWorkspace
+from trainguard.core.backends.workspace import CRASH_REPORT, RUNNER_REPORT, SNAPSHOT, AttemptWorkspace
 from waiting import wait_for
 
 
@@ -51,7 +51,7 @@ def runner(lines: list[str]) -> LocalProcessRunner:
 
 
 def _runner_json(workspace: AttemptWorkspace) -> dict[str, object]:
-    return json.loads(workspace.runner_report_path.read_text())
+    return json.loads((workspace.root / RUNNER_REPORT).read_text())
 
 
 def test_a_command_that_succeeds_is_completed_and_its_output_is_logged(runner, workspace, lines) -> None:
@@ -90,7 +90,7 @@ def test_the_deadline_stops_a_sleeping_command(runner, workspace, tmp_path: Path
     assert outcome.exit_code == 143  # SIGTERM forwarded by the entrypoint, which then reported it
     assert time.monotonic() - started < 15
     assert _gone(int(pid_file.read_text()))
-    assert json.loads(workspace.crash_report_path.read_text())["signal_name"] == "SIGTERM"
+    assert json.loads((workspace.root / CRASH_REPORT).read_text())["signal_name"] == "SIGTERM"
 
 
 def test_a_command_that_prints_once_then_hangs_is_stalled(runner, workspace, lines) -> None:
@@ -216,7 +216,7 @@ def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_period(workspa
     assert time.monotonic() - started < 15
     assert _gone(int(pid_file.read_text()))
     # the entrypoint died before its crash report: the runner's own account is what remains
-    assert not workspace.crash_report_path.exists()
+    assert not (workspace.root / CRASH_REPORT).exists()
     assert _runner_json(workspace)["reason"] == "DeadlineExceeded"
 
 
@@ -252,7 +252,7 @@ def test_a_slow_post_mortem_after_the_command_ended_is_not_a_stall(workspace, tm
     )
 
     assert (outcome.reason, outcome.exit_code) == ("Error", 4)
-    index = json.loads((workspace.snapshot_dir / "gpu-after" / "index.json").read_text())
+    index = json.loads((workspace.root / SNAPSHOT / "gpu-after" / "index.json").read_text())
     assert "timed out after 2.5s" in index["absent"][0]["reason"]
 
 

@@ -20,7 +20,7 @@ from processes import alive
 
 from trainguard.core.backends.local import orphans
 from trainguard.core.backends.local.runner import LocalProcessRunner
-from trainguard.core.backends.workspace import AttemptWorkspace
+from trainguard.core.backends.workspace import PROCESS_RECORD, AttemptWorkspace
 from waiting import wait_for
 
 # Ignores SIGTERM (noting that it came), starts a grandchild in its own process group, says ready.
@@ -161,7 +161,7 @@ def test_a_process_record_rewritten_by_the_job_to_name_another_group_never_gets_
     attempt.start()
     wait_for(lambda: "rewritten" in lines, 30, "the job to rewrite its process record")
 
-    result = orphans.stop_leftover(workspace.process_path, grace_seconds=1)
+    result = orphans.stop_leftover(workspace.root / PROCESS_RECORD, grace_seconds=1)
 
     assert not result.stopped and "not stopped" in result.message and "rewritten" in result.message
     assert victim.poll() is None and alive(victim.pid)

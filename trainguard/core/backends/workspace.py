@@ -100,7 +100,11 @@ def _valid(run_id: str) -> bool:
 
 @dataclass(frozen=True)
 class AttemptWorkspace:
-    """The folders of one attempt, and the checkpoint folder shared by every attempt of its run."""
+    """The folder of one attempt, and the checkpoint folder shared by every attempt of its run.
+
+    The names inside ``root`` are the entrypoint's, re-exported above (``ws.root / CRASH_REPORT``):
+    this class adds only the training log, whose name carries the run and the attempt.
+    """
 
     root: Path
     run_id: str
@@ -108,42 +112,9 @@ class AttemptWorkspace:
     checkpoint_dir: Path
 
     @property
-    def logs_dir(self) -> Path:
-        """Where the entrypoint tees the command's output."""
-        return self.root / LOGS
-
-    @property
-    def coredumps_dir(self) -> Path:
-        """Where the entrypoint moves core files after a crash."""
-        return self.root / COREDUMPS
-
-    @property
-    def snapshot_dir(self) -> Path:
-        """Environment, host and GPU snapshots taken before and after the command."""
-        return self.root / SNAPSHOT
-
-    @property
     def log_path(self) -> Path:
-        """The attempt's training log (stdout and stderr of the command, as bytes)."""
-        return self.logs_dir / log_name(self.run_id, self.attempt)
-
-    @property
-    def crash_report_path(self) -> Path:
-        """The entrypoint's JSON report on how the command ended."""
-        return self.root / CRASH_REPORT
-
-    @property
-    def process_path(self) -> Path:
-        """Which process runs the attempt (pid, process group, start time), written when it starts.
-
-        Whoever finds the attempt's supervisor dead reads it to stop the command left behind.
-        """
-        return self.root / PROCESS_RECORD
-
-    @property
-    def runner_report_path(self) -> Path:
-        """The local runner's own view of the attempt (written even if the entrypoint was killed)."""
-        return self.root / RUNNER_REPORT
+        """The attempt's training log (stdout and stderr of the command, as bytes), in `LOGS`."""
+        return self.root / LOGS / log_name(self.run_id, self.attempt)
 
     @classmethod
     def at(cls, work_root: Path, run_id: str, attempt: int) -> AttemptWorkspace:
@@ -169,7 +140,7 @@ class AttemptWorkspace:
             WorkspaceError: The folders cannot be made.
         """
         workspace = cls.at(work_root, run_id, attempt)
-        folders = (workspace.logs_dir, workspace.coredumps_dir, workspace.snapshot_dir)
+        folders = [workspace.root / name for name in (LOGS, COREDUMPS, SNAPSHOT)]
         try:
             for folder in (*folders, workspace.checkpoint_dir):
                 folder.mkdir(parents=True, exist_ok=True)

@@ -144,12 +144,12 @@ def _report_file(ws: AttemptWorkspace, masker: masking.Masker) -> Callable[[Path
 
 
 def _collect_snapshots(c: BundleWriter, ws: AttemptWorkspace, why_absent: str, masker: masking.Masker) -> None:
-    found = set(put_folder(c, SNAPSHOT, ws.snapshot_dir, ws.root, ENTRYPOINT, _report_file(ws, masker)))
+    found = set(put_folder(c, SNAPSHOT, ws.root / SNAPSHOT, ws.root, ENTRYPOINT, _report_file(ws, masker)))
     for expected in EXPECTED_SNAPSHOTS:
         if expected not in found:
             c.absent(expected, ENTRYPOINT, f"not written: {why_absent}")
     for phase in (GPU_BEFORE, GPU_AFTER):
-        index = read_json_object(ws.snapshot_dir / phase / INDEX, ws.root) or {}
+        index = read_json_object(ws.root / SNAPSHOT / phase / INDEX, ws.root) or {}
         absent_list = [a for a in index.get("absent", []) if isinstance(a, dict)] \
             if isinstance(index.get("absent"), list) else []
         # no NVIDIA driver on the host: no GPU to take a snapshot of, so nothing is lost
@@ -169,26 +169,26 @@ def _collect_reports(
     write_failures: Sequence[str], masker: masking.Masker,
 ) -> None:
     """The entrypoint's crash report (from where the job wrote) and the runner's own (the attempt's)."""
-    if os.path.lexists(ws.crash_report_path):
+    if os.path.lexists(ws.root / CRASH_REPORT):
         report = _report_file(ws, masker)
         c.guarded(CRASH_REPORT, ENTRYPOINT,
-                  lambda: jobfiles.put(c, "", CRASH_REPORT, ENTRYPOINT, report(ws.crash_report_path)))
+                  lambda: jobfiles.put(c, "", CRASH_REPORT, ENTRYPOINT, report(ws.root / CRASH_REPORT)))
     else:
         c.absent(CRASH_REPORT, ENTRYPOINT, _no_crash_report_reason(runner, write_failures))
-    if os.path.lexists(own.runner_report_path):
-        runner_file = _report_file(own, masker)(own.runner_report_path)
+    if os.path.lexists(own.root / RUNNER_REPORT):
+        runner_file = _report_file(own, masker)(own.root / RUNNER_REPORT)
         c.guarded(RUNNER_REPORT, RUNNER, lambda: jobfiles.put(c, "", RUNNER_REPORT, RUNNER, runner_file))
     elif failed := _failure_of(RUNNER_REPORT, write_failures):
         c.absent(RUNNER_REPORT, RUNNER, failed)
     else:
-        why = f"no such file: {jobfiles.shown(own.runner_report_path)} (not run by the local runner, or it was killed)"
+        why = f"no such file: {jobfiles.shown(own.root / RUNNER_REPORT)} (not run by the local runner, or it was killed)"
         c.absent(RUNNER_REPORT, RUNNER, why)
 
 
 def _collect_coredumps(c: BundleWriter, ws: AttemptWorkspace, crash: dict[str, Any] | None,
                        masker: masking.Masker) -> None:
     limit = c.spent.budget.core_dump_bytes
-    cores = put_folder(c, COREDUMPS, ws.coredumps_dir, ws.root, ENTRYPOINT,
+    cores = put_folder(c, COREDUMPS, ws.root / COREDUMPS, ws.root, ENTRYPOINT,
                        lambda path: JobFile(path, ws.root, "core dump", limit))  # byte for byte, holes kept
     if cores or any(item.name.startswith(f"{COREDUMPS}/") for item in c.missing):
         return
@@ -217,15 +217,25 @@ def resumable_checkpoints(folder: Path, verify_seconds: float = VERIFY_SECONDS) 
 
 
 def _collect_checkpoints(c: BundleWriter, ws: AttemptWorkspace) -> None:
+    """The newest checkpoint (copied, within its budget), then ``checkpoints.json``: the listing takes the
+    digests of the files copied from the copy itself, so none of them is hashed twice."""
+    copied: dict[str, str] = {}
+    c.guarded("checkpoint", WORKSPACE, lambda: copied.update(_copy_newest_checkpoint(c, ws)))
+
     def listing() -> None:
-        payload = list_checkpoints(ws.checkpoint_dir)
+        payload = list_checkpoints(ws.checkpoint_dir, known=copied)
         c.put_bytes("checkpoints.json", (json.dumps(payload, indent=2) + "\n").encode("utf-8"), WORKSPACE)
 
     c.guarded("checkpoints.json", WORKSPACE, listing)
+
+
+def _copy_newest_checkpoint(c: BundleWriter, ws: AttemptWorkspace) -> dict[str, str]:
+    """Copy the newest checkpoint a run could resume from; the digest of each file copied, by its name in
+    the checkpoint folder."""
     newest = newest_checkpoints(ws.checkpoint_dir)
     if not newest:
         c.absent("checkpoint", WORKSPACE, f"no checkpoint in {jobfiles.shown(ws.checkpoint_dir)}")
-        return
+        return {}
     chosen, limit = newest[0], c.spent.budget.checkpoint_bytes
     name, original = jobfiles.evidence_name("checkpoint", chosen.name)
 
@@ -242,7 +252,9 @@ def _collect_checkpoints(c: BundleWriter, ws: AttemptWorkspace) -> None:
         put_folder(c, f"checkpoint/{chosen.name}", chosen, ws.checkpoint_dir, WORKSPACE,
                    lambda path: JobFile(path, ws.checkpoint_dir, "checkpoint", limit))
 
+    before = len(c.items)
     c.guarded(name, WORKSPACE, copy)
+    return {(item.original_name or item.name).removeprefix("checkpoint/"): item.sha256 for item in c.items[before:]}
 
 
 def not_evidence(name: str) -> bool:
@@ -320,8 +332,8 @@ def collect_workspace(c: BundleWriter, workspace: AttemptWorkspace, *, masker: m
     continues an earlier attempt's job); they are named as ``workspace``'s. Never raises.
     """
     ws = files or workspace
-    crash = read_json_object(ws.crash_report_path, ws.root)
-    runner = read_json_object(workspace.runner_report_path, workspace.root)
+    crash = read_json_object(ws.root / CRASH_REPORT, ws.root)
+    runner = read_json_object(workspace.root / RUNNER_REPORT, workspace.root)
     why_absent = (
         _no_crash_report_reason(runner, write_failures) if crash is None
         else "the entrypoint could not write it (see the crash report's problems)"

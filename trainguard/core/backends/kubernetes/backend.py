@@ -73,6 +73,9 @@ class KubernetesBackend:
         self.connect, self.settings = connect, settings
         self._api: KubeApi | None = None
         self._listings: dict[str, CheckpointListing] = {}  # the last listing of each run's checkpoints
+        self._config_map: str | None = None  # the entrypoint ConfigMap, once this instance made or found it
+        # what collection kept of the last attempt judged, read once for its signals, nodes and log
+        self._kept_read: tuple[tuple[str, int], kept.KeptAttempt] | None = None
 
     @property
     def api(self) -> KubeApi:
@@ -84,16 +87,16 @@ class KubernetesBackend:
     def namespace(self) -> str:
         return self.settings.job.namespace
 
-    def local_dir(self, run_id: str, attempt: int) -> Path:
+    def kept_dir(self, run_id: str, attempt: int) -> Path:
         """Where this machine keeps the attempt's triage facts and log, made private (`localdir`).
 
         Raises:
             localdir.UnsafeFolder: The root may not be used; the message says why and how to fix it.
         """
         root = localdir.private_root(self.settings.local_root)
-        folder = root / attempt_prefix(run_id, attempt)
-        localdir.make_dirs(folder, root)
-        return folder
+        kept_dir = root / attempt_prefix(run_id, attempt)
+        localdir.make_dirs(kept_dir, root)
+        return kept_dir
 
     def provision(self, run_id: str, attempt: int) -> AttemptRef:
         """Make sure the entrypoint ConfigMap exists; the Job itself is created by `run`."""
@@ -238,17 +241,18 @@ class KubernetesBackend:
         extra: Mapping[str, bytes] | None = None,
     ) -> CollectedEvidence:
         extra = dict(extra or {})
+        self._kept_read = None  # what is kept is about to be written again
         if outcome is not None:
             shown = masking.mask_tree(outcome.to_dict())
             extra.setdefault("kubernetes/outcome.json", json.dumps(shown, indent=2).encode())
-        log_dir, problem = None, None
+        kept_dir, problem = None, None
         try:
-            log_dir = self.local_dir(ref.run_id, ref.attempt)
+            kept_dir = self.kept_dir(ref.run_id, ref.attempt)
         except OSError as exc:  # the store still gets everything; triage reads what the supervisor saw
             problem = f"not kept on this machine: {exc}"
         manifest = evidence.collect_kubernetes_evidence(
             self.api, self.namespace, ref.name, ref.run_id, ref.attempt, store, extra=extra,
-            log_dir=log_dir, pod=outcome.instance if outcome else None, local_problem=problem,
+            kept_dir=kept_dir, pod=outcome.instance if outcome else None, local_problem=problem,
             copy_budget_bytes=self.settings.evidence_copy_budget_bytes, kind=self.kind_of_job)
         return CollectedEvidence(manifest, store.describe(attempt_prefix(ref.run_id, ref.attempt)))
 
@@ -265,12 +269,19 @@ class KubernetesBackend:
 
     def _kept(self, ref: AttemptRef) -> kept.KeptAttempt:
         """What collection kept on this machine (`nodes.keep_nodes`, the triage facts); nothing when the folder
-        may not be trusted: what the supervisor saw still classifies, the attempt judged as one."""
-        try:
-            folder: Path | None = self.local_dir(ref.run_id, ref.attempt)
-        except OSError:
-            folder = None
-        return kept.read(folder, ref.run_id, ref.attempt)
+        may not be trusted: what the supervisor saw still classifies, the attempt judged as one.
+
+        Read once per attempt after its collection: judging its nodes, then the attempt as one when no
+        pod failed, then its log for the progress chart, all read the same facts.
+        """
+        key = (ref.run_id, ref.attempt)
+        if self._kept_read is None or self._kept_read[0] != key:
+            try:
+                kept_dir: Path | None = self.kept_dir(ref.run_id, ref.attempt)
+            except OSError:
+                kept_dir = None
+            self._kept_read = (key, kept.read(kept_dir, ref.run_id, ref.attempt))
+        return self._kept_read[1]
 
     def placeable_nodes(self) -> list[str]:
         """Nodes the Job's pods could land on: those matching the block's node selector, not cordoned."""
@@ -310,13 +321,16 @@ class KubernetesBackend:
 
     def _entrypoint_config_map(self) -> str:
         """The entrypoint ConfigMap's name, made if it is not there yet (named by its digest, so one there holds
-        the same bytes): the Job and the checkpoint lister run from it."""
-        body = zipapp.config_map(self.namespace)
-        try:
-            self.api.create_config_map(self.namespace, body)
-        except Conflict:
-            pass
-        return str(body["metadata"]["name"])
+        the same bytes): the Job and the checkpoint lister run from it. Asked for once per instance (an
+        attempt's provisioning, then its listing): not again before each listing."""
+        if self._config_map is None:
+            body = zipapp.config_map(self.namespace)
+            try:
+                self.api.create_config_map(self.namespace, body)
+            except Conflict:
+                pass
+            self._config_map = str(body["metadata"]["name"])
+        return self._config_map
 
     def release(self, ref: AttemptRef) -> str | None:
         """Delete a succeeded Job now; keep a failed one for `failed_job_ttl_seconds` (its TTL); then wait

@@ -197,15 +197,15 @@ def _collect_service(c: ClusterWriter, s: Scene) -> None:
     c.put_json("kubernetes/service.json", s.service, KUBERNETES)
 
 
-def _map_nodes(c: ClusterWriter, s: Scene, log_dir: Path | None) -> None:
-    """``attempt.json`` (each node rank's pod, node, end and evidence) and, with ``log_dir``, each
+def _map_nodes(c: ClusterWriter, s: Scene, kept_dir: Path | None) -> None:
+    """``attempt.json`` (each node rank's pod, node, end and evidence) and, with ``kept_dir``, each
     node's files kept there for triage."""
     mapped = nodes.map_attempt(c, s)
-    if log_dir is not None:
+    if kept_dir is not None:
         try:
-            nodes.keep_nodes(c, s, mapped, log_dir)
+            nodes.keep_nodes(c, s, mapped, kept_dir)
         except OSError as exc:
-            c.absent(f"{log_dir}/{KEPT_NODE_MAP}", KUBERNETES, f"could not keep the nodes' files locally: {exc}")
+            c.absent(f"{kept_dir}/{KEPT_NODE_MAP}", KUBERNETES, f"could not keep the nodes' files locally: {exc}")
 
 
 def _collect_termination_message(c: ClusterWriter, s: Scene, facts: ClusterFacts) -> None:
@@ -229,18 +229,18 @@ def _put_extra(c: ClusterWriter, name: str, data: object) -> None:
     c.put_bytes(name, bytes(data), FLOW)
 
 
-def _keep_for_triage(c: ClusterWriter, s: Scene, facts: ClusterFacts, log_dir: Path | None) -> ClusterFacts:
-    """Store the triage facts; with ``log_dir``, also keep them and the attempt's log there."""
-    if log_dir is not None:
+def _keep_for_triage(c: ClusterWriter, s: Scene, facts: ClusterFacts, kept_dir: Path | None) -> ClusterFacts:
+    """Store the triage facts; with ``kept_dir``, also keep them and the attempt's log there."""
+    if kept_dir is not None:
         try:
-            localdir.ensure_private(log_dir)
+            localdir.ensure_private(kept_dir)
             if facts.log_path:
-                log = log_dir / KEPT_LOG
+                log = kept_dir / KEPT_LOG
                 localdir.copy_private(facts.log_path, log)
                 facts = facts.with_log(str(log))
-            localdir.write_private(log_dir / TRIAGE_FACTS, json_bytes(masking.mask_tree(facts.to_dict(), c.masker)))
+            localdir.write_private(kept_dir / TRIAGE_FACTS, json_bytes(masking.mask_tree(facts.to_dict(), c.masker)))
         except OSError as exc:
-            c.absent(f"{log_dir}/{TRIAGE_FACTS}", KUBERNETES, f"could not keep the triage facts locally: {exc}")
+            c.absent(f"{kept_dir}/{TRIAGE_FACTS}", KUBERNETES, f"could not keep the triage facts locally: {exc}")
             facts = facts.with_log(None)
     c.put_json(TRIAGE_NAME, {**facts.to_dict(), "log_path": None}, KUBERNETES)
     return facts
@@ -248,7 +248,7 @@ def _keep_for_triage(c: ClusterWriter, s: Scene, facts: ClusterFacts, log_dir: P
 
 def collect_kubernetes_evidence(
     api: KubeApi, namespace: str, job_name: str, run_id: str, attempt: int, store: EvidenceStore, *,
-    extra: Mapping[str, bytes] | None = None, log_dir: Path | None = None,
+    extra: Mapping[str, bytes] | None = None, kept_dir: Path | None = None,
     copy_budget_bytes: int = collector.DEFAULT_BUDGET_BYTES, collector_timeout_seconds: float = 120.0,
     now: Callable[[], datetime] = _utc_now, pod: str | None = None, kind: str = "Job",
     local_problem: str | None = None,
@@ -266,7 +266,7 @@ def collect_kubernetes_evidence(
         attempt: The attempt number.
         store: Where the evidence goes, under ``runs/{run_id}/attempt-{n}/``.
         extra: More items by name (e.g. the flow's ``classification.json``).
-        log_dir: A local folder to keep the triage facts and the attempt's log in, for triage
+        kept_dir: A local folder to keep the triage facts and the attempt's log in, for triage
             (``kept`` reads them); nothing is kept locally when None.
         copy_budget_bytes: At most this many bytes of the volume's files are copied; larger files
             are listed as missing with where they stay.
@@ -276,7 +276,7 @@ def collect_kubernetes_evidence(
         pod: The pod the attempt ended on, as its supervisor saw it: it supplies the triage facts,
             the termination message and the node, even when a newer pod replaced it (after a
             disruption the Job ignored). The newest pod when None or gone.
-        local_problem: Why nothing can be kept locally (``log_dir`` is None then), for the manifest.
+        local_problem: Why nothing can be kept locally (``kept_dir`` is None then), for the manifest.
     """
     c = ClusterWriter(api, store, attempt_prefix(run_id, attempt), now)
     with tempfile.TemporaryDirectory(prefix="trainguard-kube-evidence-") as tmp:
@@ -296,11 +296,11 @@ def collect_kubernetes_evidence(
             c.guarded("kubernetes/service.json", KUBERNETES, lambda: _collect_service(c, s))
         facts = facts_of(s)
         c.guarded("termination-message.txt", KUBERNETES, lambda: _collect_termination_message(c, s, facts))
-        c.guarded(TRIAGE_NAME, KUBERNETES, lambda: _keep_for_triage(c, s, facts, log_dir))
+        c.guarded(TRIAGE_NAME, KUBERNETES, lambda: _keep_for_triage(c, s, facts, kept_dir))
         if local_problem:
             c.absent(f"{TRIAGE_FACTS} (kept on this machine)", KUBERNETES, local_problem)
         if several:
-            c.guarded(KEPT_NODE_MAP, KUBERNETES, lambda: _map_nodes(c, s, log_dir))
+            c.guarded(KEPT_NODE_MAP, KUBERNETES, lambda: _map_nodes(c, s, kept_dir))
         for name, data in (extra or {}).items():
             c.guarded(str(name), FLOW, partial(_put_extra, c, str(name), data))
     manifest = Manifest(run_id, attempt, now().isoformat(), tuple(c.items), tuple(c.missing))

@@ -38,26 +38,26 @@ UNSCHEDULABLE = "Unschedulable"
 _JOB_VERDICTS = frozenset({"BackoffLimitExceeded", "PodFailurePolicy", "Error", "Failed"})
 
 
-def read_facts(folder: Path) -> ClusterFacts | None:
-    """The triage facts kept in ``folder``, their log only where it is the folder's own `KEPT_LOG`;
+def read_facts(kept_dir: Path) -> ClusterFacts | None:
+    """The triage facts kept in ``kept_dir``, their log only where it is the folder's own `KEPT_LOG`;
     None when none were kept (or they are no JSON object)."""
-    kept = read_json_object(folder / TRIAGE_FACTS)
+    kept = read_json_object(kept_dir / TRIAGE_FACTS)
     if kept is None:
         return None
     facts = ClusterFacts.from_dict(kept)
-    return facts if facts.log_path in (None, str(folder / KEPT_LOG)) else facts.with_log(None)
+    return facts if facts.log_path in (None, str(kept_dir / KEPT_LOG)) else facts.with_log(None)
 
 
-def read(folder: Path | None, run_id: str, attempt: int) -> KeptAttempt:
-    """What is kept in ``folder`` for the attempt; nothing when None (the folder may not be trusted)."""
-    return KeptAttempt(folder, run_id, attempt, read_facts(folder) if folder is not None else None)
+def read(kept_dir: Path | None, run_id: str, attempt: int) -> KeptAttempt:
+    """What is kept in ``kept_dir`` for the attempt; nothing when None (the folder may not be trusted)."""
+    return KeptAttempt(kept_dir, run_id, attempt, read_facts(kept_dir) if kept_dir is not None else None)
 
 
 @dataclass(frozen=True)
 class KeptAttempt:
     """One attempt's kept facts (`facts`, read once), and where each node rank's are (for several pods)."""
 
-    folder: Path | None
+    kept_dir: Path | None
     run_id: str
     attempt: int
     facts: ClusterFacts | None
@@ -82,20 +82,20 @@ class KeptAttempt:
         never bound to a node when the attempt ended unschedulable carries that reason too: where no
         scheduler decided on it, nothing the cluster kept says so.
         """
-        if self.folder is None:
+        if self.kept_dir is None:
             return []
-        mapped = read_json_object(self.folder / KEPT_NODE_MAP) or {}
+        mapped = read_json_object(self.kept_dir / KEPT_NODE_MAP) or {}
         entries = [e for e in as_list(mapped.get("indexes")) if isinstance(e, dict) and as_int(e.get("index")) is not None]
         if len(entries) < 2:
             return []
         ended = next((e["index"] for e in entries if outcome.instance and e.get("pod") == outcome.instance), 0)
         budget = rankstacks.StackBudget()
-        return [self._node(self.folder, entry, outcome, entry["index"] == ended, budget) for entry in entries]
+        return [self._node(self.kept_dir, entry, outcome, entry["index"] == ended, budget) for entry in entries]
 
-    def _node(self, kept: Path, entry: Mapping[str, Any], outcome: AttemptOutcome, ended: bool,
+    def _node(self, kept_dir: Path, entry: Mapping[str, Any], outcome: AttemptOutcome, ended: bool,
               budget: rankstacks.StackBudget) -> NodeEvidence:
         index, pod, node = int(entry["index"]), as_text(entry.get("pod")), as_text(entry.get("node"))
-        folder = kept / KEPT_VOLUME / node_prefix(index)
+        folder = kept_dir / KEPT_VOLUME / node_prefix(index)
         reason, exit_code = as_text(entry.get("reason")), as_int(entry.get("exit_code"))
         if ended:  # the outcome's exit code is its own pod's: node 0 stands in for that pod with its reason alone
             told, code = _ending(outcome, reason, exit_code)
@@ -103,7 +103,7 @@ class KeptAttempt:
         if outcome.reason == UNSCHEDULABLE and node is None and not reason:
             reason = UNSCHEDULABLE
         own = folder / workspace.LOGS / workspace.log_name(self.run_id, self.attempt)
-        pod_log = kept / KEPT_PODS / f"{pod}.log"
+        pod_log = kept_dir / KEPT_PODS / f"{pod}.log"
         events = self.facts.events if self.facts else ()
         signals = Signals(
             exit_code=exit_code, reason=reason, conditions=as_wires(entry.get("conditions")),

@@ -104,21 +104,21 @@ def _service(s: Scene) -> str | None:
     return str(name) if name else None
 
 
-def keep_nodes(c: ClusterWriter, s: Scene, mapped: Mapping[str, Any], log_dir: Path) -> None:
+def keep_nodes(c: ClusterWriter, s: Scene, mapped: Mapping[str, Any], kept_dir: Path) -> None:
     """Keep what triage reads of every node on this machine: the map, each node's files, each pod's log."""
-    localdir.ensure_private(log_dir)
-    shutil.rmtree(log_dir / KEPT_VOLUME, ignore_errors=True)
+    localdir.ensure_private(kept_dir)
+    shutil.rmtree(kept_dir / KEPT_VOLUME, ignore_errors=True)
     for name, spool in s.node_files.items():
-        target = log_dir / KEPT_VOLUME / name
-        localdir.make_dirs(target.parent, log_dir)
+        target = kept_dir / KEPT_VOLUME / name
+        localdir.make_dirs(target.parent, kept_dir)
         localdir.copy_private(spool, target)
-    localdir.make_dirs(log_dir / KEPT_PODS, log_dir)
+    localdir.make_dirs(kept_dir / KEPT_PODS, kept_dir)
     for (pod, container, previous), spool in s.logs.items():
         if not previous and container == _container_of(s, pod):
-            localdir.copy_private(spool, log_dir / KEPT_PODS / f"{pod}.log")
+            localdir.copy_private(spool, kept_dir / KEPT_PODS / f"{pod}.log")
     # the termination messages in it can be a log's tail, secrets and all: masked as the store's copy is
     masked = masking.mask_tree(dict(mapped), c.masker)
-    localdir.write_private(log_dir / KEPT_NODE_MAP, json.dumps(masked, indent=2, sort_keys=True).encode("utf-8"))
+    localdir.write_private(kept_dir / KEPT_NODE_MAP, json.dumps(masked, indent=2, sort_keys=True).encode("utf-8"))
 
 
 def _container_of(s: Scene, pod_name: str) -> str | None:

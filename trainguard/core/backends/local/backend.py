@@ -30,7 +30,7 @@ from trainguard.core.evidence.manifest import attempt_prefix
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import LogSource, Signals
 from trainguard.core.backends import rankstacks, torchrun, workspace
-from trainguard.core.backends.workspace import AttemptWorkspace, run_checkpoint_dir
+from trainguard.core.backends.workspace import PROCESS_RECORD, AttemptWorkspace, run_checkpoint_dir
 
 KIND = "local"
 
@@ -113,12 +113,12 @@ class LocalBackend:
 
     def stop_orphan(self, ref: AttemptRef) -> str | None:
         """Stop the entrypoint (and its process group) a killed flow process left running."""
-        result = orphans.stop_leftover(self.workspace(ref).process_path, self.capture.stop_grace(self.grace_seconds))
+        result = orphans.stop_leftover(self.workspace(ref).root / PROCESS_RECORD, self.capture.stop_grace(self.grace_seconds))
         return result.message if result.stopped else None
 
     def dump_stacks(self, run_id: str, attempt: int) -> str:
         """SIGQUIT to the running attempt's entrypoint (found and checked from its `process.json`)."""
-        return orphans.ask_for_stacks(AttemptWorkspace.at(self.work_root, run_id, attempt).process_path)
+        return orphans.ask_for_stacks(AttemptWorkspace.at(self.work_root, run_id, attempt).root / PROCESS_RECORD)
 
     def runs(self) -> dict[str, float]:
         return {run_id: workspace.last_change(self.work_root, run_id) for run_id in workspace.runs_in(self.work_root)}
@@ -128,7 +128,7 @@ class LocalBackend:
 
     def supervisor_pid(self, run_id: str, attempt: int) -> int | None:
         """The flow process that runs the attempt, from its `process.json`, if it still lives here."""
-        return processes.live_supervisor(orphans.read_record(AttemptWorkspace.at(self.work_root, run_id, attempt).process_path))
+        return processes.live_supervisor(orphans.read_record(AttemptWorkspace.at(self.work_root, run_id, attempt).root / PROCESS_RECORD))
 
     def attempt_folder(self, run_id: str, attempt: int) -> Path:
         return AttemptWorkspace.at(self.work_root, run_id, attempt).root

@@ -35,7 +35,7 @@ from trainguard_entrypoint.redact import redact_argv
 
 from trainguard.core import masking
 from trainguard.core.backends import processes
-from trainguard.core.backends.workspace import AttemptWorkspace
+from trainguard.core.backends.workspace import CRASH_REPORT, PROCESS_RECORD, RUNNER_REPORT, AttemptWorkspace
 
 COMPLETED = "Completed"
 ERROR = "Error"
@@ -369,14 +369,14 @@ def _write_process_record(workspace: AttemptWorkspace, pid: int, started_at: dat
                "start_ticks": processes.process_start_ticks(pid), **processes.supervisor_record(),
                "started_at": started_at.isoformat()}
     try:
-        write_json_atomic(workspace.process_path, payload)
+        write_json_atomic(workspace.root / PROCESS_RECORD, payload)
     except OSError:
         pass  # without it a dead supervisor's command is only stopped by the entrypoint's own watch
 
 
 def _crash_report(workspace: AttemptWorkspace, entrypoint_pid: int) -> dict[str, Any] | None:
     """The entrypoint's crash report, if this very entrypoint process wrote it."""
-    payload = read_json_object(workspace.crash_report_path)
+    payload = read_json_object(workspace.root / CRASH_REPORT)
     if payload is None or payload.get("entrypoint_pid") != entrypoint_pid:
         return None  # absent, or left over from an earlier launch into the same folder
     return payload
@@ -402,7 +402,7 @@ def _write_runner_report(
         "log_path": str(outcome.log_path),
     }
     try:
-        write_json_atomic(workspace.runner_report_path, payload)
+        write_json_atomic(workspace.root / RUNNER_REPORT, payload)
     except OSError as exc:  # the outcome is still returned; the manifest lists runner.json as missing
         return f"runner.json could not be written: {exc}"
     return None

@@ -24,7 +24,7 @@ from trainguard.core import ids
 from trainguard.core.backends import processes, workspace
 from trainguard.core.backends.slurm import job
 from trainguard.core.backends.slurm.client import SlurmClient
-from trainguard.core.backends.workspace import AttemptWorkspace
+from trainguard.core.backends.workspace import RUNNER_REPORT, AttemptWorkspace
 
 JOB_RECORD = workspace.SLURM_JOB_RECORD  # kept under this name for the job record's readers
 
@@ -171,6 +171,6 @@ def write_runner_report(ws: AttemptWorkspace, job_id: str | None, exit_code: int
                "entrypoint_pid": None, "finished_at": datetime.now(UTC).isoformat(),
                "log_path": str(ws.log_path)}
     try:
-        write_json_atomic(ws.runner_report_path, payload)
+        write_json_atomic(ws.root / RUNNER_REPORT, payload)
     except OSError:
         pass  # shows up as missing evidence; the outcome is still returned

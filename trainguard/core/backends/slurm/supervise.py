@@ -30,7 +30,7 @@ from trainguard.core.backends.slurm import evidence as slurm_evidence
 from trainguard.core.backends.slurm.client import TERMINAL_STATES, JobInfo, SlurmClient, SlurmError, SlurmUnavailable, iso_time
 from trainguard.core.backends.slurm.tail import LogTail, last_bytes
 from trainguard.core.backends.waits import WaitNotice
-from trainguard.core.backends.workspace import AttemptWorkspace
+from trainguard.core.backends.workspace import CRASH_REPORT, AttemptWorkspace
 
 
 class ControllerLost(Exception):
@@ -144,7 +144,7 @@ class Supervisor:
         event = {"type": "Warning", "reason": job.UNREACHABLE, "message": message,
                  "involvedObject": {"kind": "SlurmJob", "name": job_id or job.job_name(ws.run_id, ws.attempt)}}
         jw = continuation.job_workspace(ws)  # the job may have ended and reported before the controller went
-        crash = read_json_object(jw.crash_report_path, jw.root)
+        crash = read_json_object(jw.root / CRASH_REPORT, jw.root)
         exit_code, sig = job.exit_status(crash, None)
         return AttemptOutcome(exit_code=exit_code, signal=sig, reason=job.UNREACHABLE, message=message,
                               started_at=started.isoformat(), finished_at=datetime.now(UTC).isoformat(),
@@ -154,7 +154,7 @@ class Supervisor:
         """How the job ended, from Slurm's last word, the crash report and the job's stderr."""
         info = self.final_info(ws, job_id)
         jw = continuation.job_workspace(ws)
-        crash = read_json_object(jw.crash_report_path, jw.root)
+        crash = read_json_object(jw.root / CRASH_REPORT, jw.root)
         exit_code, sig = job.exit_status(crash, info)
         state = info.state if info is not None else "UNKNOWN"
         signalled = os.path.lexists(jw.root / workspace.SLURM_SIGNAL_MARKER)
