@@ -4,7 +4,8 @@ One `Guard` per training process. It keeps the number of optimizer steps complet
 only once the loop body that ran ``optimizer.step()`` has returned), and at step boundaries:
 
 - saves a periodic checkpoint every ``every`` steps (the saving rank only: with DDP every rank holds
-  the whole state, so rank 0 saves);
+  the whole state, so rank 0 saves; sharded FSDP2 state is saved by the first replica's ranks, a
+  shard each, see `trainguard_train.shards`);
 - on a notice (SIGTERM or SIGINT, with the deadline of ``TRAINGUARD_NOTICE_FILE`` or now plus
   ``TRAINGUARD_NOTICE_GRACE_SECONDS``) all ranks agree on one step through a one-element
   ``all_reduce(MAX)`` of a flag, so no rank saves a step the others did not finish; the checkpoint is
@@ -13,6 +14,10 @@ only once the loop body that ran ``optimizer.step()`` has returned), and at step
   a ``DistError``), one survivor saves the state after the last completed step: the first to claim
   ``.trainguard-acks/just-in-time-<attempt>.claim`` with ``O_EXCL`` (lower ranks claim first), the
   others stand down, and the failure goes on up unchanged so the attempt still fails as it did.
+  With HSDP each survivor writes its shard into its replica's dot-folder, and the survivor that
+  completes a replica claims the save and puts the folder in place; fully sharded state (no
+  replica) gets no just-in-time checkpoint, and why is recorded in
+  ``.trainguard-acks/no-just-in-time-<attempt>.json``.
 
 A save is written under a dot-name, fsynced, checked against the deadline and renamed into place;
 only then is its acknowledgement written. A save that is killed or too late leaves only the
@@ -140,7 +145,8 @@ class Guard:
         load: ``load(path) -> step`` restores a checkpoint. Default: the counterpart of the default save.
         every: Steps between periodic checkpoints (None: none; notices and failures still save).
         checkpoint_dir: Default ``TRAINGUARD_CHECKPOINT_DIR`` (else ``checkpoints``).
-        name: The checkpoint's name for a step, default ``step-{step:06d}.pt``.
+        name: The checkpoint's name for a step, default ``step-{step:06d}.pt`` (``step-{step:06d}``, a
+            folder of shards, for FSDP2 state saved by the default save).
         agree_every: Steps between agreements on a notice; None measures the collective in the first
             steps and agrees as often as keeps its cost under 0.5 % of a step (at least once a second).
         saving_rank: The rank that saves periodic and notice checkpoints (0).
