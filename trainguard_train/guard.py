@@ -593,7 +593,8 @@ class Guard:
 
     def _refuse_unless_claimed(self, step: int, where: shards.Layout, name: str, claim: Path) -> None:
         """Record why there is no just-in-time checkpoint as this survivor sees it, unless a replica is being
-        saved; checked again after the write, so a record never stands beside the checkpoint it denies."""
+        saved; removed again when one was saved meanwhile, so a record never stands beside the checkpoint
+        it denies (the saver removes it too, once its acknowledgement is written)."""
         if claim.exists():
             return
         attempt = self.attempt or "attempt"
@@ -606,8 +607,8 @@ class Guard:
                         f"{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))}" if lost else
                         f"replica {index} is whole")
         self._refuse(step, f"no replica of every shard survived ({where.describe()}): {'; '.join(seen)}")
-        if claim.exists():
-            self._refusal_path().unlink(missing_ok=True)
+        if acks.read_ack(self.checkpoint_dir, name) is not None:  # saved meanwhile (a claimed save that fails
+            self._refusal_path().unlink(missing_ok=True)          # records its own reason)
 
     def _refusal_path(self) -> Path:
         return acks.acks_folder(self.checkpoint_dir) / f"no-just-in-time-{self.attempt or 'attempt'}.json"

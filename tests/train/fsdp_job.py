@@ -5,7 +5,8 @@
 ``world``, ``mesh`` ([replicas, shards] for HSDP, [shards] for fully sharded), ``steps``,
 ``checkpoint_dir``, optional ``resume`` (a checkpoint), ``die`` ({"rank", "at_step"}: that rank is
 SIGKILLed at the start of that step, the steps before it completed), ``die_in_save`` (a rank
-SIGKILLed halfway through writing its shard), ``grace`` (seconds). Each rank records its local state
+SIGKILLed halfway through writing its shard), ``notice`` ({"rank", "at_step"}: that rank sends
+itself SIGTERM in that step), ``every`` (periodic checkpoints), ``grace`` (seconds). Each rank records its local state
 (model and optimizer shards) as ``<what>-<rank>.pt``: ``before`` the death, ``resumed`` just after a
 resume, ``final`` at the end; the launcher writes the ranks' exit codes to ``exits.json`` in ``out``.
 
@@ -67,7 +68,7 @@ def rank_main(rank: int, config: dict[str, Any]) -> None:
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     replica = mesh.get_coordinate()[0] if len(config["mesh"]) == 2 else 0  # type: ignore[index]
-    die = config.get("die") or {}
+    die, notice = config.get("die") or {}, config.get("notice") or {}
     with tg.Guard(model, optimizer, every=config.get("every")) as guard:
         first = guard.resume()
         if config.get("resume"):
@@ -79,6 +80,8 @@ def rank_main(rank: int, config: dict[str, Any]) -> None:
                     _die_halfway_through_the_next_save()
                 if rank == die.get("rank"):
                     os.kill(os.getpid(), signal.SIGKILL)
+            if step == notice.get("at_step") and rank == notice.get("rank"):
+                os.kill(os.getpid(), signal.SIGTERM)
             torch.manual_seed(1000 * step + replica)
             loss = model(torch.randn(4, 8)).pow(2).sum()
             loss.backward()

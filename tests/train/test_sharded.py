@@ -116,3 +116,28 @@ def test_a_survivor_killed_while_it_writes_its_shard_leaves_nothing_that_looks_w
     assert left.is_dir() and not (left / shards.MANIFEST).exists()
     with pytest.raises(ValueError, match="not a whole sharded checkpoint"):
         shards.load_shard(left, torch.nn.Linear(1, 1), None, shards.Layout((2, 2), ((0, 1), (2, 3))), 0)
+
+
+def test_hsdp_a_survivors_save_slower_than_the_grace_is_discarded_and_says_so(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"  # a grace of 0 s: the survivor that completes a replica is always past it
+    run_jobs(tmp_path, {"out": str(tmp_path / "first"), "world": 4, "mesh": [2, 2], "steps": 8, "attempt": 1,
+                        "die": {"rank": 3, "at_step": 5}, "grace": 0})
+
+    assert exits(tmp_path / "first")[3] == -9
+    assert visible(ck) == [] and acks.read_ack(ck, "step-000005") is None
+    assert not list(ck.glob(".step-000005.jit-1-replica0.tmp"))  # the whole replica's folder, removed
+    record = json.loads((ck / ".trainguard-acks" / "no-just-in-time-1.json").read_text())
+    assert record["step"] == 5 and "after the deadline" in record["reason"]
+
+
+def test_hsdp_a_notice_saves_the_agreed_step_shard_by_shard_and_every_rank_stops(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    run_jobs(tmp_path, {"out": str(tmp_path / "first"), "world": 4, "mesh": [2, 2], "steps": 8, "attempt": 1,
+                        "notice": {"rank": 2, "at_step": 3}})
+
+    assert exits(tmp_path / "first") == [143, 143, 143, 143]
+    ack = acks.read_ack(ck, "step-000004")  # step 3 (the fourth) completes, then all stop
+    assert ack is not None and (ack.kind, ack.step) == ("notice", 4) and acks.verify(ck, ack) is None
+    assert ack.notice is not None and ack.notice["reason"] == "terminated"
+    assert visible(ck) == ["step-000004"] and not [p.name for p in ck.iterdir() if p.name.endswith(".tmp")]
+    assert json.loads((ck / "step-000004" / "manifest.json").read_text())["saved_by_ranks"] == [0, 1]
