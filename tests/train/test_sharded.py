@@ -85,6 +85,10 @@ def test_hsdp_a_whole_replica_survives_a_rank_killed_and_the_retry_resumes_every
     assert periodic is not None and periodic.kind == "periodic" and acks.verify(ck, periodic) is None
     assert visible(ck) == ["step-000005", "step-000008"]
 
+    shard = ck / "step-000005" / "shard-00001-of-00002.pt"  # a shard changed after its save: not taken as good
+    shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
+    assert "step-000005/shard-00001-of-00002.pt" in (acks.verify(ck, ack) or "")
+
     where = shards.Layout((4,), ((0, 1, 2, 3),))
     with pytest.raises(ValueError, match=r"saved on a mesh of shape \(2, 2\), this run's is \(4,\)"):
         shards.load_shard(ck / "step-000005", torch.nn.Linear(1, 1), None, where, 0)
