@@ -599,13 +599,15 @@ class Guard:
             return
         attempt = self.attempt or "attempt"
         seen = []
-        for index in range(len(where.replicas)):
+        for index in range(min(len(where.replicas), 8)):
             folder = self.checkpoint_dir / f".{name}.jit-{attempt}-replica{index}.tmp"
             missing = shards.missing_shards(folder, where.shards)
             lost = [where.replicas[index][k] for k in missing]
             seen.append(f"replica {index} lacks the shard{'s' if len(lost) > 1 else ''} of rank"
                         f"{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))}" if lost else
                         f"replica {index} is whole")
+        if len(where.replicas) > len(seen):
+            seen.append(f"{len(where.replicas) - len(seen)} more replicas not looked at")
         self._refuse(step, f"no replica of every shard survived ({where.describe()}): {'; '.join(seen)}")
         if acks.read_ack(self.checkpoint_dir, name) is not None:  # saved meanwhile (a claimed save that fails
             self._refusal_path().unlink(missing_ok=True)          # records its own reason)

@@ -1,4 +1,4 @@
-"""Sharded state (FSDP2's DTensor parameters) saved shard by shard, and what survivors of a failure agree on.
+"""Sharded state (FSDP2's DTensor parameters) saved shard by shard, and loaded back into each rank's shard.
 
 A model sharded with ``torch.distributed.fsdp.fully_shard`` holds DTensor parameters on a device mesh:
 a 1-D mesh shards every parameter over all ranks (no replica), a 2-D mesh ``("replicate", "shard")``
@@ -6,10 +6,10 @@ is HSDP: each row of the mesh is one replica of the whole state, its ranks holdi
 
 A sharded checkpoint is a folder: ``shard-<k>-of-<n>.pt`` for every shard ``k`` (the shard's model
 and optimizer tensors, local to the rank that wrote it) and ``manifest.json`` (step, mesh shape,
-shard files), written last. One replica's ranks write their shards into a dot-named folder; the
-lowest of them waits until every shard file is there (each written under a dot-name, fsynced and
-renamed), writes the manifest and renames the folder into place. A folder without its manifest or
-a shard is never loaded.
+shard files), written last. One replica's ranks write their shards into a dot-named folder (each
+shard under a dot-name of its own, fsynced and renamed); once every shard file is there, one rank
+(`trainguard_train.guard` says which) writes the manifest and renames the folder into place. A
+folder without its manifest or a shard is never loaded.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from trainguard_entrypoint.files import read_json_object, write_json_atomic
 MANIFEST = "manifest.json"
 SHARD_FORMAT = 1
 _POLL_SECONDS = 0.02
+_SHOWN = 8  # replicas named in a reason; the rest counted
 _SAY_EVERY_SECONDS = 2.0
 
 
@@ -56,7 +57,9 @@ class Layout:
     def describe(self) -> str:
         if self.fully_sharded:
             return f"fully sharded (FSDP) over {self.shards} ranks, no replica"
-        return f"HSDP, {len(self.replicas)} replicas of {self.shards} shards ({[list(r) for r in self.replicas]})"
+        shown = ", ".join(str(list(r)) for r in self.replicas[:_SHOWN])
+        more = f" and {len(self.replicas) - _SHOWN} more" if len(self.replicas) > _SHOWN else ""
+        return f"HSDP, {len(self.replicas)} replicas of {self.shards} shards: {shown}{more}"
 
 
 def _dtensor_type() -> type | None:
