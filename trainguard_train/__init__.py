@@ -9,6 +9,8 @@ path on every backend). A plain DDP loop::
         for step in guard.steps(guard.resume(), total_steps):
             ...  # forward, backward, optimizer.step()
 
+An FSDP2 or HSDP model (``fully_shard``) is passed the same way: the default save writes a folder of
+shards (`trainguard_train.shards`), and with HSDP the survivors of a dead rank save a whole replica.
 A loop that owns its checkpoint code passes ``save=lambda step, path: ...`` (and ``load=``) and, if it
 does not iterate `Guard.steps`, calls ``guard.step_done(steps_completed)`` after each optimizer step.
 Lightning: ``trainer = pl.Trainer(callbacks=[trainguard_train.lightning.GuardCallback(every_n_steps=10)])``.

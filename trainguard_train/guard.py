@@ -4,7 +4,8 @@ One `Guard` per training process. It keeps the number of optimizer steps complet
 only once the loop body that ran ``optimizer.step()`` has returned), and at step boundaries:
 
 - saves a periodic checkpoint every ``every`` steps (the saving rank only: with DDP every rank holds
-  the whole state, so rank 0 saves);
+  the whole state, so rank 0 saves; sharded FSDP2 state is saved by the first replica's ranks, a
+  shard each, see `trainguard_train.shards`);
 - on a notice (SIGTERM or SIGINT, with the deadline of ``TRAINGUARD_NOTICE_FILE`` or now plus
   ``TRAINGUARD_NOTICE_GRACE_SECONDS``) all ranks agree on one step through a one-element
   ``all_reduce(MAX)`` of a flag, so no rank saves a step the others did not finish; the checkpoint is
@@ -13,6 +14,10 @@ only once the loop body that ran ``optimizer.step()`` has returned), and at step
   a ``DistError``), one survivor saves the state after the last completed step: the first to claim
   ``.trainguard-acks/just-in-time-<attempt>.claim`` with ``O_EXCL`` (lower ranks claim first), the
   others stand down, and the failure goes on up unchanged so the attempt still fails as it did.
+  With HSDP each survivor writes its shard into its replica's dot-folder, and the survivor that
+  completes a replica claims the save and puts the folder in place; fully sharded state (no
+  replica) gets no just-in-time checkpoint, and why is recorded in
+  ``.trainguard-acks/no-just-in-time-<attempt>.json``.
 
 A save is written under a dot-name, fsynced, checked against the deadline and renamed into place;
 only then is its acknowledgement written. A save that is killed or too late leaves only the
@@ -37,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from trainguard_entrypoint import acks
+from trainguard_train import shards
 from trainguard_entrypoint.files import write_json_atomic
 from trainguard_entrypoint.notice import Notice, current_notice, grace_seconds
 from trainguard_entrypoint.slurmnotice import TIMES_ENV
@@ -89,9 +95,11 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def sharded(model: torch.nn.Module | None) -> bool:
-    """Whether ``model``'s parameters are sharded across ranks (FSDP), so no one rank holds them all."""
+    """Whether ``model``'s parameters are sharded across ranks (FSDP, FSDP2, HSDP), so no one rank holds them all."""
     if model is None:
         return False
+    if shards.layout(model) is not None:
+        return True
     names = {type(m).__name__ for m in model.modules()}
     return bool(names & {"FullyShardedDataParallel"}) or any(name.startswith("FSDP") for name in names)
 
@@ -137,7 +145,8 @@ class Guard:
         load: ``load(path) -> step`` restores a checkpoint. Default: the counterpart of the default save.
         every: Steps between periodic checkpoints (None: none; notices and failures still save).
         checkpoint_dir: Default ``TRAINGUARD_CHECKPOINT_DIR`` (else ``checkpoints``).
-        name: The checkpoint's name for a step, default ``step-{step:06d}.pt``.
+        name: The checkpoint's name for a step, default ``step-{step:06d}.pt`` (``step-{step:06d}``, a
+            folder of shards, for FSDP2 state saved by the default save).
         agree_every: Steps between agreements on a notice; None measures the collective in the first
             steps and agrees as often as keeps its cost under 0.5 % of a step (at least once a second).
         saving_rank: The rank that saves periodic and notice checkpoints (0).
@@ -145,7 +154,7 @@ class Guard:
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
                  save: SaveFunction | None = None, load: LoadFunction | None = None, every: int | None = None,
-                 checkpoint_dir: str | os.PathLike[str] | None = None, name: str = "step-{step:06d}.pt",
+                 checkpoint_dir: str | os.PathLike[str] | None = None, name: str | None = None,
                  agree_every: int | None = None, saving_rank: int = 0) -> None:
         if save is None and model is None:
             raise ValueError("Guard needs a model (and optimizer) to save, or a save function")
@@ -154,7 +163,9 @@ class Guard:
         self.model, self.optimizer = model, optimizer
         self._save_fn = save or self._default_save
         self._load_fn = load or self._default_load
-        self.every, self.name, self.saving_rank = every, name, saving_rank
+        self._own_save = save is not None
+        self.every, self.saving_rank = every, saving_rank
+        self._name = name
         self.checkpoint_dir = Path(checkpoint_dir or os.environ.get("TRAINGUARD_CHECKPOINT_DIR") or "checkpoints")
         self.attempt = os.environ.get("TRAINGUARD_ATTEMPT", "")
         self.completed: int | None = None  # optimizer steps completed, once known
@@ -171,6 +182,29 @@ class Guard:
         self._step_seconds: list[float] = []
         self._agree_seconds: list[float] = []
         self._known: tuple[int, int] | None = None
+        self._sharding: shards.Layout | str | None | bool = False  # False: not looked at yet
+
+    # ---- sharded state -------------------------------------------------------------------------------
+    def layout(self) -> shards.Layout | str | None:
+        """How the model's state is sharded (FSDP2's DTensors), read once: a `shards.Layout`, None when it
+        is not DTensor-sharded, or why its layout cannot be saved shard by shard."""
+        if self._sharding is False:
+            self._sharding = shards.layout(self.model)
+        assert self._sharding is not True
+        return self._sharding
+
+    def _shard_wise(self) -> shards.Layout | None:
+        """The layout when the guard saves the state itself, shard by shard (the default save of FSDP2 or HSDP)."""
+        where = self.layout()
+        return where if isinstance(where, shards.Layout) and not self._own_save else None
+
+    @property
+    def name(self) -> str:
+        """The checkpoint's name pattern: the one given, else ``step-{step:06d}`` for sharded state (a
+        folder of shards) and ``step-{step:06d}.pt`` otherwise."""
+        if self._name is not None:
+            return self._name
+        return "step-{step:06d}" if self._shard_wise() is not None else "step-{step:06d}.pt"
 
     # ---- ranks -------------------------------------------------------------------------------------
     def _ranks(self) -> tuple[int, int]:
@@ -241,6 +275,15 @@ class Guard:
 
     def _default_load(self, path: Path) -> int:
         assert self.model is not None
+        where = self.layout()
+        if isinstance(where, str):
+            raise ValueError(f"TRAINGUARD_RESUME_FROM={path}: the model is sharded in a way the guard does not load "
+                             f"({where}); pass load= to the Guard")
+        if where is not None:
+            return shards.load_shard(path, self.model, self.optimizer, where, self.rank)
+        if path.is_dir() and (path / shards.MANIFEST).exists():
+            raise ValueError(f"TRAINGUARD_RESUME_FROM={path}: a sharded checkpoint, and this model is not sharded; "
+                             f"resume it with the same FSDP mesh")
         state = torch.load(path, map_location="cpu", weights_only=False)
         _unwrap(self.model).load_state_dict(state["model"])
         if self.optimizer is not None and state.get("optimizer") is not None:
@@ -262,8 +305,11 @@ class Guard:
         if self._last_boundary is not None and len(self._step_seconds) < _WARMUP_STEPS:
             self._step_seconds.append(now - self._last_boundary)
         self._last_boundary = now
+        where = self._shard_wise()
+        if where is not None and self.every and completed % self.every == 0:
+            self.save_shards(completed, "periodic", where)  # every rank takes part
         if self.rank == self.saving_rank:
-            if self.every and completed % self.every == 0:
+            if where is None and self.every and completed % self.every == 0:
                 self.save(completed, "periodic")
             if now - self._last_progress >= 1.0:
                 self._progress(completed, now)
@@ -344,7 +390,15 @@ class Guard:
 
     def _stop(self, completed: int) -> None:
         notice = self.notice_now() if self.signalled is not None else None
-        if self.rank == self.saving_rank:
+        where = self._shard_wise()
+        if where is not None:
+            self.notice = notice or current_notice(os.environ) or Notice(
+                "terminated", time.time(), time.time() + grace_seconds(os.environ), "another rank's notice")
+            if self.rank == self.saving_rank:
+                _say(f"notice ({self.notice.reason}, {self.notice.seconds_left():.1f}s left): all ranks stop after "
+                     f"step {completed}")
+            self.save_shards(completed, "notice", where)
+        elif self.rank == self.saving_rank:
             # another rank had the notice: this node's notice file may hold it, else its grace applies
             notice = notice or current_notice(os.environ) or Notice(
                 "terminated", time.time(), time.time() + grace_seconds(os.environ), "another rank's notice")
@@ -406,6 +460,161 @@ class Guard:
             _say(f"{kind.replace('_', '-')} checkpoint {name} (step {step}) saved by rank {self.rank}, "
                  f"acknowledged {since}s after the {'notice' if kind == 'notice' else 'failure'}")
 
+    # ---- sharded state, shard by shard ---------------------------------------------------------------
+    def _already_saved(self, name: str, step: int) -> bool:
+        existing = acks.read_ack(self.checkpoint_dir, name)
+        return existing is not None and existing.step == step and acks.verify(self.checkpoint_dir, existing) is None
+
+    def save_shards(self, step: int, kind: str, where: shards.Layout) -> Path | None:
+        """Save ``step`` of sharded state with every rank alive (every rank calls it): the first replica's
+        ranks write their shards, two barriers apart, and its lowest rank puts the folder in place."""
+        assert self.model is not None
+        name = self.checkpoint_name(step)
+        if self._already_saved(name, step):
+            return self.checkpoint_dir / name
+        members = where.replicas[0]
+        folder = self.checkpoint_dir / f".{name}.{kind}-{self.attempt or 'attempt'}.tmp"
+        if self.rank == min(members):
+            _remove(folder)  # an earlier save of this step that never finished
+        if self.distributed:
+            dist.barrier()
+        shard = where.shard_of(self.rank)
+        if self.rank in members and shard is not None:
+            shards.write_shard(folder, shards.shard_state(self.model, self.optimizer, step, where, shard))
+        if self.distributed:
+            dist.barrier()
+        if self.rank != min(members):
+            return None
+        deadline = self.notice.deadline if self.notice is not None and kind == "notice" else time.time()
+        return self._assemble(folder, step, kind, where, members, deadline)
+
+    def _assemble(self, folder: Path, step: int, kind: str, where: shards.Layout, members: tuple[int, ...],
+                  deadline: float, failure: str | None = None, failed_at: float | None = None) -> Path | None:
+        """Once every shard is in ``folder`` (waited for until ``deadline``): the manifest, the folder renamed
+        into place and acknowledged; else the folder removed, so nothing that looks whole is left."""
+        name = self.checkpoint_name(step)
+        final = self.checkpoint_dir / name
+        label = kind.replace("_", "-")
+        try:
+            missing = shards.wait_for_shards(folder, where.shards, deadline, _say)
+            if missing:
+                ranks = [members[k] for k in missing]
+                why = (f"shard{'s' if len(missing) > 1 else ''} {missing} (rank{'s' if len(ranks) > 1 else ''} "
+                       f"{', '.join(map(str, ranks))}) not written by the deadline; nothing kept")
+                _remove(folder)
+                if kind == "just_in_time":
+                    self._refuse(step, why)
+                else:
+                    _say(f"{label} checkpoint of step {step}: {why}")
+                return None
+            shards.write_manifest(folder, step, where, members)
+            _fsync_tree(folder)
+            if time.time() > deadline and kind != "periodic":
+                why = f"ready {time.time() - deadline:.1f}s after the deadline; discarded, so nothing half-trusted is left"
+                _remove(folder)
+                if kind == "just_in_time":
+                    self._refuse(step, why)
+                else:
+                    _say(f"{label} checkpoint of step {step} was {why}")
+                return None
+            if final.is_dir() and not final.is_symlink():
+                shutil.rmtree(final)
+            os.replace(folder, final)
+            _fsync_dir(self.checkpoint_dir)
+        except BaseException:
+            _remove(folder)
+            raise
+        self._acknowledge(name, step, kind, failure, failed_at)
+        if kind != "periodic":
+            self._progress(step, time.time())
+        return final
+
+    def _just_in_time_shards(self, where: shards.Layout, step: int, failure: str, failed_at: float) -> Path | None:
+        """HSDP after a peer died: write this rank's shard into its replica's folder and leave, unless it
+        completed the replica; then claim the just-in-time save and put that replica's folder in place.
+
+        No survivor waits for another: a survivor blocked in a collective with another survivor (not
+        with the rank that died) fails only when that one's process ends, so each writes and goes.
+        """
+        assert self.model is not None
+        notice = self.notice_now() if self.signalled is not None else None
+        deadline = failed_at + grace_seconds(os.environ)
+        if notice is not None:
+            deadline = min(deadline, notice.deadline)
+        replica, shard = where.replica_of(self.rank), where.shard_of(self.rank)
+        if replica is None or shard is None:
+            self._refuse(step, f"rank {self.rank} is not on the model's mesh ({where.describe()})")
+            return None
+        name = self.checkpoint_name(step)
+        if self._already_saved(name, step):
+            return self.checkpoint_dir / name
+        attempt = self.attempt or "attempt"
+        folder = self.checkpoint_dir / f".{name}.jit-{attempt}-replica{replica}.tmp"
+        try:
+            shards.write_shard(folder, shards.shard_state(self.model, self.optimizer, step, where, shard))
+        except Exception as error:
+            _say(f"rank {self.rank} could not write shard {shard} of step {step}: {type(error).__name__}: {error}")
+        claim = acks.acks_folder(self.checkpoint_dir) / f"just-in-time-{attempt}.claim"
+        missing = shards.missing_shards(folder, where.shards)
+        if missing:
+            if claim.exists():  # another replica is saved: this one's shard is of no use
+                _say(f"rank {self.rank} stands down: another replica's just-in-time checkpoint is claimed")
+                _remove(folder / shards.shard_file(shard, where.shards))
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass
+                return None
+            _say(f"rank {self.rank} wrote shard {shard} of replica {replica} (step {step}) and stands down: "
+                 f"shards {missing} of that replica are not written yet")
+            self._refuse_unless_claimed(step, where, name, claim)
+            return None
+        try:
+            claim.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            _say(f"rank {self.rank} stands down: another replica's just-in-time checkpoint is claimed")
+            _remove(folder)
+            return None
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f'{{"rank": {self.rank}, "replica": {replica}, "step": {step}, "at": {failed_at}}}\n')
+        _say(f"rank {self.rank} completed replica {replica}'s shards of step {step} after: {failure}")
+        try:
+            saved = self._assemble(folder, step, "just_in_time", where, where.replicas[replica], deadline,
+                                   failure=failure, failed_at=failed_at)
+        except Exception as error:
+            _say(f"just-in-time checkpoint of step {step} failed: {type(error).__name__}: {error}")
+            return None
+        if saved is not None:
+            self._refusal_path().unlink(missing_ok=True)  # a replica's stand-down spoke too early
+            for other in self.checkpoint_dir.glob(f".{name}.jit-{attempt}-replica*.tmp"):
+                _remove(other)
+        return saved
+
+    def _refuse_unless_claimed(self, step: int, where: shards.Layout, name: str, claim: Path) -> None:
+        """Record why there is no just-in-time checkpoint as this survivor sees it, unless a replica is being
+        saved; removed again when one was saved meanwhile, so a record never stands beside the checkpoint
+        it denies (the saver removes it too, once its acknowledgement is written)."""
+        if claim.exists():
+            return
+        attempt = self.attempt or "attempt"
+        seen = []
+        for index in range(min(len(where.replicas), 8)):
+            folder = self.checkpoint_dir / f".{name}.jit-{attempt}-replica{index}.tmp"
+            missing = shards.missing_shards(folder, where.shards)
+            lost = [where.replicas[index][k] for k in missing]
+            seen.append(f"replica {index} lacks the shard{'s' if len(lost) > 1 else ''} of rank"
+                        f"{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))}" if lost else
+                        f"replica {index} is whole")
+        if len(where.replicas) > len(seen):
+            seen.append(f"{len(where.replicas) - len(seen)} more replicas not looked at")
+        self._refuse(step, f"no replica of every shard survived ({where.describe()}): {'; '.join(seen)}")
+        if acks.read_ack(self.checkpoint_dir, name) is not None:  # saved meanwhile (a claimed save that fails
+            self._refusal_path().unlink(missing_ok=True)          # records its own reason)
+
+    def _refusal_path(self) -> Path:
+        return acks.acks_folder(self.checkpoint_dir) / f"no-just-in-time-{self.attempt or 'attempt'}.json"
+
     # ---- a peer died ---------------------------------------------------------------------------------
     def just_in_time(self, exc: BaseException) -> Path | None:
         """After a peer's death made a collective fail: one survivor saves the last completed step."""
@@ -417,8 +626,19 @@ class Guard:
             return None
         if self.rank == self.saving_rank:
             self._progress(step, failed_at)
-        if sharded(self.model):
-            self._refuse(step, "the state is sharded (FSDP): no survivor holds a replica of every shard")
+        where = self.layout()
+        if isinstance(where, shards.Layout):
+            if self._own_save:
+                self._refuse(step, f"the state is sharded ({where.describe()}) and the loop saves it with its own "
+                                   f"save function, which no survivor can call alone")
+                return None
+            if where.fully_sharded:
+                self._refuse(step, f"the state is {where.describe()}: no survivor holds a replica of every shard")
+                return None
+            return self._just_in_time_shards(where, step, failure, failed_at)
+        if where is not None or sharded(self.model):
+            self._refuse(step, f"the state is sharded (FSDP) in a layout the guard does not save shard by shard"
+                               f"{f' ({where})' if where else ''}: no survivor holds a replica of every shard")
             return None
         if self.signalled is not None:
             self.notice_now()  # the launcher's SIGTERM to the survivors: its deadline bounds the save
@@ -441,11 +661,8 @@ class Guard:
 
     def _refuse(self, step: int, why: str) -> None:
         _say(f"no just-in-time checkpoint of step {step}: {why}")
-        if self.rank != 0:
-            return
         record = {"version": 1, "attempt": self.attempt, "step": step, "reason": why, "at": time.time()}
         try:
-            write_json_atomic(acks.acks_folder(self.checkpoint_dir) / f"no-just-in-time-{self.attempt or 'attempt'}.json",
-                              record)
+            write_json_atomic(self._refusal_path(), record)
         except OSError as exc:
             _say(f"cannot record why: {exc}")

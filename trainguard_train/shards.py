@@ -1,0 +1,225 @@
+"""Sharded state (FSDP2's DTensor parameters) saved shard by shard, and loaded back into each rank's shard.
+
+A model sharded with ``torch.distributed.fsdp.fully_shard`` holds DTensor parameters on a device mesh:
+a 1-D mesh shards every parameter over all ranks (no replica), a 2-D mesh ``("replicate", "shard")``
+is HSDP: each row of the mesh is one replica of the whole state, its ranks holding one shard each.
+
+A sharded checkpoint is a folder: ``shard-<k>-of-<n>.pt`` for every shard ``k`` (the shard's model
+and optimizer tensors, local to the rank that wrote it) and ``manifest.json`` (step, mesh shape,
+shard files), written last. One replica's ranks write their shards into a dot-named folder (each
+shard under a dot-name of its own, fsynced and renamed); once every shard file is there, one rank
+(`trainguard_train.guard` says which) writes the manifest and renames the folder into place. A
+folder without its manifest or a shard is never loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainguard_entrypoint.files import read_json_object, write_json_atomic
+
+MANIFEST = "manifest.json"
+SHARD_FORMAT = 1
+_POLL_SECONDS = 0.02
+_SHOWN = 8  # replicas named in a reason; the rest counted
+_SAY_EVERY_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the state is sharded: the mesh's shape and its replicas (each a tuple of ranks, in shard order)."""
+
+    mesh_shape: tuple[int, ...]
+    replicas: tuple[tuple[int, ...], ...]
+
+    @property
+    def fully_sharded(self) -> bool:
+        return len(self.replicas) == 1
+
+    @property
+    def shards(self) -> int:
+        return len(self.replicas[0])
+
+    def replica_of(self, rank: int) -> int | None:
+        return next((i for i, ranks in enumerate(self.replicas) if rank in ranks), None)
+
+    def shard_of(self, rank: int) -> int | None:
+        replica = self.replica_of(rank)
+        return None if replica is None else self.replicas[replica].index(rank)
+
+    def describe(self) -> str:
+        if self.fully_sharded:
+            return f"fully sharded (FSDP) over {self.shards} ranks, no replica"
+        shown = ", ".join(str(list(r)) for r in self.replicas[:_SHOWN])
+        more = f" and {len(self.replicas) - _SHOWN} more" if len(self.replicas) > _SHOWN else ""
+        return f"HSDP, {len(self.replicas)} replicas of {self.shards} shards: {shown}{more}"
+
+
+def _dtensor_type() -> type | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return None
+    return DTensor
+
+
+def _is_dtensor(value: object) -> bool:
+    kind = _dtensor_type()
+    return kind is not None and isinstance(value, kind)
+
+
+def layout(model: torch.nn.Module | None) -> Layout | str | None:
+    """The model's `Layout`; None when no parameter is a DTensor; a string saying why when the
+    layout is one this module does not save shard by shard."""
+    if model is None:
+        return None
+    found = [p for p in model.parameters() if _is_dtensor(p)]
+    if not found:
+        return None
+    meshes = {id(p.device_mesh) for p in found}  # type: ignore[attr-defined]
+    first: Any = found[0]
+    mesh, placements = first.device_mesh, tuple(first.placements)
+    if len(meshes) > 1 or any(tuple(p.placements) != placements for p in found):  # type: ignore[attr-defined]
+        return "its parameters lie on more than one mesh or placement"
+    ranks = mesh.mesh.tolist()
+    if mesh.mesh.dim() == 1 and placements[0].is_shard():
+        return Layout((len(ranks),), (tuple(int(r) for r in ranks),))
+    if mesh.mesh.dim() == 2 and placements[0].is_replicate() and placements[1].is_shard():
+        return Layout(tuple(mesh.mesh.shape), tuple(tuple(int(r) for r in row) for row in ranks))
+    return f"mesh {tuple(mesh.mesh.shape)} with placements {placements} is neither FSDP nor HSDP"
+
+
+def shard_file(shard: int, shards: int) -> str:
+    return f"shard-{shard:05d}-of-{shards:05d}.pt"
+
+
+# ---- one rank's shard ---------------------------------------------------------------------------------
+def _local(value: Any) -> Any:
+    if _is_dtensor(value):
+        return value.to_local().detach().clone()
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def shard_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, step: int,
+                where: Layout, shard: int) -> dict[str, Any]:
+    """This rank's part of the state: local tensors only, and which optimizer entries were DTensors."""
+    state: dict[str, Any] = {"format": SHARD_FORMAT, "step": step, "mesh_shape": list(where.mesh_shape),
+                             "shard": shard, "shards": where.shards,
+                             "model": {k: _local(v) for k, v in model.state_dict().items()}}
+    if optimizer is not None:
+        saved = optimizer.state_dict()
+        state["optimizer"] = {"param_groups": saved["param_groups"],
+                              "state": {i: {k: _local(v) for k, v in s.items()} for i, s in saved["state"].items()}}
+        state["optimizer_dtensors"] = sorted([i, k] for i, s in saved["state"].items()
+                                             for k, v in s.items() if _is_dtensor(v))
+    return state
+
+
+def write_shard(folder: Path, state: dict[str, Any]) -> Path:
+    """Write one shard into ``folder`` (made if missing) under a dot-name, fsync it, rename it into place."""
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / shard_file(int(state["shard"]), int(state["shards"]))
+    partial = folder / f".{final.name}.{os.getpid()}.partial"
+    try:
+        with open(partial, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, final)
+        fsync_dir(folder)
+    except BaseException:
+        try:
+            partial.unlink()
+        except OSError:
+            pass
+        raise
+    return final
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def missing_shards(folder: Path, shards: int) -> list[int]:
+    return [k for k in range(shards) if not (folder / shard_file(k, shards)).is_file()]
+
+
+def wait_for_shards(folder: Path, shards: int, deadline: float, say: Any) -> list[int]:
+    """Wait until every shard file is in ``folder`` or ``deadline`` (unix time) passes; the shards missing then."""
+    next_word = time.monotonic() + _SAY_EVERY_SECONDS
+    while True:
+        missing = missing_shards(folder, shards)
+        if not missing or time.time() >= deadline:
+            return missing
+        if time.monotonic() >= next_word:
+            next_word = time.monotonic() + _SAY_EVERY_SECONDS
+            say(f"waiting for shards {missing} of {shards} ({deadline - time.time():.1f}s left before the deadline)")
+        time.sleep(_POLL_SECONDS)
+
+
+def write_manifest(folder: Path, step: int, where: Layout, ranks: Iterable[int]) -> None:
+    write_json_atomic(folder / MANIFEST, {
+        "format": SHARD_FORMAT, "step": step, "mesh_shape": list(where.mesh_shape), "shards": where.shards,
+        "files": [shard_file(k, where.shards) for k in range(where.shards)], "saved_by_ranks": list(ranks)})
+
+
+def load_shard(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, where: Layout,
+               rank: int) -> int:
+    """Load this rank's shard of the sharded checkpoint ``path``; its step.
+
+    Raises:
+        ValueError: (one line) ``path`` is not a whole sharded checkpoint, or was saved on another mesh shape.
+    """
+    field = f"TRAINGUARD_RESUME_FROM={path}"
+    manifest = read_json_object(path / MANIFEST) if path.is_dir() else None
+    if manifest is None or manifest.get("format") != SHARD_FORMAT:
+        raise ValueError(f"{field}: not a whole sharded checkpoint (no readable {MANIFEST}); "
+                         f"resume from a folder the guard saved for this sharded model")
+    saved_shape = tuple(manifest.get("mesh_shape") or ())
+    if saved_shape != where.mesh_shape:
+        raise ValueError(f"{field}: saved on a mesh of shape {saved_shape}, this run's is {where.mesh_shape}; "
+                         f"resume on the same mesh shape")
+    missing = missing_shards(path, where.shards)
+    if missing or manifest.get("shards") != where.shards:
+        raise ValueError(f"{field}: shards {missing} of {where.shards} are missing; "
+                         f"resume from a complete checkpoint")
+    shard = where.shard_of(rank)
+    if shard is None:
+        raise ValueError(f"{field}: rank {rank} is not on the model's mesh; resume with the same ranks")
+    state = torch.load(path / shard_file(shard, where.shards), map_location="cpu", weights_only=False)
+    if state.get("shard") != shard or state.get("step") != manifest.get("step"):
+        raise ValueError(f"{field}: {shard_file(shard, where.shards)} is not shard {shard} of step "
+                         f"{manifest.get('step')}; resume from a checkpoint the guard saved")
+    _load_model(model, state["model"])
+    if optimizer is not None and state.get("optimizer") is not None:
+        _load_optimizer(optimizer, state["optimizer"], {(int(i), str(k)) for i, k in state.get("optimizer_dtensors", [])})
+    return int(state["step"])
+
+
+def _like(local: torch.Tensor, reference: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+    return DTensor.from_local(local, reference.device_mesh, reference.placements, run_check=False,
+                              shape=reference.shape, stride=reference.stride())
+
+
+def _load_model(model: torch.nn.Module, saved: dict[str, Any]) -> None:
+    current = model.state_dict()
+    model.load_state_dict({k: _like(saved[k], v) if _is_dtensor(v) else saved[k] for k, v in current.items()})
+
+
+def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict[str, Any], dtensors: set[tuple[int, str]]) -> None:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = {int(i): {k: _like(v, params[int(i)]) if (int(i), k) in dtensors else v for k, v in entry.items()}
+             for i, entry in saved["state"].items()}
+    optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
