@@ -555,19 +555,8 @@ class Guard:
         except Exception as error:
             _say(f"rank {self.rank} could not write shard {shard} of step {step}: {type(error).__name__}: {error}")
         claim = acks.acks_folder(self.checkpoint_dir) / f"just-in-time-{attempt}.claim"
-        missing = shards.missing_shards(folder, where.shards)
-        if missing:
-            if claim.exists():  # another replica is saved: this one's shard is of no use
-                _say(f"rank {self.rank} stands down: another replica's just-in-time checkpoint is claimed")
-                _remove(folder / shards.shard_file(shard, where.shards))
-                try:
-                    folder.rmdir()
-                except OSError:
-                    pass
-                return None
-            _say(f"rank {self.rank} wrote shard {shard} of replica {replica} (step {step}) and stands down: "
-                 f"shards {missing} of that replica are not written yet")
-            self._refuse_unless_claimed(step, where, name, claim)
+        if shards.missing_shards(folder, where.shards):
+            self._stand_down(folder, step, where, replica, shard, claim)
             return None
         try:
             claim.parent.mkdir(parents=True, exist_ok=True)
@@ -590,6 +579,21 @@ class Guard:
             for other in self.checkpoint_dir.glob(f".{name}.jit-{attempt}-replica*.tmp"):
                 _remove(other)
         return saved
+
+    def _stand_down(self, folder: Path, step: int, where: shards.Layout, replica: int, shard: int, claim: Path) -> None:
+        """This survivor's replica is not whole yet: its shard stays for the one that completes it, unless
+        another replica is claimed already (then the shard is of no use and goes)."""
+        if claim.exists():
+            _say(f"rank {self.rank} stands down: another replica's just-in-time checkpoint is claimed")
+            _remove(folder / shards.shard_file(shard, where.shards))
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+            return
+        _say(f"rank {self.rank} wrote shard {shard} of replica {replica} (step {step}) and stands down: "
+             f"shards {shards.missing_shards(folder, where.shards)} of that replica are not written yet")
+        self._refuse_unless_claimed(step, where, self.checkpoint_name(step), claim)
 
     def _refuse_unless_claimed(self, step: int, where: shards.Layout, name: str, claim: Path) -> None:
         """Record why there is no just-in-time checkpoint as this survivor sees it, unless a replica is being
