@@ -9,6 +9,7 @@ this cluster through `SLURM_CONF`. The node is this machine, tracked with `proct
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -63,7 +64,8 @@ _STATIC = (
 # The daemons' ports come from below the kernel's ephemeral range (ip_local_port_range starts at
 # 32768): the cluster starts beside the Prefect server and other services that bind port 0, and a
 # port handed out by bind(0) and released could otherwise be taken by a daemon before its owner binds it.
-_PRIVATE_PORTS = range(20000, 32000)
+# Below 24000 are the jobs' rendezvous ports (see `first_job_id`).
+_PRIVATE_PORTS = range(24000, 32000)
 _handed_out: set[int] = set()  # never the same port twice in one process, bound yet or not
 
 
@@ -80,7 +82,24 @@ def free_port() -> int:
                 continue
         _handed_out.add(port)
         return port
-    raise RuntimeError("no free loopback port between 20000 and 32000")
+    raise RuntimeError(f"no free loopback port between {_PRIVATE_PORTS.start} and {_PRIVATE_PORTS.stop}")
+
+
+_JOB_IDS_PER_CLUSTER = 250
+_clusters_started = itertools.count()
+
+
+def first_job_id() -> int:
+    """The first job id of a cluster this process starts, apart from every other test cluster's.
+
+    The backend gives a job the rendezvous port 20000 + its id % 20000 (`MASTER_PORT`). Each
+    pytest-xdist worker starts clusters of its own, and all of them numbered their jobs from 1, so two
+    workers' job 9 listened on port 20009 at once and one failed with EADDRINUSE. Each worker takes
+    four blocks of 250 ids in turn: ports 20001 to 23999 for four workers, below the daemons' ports.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    block = (int(worker) if worker.isdigit() else 0) * 4 + next(_clusters_started) % 4
+    return 1 + (block % 16) * _JOB_IDS_PER_CLUSTER
 
 
 def missing_binaries() -> list[str]:
@@ -184,6 +203,7 @@ class SlurmCluster:
         self.db.write_dbd_conf(r / "etc", self.munge_socket, r / "log", r / "run")
         self.conf.write_text("\n".join([
             "ClusterName=trainguard-test",
+            f"FirstJobId={first_job_id()}",
             f"SlurmctldHost={self.node}(127.0.0.1)",
             f"SlurmctldPort={ctl_port}",
             f"SlurmdPort={node_port}",
