@@ -61,6 +61,10 @@ for i in range(40):
     held.append(bytearray(50 * 2**20))
     print(f"step {i} holding {50 * (i + 1)} MiB", flush=True)
     time.sleep(0.2)
+# Then hold it for up to two minutes: a loaded machine may poll the job's memory late, and a job that
+# ended first would succeed. Only a limit that is never enforced lets it end.
+for _ in range(600):
+    time.sleep(0.2)
 """
 
 
