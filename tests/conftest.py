@@ -14,6 +14,8 @@ import pytest
 from prefect.settings import PREFECT_API_URL
 from prefect.testing.utilities import prefect_test_harness
 
+from _pytest.nodeid import coerce_node_id  # pytest 9's node ids
+
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # Each test keeps its runs in trainguard-data/ of its own folder; a data root set by ./dev or the user
 # would gather every test's runs in one place.
@@ -43,9 +45,10 @@ def small_disk(tmp_path: Path):
 
 
 # The suite runs on several pytest-xdist workers (`./dev test` passes `-n`, `--dist loadgroup`).
-# A folder whose tests share an expensive service for the session runs on one worker, so the
-# service starts once; every other file is a group of its own. The longest groups go first, so that
-# no long group is left to run alone at the end.
+# A folder whose tests share an expensive service for the session (the Slurm cluster; the
+# PostgreSQL-backed Prefect server) is a group that runs on one worker, so the service starts once;
+# every other test is handed out on its own, to whichever worker is free. The longest groups go
+# first, so that no long group is left to run alone at the end.
 _ONE_WORKER_FOLDERS = ("tests/scale/", "tests/backends/slurm/")
 # Files outside those folders that use one of their services, and the folder's group they join.
 _JOINS = {"tests/backends/test_backend_contract.py": "tests/backends/slurm"}
@@ -53,23 +56,33 @@ _LONGEST_FIRST = ("tests/scale", "tests/backends/slurm", "tests/flows", "tests/s
                   "tests/backends/kubernetes")
 
 
-def _group(item: pytest.Item) -> str:
+def _group(item: pytest.Item) -> str | None:
+    """The one-worker group of `item`, or None for a test that may run on any worker."""
     path = item.path.relative_to(_ROOT).as_posix()
     if path in _JOINS:
         return _JOINS[path]
     folder = next((f for f in _ONE_WORKER_FOLDERS if path.startswith(f)), None)
-    return folder.rstrip("/") if folder else path
+    return folder.rstrip("/") if folder else None
 
 
-def _rank(group: str) -> int:
+def _rank(item: pytest.Item) -> int:
+    path = item.path.relative_to(_ROOT).as_posix()
     for rank, prefix in enumerate(_LONGEST_FIRST):
-        if group.startswith(prefix):
+        if (_group(item) or path).startswith(prefix):
             return rank
     return len(_LONGEST_FIRST)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups off the markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-    items.sort(key=lambda item: _rank(_group(item)))
+        group = _group(item)
+        if group is None:
+            continue
+        item.add_marker(pytest.mark.xdist_group(group))
+        if getattr(config.option, "loadgroup", False) and "@" not in item.nodeid:
+            # xdist 3.8 makes a group hold by appending `@group` to the node id, through `_nodeid`,
+            # which pytest 9 no longer reads (its id is `_id`): without this, the group's tests were
+            # spread over every worker, and each started its own Slurm cluster or PostgreSQL server.
+            item._id = coerce_node_id(f"{item.nodeid}@{group}")

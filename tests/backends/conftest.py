@@ -89,13 +89,25 @@ _starting: _Starting | None = None
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the cluster now if a selected test needs it (Slurm's unit tests do not) and Slurm is installed.
 
-    Under pytest-xdist every worker collects every test, but only one runs the tests that use it
-    (see tests/conftest.py): there the cluster starts when the first test asks for it.
+    Under pytest-xdist every worker collects every test, but not every worker runs the tests that use
+    it (see tests/conftest.py): there the cluster starts when the first of them is set up.
     """
     global _starting
     if hasattr(session.config, "workerinput"):
         return
     if _starting is None and not missing_binaries() and any("slurm_cluster" in getattr(item, "fixturenames", ()) for item in session.items):
+        _starting = _Starting()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On an xdist worker, start the cluster in the background when its first test that uses it is set up.
+
+    The test's other fixtures (the Prefect server's ~10 s, more on a loaded machine) are set up while the
+    cluster starts, instead of before it: the fixture itself then only waits for what is left.
+    """
+    global _starting
+    if _starting is None and "slurm_cluster" in getattr(item, "fixturenames", ()) and not missing_binaries():
         _starting = _Starting()
 
 
