@@ -34,7 +34,9 @@ def test_a_two_task_job_that_plants_links_fifos_devices_and_escapes_ends_as_its_
 
     outcome = within(240, lambda: backend.run(ref, launch, on_line=lambda line: None), "the job to end")
 
-    assert (outcome.reason, outcome.exit_code) == ("Error", 1), outcome.message
+    # Both tasks fail with exit code 1; when one fails first, srun may end the other with SIGTERM
+    # (143) before it fails on its own, and the job's exit code is the highest of its tasks'.
+    assert outcome.reason == "Error" and outcome.exit_code in (1, 143), outcome.message
     assert time.monotonic() - started < 120, "the entrypoints must not wait on the job's FIFOs or devices"
     store = LocalEvidenceStore(tmp_path / "evidence")
     manifest = within(120, lambda: backend.collect_evidence(ref, store, outcome), "the evidence").manifest
