@@ -112,15 +112,7 @@ def _fsync_tree(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    shards.fsync_dir(path.parent)
 
 
 def _remove(path: Path) -> None:
@@ -435,7 +427,7 @@ class Guard:
             if final.is_dir() and not final.is_symlink():
                 shutil.rmtree(final)
             os.replace(temporary, final)
-            _fsync_dir(self.checkpoint_dir)
+            shards.fsync_dir(self.checkpoint_dir)
         except BaseException:
             _remove(temporary)
             raise
@@ -520,7 +512,7 @@ class Guard:
             if final.is_dir() and not final.is_symlink():
                 shutil.rmtree(final)
             os.replace(folder, final)
-            _fsync_dir(self.checkpoint_dir)
+            shards.fsync_dir(self.checkpoint_dir)
         except BaseException:
             _remove(folder)
             raise

@@ -144,6 +144,7 @@ def write_shard(folder: Path, state: dict[str, Any]) -> Path:
 
 
 def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new entry in ``folder`` durable."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
