@@ -50,9 +50,12 @@ def small_disk(tmp_path: Path):
 # every other test is handed out on its own, to whichever worker is free. The longest groups go
 # first, so that no long group is left to run alone at the end.
 _ONE_WORKER_FOLDERS = ("tests/scale/", "tests/backends/slurm/")
-# Files outside those folders that use one of their services, and the folder's group they join.
-_JOINS = {"tests/backends/test_backend_contract.py": "tests/backends/slurm"}
-_LONGEST_FIRST = ("tests/scale", "tests/backends/slurm", "tests/flows", "tests/stores", "tests/cluster",
+# Files outside those folders that use one of their services, and the folder's group they join;
+# and the README's blocks, which run in page order in one copy of the checkout, a later block using
+# what an earlier one left.
+_README = "tests/docs/test_readme.py"
+_JOINS = {"tests/backends/test_backend_contract.py": "tests/backends/slurm", _README: _README}
+_LONGEST_FIRST = ("tests/scale", "tests/backends/slurm", _README, "tests/flows", "tests/stores", "tests/cluster",
                   "tests/backends/kubernetes")
 
 
