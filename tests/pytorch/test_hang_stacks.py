@@ -63,12 +63,19 @@ def hung(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[int, i
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(free_port()),
             str(SCRIPT), "--fault", request.param, "--fault-rank", "1", "--fault-step", "2",
             "--timeout-seconds", "600", "--steps", "6", "--workdir", str(tmp_path)]
-    agent = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                             env=env)
+    out = tmp_path / "ranks.out"
+    with out.open("wb") as sink:
+        agent = subprocess.Popen(argv, stdout=sink, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     ranks: dict[int, int] = {}
     try:
         ranks = wait_for(lambda: (lambda found: found if len(found) == 3 else None)(_ranks(agent.pid)),
                          timeout=120, what="3 ranks")
+        # Every rank passes through its DataLoader and DDP's all-reduce at every step: the stacks
+        # show the hang for good only once every rank has finished the last step before it (rank 1's
+        # loader hangs on the batch of step 1; its sleep is in step 2).
+        last = "step 1 " if request.param == "hang" else "step 0 "
+        wait_for(lambda: out.read_text(errors="replace").count(last) == 3, timeout=120,
+                 what=f"every rank to print {last.strip()!r}", interval=0.2)
         stuck = "meet (train_ddp.py" if request.param == "hang" else "dataloader.py"
         wait_for(lambda: stuck in _dump(ranks[1]), timeout=120, what="rank 1 to be stuck", interval=0.5)
         wait_for(lambda: all(_waits(_dump(ranks[r])) for r in (0, 2)), timeout=120,
@@ -106,7 +113,7 @@ def test_a_rank_waiting_on_a_stuck_data_loader_worker_is_named_with_the_loaders_
     taken = [hangs.RankStacks(rank, hangs.parse_py_spy(_dump(pid)), pid=pid) for rank, pid in sorted(hung.items())
              if rank >= 0]
     verdict = hangs.odd_ones_out(taken)
-    assert verdict.culprits == (1,) and verdict.kind == "hang"
+    assert verdict.culprits == (1,) and verdict.kind == "hang", (verdict.reason, verdict.rows)
     assert "dataloader" in verdict.frame.lower() or "__next__" in verdict.frame
 
 
