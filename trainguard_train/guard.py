@@ -407,10 +407,8 @@ class Guard:
     def save(self, step: int, kind: str, failure: str | None = None, failed_at: float | None = None) -> Path | None:
         """Save ``step`` atomically and acknowledge it; the checkpoint's path, or None when it was not saved."""
         name = self.checkpoint_name(step)
-        final = self.checkpoint_dir / name
-        existing = acks.read_ack(self.checkpoint_dir, name)
-        if existing is not None and existing.step == step and acks.verify(self.checkpoint_dir, existing) is None:
-            return final  # this step is saved and acknowledged already (a periodic save of the same step)
+        if self._already_saved(name, step, answers_notice=kind == "notice"):
+            return self.checkpoint_dir / name
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         temporary = self.checkpoint_dir / f".{name}.{os.getpid()}.tmp"
         try:
@@ -424,23 +422,34 @@ class Guard:
                      f"deadline; discarded, so nothing half-trusted is left")
                 _remove(temporary)
                 return None
-            if final.is_dir() and not final.is_symlink():
-                shutil.rmtree(final)
-            os.replace(temporary, final)
-            shards.fsync_dir(self.checkpoint_dir)
         except BaseException:
             _remove(temporary)
+            raise
+        return self._put_in_place(temporary, name, step, kind, failure, failed_at)
+
+    def _put_in_place(self, made: Path, name: str, step: int, kind: str, failure: str | None,
+                      failed_at: float | None) -> Path:
+        """``made`` (a whole save under its dot-name) renamed to ``name`` and acknowledged; its path."""
+        final = self.checkpoint_dir / name
+        try:
+            if final.is_dir() and not final.is_symlink():
+                shutil.rmtree(final)
+            os.replace(made, final)
+            shards.fsync_dir(self.checkpoint_dir)
+        except BaseException:
+            _remove(made)
             raise
         self._acknowledge(name, step, kind, failure, failed_at)
         if kind != "periodic":
             self._progress(step, time.time())
         return final
 
-    def _acknowledge(self, name: str, step: int, kind: str, failure: str | None, failed_at: float | None) -> None:
+    def _acknowledge(self, name: str, step: int, kind: str, failure: str | None, failed_at: float | None,
+                     files: tuple[acks.AckFile, ...] | None = None) -> None:
         written = time.time()
         notice = self.notice
         ack = acks.Ack(
-            checkpoint=name, step=step, kind=kind, files=acks.describe_files(self.checkpoint_dir, name),
+            checkpoint=name, step=step, kind=kind, files=files or acks.describe_files(self.checkpoint_dir, name),
             saved_by_rank=self.rank, world_size=self.world_size, written_at=written,
             notice=notice.to_json() if notice is not None and kind == "notice" else None,
             seconds_from_notice=round(written - notice.given_at, 3) if notice is not None and kind == "notice" else None,
@@ -453,18 +462,30 @@ class Guard:
                  f"acknowledged {since}s after the {'notice' if kind == 'notice' else 'failure'}")
 
     # ---- sharded state, shard by shard ---------------------------------------------------------------
-    def _already_saved(self, name: str, step: int) -> bool:
+    def _already_saved(self, name: str, step: int, answers_notice: bool = False) -> bool:
+        """Whether ``step`` is saved and acknowledged already: a periodic save of the same step.
+
+        A notice whose agreed step was just saved periodically is answered by that checkpoint: with
+        ``answers_notice`` (the rank that acknowledges a notice's save), its acknowledgement is rewritten
+        as the notice's (the same files, the notice and the seconds since it), so the verdict still has
+        its notice → acknowledgement time, and the progress record says the step.
+        """
         existing = acks.read_ack(self.checkpoint_dir, name)
-        return existing is not None and existing.step == step and acks.verify(self.checkpoint_dir, existing) is None
+        if existing is None or existing.step != step or acks.verify(self.checkpoint_dir, existing) is not None:
+            return False
+        if answers_notice and existing.kind == "periodic":
+            self._acknowledge(name, step, "notice", None, None, existing.files)
+            self._progress(step, time.time())
+        return True
 
     def save_shards(self, step: int, kind: str, where: shards.Layout) -> Path | None:
         """Save ``step`` of sharded state with every rank alive (every rank calls it): the first replica's
         ranks write their shards, two barriers apart, and its lowest rank puts the folder in place."""
         assert self.model is not None
         name = self.checkpoint_name(step)
-        if self._already_saved(name, step):
-            return self.checkpoint_dir / name
         members = where.replicas[0]
+        if self._already_saved(name, step, answers_notice=kind == "notice" and self.rank == min(members)):
+            return self.checkpoint_dir / name
         folder = self.checkpoint_dir / f".{name}.{kind}-{self.attempt or 'attempt'}.tmp"
         if self.rank == min(members):
             _remove(folder)  # an earlier save of this step that never finished
@@ -484,42 +505,32 @@ class Guard:
                   deadline: float, failure: str | None = None, failed_at: float | None = None) -> Path | None:
         """Once every shard is in ``folder`` (waited for until ``deadline``): the manifest, the folder renamed
         into place and acknowledged; else the folder removed, so nothing that looks whole is left."""
-        name = self.checkpoint_name(step)
-        final = self.checkpoint_dir / name
-        label = kind.replace("_", "-")
         try:
             missing = shards.wait_for_shards(folder, where.shards, deadline, _say)
             if missing:
                 ranks = [members[k] for k in missing]
-                why = (f"shard{'s' if len(missing) > 1 else ''} {missing} (rank{'s' if len(ranks) > 1 else ''} "
-                       f"{', '.join(map(str, ranks))}) not written by the deadline; nothing kept")
-                _remove(folder)
-                if kind == "just_in_time":
-                    self._refuse(step, why)
-                else:
-                    _say(f"{label} checkpoint of step {step}: {why}")
+                self._give_up(folder, step, kind, (
+                    f"shard{'s' if len(missing) > 1 else ''} {missing} (rank{'s' if len(ranks) > 1 else ''} "
+                    f"{', '.join(map(str, ranks))}) not written by the deadline; nothing kept"))
                 return None
             shards.write_manifest(folder, step, where, members)
             _fsync_tree(folder)
             if time.time() > deadline and kind != "periodic":
-                why = f"ready {time.time() - deadline:.1f}s after the deadline; discarded, so nothing half-trusted is left"
-                _remove(folder)
-                if kind == "just_in_time":
-                    self._refuse(step, why)
-                else:
-                    _say(f"{label} checkpoint of step {step} was {why}")
+                self._give_up(folder, step, kind, f"ready {time.time() - deadline:.1f}s after the deadline; "
+                              "discarded, so nothing half-trusted is left")
                 return None
-            if final.is_dir() and not final.is_symlink():
-                shutil.rmtree(final)
-            os.replace(folder, final)
-            shards.fsync_dir(self.checkpoint_dir)
         except BaseException:
             _remove(folder)
             raise
-        self._acknowledge(name, step, kind, failure, failed_at)
-        if kind != "periodic":
-            self._progress(step, time.time())
-        return final
+        return self._put_in_place(folder, self.checkpoint_name(step), step, kind, failure, failed_at)
+
+    def _give_up(self, folder: Path, step: int, kind: str, why: str) -> None:
+        """``folder`` removed, and why said: a just-in-time save's refusal is recorded for the verdict."""
+        _remove(folder)
+        if kind == "just_in_time":
+            self._refuse(step, why)
+        else:
+            _say(f"{kind.replace('_', '-')} checkpoint of step {step}: {why}")
 
     def _just_in_time_shards(self, where: shards.Layout, step: int, failure: str, failed_at: float) -> Path | None:
         """HSDP after a peer died: write this rank's shard into its replica's folder and leave, unless it

@@ -62,6 +62,21 @@ def test_a_sigterm_mid_step_saves_the_completed_step_with_a_notice_ack_and_stops
     assert signal.getsignal(signal.SIGTERM) is not guard._on_signal  # the handlers are given back
 
 
+def test_a_notice_whose_step_was_just_saved_periodically_is_answered_by_that_checkpoint(env: Path) -> None:
+    model, optimizer = model_and_optimizer()
+    with pytest.raises(tg.Stopped), tg.Guard(model, optimizer, every=10) as guard:
+        for step in guard.steps(guard.resume(), 100):
+            if step == 19:
+                os.kill(os.getpid(), signal.SIGTERM)  # in step 20, which is saved periodically as it ends
+
+    assert sorted(p.name for p in env.iterdir() if not p.name.startswith(".")) == ["step-000010.pt", "step-000020.pt"]
+    ack = acks.read_ack(env, "step-000020.pt")  # saved once, acknowledged as the notice's answer
+    assert ack is not None and (ack.step, ack.kind) == (20, "notice") and acks.verify(env, ack) is None
+    assert ack.notice is not None and ack.seconds_from_notice is not None
+    progress = acks.read_progress(env)
+    assert progress is not None and progress.step == 20
+
+
 def test_the_notice_files_deadline_is_the_one_kept_and_a_save_that_overruns_it_leaves_nothing(
         env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     notice_file = tmp_path / "notice.json"
