@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from kubesim import devcluster
+
 ROOT = Path(__file__).resolve().parents[2]
 STAMP = ".trainguard-installed"
 
@@ -55,3 +57,10 @@ def user_env(home: Path) -> dict[str, str]:
     home.mkdir(parents=True, exist_ok=True)
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     return env
+
+
+def stop_kubesim(checkout: Path, env: dict[str, str]) -> None:
+    """`./dev kubesim stop` in the copy, then the copy's cluster folder removed: `./dev kubesim` keeps
+    it for a resume, but the copy, and so its cluster, is the test's."""
+    subprocess.run(["./dev", "kubesim", "stop"], cwd=checkout, env=env, capture_output=True, timeout=60)
+    shutil.rmtree(devcluster.folder(checkout), ignore_errors=True)

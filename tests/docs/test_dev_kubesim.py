@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from checkout_copy import copy_checkout, user_env
+from checkout_copy import copy_checkout, stop_kubesim, user_env
 from processes import alive
 from waiting import wait_for
 
@@ -70,7 +70,7 @@ def fresh(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     try:
         yield checkout, env
     finally:
-        subprocess.run(["./dev", "kubesim", "stop"], cwd=checkout, env=env, capture_output=True, timeout=60)
+        stop_kubesim(checkout, env)
 
 
 def _kubesim_pid(checkout: Path) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from checkout_copy import ROOT, copy_checkout, user_env
+from checkout_copy import ROOT, copy_checkout, stop_kubesim, user_env
 from docblocks import Block, blocks, run, verdict
 
 README = ROOT / "README.md"
@@ -34,7 +34,7 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict
     try:
         yield checkout, env
     finally:  # a block that failed halfway may have left kubesim running
-        subprocess.run(["./dev", "kubesim", "stop"], cwd=checkout, env=env, capture_output=True, timeout=60)
+        stop_kubesim(checkout, env)
 
 
 def test_every_quickstart_shell_block_is_tested_or_says_why_not() -> None:

@@ -89,16 +89,21 @@ def _wait(what: str, check: Callable[[], Any], timeout: float) -> Any:
         time.sleep(0.1)
 
 
+def folder(checkout: Path) -> Path:
+    """The checkout's cluster folder: one per checkout, kept across restarts. The claims' folders under
+    pvc/ outlive the server as a cluster's volumes outlive its pods, so a stopped run resumes from its
+    checkpoints."""
+    digest = hashlib.sha256(str(checkout.resolve()).encode()).hexdigest()[:10]
+    return Path(tempfile.gettempdir()) / f"kubesim-{digest}"
+
+
 def start(checkout: Path) -> dict[str, Any]:
     """Start the checkout's cluster unless one runs; its record."""
     running = _current(checkout)
     if running is not None:
         _say(f"already running: KUBECONFIG={running['kubeconfig']}")
         return running
-    # One folder per checkout, kept across restarts: the claims' folders under pvc/ outlive the
-    # server as a cluster's volumes outlive its pods, so a stopped run resumes from its checkpoints.
-    digest = hashlib.sha256(str(checkout).encode()).hexdigest()[:10]
-    root = Path(tempfile.gettempdir()) / f"kubesim-{digest}"
+    root = folder(checkout)
     root.mkdir(exist_ok=True)
     config = SimConfig(root=root, nodes=NODES,
                        images={"*": HostPython(sys.executable, workdir=str(checkout))},
