@@ -383,20 +383,17 @@ class Guard:
     def _stop(self, completed: int) -> None:
         notice = self.notice_now() if self.signalled is not None else None
         where = self._shard_wise()
-        if where is not None:
+        if where is not None or self.rank == self.saving_rank:  # the ranks that save: all, shard by shard, or one
+            # another rank had the notice: this node's notice file may hold it, else its grace applies
             self.notice = notice or current_notice(os.environ) or Notice(
                 "terminated", time.time(), time.time() + grace_seconds(os.environ), "another rank's notice")
             if self.rank == self.saving_rank:
                 _say(f"notice ({self.notice.reason}, {self.notice.seconds_left():.1f}s left): all ranks stop after "
                      f"step {completed}")
-            self.save_shards(completed, "notice", where)
-        elif self.rank == self.saving_rank:
-            # another rank had the notice: this node's notice file may hold it, else its grace applies
-            notice = notice or current_notice(os.environ) or Notice(
-                "terminated", time.time(), time.time() + grace_seconds(os.environ), "another rank's notice")
-            self.notice = notice
-            _say(f"notice ({notice.reason}, {notice.seconds_left():.1f}s left): all ranks stop after step {completed}")
-            self.save(completed, "notice")
+            if where is not None:
+                self.save_shards(completed, "notice", where)
+            else:
+                self.save(completed, "notice")
         signum = self.signalled[0] if self.signalled is not None else signal.SIGTERM
         raise Stopped(128 + signum)
 
@@ -449,7 +446,7 @@ class Guard:
         written = time.time()
         notice = self.notice
         ack = acks.Ack(
-            checkpoint=name, step=step, kind=kind, files=files or acks.describe_files(self.checkpoint_dir, name),
+            checkpoint=name, step=step, kind=kind, files=files if files is not None else acks.describe_files(self.checkpoint_dir, name),
             saved_by_rank=self.rank, world_size=self.world_size, written_at=written,
             notice=notice.to_json() if notice is not None and kind == "notice" else None,
             seconds_from_notice=round(written - notice.given_at, 3) if notice is not None and kind == "notice" else None,
