@@ -27,6 +27,7 @@ dot-name, which is never taken for a checkpoint.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import shutil
@@ -548,25 +549,18 @@ class Guard:
         name = self.checkpoint_name(step)
         if self._already_saved(name, step):
             return self.checkpoint_dir / name
-        attempt = self.attempt or "attempt"
-        folder = self.checkpoint_dir / f".{name}.jit-{attempt}-replica{replica}.tmp"
+        folder = self._replica_folder(name, replica)
         try:
             shards.write_shard(folder, shards.shard_state(self.model, self.optimizer, step, where, shard))
         except Exception as error:
             _say(f"rank {self.rank} could not write shard {shard} of step {step}: {type(error).__name__}: {error}")
-        claim = acks.acks_folder(self.checkpoint_dir) / f"just-in-time-{attempt}.claim"
         if shards.missing_shards(folder, where.shards):
-            self._stand_down(folder, step, where, replica, shard, claim)
+            self._stand_down(folder, step, where, replica, shard)
             return None
-        try:
-            claim.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+        if not self._claim({"rank": self.rank, "replica": replica, "step": step, "at": failed_at}):
             _say(f"rank {self.rank} stands down: another replica's just-in-time checkpoint is claimed")
             _remove(folder)
             return None
-        with os.fdopen(fd, "w") as handle:
-            handle.write(f'{{"rank": {self.rank}, "replica": {replica}, "step": {step}, "at": {failed_at}}}\n')
         _say(f"rank {self.rank} completed replica {replica}'s shards of step {step} after: {failure}")
         try:
             saved = self._assemble(folder, step, "just_in_time", where, where.replicas[replica], deadline,
@@ -576,14 +570,14 @@ class Guard:
             return None
         if saved is not None:
             self._refusal_path().unlink(missing_ok=True)  # a replica's stand-down spoke too early
-            for other in self.checkpoint_dir.glob(f".{name}.jit-{attempt}-replica*.tmp"):
+            for other in self.checkpoint_dir.glob(self._replica_folder(name, "*").name):
                 _remove(other)
         return saved
 
-    def _stand_down(self, folder: Path, step: int, where: shards.Layout, replica: int, shard: int, claim: Path) -> None:
+    def _stand_down(self, folder: Path, step: int, where: shards.Layout, replica: int, shard: int) -> None:
         """This survivor's replica is not whole yet: its shard stays for the one that completes it, unless
         another replica is claimed already (then the shard is of no use and goes)."""
-        if claim.exists():
+        if self._claim_path().exists():
             _say(f"rank {self.rank} stands down: another replica's just-in-time checkpoint is claimed")
             _remove(folder / shards.shard_file(shard, where.shards))
             try:
@@ -593,19 +587,17 @@ class Guard:
             return
         _say(f"rank {self.rank} wrote shard {shard} of replica {replica} (step {step}) and stands down: "
              f"shards {shards.missing_shards(folder, where.shards)} of that replica are not written yet")
-        self._refuse_unless_claimed(step, where, self.checkpoint_name(step), claim)
+        self._refuse_unless_claimed(step, where, self.checkpoint_name(step))
 
-    def _refuse_unless_claimed(self, step: int, where: shards.Layout, name: str, claim: Path) -> None:
+    def _refuse_unless_claimed(self, step: int, where: shards.Layout, name: str) -> None:
         """Record why there is no just-in-time checkpoint as this survivor sees it, unless a replica is being
         saved; removed again when one was saved meanwhile, so a record never stands beside the checkpoint
         it denies (the saver removes it too, once its acknowledgement is written)."""
-        if claim.exists():
+        if self._claim_path().exists():
             return
-        attempt = self.attempt or "attempt"
         seen = []
         for index in range(min(len(where.replicas), 8)):
-            folder = self.checkpoint_dir / f".{name}.jit-{attempt}-replica{index}.tmp"
-            missing = shards.missing_shards(folder, where.shards)
+            missing = shards.missing_shards(self._replica_folder(name, index), where.shards)
             lost = [where.replicas[index][k] for k in missing]
             seen.append(f"replica {index} lacks the shard{'s' if len(lost) > 1 else ''} of rank"
                         f"{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))}" if lost else
@@ -615,6 +607,26 @@ class Guard:
         self._refuse(step, f"no replica of every shard survived ({where.describe()}): {'; '.join(seen)}")
         if acks.read_ack(self.checkpoint_dir, name) is not None:  # saved meanwhile (a claimed save that fails
             self._refusal_path().unlink(missing_ok=True)          # records its own reason)
+
+    def _replica_folder(self, name: str, replica: int | str) -> Path:
+        """Where survivors of ``replica`` write their shards of checkpoint ``name`` (``"*"``: a glob of them all)."""
+        return self.checkpoint_dir / f".{name}.jit-{self.attempt or 'attempt'}-replica{replica}.tmp"
+
+    def _claim_path(self) -> Path:
+        return acks.acks_folder(self.checkpoint_dir) / f"just-in-time-{self.attempt or 'attempt'}.claim"
+
+    def _claim(self, record: dict[str, object]) -> bool:
+        """Claim this attempt's just-in-time save (``O_EXCL``: one survivor wins), leaving ``record`` in the
+        claim; False when another survivor claimed it first."""
+        claim = self._claim_path()
+        try:
+            claim.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(record) + "\n")
+        return True
 
     def _refusal_path(self) -> Path:
         return acks.acks_folder(self.checkpoint_dir) / f"no-just-in-time-{self.attempt or 'attempt'}.json"
@@ -647,15 +659,9 @@ class Guard:
         if self.signalled is not None:
             self.notice_now()  # the launcher's SIGTERM to the survivors: its deadline bounds the save
         time.sleep(min(self.rank, 50) * 0.02)  # lower ranks claim first; the claim itself decides
-        claim = acks.acks_folder(self.checkpoint_dir) / f"just-in-time-{self.attempt or 'attempt'}.claim"
-        try:
-            claim.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+        if not self._claim({"rank": self.rank, "step": step, "at": failed_at}):
             _say(f"rank {self.rank} stands down: another survivor saves the just-in-time checkpoint")
             return None
-        with os.fdopen(fd, "w") as handle:
-            handle.write(f'{{"rank": {self.rank}, "step": {step}, "at": {failed_at}}}\n')
         _say(f"rank {self.rank} saves a just-in-time checkpoint of step {step} after: {failure}")
         try:
             return self.save(step, "just_in_time", failure=failure, failed_at=failed_at)
