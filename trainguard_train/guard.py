@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from trainguard_entrypoint import acks
 from trainguard_train import shards
-from trainguard_entrypoint.files import write_json_atomic
+from trainguard_entrypoint.files import read_json_object, write_json_atomic
 from trainguard_entrypoint.notice import Notice, current_notice, grace_seconds
 from trainguard_entrypoint.slurmnotice import TIMES_ENV
 
@@ -526,6 +526,7 @@ class Guard:
         """``folder`` removed, and why said: a just-in-time save's refusal is recorded for the verdict."""
         _remove(folder)
         if kind == "just_in_time":
+            self._keep_in_claim(why)
             self._refuse(step, why)
         else:
             _say(f"{kind.replace('_', '-')} checkpoint of step {step}: {why}")
@@ -605,8 +606,11 @@ class Guard:
         if len(where.replicas) > len(seen):
             seen.append(f"{len(where.replicas) - len(seen)} more replicas not looked at")
         self._refuse(step, f"no replica of every shard survived ({where.describe()}): {'; '.join(seen)}")
-        if acks.read_ack(self.checkpoint_dir, name) is not None:  # saved meanwhile (a claimed save that fails
-            self._refusal_path().unlink(missing_ok=True)          # records its own reason)
+        claim = read_json_object(self._claim_path())  # claimed since this survivor looked: that claimer's
+        if claim is not None and isinstance(claim.get("refused"), str):  # reason is the one that counts
+            self._refuse(step, claim["refused"], quiet=True)
+        if acks.read_ack(self.checkpoint_dir, name) is not None:  # saved meanwhile
+            self._refusal_path().unlink(missing_ok=True)
 
     def _replica_folder(self, name: str, replica: int | str) -> Path:
         """Where survivors of ``replica`` write their shards of checkpoint ``name`` (``"*"``: a glob of them all)."""
@@ -627,6 +631,15 @@ class Guard:
         with os.fdopen(fd, "w") as handle:
             handle.write(json.dumps(record) + "\n")
         return True
+
+    def _keep_in_claim(self, why: str) -> None:
+        """The claimer's reason for keeping nothing, kept in its claim too: a survivor that stood down
+        may overwrite the record with its own earlier view, and puts this reason back when it sees it."""
+        record = read_json_object(self._claim_path()) or {}
+        try:
+            write_json_atomic(self._claim_path(), {**record, "refused": why})
+        except OSError as exc:
+            _say(f"cannot record why in the claim: {exc}")
 
     def _refusal_path(self) -> Path:
         return acks.acks_folder(self.checkpoint_dir) / f"no-just-in-time-{self.attempt or 'attempt'}.json"
@@ -669,8 +682,10 @@ class Guard:
             _say(f"just-in-time checkpoint of step {step} failed: {type(error).__name__}: {error}")
             return None
 
-    def _refuse(self, step: int, why: str) -> None:
-        _say(f"no just-in-time checkpoint of step {step}: {why}")
+    def _refuse(self, step: int, why: str, *, quiet: bool = False) -> None:
+        """Record why there is no just-in-time checkpoint of ``step`` (said on stderr unless ``quiet``)."""
+        if not quiet:
+            _say(f"no just-in-time checkpoint of step {step}: {why}")
         record = {"version": 1, "attempt": self.attempt, "step": step, "reason": why, "at": time.time()}
         try:
             write_json_atomic(self._refusal_path(), record)

@@ -6,6 +6,7 @@ tests/flows/test_helper_attempts.py and test_helper_notice.py; here each rule is
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from trainguard_entrypoint import acks
 from trainguard_entrypoint.notice import Notice, write_notice
 from trainguard_entrypoint.slurmnotice import TIMES_ENV
 from trainguard_entrypoint.trainpath import helper_archive
+from trainguard_train import shards
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -174,6 +176,40 @@ def test_sharded_state_gets_no_just_in_time_checkpoint_and_says_why(env: Path) -
     assert not list(env.glob("step-*"))
     why = (env / ".trainguard-acks" / "no-just-in-time-3.json").read_text()
     assert "sharded (FSDP)" in why and '"step": 5' in why
+
+
+def test_a_stand_downs_view_never_replaces_the_claimers_reason_for_having_no_just_in_time_checkpoint(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # HSDP, 2 replicas x 2 shards. A survivor that stands down looks for a claim, then at each replica's
+    # shards, then records what it saw; another survivor claims the save in between and its save runs
+    # past the deadline. Both orders, forced.
+    where = shards.Layout((2, 2), ((0, 1), (2, 3)))
+    model, optimizer = model_and_optimizer()
+    claimer, stood_down = tg.Guard(model, optimizer), tg.Guard(model, optimizer)
+    record = env / ".trainguard-acks" / "no-just-in-time-3.json"
+
+    def claimed_and_given_up() -> None:
+        assert claimer._claim({"rank": 0, "replica": 0, "step": 5})
+        claimer._give_up(env / ".step-000005.jit-3-replica0.tmp", 5, "just_in_time",
+                         "ready 2.0s after the deadline; discarded")
+
+    looked = shards.missing_shards
+    def look_while_claimed(folder: Path, count: int) -> list[int]:
+        if not claimer._claim_path().exists():
+            claimed_and_given_up()
+        return looked(folder, count)
+    monkeypatch.setattr(shards, "missing_shards", look_while_claimed)
+    stood_down._refuse_unless_claimed(5, where, "step-000005")
+    assert claimer._claim_path().exists()  # the claim came after the stand-down looked for one
+    assert "after the deadline" in json.loads(record.read_text())["reason"]
+
+    monkeypatch.setattr(shards, "missing_shards", looked)
+    for left in (record, claimer._claim_path()):
+        left.unlink()
+    stood_down._refuse_unless_claimed(5, where, "step-000005")
+    assert "no replica of every shard survived" in json.loads(record.read_text())["reason"]
+    claimed_and_given_up()
+    assert "after the deadline" in json.loads(record.read_text())["reason"]
 
 
 def test_the_helper_travels_in_the_zipapp_and_beside_a_source_tree_without_trainguard(tmp_path: Path) -> None:
