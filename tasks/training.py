@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
-from prefect import get_run_logger, task
+from prefect import get_client, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.client.schemas.objects import State
+from prefect.client.schemas.objects import State, StateType
+from prefect.exceptions import TerminationSignal
+from prefect.runtime import flow_run as current_run
 from prefect.states import Failed
 
 from blocks.secrets import SecretEnvError, resolve_secret_env
+from trainguard.core.backends import stopreason
 from trainguard.core.backends.base import START_ERROR, AttemptOutcome, AttemptRef, Backend, Launch
 from trainguard.core.reports.livelog import LiveLog
 from trainguard.core.masking import SECRET_NAMES_VARIABLE
@@ -28,6 +32,35 @@ class TrainingFailed(Exception):
     def __repr__(self) -> str:
         # Prefect logs the failed state with its data: the outcome may carry a 200-line output tail
         return f"TrainingFailed({self.args[0]!r})"
+
+
+CANCEL_ASK_SECONDS = 3.0  # the stop goes on without the answer: the training's grace is running
+
+
+def cancelled_by_person(exc: BaseException) -> str | None:
+    """``cancelled`` when the SIGTERM that stops this flow run is a person's cancel: the UI's Cancel (or
+    `prefect flow-run cancel`) sets the run Cancelling before the worker signals its process. Asked of
+    the Prefect API within `CANCEL_ASK_SECONDS`; None for any other stop, or without an answer."""
+    run_id = current_run.id if isinstance(exc, TerminationSignal) else None
+    if not run_id:
+        return None
+    answer: list[bool] = []
+
+    def ask() -> None:
+        try:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(run_id).state
+        except Exception:  # noqa: BLE001 - no answer: the entrypoint's own reason stands
+            return
+        answer.append(state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED))
+
+    asking = threading.Thread(target=ask, name="ask-if-cancelled", daemon=True)
+    asking.start()
+    asking.join(CANCEL_ASK_SECONDS)
+    return "cancelled" if answer and answer[0] else None
+
+
+stopreason.learn(cancelled_by_person)
 
 
 @task(name="provision_workspace", cache_policy=NO_CACHE)

@@ -98,6 +98,9 @@ def test_a_stopped_run_records_the_attempt_prints_the_table_and_says_how_to_resu
     verdict = json.loads((tmp_path / "trainguard-data/evidence/runs" / run_id / "attempt-1/verdict.json").read_text())
     assert verdict["category"] == category and verdict["decision"]["retry"] is False
     assert not list((tmp_path / "trainguard-data/evidence/runs" / run_id).glob("attempt-2"))  # not retried here
+    # the training was told why: Ctrl-C by the supervisor's notice, a SIGTERM by the entrypoint's own
+    notice = json.loads((tmp_path / "trainguard-data/work/runs" / run_id / "attempt-1/notice.json").read_text())
+    assert notice["reason"] == ("interrupted" if signum == signal.SIGINT else "terminated"), notice
 
 
 def test_sigterm_to_the_whole_process_group_still_records_the_stop_through_the_temporary_server(tmp_path):

@@ -74,6 +74,8 @@ def test_a_person_cancelling_a_running_attempt_from_the_ui_keeps_its_verdict_and
     assert (verdict["category"], verdict["rule_id"], verdict["decision"]["retry"]) == (
         "user_cancelled", "flow.cancelled", False), verdict
     assert verdict["state"] == "Cancelled" and (folder / "manifest.json").exists()
+    notice = json.loads((blocks["work"] / "runs" / "ui-cancel-1" / "attempt-1" / "notice.json").read_text())
+    assert (notice["reason"], notice["source"].split(",")[0]) == ("cancelled", "a person cancelled the run"), notice
     assert "was cancelled" in worker_log and "not retried" in worker_log, worker_log[-3000:]
     assert [r.name for r in attempt_runs("ui-cancel-1")] == ["ui-cancel-a1"]
     assert not list(blocks["work"].glob("runs/ui-cancel-1/attempt-2")), "a cancelled attempt was retried"

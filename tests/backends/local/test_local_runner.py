@@ -17,6 +17,7 @@ import pytest
 
 from processes import alive
 
+from trainguard.core.backends import stopreason
 from trainguard.core.backends.local.runner import LocalProcessRunner, ProcessOutcome
 from trainguard.core.backends.workspace import CRASH_REPORT, RUNNER_REPORT, SNAPSHOT, AttemptWorkspace
 from waiting import wait_for
@@ -285,3 +286,38 @@ def test_the_deadline_gives_notice_before_the_stop_with_the_grace_to_save(worksp
     assert abs(notice["deadline"] - notice["given_at"] - 5.0) < 1e-3  # the sweep and the grace: no SIGKILL before
     assert notice["given_at"] <= got["at"] < notice["deadline"]
     assert "the attempt's 3s deadline" in notice["source"]
+
+
+def _cancel_resolver(exc: BaseException) -> str | None:
+    return "cancelled" if isinstance(exc, Terminated) else None  # as the shell answers for a Cancelling flow run
+
+
+def _broken_resolver(exc: BaseException) -> str | None:
+    raise RuntimeError("the Prefect API is gone")
+
+
+@pytest.mark.parametrize(("signum", "resolver", "reason"), [
+    (signal.SIGUSR1, _cancel_resolver, "cancelled"),     # a person's cancel: the shell knows it
+    (signal.SIGINT, _cancel_resolver, "interrupted"),    # Ctrl-C
+    (signal.SIGUSR1, _broken_resolver, "terminated"),    # no answer: the entrypoint gives its own notice
+])
+def test_a_stopped_supervisor_tells_the_training_why_in_its_notice(
+    workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int, resolver, reason: str
+) -> None:
+    monkeypatch.setattr(stopreason, "_resolvers", [])
+    stopreason.learn(resolver)
+    record = tmp_path / "record.json"
+    previous = signal.signal(signal.SIGUSR1, _raise_terminated)
+    interrupter = threading.Thread(target=lambda: (
+        wait_for(lambda: workspace.log_path.exists() and "ready" in workspace.log_path.read_text(errors="replace"), 60,
+                 "the stand-in to install its SIGTERM handler"), os.kill(os.getpid(), signum)))
+    try:
+        interrupter.start()
+        with pytest.raises((Terminated, KeyboardInterrupt)):
+            LocalProcessRunner(grace_seconds=4.0, poll_interval_seconds=0.05).run(
+                [sys.executable, "-c", RECORDS_NOTICE, str(record)], workspace=workspace)
+    finally:
+        interrupter.join()
+        signal.signal(signal.SIGUSR1, previous)
+    got = json.loads(_wait_for_file(record))
+    assert got["signal"] == signal.SIGTERM and got["notice"]["reason"] == reason, got

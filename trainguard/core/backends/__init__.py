@@ -9,6 +9,6 @@ folder into a store, through `jobfiles` (the job's files masked or byte for byte
 safely named); `torchrun` and `rankstacks` read what torchrun and the entrypoint's stack capture
 left there, as triage reads it; `forensics` is what every backend tells the entrypoint about a hang;
 `processes` tells whether a recorded process still runs; `waits` says, on a schedule, what a
-long wait is for. The wings `local`, `kubernetes` and
+long wait is for; `stopreason` says why the supervisor stops an attempt (a cancel, Ctrl-C). The wings `local`, `kubernetes` and
 `slurm` know nothing of each other.
 """

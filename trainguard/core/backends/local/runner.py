@@ -34,7 +34,7 @@ from trainguard_entrypoint.progress import HEARTBEAT
 from trainguard_entrypoint.redact import redact_argv
 
 from trainguard.core import masking
-from trainguard.core.backends import processes
+from trainguard.core.backends import processes, stopreason
 from trainguard.core.backends.workspace import CRASH_REPORT, PROCESS_RECORD, RUNNER_REPORT, AttemptWorkspace
 
 COMPLETED = "Completed"
@@ -44,6 +44,7 @@ STALLED = "Stalled"
 CANCELLED = "Cancelled"
 START_ERROR = "StartError"
 
+_STOPPED_BY = {"cancelled": "a person cancelled the run", "interrupted": "Ctrl-C to the supervising process"}
 _MAX_LINE_BYTES = 64 * 1024  # a progress bar that never prints "\n" is still shown, in pieces
 TAIL_LINES = 200  # the output tail kept in memory, for triage when the log file is incomplete
 _TAIL_LINE_CHARS = 4096
@@ -202,6 +203,8 @@ class LocalProcessRunner:
         try:
             ended = self._wait(proc, watcher, workspace, start, deadline_seconds, stall_seconds)
         except BaseException as exc:
+            if why := stopreason.reason(exc):  # a person's cancel or Ctrl-C, said to the training as such
+                self._give_notice(workspace, why, _STOPPED_BY.get(why, why))
             self._stop(proc)
             self._close(proc, watcher)
             exit_code, sig = self._exit_status(proc, workspace)
