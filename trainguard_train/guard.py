@@ -550,6 +550,10 @@ class Guard:
         name = self.checkpoint_name(step)
         if self._already_saved(name, step):
             return self.checkpoint_dir / name
+        if self._claim_path().exists():  # learnt of the failure late: a whole replica is being saved already
+            _say(f"rank {self.rank} stands down without writing its shard: another replica's just-in-time "
+                 f"checkpoint is claimed")
+            return None
         folder = self._replica_folder(name, replica)
         try:
             shards.write_shard(folder, shards.shard_state(self.model, self.optimizer, step, where, shard))

@@ -212,6 +212,22 @@ def test_a_stand_downs_view_never_replaces_the_claimers_reason_for_having_no_jus
     assert "after the deadline" in json.loads(record.read_text())["reason"]
 
 
+def test_a_survivor_that_learns_late_of_a_claimed_replica_writes_no_shard(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # HSDP at scale: every replica's survivors writing their shards is the whole state written once per
+    # replica, at the moment the file system is needed for the one that counts.
+    written: list[object] = []
+    monkeypatch.setattr(shards, "shard_state", lambda *args: written.append(args) or {"step": 5})
+    monkeypatch.setattr(shards, "write_shard", lambda *args: written.append(args))
+    model, optimizer = model_and_optimizer()
+    claimer, late = tg.Guard(model, optimizer), tg.Guard(model, optimizer)
+    assert claimer._claim({"rank": 0, "replica": 0, "step": 5})
+    late.completed = 5
+    assert late._just_in_time_shards(shards.Layout((2, 2), ((0, 1), (2, 3))), 5, "Connection reset by peer",
+                                      time.time()) is None
+    assert written == [] and not list(env.glob(".step-000005.jit-*")) and not list(env.glob("step-*"))
+
+
 def test_the_helper_travels_in_the_zipapp_and_beside_a_source_tree_without_trainguard(tmp_path: Path) -> None:
     names = zipfile.ZipFile(__import__("io").BytesIO(entrypoint_archive.build())).namelist()
     assert "trainguard_train/guard.py" in names and "trainguard_entrypoint/acks.py" in names
