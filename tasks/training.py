@@ -34,7 +34,7 @@ class TrainingFailed(Exception):
         return f"TrainingFailed({self.args[0]!r})"
 
 
-CANCEL_ASK_SECONDS = 3.0  # the stop goes on without the answer: the training's grace is running
+CANCEL_ASK_SECONDS = 5.0  # then the stop goes on without the answer: the worker's kill grace is running
 
 
 def cancelled_by_person(exc: BaseException) -> str | None:
