@@ -3,6 +3,8 @@ errors only, logs as bytes, and watches that end in a translated error."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 import pytest
@@ -119,3 +121,27 @@ def _terminal(event: dict[str, Any]) -> dict[str, Any] | None:
         if any(c["type"] == "Complete" and c["status"] == "True" for c in obj.get("status", {}).get("conditions", [])):
             return dict(obj)
     return None
+
+
+def test_many_calls_at_once_keep_their_connections_without_a_warning(
+    sim: kubesim.fixture.Sim, ns: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A 16-node attempt follows 16 pods' logs at once beside its watch and calls. urllib3 sizes its pool
+    # by the flow host's cores (10 on 2 cores) and warns at every connection it must drop beyond that.
+    api = KubeApi.from_kubeconfig(str(sim.kubeconfig))
+    sim.faults.add(verb="list", resource="pods", namespace=ns, delay=1.0)  # so that all 16 are open at once
+    start = threading.Barrier(16)
+
+    def call() -> None:
+        start.wait()
+        api.list_pods(ns)
+
+    callers = [threading.Thread(target=call) for _ in range(16)]
+    with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"):
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join()
+    api.close()
+    assert len(sim.requests(verb="list", namespace=ns)) == 16
+    assert not [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()]

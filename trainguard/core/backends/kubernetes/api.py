@@ -324,9 +324,17 @@ class KubeApi:
         self.api_client.close()
 
 
+# Connections kept for reuse. The client's default is 5 per core of the flow host (10 on 2 cores), and
+# urllib3 warns at each connection it drops beyond it: a multi-node attempt follows every pod's log
+# at once, beside its watch and its calls. Idle connections cost a socket each.
+POOL_CONNECTIONS = 64
+
+
 def _client(configuration: Any) -> Any:
-    """An ApiClient whose urllib3 layer does not retry: `KubeApi.call` is the one retry policy."""
+    """An ApiClient whose urllib3 layer does not retry (`KubeApi.call` is the one retry policy) and keeps
+    up to `POOL_CONNECTIONS` connections."""
     configuration.retries = False
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, POOL_CONNECTIONS)
     return k8s.ApiClient(configuration)
 
 
