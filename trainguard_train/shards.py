@@ -9,7 +9,8 @@ and optimizer tensors, local to the rank that wrote it) and ``manifest.json`` (s
 shard files), written last. One replica's ranks write their shards into a dot-named folder (each
 shard under a dot-name of its own, fsynced and renamed); once every shard file is there, one rank
 (`trainguard_train.guard` says which) writes the manifest and renames the folder into place. A
-folder without its manifest or a shard is never loaded.
+folder without its manifest or a shard is never loaded. A run on another mesh loads it too
+(`load_shard`): each sharded tensor joined whole from the saved shards and cut anew.
 """
 
 from __future__ import annotations
@@ -179,33 +180,88 @@ def load_shard(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
                rank: int) -> int:
     """Load this rank's shard of the sharded checkpoint ``path``; its step.
 
+    Saved with as many shards as this run has (whatever its replicas: each holds the whole state), the
+    rank reads its own shard file. Saved with another number of shards (a mesh that shrank or grew),
+    every rank reads every shard file, joins each sharded tensor whole (a whole replica's state in the
+    rank's memory, for as long as the load takes) and keeps its own piece of it on this run's mesh.
+
     Raises:
-        ValueError: (one line) ``path`` is not a whole sharded checkpoint, or was saved on another mesh shape.
+        ValueError: (one line) ``path`` is not a whole sharded checkpoint, or does not fit this model.
     """
     field = f"TRAINGUARD_RESUME_FROM={path}"
+    step, saved = _whole_checkpoint(path, field)
+    shard = where.shard_of(rank)
+    if shard is None:
+        raise ValueError(f"{field}: rank {rank} is not on the model's mesh; resume with the same ranks")
+    whole = saved != where.shards
+    states = _read_shards(path, step, saved, range(saved) if whole else [shard], field)
+    names, expected = set(states[0]["model"]), set(model.state_dict())
+    if names != expected:
+        odd = sorted(names ^ expected)
+        raise ValueError(f"{field}: saved for a model with other parameters ({', '.join(odd[:3])}"
+                         f"{f' and {len(odd) - 3} more' if len(odd) > 3 else ''}); resume with the model it was saved from")
+    state = _joined(states, model, optimizer, field) if whole else states[0]
+    _load_model(model, state["model"], whole)
+    if optimizer is not None and state.get("optimizer") is not None:
+        _load_optimizer(optimizer, state["optimizer"], {(int(i), str(k)) for i, k in state.get("optimizer_dtensors", [])},
+                        whole)
+    return int(state["step"])
+
+
+def _whole_checkpoint(path: Path, field: str) -> tuple[object, int]:
+    """The step and the number of shards of the sharded checkpoint ``path``, once its manifest and every
+    shard file are there; else a one-line ValueError."""
     manifest = read_json_object(path / MANIFEST) if path.is_dir() else None
     if manifest is None or manifest.get("format") != SHARD_FORMAT:
         raise ValueError(f"{field}: not a whole sharded checkpoint (no readable {MANIFEST}); "
                          f"resume from a folder the guard saved for this sharded model")
-    saved_shape = tuple(manifest.get("mesh_shape") or ())
-    if saved_shape != where.mesh_shape:
-        raise ValueError(f"{field}: saved on a mesh of shape {saved_shape}, this run's is {where.mesh_shape}; "
-                         f"resume on the same mesh shape")
-    missing = missing_shards(path, where.shards)
-    if missing or manifest.get("shards") != where.shards:
-        raise ValueError(f"{field}: shards {missing} of {where.shards} are missing; "
-                         f"resume from a complete checkpoint")
-    shard = where.shard_of(rank)
-    if shard is None:
-        raise ValueError(f"{field}: rank {rank} is not on the model's mesh; resume with the same ranks")
-    state = torch.load(path / shard_file(shard, where.shards), map_location="cpu", weights_only=False)
-    if state.get("shard") != shard or state.get("step") != manifest.get("step"):
-        raise ValueError(f"{field}: {shard_file(shard, where.shards)} is not shard {shard} of step "
-                         f"{manifest.get('step')}; resume from a checkpoint the guard saved")
-    _load_model(model, state["model"])
-    if optimizer is not None and state.get("optimizer") is not None:
-        _load_optimizer(optimizer, state["optimizer"], {(int(i), str(k)) for i, k in state.get("optimizer_dtensors", [])})
-    return int(state["step"])
+    listed = manifest.get("shards")
+    saved = listed if isinstance(listed, int) and listed > 0 else 0
+    missing = missing_shards(path, saved) if saved else ["all"]
+    if missing:
+        raise ValueError(f"{field}: shards {missing} of {listed} are missing; resume from a complete checkpoint")
+    return manifest.get("step"), saved
+
+
+def _read_shards(path: Path, step: object, saved: int, wanted: Iterable[int], field: str) -> list[dict[str, Any]]:
+    states = []
+    for k in wanted:
+        state = torch.load(path / shard_file(k, saved), map_location="cpu", weights_only=False)
+        if state.get("shard") != k or state.get("step") != step:
+            raise ValueError(f"{field}: {shard_file(k, saved)} is not shard {k} of step {step}; "
+                             f"resume from a checkpoint the guard saved")
+        states.append(state)
+    return states
+
+
+def _joined(states: list[dict[str, Any]], model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+            field: str) -> dict[str, Any]:
+    """The saved shards as one state: each tensor that is sharded on this model joined whole along its
+    shard dimension, in shard order; everything else as shard 0 has it."""
+    first = states[0]
+    current = model.state_dict()
+    joined: dict[str, Any] = {**first, "model": {}}
+    for key, value in first["model"].items():
+        reference = current.get(key)
+        joined["model"][key] = _whole(key, [s["model"][key] for s in states], reference, field) \
+            if _is_dtensor(reference) else value
+    if optimizer is not None and first.get("optimizer") is not None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        sharded = {(int(i), str(k)) for i, k in first.get("optimizer_dtensors", [])}
+        joined["optimizer"] = {"param_groups": first["optimizer"]["param_groups"], "state": {
+            i: {k: _whole(f"optimizer state {i}.{k}", [s["optimizer"]["state"][i][k] for s in states], params[int(i)],
+                          field) if (int(i), k) in sharded else v for k, v in entry.items()}
+            for i, entry in first["optimizer"]["state"].items()}}
+    return joined
+
+
+def _whole(name: str, pieces: list[torch.Tensor], reference: Any, field: str) -> torch.Tensor:
+    dims = [placement.dim for placement in reference.placements if placement.is_shard()]
+    whole = torch.cat(pieces, dim=dims[0] if dims else 0)
+    if tuple(whole.shape) != tuple(reference.shape):
+        raise ValueError(f"{field}: {name} joined from its shards is {tuple(whole.shape)}, this model's is "
+                         f"{tuple(reference.shape)}; resume with the model it was saved from")
+    return whole
 
 
 def _like(local: torch.Tensor, reference: Any) -> Any:
@@ -214,13 +270,22 @@ def _like(local: torch.Tensor, reference: Any) -> Any:
                               shape=reference.shape, stride=reference.stride())
 
 
-def _load_model(model: torch.nn.Module, saved: dict[str, Any]) -> None:
+def _placed(value: torch.Tensor, reference: Any, whole: bool) -> Any:
+    """``value`` as a DTensor like ``reference``: a local piece as it is, a whole tensor cut to this rank's piece."""
+    if not whole:
+        return _like(value, reference)
+    from torch.distributed.tensor import distribute_tensor
+    return distribute_tensor(value, reference.device_mesh, reference.placements, src_data_rank=None)  # no collective
+
+
+def _load_model(model: torch.nn.Module, saved: dict[str, Any], whole: bool = False) -> None:
     current = model.state_dict()
-    model.load_state_dict({k: _like(saved[k], v) if _is_dtensor(v) else saved[k] for k, v in current.items()})
+    model.load_state_dict({k: _placed(saved[k], v, whole) if _is_dtensor(v) else saved[k] for k, v in current.items()})
 
 
-def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict[str, Any], dtensors: set[tuple[int, str]]) -> None:
+def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict[str, Any], dtensors: set[tuple[int, str]],
+                    whole: bool = False) -> None:
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    state = {int(i): {k: _like(v, params[int(i)]) if (int(i), k) in dtensors else v for k, v in entry.items()}
+    state = {int(i): {k: _placed(v, params[int(i)], whole) if (int(i), k) in dtensors else v for k, v in entry.items()}
              for i, entry in saved["state"].items()}
     optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})

@@ -90,8 +90,31 @@ def test_hsdp_a_whole_replica_survives_a_rank_killed_and_the_retry_resumes_every
     assert "step-000005/shard-00001-of-00002.pt" in (acks.verify(ck, ack) or "")
 
     where = shards.Layout((4,), ((0, 1, 2, 3),))
-    with pytest.raises(ValueError, match=r"saved on a mesh of shape \(2, 2\), this run's is \(4,\)"):
+    with pytest.raises(ValueError, match=r"saved for a model with other parameters \(0\.bias, 0\.weight, 2\.bias and 3 "):
         shards.load_shard(ck / "step-000005", torch.nn.Linear(1, 1), None, where, 0)
+
+
+def test_sharded_state_resumes_on_a_mesh_that_shrank_or_has_more_shards(tmp_path: Path) -> None:
+    # A node lost for good: the retry runs on fewer ranks (one replica of the same 2 shards, no replica
+    # left); or the same ranks shard the state 4 ways. Each rank holds its piece of the whole saved state.
+    ck = tmp_path / "ck"
+    run_jobs(tmp_path,
+             {"out": str(tmp_path / "first"), "world": 4, "mesh": [2, 2], "steps": 8, "attempt": 1, "every": 4},
+             {"out": str(tmp_path / "shrunk"), "world": 2, "mesh": [2], "steps": 6, "attempt": 2,
+              "resume": str(ck / "step-000004")},
+             {"out": str(tmp_path / "wider"), "world": 4, "mesh": [4], "steps": 6, "attempt": 3,
+              "resume": str(ck / "step-000004")})
+    assert exits(tmp_path / "shrunk") == [0, 0] and exits(tmp_path / "wider") == [0, 0, 0, 0]
+    saved = [torch.load(ck / "step-000004" / f"shard-0000{k}-of-00002.pt", weights_only=False) for k in (0, 1)]
+    whole = {key: torch.cat([s["model"][key] for s in saved]) for key in saved[0]["model"]}
+    adam = {(i, k): torch.cat([s["optimizer"]["state"][i][k] for s in saved]) if k != "step" else saved[0]["optimizer"]["state"][i][k]
+            for i in saved[0]["optimizer"]["state"] for k in saved[0]["optimizer"]["state"][i]}
+    for run, pieces in (("shrunk", 2), ("wider", 4)):
+        for rank in range(pieces):
+            expected = {"model": {key: value.chunk(pieces)[rank] for key, value in whole.items()},
+                        "optimizer": {i: {k: (v.chunk(pieces)[rank] if k != "step" else v) for (j, k), v in adam.items()
+                                          if j == i} for i in saved[0]["optimizer"]["state"]}}
+            assert same(expected, state(tmp_path / run / f"resumed-{rank}.pt")), (run, rank)
 
 
 def test_fully_sharded_state_without_a_replica_gets_no_just_in_time_checkpoint_and_the_reason(tmp_path: Path) -> None:
