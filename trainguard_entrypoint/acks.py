@@ -44,6 +44,13 @@ ACK_LIMIT_BYTES = 4 * 1024 * 1024  # 20,000 listed files fit; a bigger "ack" is 
 MAX_FILES = 20_000
 _TEXT_CHARS = 4_000
 _REASON_CHARS = 64
+# Checkpoints this process compared in full, by the identity of every file (device, inode, size, times)
+# and the digests vouched for: looked at again unchanged, they are not read again (`check`).
+_MATCHED: dict[tuple[object, ...], None] = {}
+_MATCHED_KEPT = 64
+# A file changed less than this before it was hashed is not remembered: the kernel's file times tick
+# in jiffies, so a rewrite of the same size within one tick would keep every time it had.
+_RACY_NS = 2_000_000_000
 
 
 @dataclass(frozen=True)
@@ -257,7 +264,7 @@ class Checked:
 def verify(checkpoint_dir: Path, ack: Ack) -> str | None:
     """Why the checkpoint's files do not match ``ack`` (one line), or None when every listed file is
     a regular file of that size and SHA-256 and an entry that is a folder holds no file the ack
-    does not list. Never raises; hashes every byte (see `check` for a bounded check)."""
+    does not list. Never raises; compares every byte (see `check`: bounded, and once per process)."""
     return check(checkpoint_dir, ack).mismatch
 
 
@@ -271,40 +278,59 @@ def check(checkpoint_dir: Path, ack: Ack, *, deadline: float | None = None,
     checkpoint's whole size read from its disk: a 10 GB checkpoint takes about 10 s on a local SSD
     and a minute on a network volume at 150 MB/s, so a listing that must answer in time passes a
     ``deadline``; the digests not compared by then are named in ``unhashed``, never counted as a
-    mismatch.
+    mismatch. A checkpoint this process compared in full is not read again while none of its files
+    was written, replaced or moved since (same device, inode, size and times, all older than two
+    seconds when it was hashed, so a rewrite within one tick of the file clock is never missed).
     """
     root = Path(checkpoint_dir)
     try:
         if (why := _unlisted(root, ack)) is not None:
             return Checked(why)
+        seen, started_ns = [], time.time_ns()
         for item in ack.files:  # sizes first: cheap, and what a cut-short save gets wrong
             try:
                 with safefiles.open_regular(root / item.name, root) as handle:
-                    size = os.fstat(handle.fileno()).st_size
+                    found = os.fstat(handle.fileno())
             except OSError as exc:
                 return Checked(_unreadable(item.name, exc))
-            if size != item.size_bytes:
-                return Checked(f"{safefiles.safe_name(item.name)}: {size} bytes, the acknowledgement says "
+            if found.st_size != item.size_bytes:
+                return Checked(f"{safefiles.safe_name(item.name)}: {found.st_size} bytes, the acknowledgement says "
                                f"{item.size_bytes}")
-        hashed = 0
-        for index, item in enumerate(ack.files):
-            if deadline is not None and clock() >= deadline:
-                return Checked(None, hashed, _unhashed(ack, index))
-            try:
-                with safefiles.open_regular(root / item.name, root) as handle:
-                    digest, read = _sha256_until(handle, deadline, clock)
-            except OSError as exc:
-                return Checked(_unreadable(item.name, exc), hashed)
-            hashed += read
-            if digest is None:
-                return Checked(None, hashed, _unhashed(ack, index))
-            if read != item.size_bytes:
-                return Checked(f"{safefiles.safe_name(item.name)}: changed while it was checked", hashed)
-            if digest != item.sha256:
-                return Checked(f"{safefiles.safe_name(item.name)}: SHA-256 differs from the acknowledgement's", hashed)
-        return Checked(None, hashed)
+            seen.append((item.name, item.sha256, found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns,
+                         found.st_ctime_ns))
+        signature = (os.path.abspath(root), tuple(seen))
+        if signature in _MATCHED:  # every byte compared before, and no file written, replaced or moved since
+            return Checked(None)
+        checked = _digests(root, ack, deadline, clock)
+        settled = all(max(mtime, ctime) < started_ns - _RACY_NS for *_, mtime, ctime in seen)
+        if checked.mismatch is None and checked.unhashed is None and settled:
+            _MATCHED[signature] = None
+            while len(_MATCHED) > _MATCHED_KEPT:
+                del _MATCHED[next(iter(_MATCHED))]
+        return checked
     except Exception as exc:  # a folder changing under us is a mismatch, not a crash of the reader
         return Checked(f"{safefiles.safe_name(ack.checkpoint)}: cannot be checked ({type(exc).__name__}: {exc})")
+
+
+def _digests(root: Path, ack: Ack, deadline: float | None, clock: Callable[[], float]) -> Checked:
+    """`check`'s second part: each listed file's SHA-256 against the acknowledgement's, until ``deadline``."""
+    hashed = 0
+    for index, item in enumerate(ack.files):
+        if deadline is not None and clock() >= deadline:
+            return Checked(None, hashed, _unhashed(ack, index))
+        try:
+            with safefiles.open_regular(root / item.name, root) as handle:
+                digest, read = _sha256_until(handle, deadline, clock)
+        except OSError as exc:
+            return Checked(_unreadable(item.name, exc), hashed)
+        hashed += read
+        if digest is None:
+            return Checked(None, hashed, _unhashed(ack, index))
+        if read != item.size_bytes:
+            return Checked(f"{safefiles.safe_name(item.name)}: changed while it was checked", hashed)
+        if digest != item.sha256:
+            return Checked(f"{safefiles.safe_name(item.name)}: SHA-256 differs from the acknowledgement's", hashed)
+    return Checked(None, hashed)
 
 
 def _unlisted(root: Path, ack: Ack) -> str | None:

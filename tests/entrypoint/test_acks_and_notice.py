@@ -188,3 +188,17 @@ def test_a_notice_already_given_by_the_backend_is_not_overwritten(tmp_path: Path
         entrypoint.send_signal(signal.SIGTERM)
     assert read_notice(given) == backend
     assert not (workspace / "notice.json").exists()
+
+
+def test_a_checkpoint_compared_in_full_is_not_read_again_until_a_file_of_it_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # collection, then the retry's listing, check the same newest checkpoint in one process
+    ack = _saved(tmp_path)
+    fresh = [acks.check(tmp_path, ack).hashed_bytes for _ in range(2)]
+    assert fresh == [700, 700]  # written within the file clock's last ticks: read again each time
+
+    monkeypatch.setattr(acks, "_RACY_NS", 0)  # as if written long ago
+    assert [acks.check(tmp_path, ack).hashed_bytes for _ in range(2)] == [700, 0]
+    (tmp_path / "swap").write_bytes(b"W" * 700)
+    os.replace(tmp_path / "swap", tmp_path / "step-10.pt")  # another file in its place, the same size
+    assert acks.check(tmp_path, ack).mismatch == "step-10.pt: SHA-256 differs from the acknowledgement's"
