@@ -304,12 +304,19 @@ def check(checkpoint_dir: Path, ack: Ack, *, deadline: float | None = None,
         checked = _digests(root, ack, deadline, clock)
         settled = all(max(mtime, ctime) < started_ns - _RACY_NS for *_, mtime, ctime in seen)
         if checked.mismatch is None and checked.unhashed is None and settled:
-            _MATCHED[signature] = None
-            while len(_MATCHED) > _MATCHED_KEPT:
-                del _MATCHED[next(iter(_MATCHED))]
+            _remember(signature)
         return checked
     except Exception as exc:  # a folder changing under us is a mismatch, not a crash of the reader
         return Checked(f"{safefiles.safe_name(ack.checkpoint)}: cannot be checked ({type(exc).__name__}: {exc})")
+
+
+def _remember(signature: tuple[object, ...]) -> None:
+    _MATCHED[signature] = None
+    try:
+        while len(_MATCHED) > _MATCHED_KEPT:
+            _MATCHED.pop(next(iter(_MATCHED)), None)
+    except RuntimeError:  # another thread's check changed it meanwhile: the next call keeps the bound
+        pass
 
 
 def _digests(root: Path, ack: Ack, deadline: float | None, clock: Callable[[], float]) -> Checked:
