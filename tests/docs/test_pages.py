@@ -72,8 +72,17 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     checkout = copy_checkout(base)
     done = subprocess.run(["./dev", "demo"], cwd=checkout, env=user_env(base / "prefect-home"),
                           capture_output=True, text=True, timeout=DEMO_TIMEOUT)
-    assert done.returncode == 0 and "succeeded on attempt 2" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0 and "succeeded on attempt 2" in done.stdout, _told(done)
     return checkout / "trainguard-data"
+
+
+def _told(done: subprocess.CompletedProcess[str]) -> str:
+    """What a failed command said, for its assertion: its exit code, trainguard's own lines from both
+    streams (a server's long traceback would push them out of a tail), then each stream's tail."""
+    own = [line for line in (done.stdout + "\n" + done.stderr).splitlines()
+           if line.startswith(("trainguard", "error", "Stopped", "Completed", "Failed"))]
+    return (f"exit {done.returncode}\n--- trainguard's lines:\n" + "\n".join(own[-40:]) +
+            f"\n--- stdout tail:\n{done.stdout[-1500:]}\n--- stderr tail:\n{done.stderr[-1500:]}")
 
 
 @pytest.fixture(scope="module")
