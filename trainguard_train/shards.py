@@ -195,16 +195,18 @@ def load_shard(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
         raise ValueError(f"{field}: rank {rank} is not on the model's mesh; resume with the same ranks")
     whole = saved != where.shards
     states = _read_shards(path, step, saved, range(saved) if whole else [shard], field)
-    names, expected = set(states[0]["model"]), set(model.state_dict())
+    current = model.state_dict()
+    params = [p for group in optimizer.param_groups for p in group["params"]] if optimizer is not None else []
+    names, expected = set(states[0]["model"]), set(current)
     if names != expected:
         odd = sorted(names ^ expected)
         raise ValueError(f"{field}: saved for a model with other parameters ({', '.join(odd[:3])}"
                          f"{f' and {len(odd) - 3} more' if len(odd) > 3 else ''}); resume with the model it was saved from")
-    state = _joined(states, model, optimizer, field) if whole else states[0]
-    _load_model(model, state["model"], whole)
+    state = _joined(states, current, params, field) if whole else states[0]
+    _load_model(model, current, state["model"], whole)
     if optimizer is not None and state.get("optimizer") is not None:
-        _load_optimizer(optimizer, state["optimizer"], {(int(i), str(k)) for i, k in state.get("optimizer_dtensors", [])},
-                        whole)
+        _load_optimizer(optimizer, params, state["optimizer"],
+                        {(int(i), str(k)) for i, k in state.get("optimizer_dtensors", [])}, whole)
     return int(state["step"])
 
 
@@ -234,19 +236,17 @@ def _read_shards(path: Path, step: object, saved: int, wanted: Iterable[int], fi
     return states
 
 
-def _joined(states: list[dict[str, Any]], model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-            field: str) -> dict[str, Any]:
-    """The saved shards as one state: each tensor that is sharded on this model joined whole along its
-    shard dimension, in shard order; everything else as shard 0 has it."""
+def _joined(states: list[dict[str, Any]], current: dict[str, Any], params: list[Any], field: str) -> dict[str, Any]:
+    """The saved shards as one state: each tensor that is sharded on this model (its state dict
+    ``current``, its optimizer's ``params``) joined whole along its shard dimension, in shard order;
+    everything else as shard 0 has it."""
     first = states[0]
-    current = model.state_dict()
     joined: dict[str, Any] = {**first, "model": {}}
     for key, value in first["model"].items():
         reference = current.get(key)
         joined["model"][key] = _whole(key, [s["model"][key] for s in states], reference, field) \
             if _is_dtensor(reference) else value
-    if optimizer is not None and first.get("optimizer") is not None:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+    if params and first.get("optimizer") is not None:
         sharded = {(int(i), str(k)) for i, k in first.get("optimizer_dtensors", [])}
         joined["optimizer"] = {"param_groups": first["optimizer"]["param_groups"], "state": {
             i: {k: _whole(f"optimizer state {i}.{k}", [s["optimizer"]["state"][i][k] for s in states], params[int(i)],
@@ -278,14 +278,12 @@ def _placed(value: torch.Tensor, reference: Any, whole: bool) -> Any:
     return distribute_tensor(value, reference.device_mesh, reference.placements, src_data_rank=None)  # no collective
 
 
-def _load_model(model: torch.nn.Module, saved: dict[str, Any], whole: bool = False) -> None:
-    current = model.state_dict()
+def _load_model(model: torch.nn.Module, current: dict[str, Any], saved: dict[str, Any], whole: bool) -> None:
     model.load_state_dict({k: _placed(saved[k], v, whole) if _is_dtensor(v) else saved[k] for k, v in current.items()})
 
 
-def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict[str, Any], dtensors: set[tuple[int, str]],
-                    whole: bool = False) -> None:
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+def _load_optimizer(optimizer: torch.optim.Optimizer, params: list[Any], saved: dict[str, Any],
+                    dtensors: set[tuple[int, str]], whole: bool) -> None:
     state = {int(i): {k: _placed(v, params[int(i)], whole) if (int(i), k) in dtensors else v for k, v in entry.items()}
              for i, entry in saved["state"].items()}
     optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
