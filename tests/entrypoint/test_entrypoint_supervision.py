@@ -99,7 +99,8 @@ def test_a_silent_grandchild_that_called_setsid_is_ended_when_the_attempt_comple
     escapee = (
         "import os, time\n"
         "os.setsid()\n"
-        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        f"open({str(pid_file)!r} + '.tmp', 'w').write(str(os.getpid()))\n"  # closed before it is renamed:
+        f"os.replace({str(pid_file)!r} + '.tmp', {str(pid_file)!r})\n"  # never seen empty
         "time.sleep(600)\n"
     )
     command = py(
