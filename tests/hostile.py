@@ -4,7 +4,9 @@ The job (`HOSTILE_TRAINER`, run as a real attempt's command) writes a real check
 its attempt's folder and the run's checkpoint folder: symbolic links to a host file and to the host
 file's folder, a hard link to the host file, FIFOs nobody writes, a character device with
 /dev/zero's numbers (as root), a 10 TB sparse file, and files named with a terminal escape and a
-bidi override. Then it fails with a code error. Collecting, listing, resuming and triaging that
+bidi override. Then it fails with a code error; given a folder as its second argument, each task
+first waits there until every task has planted all (a task that fails first would have the others
+killed before they plant: srun's --kill-on-bad-exit). Collecting, listing, resuming and triaging that
 attempt must end promptly with evidence that holds none of it.
 """
 
@@ -58,6 +60,12 @@ with open(os.path.join(cores, "\x1b[31mred\u202eexe.core"), "wb") as f:
     f.write(b"a small core")
 with open(os.path.join(snap, "\x1b]0;pwned\x07title.txt"), "wb") as f:
     f.write(b"snapshot note")
+if len(sys.argv) > 2:  # a folder where every task says it planted all, and waits for the others to
+    import time
+    open(os.path.join(sys.argv[2], f"planted-{rank}"), "w").close()
+    tasks, waited = int(os.environ.get("SLURM_NTASKS", "1")), time.monotonic()
+    while len(os.listdir(sys.argv[2])) < tasks and time.monotonic() - waited < 60:
+        time.sleep(0.05)
 print("step 1 loss 0.5", flush=True)
 print("Traceback (most recent call last):", flush=True)
 print('  File "train.py", line 3, in <module>', flush=True)

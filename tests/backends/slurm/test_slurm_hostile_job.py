@@ -28,7 +28,9 @@ def test_a_two_task_job_that_plants_links_fifos_devices_and_escapes_ends_as_its_
     backend = SlurmBackend(tmp_path / "shared", settings=JobSettings(ntasks_per_node=2),
                            client=SlurmClient(env=slurm_node_up.env), poll_max_seconds=0.5)
     ref = backend.provision("hostile-slurm-1", 1)
-    launch = Launch("hostile-slurm-1", 1, (sys.executable, "-c", HOSTILE_TRAINER, str(secret_file)),
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    launch = Launch("hostile-slurm-1", 1, (sys.executable, "-c", HOSTILE_TRAINER, str(secret_file), str(planted)),
                     env={"HF_TOKEN": SECRET}, deadline_seconds=300)
     started = time.monotonic()
 
