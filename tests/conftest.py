@@ -6,6 +6,7 @@ which takes ~10 s to start on 2 cores; each folder's conftest adds its own block
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 from pathlib import Path
@@ -21,6 +22,24 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # would gather every test's runs in one place.
 os.environ.pop("TRAINGUARD_HOME", None)
 _ROOT = Path(__file__).resolve().parent.parent
+
+
+_PR_GET_CHILD_SUBREAPER = 37
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _subreaper() -> bool:
+    flag = ctypes.c_int(0)
+    return _libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and flag.value != 0
+
+
+@pytest.fixture(autouse=True)
+def _the_worker_stays_an_ordinary_parent():
+    """No test may make its pytest process a subreaper (the entrypoint does, run in-process): that
+    process would then reap the session's other children (Popen reads a stolen status as exit 0) and
+    the entrypoint would end them all as its descendants, the session's Prefect server among them."""
+    yield
+    assert not _subreaper(), "this test made the pytest process a child subreaper: run the entrypoint as its own process"
 
 
 @pytest.fixture(scope="session")

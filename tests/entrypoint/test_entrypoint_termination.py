@@ -1,21 +1,33 @@
-"""The short crash summary the entrypoint leaves in the termination-message file."""
+"""The short crash summary the entrypoint leaves in the termination-message file.
+
+The entrypoint runs as its own process, as in a container: in-process it would make the test's
+process a subreaper, reap that process's other children and end them as its descendants (the
+session's Prefect server among them).
+"""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
-from trainguard_entrypoint.__main__ import main
+from entrypoint_harness import REPO_ROOT
+
 from trainguard_entrypoint.termination import LIMIT_BYTES, summary
+
+
+def _entrypoint(argv: list[str], env: dict[str, str]) -> int:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), **env}
+    return subprocess.run([sys.executable, "-m", "trainguard_entrypoint", *argv], env=env, timeout=60,
+                          capture_output=True).returncode
 
 
 def test_a_failed_command_leaves_a_small_json_summary_with_its_last_lines(tmp_path: Path) -> None:
     term = tmp_path / "termination-log"
     script = "print('step 1'); print('token https://u:hunter2@example.com/x'); raise SystemExit(3)"
-    code = main(["--workspace", str(tmp_path / "ws"), "--run-id", "r1", "--attempt", "1",
-                 "--termination-log", str(term), "--", sys.executable, "-c", script],
-                environ={"PATH": "/usr/bin:/bin"})
+    code = _entrypoint(["--workspace", str(tmp_path / "ws"), "--run-id", "r1", "--attempt", "1",
+                        "--termination-log", str(term), "--", sys.executable, "-c", script], {})
     data = json.loads(term.read_bytes())
     assert code == 3 and data["exit_code"] == 3 and data["trainguard"] == 1
     assert data["crash_report"].endswith("crash-report.json")
@@ -24,8 +36,8 @@ def test_a_failed_command_leaves_a_small_json_summary_with_its_last_lines(tmp_pa
 
 def test_the_environment_variable_names_the_file_too(tmp_path: Path) -> None:
     term = tmp_path / "t"
-    main(["--", sys.executable, "-c", "pass"], environ={
-        "PATH": "/usr/bin:/bin", "TRAINGUARD_WORKSPACE": str(tmp_path / "ws"), "TRAINGUARD_RUN_ID": "r",
+    _entrypoint(["--", sys.executable, "-c", "pass"], {
+        "TRAINGUARD_WORKSPACE": str(tmp_path / "ws"), "TRAINGUARD_RUN_ID": "r",
         "TRAINGUARD_ATTEMPT": "2", "TRAINGUARD_TERMINATION_LOG": str(term)})
     assert json.loads(term.read_bytes())["exit_code"] == 0
 
