@@ -10,13 +10,15 @@ import subprocess
 import sys
 import uuid
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from blocks import EvidenceFolder, LocalProcessBackend
-from flow_helpers import ROOT, prefect_cli, subprocess_env
+from flow_helpers import ROOT, deployment_exists, prefect_cli, subprocess_env
 from services.prefect_server import stop_group
+from waiting import wait_for
 from prefect import get_client
 from s3fixtures import s3, s3_server  # noqa: F401  (fixtures for the S3 evidence tests)
 
@@ -35,21 +37,38 @@ def blocks(prefect_server, tmp_path) -> dict[str, Any]:
     }
 
 
+SERVED = ("train-attempt/local", "training-run/local", "retry-controller/local")
+
+
 @pytest.fixture(scope="session")
-def served(prefect_server, tmp_path_factory):
+def serve_session(prefect_server, tmp_path_factory):
     """`python -m deployments.serve` in a subprocess against the test server, for the whole session."""
     tmp_path = tmp_path_factory.mktemp("serve")
-    log = (tmp_path / "serve.log").open("wb")
+    log_path = tmp_path / "serve.log"
+    log = log_path.open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "deployments.serve"], cwd=ROOT, env=subprocess_env(prefect_server),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        yield proc
+        for name in SERVED:
+            wait_for(lambda: proc.poll() is not None or deployment_exists(name), 120, f"the served deployment {name}")
+        yield proc, log_path
     finally:
         if proc.poll() is not None:  # the tests that used it passed; say how it ended all the same
-            tail = (tmp_path / "serve.log").read_bytes()[-2000:].decode(errors="replace")
-            warnings.warn(f"deployments.serve ended early with {proc.returncode}; its log ends:\n{tail}")
+            warnings.warn(f"deployments.serve ended early with {proc.returncode}; its log ends:\n{_tail(log_path)}")
         stop_group(proc)
         log.close()
+
+
+@pytest.fixture
+def served(serve_session):
+    """The session's serving process, alive and with its deployments registered, for this test."""
+    proc, log_path = serve_session
+    assert proc.poll() is None, f"deployments.serve ended with {proc.returncode}; its log ends:\n{_tail(log_path)}"
+    return proc
+
+
+def _tail(log: Path) -> str:
+    return log.read_bytes()[-2000:].decode(errors="replace")
 
 
 DEPLOYMENTS = {"train-attempt/local-pool", "train-attempt/kubernetes", "training-run/nightly-retrain",

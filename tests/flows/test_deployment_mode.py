@@ -16,7 +16,7 @@ from pathlib import Path
 
 from prefect.artifacts import Artifact
 from s3fixtures import CREDENTIALS
-from flow_helpers import attempt_dir, attempt_runs, deployment_exists, parent_pid, read_run, tiny_spec
+from flow_helpers import attempt_dir, attempt_runs, parent_pid, read_run, tiny_spec
 from waiting import wait_for
 from prefect.deployments import run_deployment
 
@@ -33,7 +33,6 @@ def test_a_served_deployment_chains_a_failed_attempt_into_a_scheduled_retry_that
     spec = tiny_spec("served", "--fail-at-step", "25", "--fail-on-attempt", "1", retry={"delay_seconds": 2})
     params = {"spec": spec, "run_id": "served-1",
               "backend_block": blocks["backend_block"], "evidence_block": evidence_block}
-    wait_for(lambda: deployment_exists("train-attempt/local"), 60, "the served deployment")
     first = run_deployment("train-attempt/local", parameters=params, timeout=0, tags=["trainguard-run:served-1"])
 
     second = wait_for(lambda: next((r for r in attempt_runs("served-1") if r.id != first.id), None), 150,
@@ -67,7 +66,6 @@ def _hanging_s3_evidence(s3) -> tuple[str, str]:
 
 def test_sigterm_mid_training_keeps_evidence_crashes_and_schedules_the_next_attempt_once(served, blocks):
     spec = tiny_spec("sigterm", "--fail-after-steps", "12", "--failure", "hang", retry={"delay_seconds": 600})
-    wait_for(lambda: deployment_exists("train-attempt/local"), 60, "the served deployment")
     run = run_deployment("train-attempt/local", timeout=0, tags=["trainguard-run:sigterm-1"], parameters={
         "spec": spec, "run_id": "sigterm-1", "backend_block": blocks["backend_block"],
         "evidence_block": blocks["evidence_block"]})

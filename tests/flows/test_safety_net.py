@@ -17,7 +17,7 @@ from uuid import UUID
 
 import pytest
 from processes import alive
-from flow_helpers import attempt_dir, attempt_runs, deployment_exists, parent_pid, read_run, tiny_spec
+from flow_helpers import attempt_dir, attempt_runs, parent_pid, read_run, tiny_spec
 from prefect import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter,
@@ -43,19 +43,21 @@ from trainguard.cli import app
 
 
 @pytest.fixture(scope="module")
-def safety_net(served):
+def safety_net(serve_session):
     """`trainguard setup`'s work against the test server, with the deployments served.
 
     The automations are removed afterwards, so other modules' tests see only their own flows' doing.
     """
-    result = run_setup()
-    for name in ("train-attempt/local", "retry-controller/local"):
-        wait_for(lambda: deployment_exists(name), 60, f"the served deployment {name}")
-    yield result
+    yield run_setup()
     with get_client(sync_client=True) as client:
         for name in (automations.CRASHED, automations.FAILED, automations.ZOMBIE):
             for automation in client.read_automations_by_name(name):
                 client.delete_automation(automation.id)
+
+
+@pytest.fixture(autouse=True)
+def _still_served(served):
+    """Every test here needs the serving process alive: one that died says so, with its log."""
 
 
 def successors(run_id: str) -> list:
