@@ -32,6 +32,10 @@ _COLLECTIVE = re.compile(
     r"finalize_backward|_engine_run_backward|ProcessGroup\w*|c10d::\w+|gloo::\w+|nccl\w*)\b",
     re.IGNORECASE,
 )
+# Frames of a rank tearing its process group down (a destructor, a transport's shutdown joining its
+# threads, `destroy_process_group`): named like a collective's, they mean the rank has left the wait.
+_TEARDOWN = re.compile(r"~(?:ProcessGroup|Backend|Device|Context|Loop|Pair)\w*|::release_resources\b|::shutdown\b|"
+                       r"destroy_process_group", re.IGNORECASE)
 # Code that only runs to talk to the other ranks: c10d, and DDP's forward and backward hooks.
 _COMMUNICATING = ("torch/distributed/distributed_c10d.py", "torch/distributed/c10d", "torch/nn/parallel/distributed.py",
                   "deepspeed/comm/", "torch/distributed/fsdp/")
@@ -171,7 +175,8 @@ def _where(stack: ThreadStack) -> str:
 
 
 def _waits(stack: ThreadStack) -> bool:
-    return any(frame.collective for frame in stack.frames[:_INNERMOST])
+    innermost = stack.frames[:_INNERMOST]
+    return not any(_TEARDOWN.search(f.function) for f in innermost) and any(f.collective for f in innermost)
 
 
 def _python(frames: tuple[Frame, ...]) -> list[Frame]:
