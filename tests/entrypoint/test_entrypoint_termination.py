@@ -12,15 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from entrypoint_harness import REPO_ROOT
+from entrypoint_harness import entrypoint_env
 
 from trainguard_entrypoint.termination import LIMIT_BYTES, summary
 
 
 def _entrypoint(argv: list[str], env: dict[str, str]) -> int:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), **env}
-    return subprocess.run([sys.executable, "-m", "trainguard_entrypoint", *argv], env=env, timeout=60,
-                          capture_output=True).returncode
+    return subprocess.run([sys.executable, "-m", "trainguard_entrypoint", *argv], timeout=60, capture_output=True,
+                          env=entrypoint_env(env, path="/usr/bin:/bin")).returncode
 
 
 def test_a_failed_command_leaves_a_small_json_summary_with_its_last_lines(tmp_path: Path) -> None:
