@@ -26,13 +26,12 @@ from tasks.evidence import freeze, keep_verdict
 from tasks.fleet import read_avoid_list
 from tasks.report import publish_report
 from tasks.training import provision_workspace, train
-from tasks.triage import classify_failure, decide_retry, list_checkpoints, read_progress
+from tasks.triage import classify_failure, decide_retry, read_checkpoints
 from trainguard.core.attempt import (
     STACKS_TABLE, AttemptFailed, AttemptSummary, Judgement, history_records, lineage_tags, new_run_id, stacks_table,
 )
 from trainguard.core.evidence import afterupload, manifest
 from trainguard.core.backends.base import AttemptOutcome, Launch
-from trainguard.core.checkpoints import facts
 from trainguard.core.spec import TrainingSpec
 
 
@@ -127,13 +126,12 @@ def train_attempt(
         finally:  # also on SIGTERM and deadlines: freeze the crime scene before anything else
             if ref is not None:
                 collected = freeze(backend, ref, store, outcome, held)
-        checkpoints = list_checkpoints(backend, run_id)
+        checkpoints = read_checkpoints(backend, ref, outcome, run_id, attempt, resume_from)
         judgement = classify_failure(backend, ref, outcome, rules_file)
-        summary = outcome.into(summary)
+        summary = checkpoints.into(outcome.into(summary))
         summary = (collected.into(summary, unreserved) if collected else summary).with_judgement(judgement)
-        points, newest = read_progress(backend, ref, outcome), checkpoints[0] if checkpoints else None
-        summary = facts(backend, run_id, attempt, resume_from, newest, points).into(summary.with_progress(points, newest))
-        decision = decide_retry(retry_policy, [*history_records(history or []), summary.record()], checkpoints)
+        decision = decide_retry(retry_policy, [*history_records(history or []), summary.record()],
+                                list(checkpoints.listing))
         kept = keep_verdict(store, summary.with_decision(decision), collected.manifest if collected else None, held,
                             _whole_stacks(judgement))
         publish_report(kept.summary, [AttemptSummary.from_dict(item) for item in history or []])

@@ -1,4 +1,4 @@
-"""The judging step: classify a failed attempt, list the run's checkpoints, read its progress, then decide whether
+"""The judging step: classify a failed attempt, read its progress and the run's checkpoints, then decide whether
 to retry."""
 
 from __future__ import annotations
@@ -6,18 +6,21 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from trainguard.core import judging, policy, triage
+from trainguard.core import checkpoints, judging, policy, triage
 from trainguard.core.attempt import Judgement
 from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, progress_points
 from trainguard.core.backends.waits import said_while, span
 
 
-def list_checkpoints(backend: Backend, run_id: str) -> list[str]:
-    """The run's checkpoints, newest first, that the retry decision weighs; listing them may take a pod of
-    its own (Kubernetes): said if slow."""
+def read_checkpoints(backend: Backend, ref: AttemptRef | None, outcome: AttemptOutcome, run_id: str, attempt: int,
+                     resumed_from: str | None) -> checkpoints.CheckpointReading:
+    """The attempt's progress (its log's (step, loss) points) and the run's checkpoints after it, newest first,
+    with the facts its verdict records (`checkpoints.read`); listing them may take a pod of its own
+    (Kubernetes): said if slow."""
+    logged = progress_points(backend, ref, outcome) if ref is not None else []
     with said_while(get_run_logger().info, lambda waited: f"trainguard: waiting {span(waited)} for the {backend.kind} "
                     "backend to list the run's checkpoints"):
-        return backend.checkpoints(run_id)
+        return checkpoints.read(backend, run_id, attempt, resumed_from, logged)
 
 
 @task(name="classify_failure", cache_policy=NO_CACHE)
@@ -27,12 +30,6 @@ def classify_failure(
     """Classify the attempt from every signal the backend has (exit code, reason, conditions, events,
     log, error files), across its nodes when it ran on several."""
     return judging.judge(backend, ref, outcome, triage.load_rules(rules_file) if rules_file else None)
-
-
-@task(name="read_progress", cache_policy=NO_CACHE)
-def read_progress(backend: Backend, ref: AttemptRef | None, outcome: AttemptOutcome) -> list[tuple[int, float | None]]:
-    """(step, loss) points from the attempt's log: its progress for the checkpoint facts and the run report's chart."""
-    return progress_points(backend, ref, outcome) if ref is not None else []
 
 
 @task(name="decide_retry", cache_policy=NO_CACHE)

@@ -8,7 +8,9 @@ read the run's checkpoint folder (a Kubernetes volume), the backend's listing re
 (`ListsCheckpoints`); without one, every kind is ``unknown``. Steps lost are the
 last optimizer step the attempt completed (the helper's ``progress.json``, else the newest step its
 log shows) minus the step the next attempt resumes from: the newest checkpoint's, 0 without one.
-Read once per attempt, when it is judged; everything the job wrote is read as hostile, never raising.
+Read once per attempt, when it is judged (`read`: the listing the retry decision weighs and the facts
+the verdict records, one value for the attempt flow and the recovery path alike); everything the job
+wrote is read as hostile, never raising.
 """
 
 from __future__ import annotations
@@ -53,6 +55,39 @@ class CheckpointFacts:
                        newest_checkpoint_kind=self.newest_kind, newest_checkpoint_step=self.newest_step,
                        progress_step=self.progress_step, steps_lost=self.steps_lost,
                        notice_to_ack_seconds=self.notice_to_ack_seconds)
+
+
+@dataclass(frozen=True)
+class CheckpointReading:
+    """The run's checkpoints just after one attempt, read once.
+
+    Attributes:
+        listing: The run's checkpoints, newest first, as the backend names them: what the retry decision weighs.
+        points: The (step, loss) points the attempt's log shows.
+        facts: What its verdict records of them.
+    """
+
+    listing: tuple[str, ...]
+    points: tuple[tuple[int, float | None], ...]
+    facts: CheckpointFacts
+
+    @property
+    def newest(self) -> str | None:
+        """The checkpoint the next attempt resumes from (None: from scratch)."""
+        return self.listing[0] if self.listing else None
+
+    def into(self, summary: AttemptSummary) -> AttemptSummary:
+        """``summary`` with its progress, the run's newest checkpoint and the checkpoint facts."""
+        return self.facts.into(summary.with_progress(self.points, self.newest))
+
+
+def read(backend: Backend, run_id: str, attempt: int, resumed_from: str | None,
+         logged: Sequence[tuple[int, float | None]]) -> CheckpointReading:
+    """List the run's checkpoints after ``attempt`` and read their facts (see `facts`); listing may take a pod
+    of its own (Kubernetes), so a caller says so while it lasts."""
+    listing = tuple(backend.checkpoints(run_id))
+    newest = listing[0] if listing else None
+    return CheckpointReading(listing, tuple(logged), facts(backend, run_id, attempt, resumed_from, newest, logged))
 
 
 def _read_here(folder: Path, checkpoints: Sequence[str | None]) -> CheckpointListing:

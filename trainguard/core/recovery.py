@@ -23,13 +23,12 @@ from pathlib import Path
 
 from trainguard_entrypoint.files import read_json_object
 
-from trainguard.core import judging, triage
+from trainguard.core import checkpoints, judging, triage
 from trainguard.core.attempt import AttemptSummary, Judgement
 from trainguard.core.backends import workspace
 from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, CollectedEvidence, progress_points
 from trainguard.core.backends.capabilities import StopsOrphans, Supervises
 from trainguard.core.backends.waits import said_while, span
-from trainguard.core.checkpoints import facts
 from trainguard.core.evidence import verdicts
 from trainguard.core.evidence.manifest import ManifestError, attempt_prefix, attempts_in_store, read_manifest
 from trainguard.core.policy import RetryDecision
@@ -131,17 +130,15 @@ def recover(backend: Backend, store: EvidenceStore, begun: AttemptSummary, *, ju
     if evidence_first:
         with said("stop what {} left running"):
             stopped = _stop_orphan(backend, ref, warnings)
+    resumed_from = begun.resumed_from or _resumed_from(ref)
     with said("list the run's checkpoints for {}"):
-        checkpoints = backend.checkpoints(begun.run_id)
+        found = checkpoints.read(backend, begun.run_id, begun.attempt, resumed_from, points)
     judgement = judge(ref, outcome)
-    summary = outcome.into(replace(begun, resumed_from=begun.resumed_from or _resumed_from(ref)), begun.state)
+    summary = found.into(outcome.into(replace(begun, resumed_from=resumed_from), begun.state))
     # the longer of what the platform and the caller saw: the seconds the attempt held its resources
     summary = replace(summary, duration_seconds=max(summary.duration_seconds, begun.duration_seconds))
     summary = collected.into(summary).with_judgement(judgement)
-    newest = checkpoints[0] if checkpoints else None
-    summary = facts(backend, begun.run_id, begun.attempt, summary.resumed_from, newest, points).into(
-        summary.with_progress(points, newest))
-    kept = verdicts.keep(store, summary.with_decision(decide(summary, checkpoints)), source,
+    kept = verdicts.keep(store, summary.with_decision(decide(summary, list(found.listing))), source,
                          manifest=collected.manifest)
     return Recovered(kept, stopped, (*warnings, *kept.warnings))
 
