@@ -190,10 +190,6 @@ class Masker:
         declared = declared_secret_names(environ)
         return cls([*(v for k, v in environ.items() if is_secret_name(k) or k in declared), *extra])
 
-    def with_values(self, values: Iterable[str]) -> Masker:
-        """This masker plus more values."""
-        return Masker([*self.values, *values])
-
     def mask(self, text: str) -> str:
         """``text`` with every known secret value and token shape replaced by ``***``.
 

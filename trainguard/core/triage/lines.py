@@ -93,11 +93,6 @@ def read_line(raw: bytes | str) -> Line:
     return Line(text.strip(), rank, stamp or _timestamp(text))
 
 
-def is_source(text: str) -> bool:
-    """Whether a read line quotes a traceback's source code rather than saying what happened."""
-    return SOURCE.match(text) is not None
-
-
 def _timestamp(text: str) -> tuple[int, int, float] | None:
     """A sortable (month, day, seconds) key; years are dropped so glog and ISO stamps compare."""
     m = _ISO_TIME.search(text[:64])

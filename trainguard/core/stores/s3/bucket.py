@@ -233,11 +233,6 @@ class S3Bucket:
         tag_set = [{"Key": k, "Value": v} for k, v in tags.items()]
         self._call(f"tag {key}", "put_object_tagging", Key=key, Tagging={"TagSet": tag_set})
 
-    def get_tags(self, key: str) -> dict[str, str]:
-        """``key``'s tags."""
-        response = self._call(f"read the tags of {key}", "get_object_tagging", Key=key)
-        return {str(t["Key"]): str(t["Value"]) for t in response.get("TagSet", [])}
-
     def put_lifecycle(self, rules: list[dict[str, Any]]) -> None:
         """Replace the bucket's lifecycle configuration with ``rules``."""
         self._call("set the lifecycle rules", "put_bucket_lifecycle_configuration",

@@ -108,15 +108,6 @@ class Spool:
             raise EvidenceStoreError(f"cannot create the spool folder {self.root}: {exc.strerror or exc}") from exc
         return self.root
 
-    def add_file(self, key: str, source: Path, tags: Mapping[str, str] | None = None) -> SpoolEntry:
-        """Copy ``source`` into the spool (hashing as it goes) and queue it for ``key``."""
-        try:
-            handle = Path(source).open("rb")
-        except OSError as exc:
-            raise EvidenceStoreError(f"cannot read {source} for {key!r}: {exc.strerror or exc}") from exc
-        with handle:
-            return self.add_open_file(key, handle, tags)
-
     def add_open_file(self, key: str, handle: BinaryIO, tags: Mapping[str, str] | None = None,
                       upload_id: str = "") -> SpoolEntry:
         """Copy an open file from its start; ``upload_id`` names a multipart upload of it already under way."""
