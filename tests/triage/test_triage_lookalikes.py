@@ -56,6 +56,14 @@ CASES = [
      "context deadline exceeded", None, Category.TRANSIENT_IO),
     ("a_launchers_non_zero_exit_is_not_a_bug",
      "RuntimeError: Step 1 exited with non-zero status 1", 1, None),
+    ("tensorflows_allocator_warning_is_not_a_failure",
+     "2018-05-10 09:14:16.536752: W tensorflow/core/common_runtime/bfc_allocator.cc:217] Allocator "
+     "(GPU_0_bfc) ran out of memory trying to allocate 84.60MiB. The caller indicates that this is not "
+     "a failure, but may mean that there could be performance gains if more memory is available.", 1, None),
+    ("a_tensorflow_op_out_of_device_memory_is_logged_as_a_warning",
+     "2018-08-06 08:21:31.998655: W tensorflow/core/framework/op_kernel.cc:1318] OP_REQUIRES failed at "
+     "conv_ops.cc:72 : Resource exhausted: OOM when allocating tensor with shape[5,32,512,1024] and type "
+     "float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc", 1, Category.CUDA_OOM),
 ]
 
 
