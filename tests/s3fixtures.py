@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -72,7 +73,7 @@ class FaultProxy:
     def up(self) -> None:
         """Listen (again, on the same port once it has one)."""
         self._down = False
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _Handler)
+        self._server = _ProxyServer(("127.0.0.1", self.port), _Handler)
         self._server.proxy = self  # type: ignore[attr-defined]
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
@@ -127,6 +128,15 @@ class FaultProxy:
                     fault.times -= 1
                     return fault
         return None
+
+
+class _ProxyServer(ThreadingHTTPServer):
+    """The proxy's server: a client that hangs up before its answer (boto3 giving up on a held
+    request) is what the faults are for, not an error to print."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
