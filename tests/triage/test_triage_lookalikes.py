@@ -64,6 +64,17 @@ CASES = [
      "2018-08-06 08:21:31.998655: W tensorflow/core/framework/op_kernel.cc:1318] OP_REQUIRES failed at "
      "conv_ops.cc:72 : Resource exhausted: OOM when allocating tensor with shape[5,32,512,1024] and type "
      "float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc", 1, Category.CUDA_OOM),
+    ("a_sockets_enotconn_thrown_from_cpp_is_no_network_mount",
+     "terminate called after throwing an instance of 'std::system_error'\n"
+     "  what():  Transport endpoint is not connected", 1, Category.NATIVE_CRASH),
+    ("a_users_qdel_is_a_cancel",
+     "05/01/2024 10:00:00;0008;PBS_Server.1;Job;123.server;Job deleted at request of alice@login1", None,
+     Category.USER_CANCELLED),
+    ("a_job_taken_off_a_failed_node_is_the_node",
+     "Job deleted at request of root@head1\njob preempted (node failure)", None, Category.NODE_FAILURE),
+    ("a_tensorflow_data_loss_names_its_task_then_says_what",
+     "tensorflow.python.framework.errors_impl.DataLossError: From /job:worker/replica:0/task:1:\n"
+     "corrupted record at 12", 1, Category.DATA_ERROR),
 ]
 
 
