@@ -13,6 +13,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, tags
 from prefect.client.schemas.objects import State
+from prefect.runtime import flow_run as current_run
 from prefect.states import Completed, Failed
 
 from flows import uploads
@@ -67,7 +68,7 @@ def training_run(
     finished = uploads.finish(run_id, [AttemptSummary.from_dict(h) for h in history])
     history = [s.to_dict() for s in finished]
     # the run report on this flow run too: the UI and a schedule show the parent run first
-    publish_run_report(finished)
+    publish_run_report(finished, on=str(current_run.id))
     storage = _storage_note(history)
     if summary.succeeded:
         return Completed(message=f"{run_id} succeeded on attempt {summary.attempt}{storage}", data=history)

@@ -208,6 +208,7 @@ def test_a_run_forced_crashed_with_the_hook_and_controllers_firing_at_once_gets_
     with get_client(sync_client=True) as client:
         reports = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["race-1-report"])))
     assert len(reports) == 1, "the dead attempt is judged, kept and reported once"
+    assert reports[0].flow_run_id == run.id, "the report shows on the dead attempt's own flow run"
     assert (attempt_dir(blocks["evidence"], "race-1", 1) / "manifest.json").exists()
     verdict = (attempt_dir(blocks["evidence"], "race-1", 1) / "verdict.json").read_text()
     assert '"state": "Crashed"' in verdict and "the node was lost" in verdict
