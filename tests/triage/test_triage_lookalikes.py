@@ -75,6 +75,19 @@ CASES = [
     ("a_tensorflow_data_loss_names_its_task_then_says_what",
      "tensorflow.python.framework.errors_impl.DataLossError: From /job:worker/replica:0/task:1:\n"
      "corrupted record at 12", 1, Category.DATA_ERROR),
+    ("mpi_losing_the_daemon_of_a_node_whose_job_the_oom_killer_ended_is_memory",
+     "Memory cgroup out of memory: Killed process 123 (python)\n"
+     "ORTE has lost communication with its daemon located on node:\n  hostname:  node7", 1, Category.HOST_OOM),
+    ("mpi_losing_a_daemon_alone_is_the_node",
+     "ORTE has lost communication with a remote daemon.\n  Remote daemon: [[43015,0],20] on node worker-19", 1,
+     Category.NODE_FAILURE),
+    ("a_registry_answering_503_to_pyxis_is_passing",
+     "slurmstepd: error: pyxis: failed to import docker image\n"
+     "slurmstepd: error: pyxis:     [ERROR] URL https://nvcr.io/v2/nvidia/pytorch/manifests/24.01-py3 returned "
+     "error code: 503 Service Unavailable\nslurmstepd: error: pyxis: couldn't start container", 1,
+     Category.TRANSIENT_IO),
+    ("a_remote_shell_without_the_mpi_daemon_is_configuration",
+     "bash: /opt/ompi/bin/orted: No such file or directory", 1, Category.CONFIG_ERROR),
 ]
 
 
