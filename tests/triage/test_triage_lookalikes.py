@@ -88,6 +88,18 @@ CASES = [
      Category.TRANSIENT_IO),
     ("a_remote_shell_without_the_mpi_daemon_is_configuration",
      "bash: /opt/ompi/bin/orted: No such file or directory", 1, Category.CONFIG_ERROR),
+    ("an_rdma_queue_pair_timing_out_is_the_fabric",
+     "Failed to modify QP to RTR: Connection timed out\nerrno: 110", 1, Category.NCCL_ERROR),
+    ("a_hub_connection_timing_out_stays_passing",
+     "requests.exceptions.ConnectionError: HTTPSConnectionPool(host='huggingface.co', port=443): Max retries "
+     "exceeded with url: /api/models (Caused by ConnectTimeoutError(<urllib3.connection.HTTPSConnection "
+     "object>, 'Connection to huggingface.co timed out. (connect timeout=10)'))", 1, Category.TRANSIENT_IO),
+    ("an_mpi_completion_queue_eio_is_the_fabric_not_a_mount",
+     "MPIDI_OFI_handle_cq_error(1075): OFI poll failed (ofi_events.c:1077:MPIDI_OFI_handle_cq_error:"
+     "Input/output error - PTLTE_NOT_FOUND)", 1, Category.NCCL_ERROR),
+    ("an_htcondor_eviction_is_a_preemption",
+     "004 (123.000.000) 03/09 02:52:07 Job was evicted.\n\t(0) Job was not checkpointed.", None,
+     Category.PREEMPTED),
 ]
 
 
