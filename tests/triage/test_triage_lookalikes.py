@@ -100,6 +100,21 @@ CASES = [
     ("an_htcondor_eviction_is_a_preemption",
      "004 (123.000.000) 03/09 02:52:07 Job was evicted.\n\t(0) Job was not checkpointed.", None,
      Category.PREEMPTED),
+    ("an_amd_gpus_page_fault_is_the_device_not_a_bare_abort",
+     "Memory access fault by GPU node-1 (Agent handle: 0x5d8d620) on address 0x7f81. Reason: Page not present "
+     "or supervisor privilege.\nAborted (core dumped)", 134, Category.GPU_FAULT),
+    ("a_rocm_build_without_code_for_this_gpu_is_configuration",
+     '"hipErrorNoBinaryForGpu: Unable to find code object for all current devices!"\nAborted (core dumped)', 134,
+     Category.CONFIG_ERROR),
+    ("a_save_onto_a_full_disk_leaves_no_corrupt_checkpoint",
+     "safetensors_rust.SafetensorError: Error while serializing: I/O error: No space left on device (os error 28)",
+     1, Category.CONFIG_ERROR),
+    ("a_truncated_hdf5_file_outside_model_loading_is_data",
+     "OSError: Unable to open file (truncated file: eof = 10485760, sblock->base_addr = 0, stored_eof = 372841106)",
+     1, Category.DATA_ERROR),
+    ("a_truncated_hdf5_file_while_weights_load_is_the_checkpoint",
+     "    model.load_weights('weights.h5')\nOSError: Unable to open file (truncated file: eof = 10485760, "
+     "sblock->base_addr = 0, stored_eof = 372841106)", 1, Category.CHECKPOINT_CORRUPTED),
 ]
 
 
