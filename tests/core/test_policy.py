@@ -55,6 +55,20 @@ def test_the_same_signature_twice_in_a_row_trips_the_circuit_breaker():
     assert not decision.retry and "same failure signature repeated 2 times" in decision.reason
 
 
+def test_two_unknown_failures_in_a_row_are_one_signature_whatever_line_decided_each():
+    # torchrun's agent that crashed before its failure table leaves its closing signal to decide where
+    # the time before its table named the kill: nothing was recognised either time
+    # (the first saved step 30, the second resumed there and saved nothing: as in the run it came from)
+    first, second = {"newest_checkpoint": CKPTS[0]}, {"resumed_from": CKPTS[0], "newest_checkpoint": CKPTS[0]}
+    history = [failed(1, Category.UNKNOWN, fingerprint="exitcode -9", **first),
+               failed(2, Category.UNKNOWN, fingerprint="closing signal SIGTERM", **second)]
+    decision = decide_retry(RetryPolicy(max_attempts=5), history, CKPTS)
+    assert not decision.retry and "circuit breaker: 2 unknown failures in a row" in decision.reason
+    other = [failed(1, Category.NCCL_ERROR, fingerprint="a", **first),
+             failed(2, Category.NCCL_ERROR, fingerprint="b", **second)]
+    assert decide_retry(RetryPolicy(max_attempts=5), other, CKPTS).retry  # known causes keep their fingerprints
+
+
 def test_a_signature_that_returns_only_after_more_new_checkpoints_than_last_time_is_outlasted():
     ckpts = tuple(f"ckpt/step-{n}.json" for n in range(90, 0, -10))  # newest first
     nccl = {"category": Category.NCCL_ERROR, "fingerprint": "same"}

@@ -295,9 +295,12 @@ def _refusal(policy: RetryPolicy, history: Sequence[AttemptRecord],
         return spent
     limit = policy.same_signature_limit
     recent = history[-limit:] if limit else ()
-    repeated = len(recent) == limit and len({r.fingerprint for r in recent}) == 1 and last.fingerprint
+    repeated = len(recent) == limit and len({_signature(r) for r in recent}) == 1 and last.fingerprint
     if limit and repeated and last.category not in PLATFORM_CAUSED and not _moved(recent) \
             and not _outlasted(recent, checkpoints):
+        if last.category is Category.UNKNOWN:
+            return (f"circuit breaker: {limit} unknown failures in a row, nothing recognised in any "
+                    "(an unknown failure is retried once)")
         return (
             f"circuit breaker: the same failure signature repeated {limit} times in a row "
             f"({category}, fingerprint {last.fingerprint[:12]})"
@@ -308,6 +311,15 @@ def _refusal(policy: RetryPolicy, history: Sequence[AttemptRecord],
             f"{last.resumed_from} and made no checkpoint progress before failing ({category})"
         )
     return None
+
+
+def _signature(record: AttemptRecord) -> str | None:
+    """What the signature breaker compares: the fingerprint of the deciding evidence; for an unknown
+    failure, the category alone. Nothing was recognised in either attempt, so the lines that happened
+    to decide say nothing of a difference (torchrun's agent that crashed before its failure table
+    leaves its closing signal to decide, where the time before its table named the kill), and the
+    taxonomy retries an unknown failure once."""
+    return Category.UNKNOWN.value if record.category is Category.UNKNOWN else record.fingerprint
 
 
 def _stuck(records: Sequence[AttemptRecord]) -> bool:
