@@ -115,6 +115,9 @@ CASES = [
     ("a_truncated_hdf5_file_while_weights_load_is_the_checkpoint",
      "    model.load_weights('weights.h5')\nOSError: Unable to open file (truncated file: eof = 10485760, "
      "sblock->base_addr = 0, stored_eof = 372841106)", 1, Category.CHECKPOINT_CORRUPTED),
+    ("an_assertion_that_the_gpu_lacks_a_capability_is_configuration_not_a_bug",
+     "    assert fp8_available, reason_for_no_fp8\nAssertionError: Device compute capability 8.9 or higher "
+     "required for FP8 execution.", 1, Category.CONFIG_ERROR),
 ]
 
 
