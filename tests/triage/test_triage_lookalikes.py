@@ -118,6 +118,12 @@ CASES = [
     ("an_assertion_that_the_gpu_lacks_a_capability_is_configuration_not_a_bug",
      "    assert fp8_available, reason_for_no_fp8\nAssertionError: Device compute capability 8.9 or higher "
      "required for FP8 execution.", 1, Category.CONFIG_ERROR),
+    ("yarn_killing_a_container_over_its_memory_is_host_memory",
+     "ERROR YarnClusterScheduler: Lost executor 6 on host7: Container killed by YARN for exceeding memory limits. "
+     "8.2 GB of 8 GB physical memory used.", 1, Category.HOST_OOM),
+    ("a_restored_tensor_failing_its_checksum_is_the_checkpoint_even_as_a_warning",
+     "2018-01-23 20:01:48.192712: W tensorflow/core/framework/op_kernel.cc:1192] Data loss: Checksum does not "
+     "match: stored 411918014 vs. calculated on the restored bytes 2088034305", 1, Category.CHECKPOINT_CORRUPTED),
 ]
 
 
