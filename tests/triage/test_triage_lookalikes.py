@@ -124,6 +124,13 @@ CASES = [
     ("a_restored_tensor_failing_its_checksum_is_the_checkpoint_even_as_a_warning",
      "2018-01-23 20:01:48.192712: W tensorflow/core/framework/op_kernel.cc:1192] Data loss: Checksum does not "
      "match: stored 411918014 vs. calculated on the restored bytes 2088034305", 1, Category.CHECKPOINT_CORRUPTED),
+    ("an_xpu_out_of_device_memory_is_memory_though_the_process_aborts",
+     "terminate called after throwing an instance of 'sycl::_V1::exception'\n  what():  Enqueue process failed.\n"
+     "level_zero backend failed with error: 39 (UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)\nFatal Python error: Aborted",
+     134, Category.CUDA_OOM),
+    ("a_collective_that_cannot_load_nccl_is_the_environment",
+     "NCCL operation ncclGetUniqueId(&id) failed: Unable to load NCCL library. Multi-GPU collectives will not "
+     "work.", 1, Category.CONFIG_ERROR),
 ]
 
 
