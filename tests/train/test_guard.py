@@ -156,6 +156,26 @@ def test_one_survivor_claims_the_just_in_time_save_and_another_stands_down(env: 
     assert "Connection reset by peer" in (ack.failure or "") and acks.verify(env, ack) is None
 
 
+def test_a_survivor_on_its_way_out_takes_a_sigterm_as_a_notice_not_as_its_end(env: Path) -> None:
+    # torchrun's agent SIGTERMs the survivors while they fail; the default action would end one
+    # while torch's @record writes its error file, and the agent then crashes reading it empty
+    model, optimizer = model_and_optimizer()
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(RuntimeError), tg.Guard(model, optimizer) as guard:
+            for _ in guard.steps(guard.resume(), 10):
+                raise RuntimeError("Connection reset by peer")
+        assert signal.getsignal(signal.SIGTERM) == guard._on_signal
+        os.kill(os.getpid(), signal.SIGTERM)  # recorded, and the process goes on to write its error file
+        assert guard.signalled is not None and guard.signalled[0] == signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    with pytest.raises(ValueError), tg.Guard(model, optimizer) as other:  # any other failure: as it was
+        for _ in other.steps(other.resume(), 10):
+            raise ValueError("bad shape")
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
 def test_a_failure_before_any_step_completed_saves_nothing(env: Path) -> None:
     model, optimizer = model_and_optimizer()
     with pytest.raises(RuntimeError), tg.Guard(model, optimizer) as guard:
