@@ -227,18 +227,15 @@ class Guard:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        failing = exc is not None and peer_lost(exc)
-        try:
-            if failing:
-                self.just_in_time(exc)  # type: ignore[arg-type]
-        finally:
-            if not failing:
-                self.uninstall()
-            # A survivor on its way out keeps SIGTERM and SIGINT as recorded notices until it exits.
-            # torchrun's agent ends the other workers with SIGTERM once one failed; with the default
-            # action back, that would kill this one while torch's @record writes its error file, and an
-            # empty error file makes the agent crash before it prints its failure table, the evidence
-            # naming the rank that failed first. The agent still kills it if it does not exit.
+        if exc is None or not peer_lost(exc):
+            self.uninstall()
+            return
+        # A survivor on its way out keeps SIGTERM and SIGINT as recorded notices until it exits.
+        # torchrun's agent ends the other workers with SIGTERM once one failed; with the default
+        # action back, that would kill this one while torch's @record writes its error file, and an
+        # empty error file makes the agent crash before it prints its failure table, the evidence
+        # naming the rank that failed first. The agent still kills it if it does not exit.
+        self.just_in_time(exc)
 
     def install(self) -> None:
         """Take SIGTERM and SIGINT as notices (recorded; acted on at the next step boundary)."""
