@@ -125,7 +125,7 @@ def train_attempt(
             outcome = train(backend, ref, launch, dict(spec.secret_env))
         finally:  # also on SIGTERM and deadlines: freeze the crime scene before anything else
             if ref is not None:
-                collected = freeze(backend, ref, store, outcome, held)
+                collected = freeze(backend, ref, store, outcome)
         checkpoints = read_checkpoints(backend, ref, outcome, run_id, attempt, resume_from)
         judgement = classify_failure(backend, ref, outcome, rules_file)
         summary = checkpoints.into(outcome.into(summary))

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from trainguard.core.evidence import bundles, verdicts
+from trainguard.core.evidence import verdicts
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, CollectedEvidence
 from trainguard.core.backends.waits import said_while, span
@@ -18,11 +17,12 @@ from trainguard.core.stores.base import EvidenceStore
 
 @task(name="collect_evidence", cache_policy=NO_CACHE)
 def collect_evidence(
-    backend: Backend, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None, held: bool = False
+    backend: Backend, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome | None
 ) -> CollectedEvidence:
     """Have the backend copy everything the attempt left into the store; never raise for a missing piece.
 
-    ``held``: the store spools every write until the verdict is kept (`afterupload`), so nothing waits on S3 yet.
+    A held store (`afterupload`) spools every write until the verdict is kept, so nothing waits on S3 yet;
+    what still waits in the local spool is asked once, when the verdict is kept (`verdicts.keep`).
     """
     logger = get_run_logger()
     with said_while(logger.info, lambda waited: f"trainguard: waiting {span(waited)} for the {backend.kind} backend to "
@@ -33,11 +33,7 @@ def collect_evidence(
     absent = "; ".join(f"{item.name}: {item.reason}" for item in collected.manifest.absent)
     logger.info("kept %d evidence items in %s%s", len(collected.manifest.items), collected.location,
                 f" (absent: {absent})" if absent else "")
-    upload = bundles.upload_status(store, collected.manifest, held)
-    if upload.spooled and not held:
-        logger.warning("%d evidence items wait in the local spool (%s); `trainguard evidence flush` uploads them",
-                       len(upload.spooled), upload.upload_error)
-    return replace(collected, upload=upload)
+    return collected
 
 
 @task(name="release_attempt", cache_policy=NO_CACHE)
@@ -51,11 +47,11 @@ def release_attempt(backend: Backend, ref: AttemptRef) -> None:
         logger.warning("%s", problem)
 
 
-def freeze(backend: Backend, ref: AttemptRef, store: EvidenceStore, outcome: AttemptOutcome,
-           held: bool = False) -> CollectedEvidence | None:
+def freeze(backend: Backend, ref: AttemptRef, store: EvidenceStore,
+           outcome: AttemptOutcome) -> CollectedEvidence | None:
     """`collect_evidence`, then `release_attempt` (only now may the platform clean up); what was kept, or
     None when the collect task itself failed (the verdict is then kept without it)."""
-    collected = collect_evidence(backend, ref, store, outcome, held, return_state=True).result(raise_on_failure=False)
+    collected = collect_evidence(backend, ref, store, outcome, return_state=True).result(raise_on_failure=False)
     release_attempt(backend, ref, return_state=True)
     return collected if isinstance(collected, CollectedEvidence) else None
 

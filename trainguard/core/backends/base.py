@@ -23,7 +23,7 @@ from trainguard_entrypoint.notice import NOTICE_GRACE_ENV
 
 from trainguard.core.backends import workspace as workspace_files
 from trainguard.core.backends.forensics import StackCapture, capture_env, flight_recorder_env
-from trainguard.core.attempt import AttemptSummary, UploadStatus
+from trainguard.core.attempt import AttemptSummary
 from trainguard.core.evidence.manifest import Manifest, storage_failures
 from trainguard.core.reports import progress
 from trainguard.core.spec import TrainingSpec
@@ -197,12 +197,11 @@ class AttemptOutcome:
 
 @dataclass(frozen=True)
 class CollectedEvidence:
-    """What `Backend.collect_evidence` kept: the manifest, where the bundle lives and, once the collecting
-    step has asked the store, what of it still waits in the local spool (`upload`)."""
+    """What `Backend.collect_evidence` kept: the manifest and where the bundle lives. What of it still waits
+    in the local spool is asked when the verdict is kept (`evidence.verdicts.keep`)."""
 
     manifest: Manifest
     location: str
-    upload: UploadStatus | None = None
 
     @property
     def storage_problems(self) -> list[str]:
@@ -212,7 +211,7 @@ class CollectedEvidence:
     def into(self, summary: AttemptSummary, unreserved: str | None = None) -> AttemptSummary:
         """``summary`` with this evidence; ``unreserved``: why no space was set aside for the manifest beforehand."""
         return summary.with_evidence(self.location, len(self.manifest.items), len(self.manifest.absent),
-                                     upload=self.upload, problems=self.storage_problems, unreserved=unreserved)
+                                     problems=self.storage_problems, unreserved=unreserved)
 
 
 @runtime_checkable

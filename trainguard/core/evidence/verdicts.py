@@ -98,8 +98,8 @@ def _keep(store: EvidenceStore, summary: AttemptSummary, source: str, manifest: 
         warnings.append(problem)
     upload = bundles.upload_status(store, manifest, held) if manifest is not None else None
     if upload is not None and upload.spooled and not held:
-        warnings.append(f"the verdict waits in the local spool with {len(upload.spooled)} evidence "
-                        f"items ({upload.upload_error})")
+        warnings.append(f"the verdict waits in the local spool with {len(upload.spooled)} evidence items "
+                        f"({upload.upload_error}); `trainguard evidence flush` uploads them")
     key, index_problem = index.keep(store, summary)
     if index_problem:
         warnings.append(f"{index_problem}; the verdict itself is kept, only the fleet view misses it")
