@@ -60,7 +60,7 @@ def plan_after(
             # it may have judged itself before the process died, or another recovery just did
             known = run.kept_verdict() or recovery.recover_crashed(run, flow_run, (state.message or "flow run crashed")[:300])
     if known is not None:
-        return known, policy.RetryDecision.from_dict(known.decision)
+        return known, known.decision or policy.RetryDecision(retry=False, reason="")
     return None  # failed before an attempt existed (bad parameters, blocks): nothing to retry
 
 

@@ -79,7 +79,7 @@ class AttemptRun:
         except (ValueError, OSError) as exc:  # a block that cannot be loaded: no verdict to read
             logger.debug("no verdict kept for %s attempt %s: %s", self.run_id, self.attempt, exc)
             return None
-        return known if known is not None and known.decision else None
+        return known if known is not None and known.decision is not None else None
 
 
 def recover_crashed(run: AttemptRun, flow_run: Any, why: str) -> AttemptSummary:

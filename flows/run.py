@@ -57,8 +57,8 @@ def training_run(
         if summary is None:
             return Failed(message=f"attempt {params['attempt']} failed before it ran: {state.message}", data=history)
         history.append(summary.to_dict())
-        decision = RetryDecision.from_dict(summary.decision)
-        if summary.succeeded or not decision.retry:
+        decision = summary.decision
+        if summary.succeeded or decision is None or not decision.retry:
             break
         get_run_logger().info("attempt %s ended with %s; retrying as attempt %s in %gs", summary.attempt,
                               summary.category or "an unknown failure", decision.next_attempt, decision.delay_seconds)
@@ -72,7 +72,8 @@ def training_run(
     storage = _storage_note(history)
     if summary.succeeded:
         return Completed(message=f"{run_id} succeeded on attempt {summary.attempt}{storage}", data=history)
-    return Failed(message=f"{run_id} failed: {decision.reason}{storage}", data=history)
+    reason = decision.reason if decision is not None else "no retry decision was reached"
+    return Failed(message=f"{run_id} failed: {reason}{storage}", data=history)
 
 
 def _storage_note(history: list[dict[str, Any]]) -> str:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from trainguard.core.attempt import AttemptSummary
+from trainguard.core.policy import RetryDecision
 from trainguard.core.reports.attempt import render_attempt
 
 
 def test_the_report_names_the_node_escaped_and_says_when_the_next_attempt_avoids_it() -> None:
     node = "gpu-7<img src=x onerror=alert(1)>|[x](javascript:1)"
     failed = AttemptSummary(run_id="r", attempt=1, max_attempts=3, state="Failed", category="gpu_fault", node=node,
-                            decision={"retry": True, "avoid_nodes": [node], "reason": "retry elsewhere"})
+                            decision=RetryDecision(retry=True, avoid_nodes=(node,), reason="retry elsewhere"))
     report = render_attempt(failed)
     row = next(line for line in report.splitlines() if line.startswith("| node |"))
     assert row == (r"| node | gpu-7&lt;img src=x onerror=alert\(1\)&gt;\|\[x\]\(javascript:1\) "
@@ -59,11 +60,12 @@ def test_the_attempt_cell_and_heading_show_what_the_attempt_spent_of_the_budget(
                           newest_checkpoint="c/step-70.json")
     decision = decide_retry(RetryPolicy(max_total_attempts=10), [moved], ["c/step-70.json", "c/step-60.json"])
     summary = AttemptSummary(run_id="r", attempt=7, max_attempts=3, state="Failed", category="nccl_error",
-                             decision=decision.to_dict())
+                             decision=decision)
     assert attempt_cell(summary) == "7/10 (0/3 no progress)"
     assert render_attempt(summary).startswith(
         "# r: attempt 7 failed: nccl\\_error (0 of 3 in a row without checkpoint progress, 7 of 10 in all)")
     # a verdict decided when the budget counted attempts in all keeps its own form; a success shows its number
-    older = AttemptSummary(run_id="r", attempt=2, max_attempts=3, state="Failed", decision={"budget": 3})
+    older = AttemptSummary.from_dict({"run_id": "r", "attempt": 2, "max_attempts": 3, "state": "Failed",
+                                      "decision": {"budget": 3}})
     assert attempt_cell(older) == "2/3"
     assert attempt_cell(AttemptSummary(run_id="r", attempt=8, max_attempts=3, state="Completed")) == "8"

@@ -13,6 +13,7 @@ import pytest
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.evidence import verdicts
 from trainguard.core.evidence.manifest import Manifest, read_manifest, store_manifest
+from trainguard.core.policy import RetryDecision
 from trainguard.core.stores.folder import LocalEvidenceStore
 from waiting import wait_for
 
@@ -24,7 +25,7 @@ def store(tmp_path: Path) -> LocalEvidenceStore:
 
 def _judged(attempt: int = 1) -> AttemptSummary:
     return AttemptSummary("r1", attempt, 3, "Failed", category="code_error", rule_id="python.traceback",
-                          decision={"retry": False, "reason": "a code error is not retried"})
+                          decision=RetryDecision(retry=False, reason="a code error is not retried"))
 
 
 def _plain(summary: AttemptSummary | None) -> object:
@@ -64,7 +65,7 @@ def test_reading_back_what_is_not_a_verdict_gives_none_never_raises(store) -> No
 def test_after_last_word_another_thread_keeps_no_verdict_over_the_one_that_ended_the_run(store) -> None:
     """`trainguard run` stopping from a side thread: the flow in the main thread must not overwrite its verdict."""
     stop = AttemptSummary("r1", 1, 3, "Cancelled", category="user_cancelled", rule_id="cli.sigterm",
-                          decision={"retry": False, "reason": "stopped"})
+                          decision=RetryDecision(retry=False, reason="stopped"))
     spoken, release = threading.Event(), threading.Event()
 
     def stopper() -> None:

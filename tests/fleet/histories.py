@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 from trainguard.core.attempt import AttemptSummary
+from trainguard.core.policy import RetryDecision
 
 START = datetime(2026, 11, 20, 0, 0, tzinfo=UTC)
 HARDWARE = ("gpu_fault", "node_failure", "nccl_error")
@@ -25,7 +26,7 @@ def attempt(run: str, number: int, node: str, category: str | None, fingerprint:
         run_id=run, attempt=number, max_attempts=3, state="Failed" if failed else "Completed", category=category,
         rule_id=f"{category}-rule" if failed else None, fingerprint=fingerprint if failed else "",
         signature=(signature or f"{category} on {node}") if failed else None, node=node, gpus=8,
-        duration_seconds=1800.0, decision={"retry": failed})
+        duration_seconds=1800.0, decision=RetryDecision(retry=failed, reason="-"))
     return AttemptSummary(**{**fields, **changes})  # type: ignore[arg-type]
 
 

@@ -27,6 +27,7 @@ from waiting import wait_for
 from services.ports import rendezvous_port
 
 from trainguard.core.attempt import AttemptSummary
+from trainguard.core.policy import RetryDecision
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -219,7 +220,8 @@ def test_resume_refuses_a_run_whose_attempts_are_spent_and_says_how_to_allow_mor
         folder = tmp_path / "trainguard-data/evidence/runs/spent-0000aaaa" / f"attempt-{attempt}"
         folder.mkdir(parents=True)
         verdict = AttemptSummary(run_id="spent-0000aaaa", attempt=attempt, max_attempts=2, state="Failed",
-                                 category="nccl_error", retryable=True, decision={"retry": attempt < 2, "reason": "-"})
+                                 category="nccl_error", retryable=True,
+                                 decision=RetryDecision(retry=attempt < 2, reason="-"))
         (folder / "verdict.json").write_text(json.dumps(verdict.to_dict()))
 
     refused = cli_once(tmp_path, "run", "run.yaml", "--resume", "spent-0000aaaa")  # refused before any server starts
@@ -243,7 +245,8 @@ def test_resume_weighs_the_budget_as_the_policy_does_progress_refills_it_and_a_t
         folder.mkdir(parents=True)
         verdict = AttemptSummary(run_id=run_id, attempt=attempt, max_attempts=2, state="Failed", category="gpu_fault",
                                  retryable=True, resumed_from=f"ckpt/step-{attempt - 1}0.json" if attempt > 1 else None,
-                                 newest_checkpoint=f"ckpt/step-{attempt}0.json", decision={"retry": attempt < 2})
+                                 newest_checkpoint=f"ckpt/step-{attempt}0.json",
+                                 decision=RetryDecision(retry=attempt < 2, reason="-"))
         (folder / "verdict.json").write_text(json.dumps(verdict.to_dict()))
 
     moving = parse_spec(tiny_spec("moving", retry={"max_attempts": 2}))

@@ -23,6 +23,7 @@ from waiting import wait_for
 
 from flows import events
 from trainguard.core.attempt import AttemptSummary
+from trainguard.core.policy import RetryDecision
 
 HOSTILE = (
     "import sys\n"
@@ -139,7 +140,7 @@ def test_the_documented_automation_notifies_about_a_run_that_gave_up_on_a_non_re
             wait_for(lambda: client.read_automations_by_name("notify on non-retryable failures"), 30, "the automation")
         gave_up = AttemptSummary(run_id="readme-1", attempt=1, max_attempts=3, state="Failed", category="code_error",
                                  retryable=False, rule_id="python.traceback", gpus=2, duration_seconds=30,
-                                 decision={"retry": False, "reason": "code_error is not retryable"})
+                                 decision=RetryDecision(retry=False, reason="code_error is not retryable"))
         events.report_attempt(gave_up, gave_up.to_dict())  # the attempt's event, then the run's: it gave up
         got = wait_for(lambda: _Webhook.received, 60, "the notification on the loopback webhook")[0]
         assert got["subject"] == "readme-1 gave up"

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from trainguard.core.attempt import AttemptSummary
+from trainguard.core.policy import RetryDecision
 from trainguard.core.reports.attempt import render_attempt, render_table
 from trainguard.core.spec import SpecError, parse_spec
 
@@ -71,7 +72,7 @@ def test_report_text_of_a_failed_attempt_is_not_masked():
         run_id="r-1", attempt=1, max_attempts=3, state="Failed", category="config_error", retryable=False,
         signature="KeyError: 'WANDB_API_KEY'", strength="cause",
         remediation="set WANDB_API_KEY through secret_env: {WANDB_API_KEY: 'env:VARIABLE'}",
-        decision={"retry": False, "reason": "config_error is not retryable"})
+        decision=RetryDecision(retry=False, reason="config_error is not retryable"))
     for text in (render_attempt(summary), render_table([summary])):
         assert "***" not in text, text
     for spec in SPECS:

@@ -36,7 +36,7 @@ def test_a_shape_mismatch_on_rank_1_is_its_code_error_not_its_peers_and_is_not_r
                           blocks, "ddp-shape-1", as_summaries=True)
     assert state.is_failed() and len(attempts) == 1
     only = attempts[0]
-    assert (only.category, only.retryable, only.decision["retry"]) == ("code_error", False, False)
+    assert (only.category, only.retryable, only.decision.retry) == ("code_error", False, False)
     assert only.root_cause and only.root_cause["rank"] == 1
     assert "mat1 and mat2 shapes cannot be multiplied" in (only.signature or "")
     verdict = json.loads((blocks["evidence"] / "runs" / "ddp-shape-1" / "attempt-1" / "verdict.json").read_text())
@@ -51,7 +51,7 @@ def test_a_hang_in_a_collective_is_retried_from_the_last_checkpoint_and_the_retr
     state, attempts = run(spec, blocks, "ddp-hang-1", as_summaries=True)
     assert state.is_completed() and [a.state for a in attempts] == ["Failed", "Completed"]
     first, second = attempts
-    assert (first.category, first.retryable, first.decision["retry"]) == ("nccl_error", True, True)
+    assert (first.category, first.retryable, first.decision.retry) == ("nccl_error", True, True)
     assert first.culprit_undetermined and attempt_report.rank_cell(first) == "?"
     assert second.resumed_from and Path(second.resumed_from).name == "step-000004.pt"
 
@@ -62,7 +62,7 @@ def test_a_rank_killed_without_memory_evidence_is_unknown_retried_once_and_said_
     state, attempts = run(spec, blocks, "ddp-kill-1", as_summaries=True)
     assert state.is_failed() and len(attempts) == 2  # unknown is retried once, then the same again stops the run
     assert [a.category for a in attempts] == ["unknown", "unknown"]
-    assert attempts[0].decision["retry"] and not attempts[1].decision["retry"]
+    assert attempts[0].decision.retry and not attempts[1].decision.retry
     assert attempts[0].root_cause and attempts[0].root_cause["rank"] == 1
     assert Path(attempts[1].resumed_from or "").name == "step-000003.pt"
     assert attempts[0].weak and attempt_report.table_row(attempts[0])["category"] == "unknown (weak)"

@@ -64,9 +64,9 @@ def test_a_rank_sleeping_in_the_loop_is_named_at_its_frame_and_the_same_hang_aga
     state, attempts = run(hang_spec("hang-sleep", "hang", tmp_path=tmp_path), hang_blocks, "hang-sleep-1", as_summaries=True)
     assert state.is_failed() and len(attempts) == 2  # retried once; the same frame again stops the run
     first, second = attempts
-    assert (first.category, first.retryable, first.decision["retry"]) == ("hang", True, True)
+    assert (first.category, first.retryable, first.decision.retry) == ("hang", True, True)
     assert first.root_cause and first.root_cause["rank"] == 1
-    assert second.category == "hang" and not second.decision["retry"]
+    assert second.category == "hang" and not second.decision.retry
     assert first.signature == second.signature == f"rank 1 at meet (train_ddp.py:{SLEEP_LINE})"  # its time.sleep
     for attempt in (1, 2):
         index = stacks_of(hang_blocks, "hang-sleep-1", attempt)

@@ -13,6 +13,7 @@ import pytest
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.evidence import index
 from trainguard.core.fleet.analysis import Tally
+from trainguard.core.policy import RetryDecision
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.stores.folder import LocalEvidenceStore
 
@@ -30,7 +31,7 @@ def store(request, tmp_path: Path) -> EvidenceStore:
 def summary(run: str, attempt: int = 1, node: str = "gpu-01", **changes) -> AttemptSummary:
     fields = dict(run_id=run, attempt=attempt, max_attempts=3, state="Failed", category="gpu_fault",
                   rule_id="xid-79", fingerprint="f" * 16, signature="NVRM: Xid 79, GPU has fallen off the bus",
-                  node=node, gpus=8, duration_seconds=3600.0, decision={"retry": True})
+                  node=node, gpus=8, duration_seconds=3600.0, decision=RetryDecision(retry=True, reason="-"))
     return AttemptSummary(**{**fields, **changes})
 
 
@@ -62,7 +63,7 @@ def test_the_culprits_node_is_where_a_multi_node_failure_is_placed(store) -> Non
 
 def test_rewriting_an_attempts_verdict_keeps_one_record_the_newest(store) -> None:
     index.keep(store, summary("r1"), DAY)
-    index.keep(store, summary("r1", decision={"retry": False, "reason": "stopped"}), DAY + timedelta(seconds=5))
+    index.keep(store, summary("r1", decision=RetryDecision(retry=False, reason="stopped")), DAY + timedelta(seconds=5))
 
     records = read_all(store, DAY + timedelta(minutes=1))[1]
     assert [(r["run"], r["retried"]) for r in records] == [("r1", False)]
@@ -73,7 +74,7 @@ def test_a_verdict_rewritten_after_midnight_is_one_record_the_newest_across_the_
     before_midnight = datetime(2026, 11, 3, 23, 59, 50, tzinfo=UTC)
     index.keep(store, summary("r1", category="nccl_error"), before_midnight)
     index.keep(store, summary("r2"), before_midnight)
-    index.keep(store, summary("r1", decision={"retry": False, "reason": "stopped"}, category="gpu_fault"),
+    index.keep(store, summary("r1", decision=RetryDecision(retry=False, reason="stopped"), category="gpu_fault"),
                before_midnight + timedelta(seconds=20))
     assert len(store.list_keys("index/verdicts/")) == 3  # two days hold r1's attempt 1
 

@@ -50,7 +50,8 @@ def runs(
         pid = backend.supervisor_pid(run_id, attempts[-1]) if isinstance(backend, Supervises) else None
         state = "running" if pid else last.state if last else "lost"
         category = (last.category or "-") if last else "-"
-        nxt = (f"attempt {attempts[-1]} runs under pid {pid}" if pid else str(last.decision.get("reason", "-"))
+        decided = last.decision.reason if last and last.decision else "-"
+        nxt = (f"attempt {attempts[-1]} runs under pid {pid}" if pid else decided
                if last else f"trainguard run SPEC --resume {run_id}")
         table.add_row(plain(run_id), str(len(attempts)), plain(state), plain(category),
                       _when(changed), plain(nxt))

@@ -12,7 +12,7 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from trainguard.core import masking
@@ -98,7 +98,7 @@ class AttemptSummary:
     avoided_nodes: Sequence[str] = ()  # the run's avoid list this attempt was placed with (culprits' nodes)
     placement: str | None = None  # what the backend had to change about where the attempt ran
     progress: Sequence[tuple[int, float | None]] = ()  # (step, loss) points from the log, thinned
-    decision: Mapping[str, Any] = field(default_factory=dict)
+    decision: RetryDecision | None = None  # the retry policy's, once decided
     # how sure the call is: triage's strength of the deciding evidence, what broke a tie, and whether
     # a person should check it by hand (a fallback rule, a tie broken by rule order)
     strength: str = ""
@@ -154,7 +154,7 @@ class AttemptSummary:
         )
 
     def with_decision(self, decision: RetryDecision) -> AttemptSummary:
-        return _replace(self, decision=decision.to_dict())
+        return _replace(self, decision=decision)
 
     def with_judgement(self, judgement: Judgement) -> AttemptSummary:
         """This summary with triage's verdict: one node's, or the culprit across nodes (`Judgement`)."""
@@ -231,7 +231,7 @@ class AttemptSummary:
         """
         data = asdict(self)
         del data["evidence_links"], data["evidence_links_expire_at"]
-        data["decision"] = dict(self.decision)
+        data["decision"] = self.decision.to_dict() if self.decision is not None else {}
         data["progress"] = [list(point) for point in self.progress]
         data["storage_problems"] = list(self.storage_problems)
         data["avoided_nodes"] = list(self.avoided_nodes)
@@ -246,6 +246,8 @@ class AttemptSummary:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["progress"] = _progress(values.get("progress"))
+        decision = values.get("decision")
+        values["decision"] = RetryDecision.from_dict(decision) if isinstance(decision, Mapping) and decision else None
         avoided = values.get("avoided_nodes")
         values["avoided_nodes"] = tuple(str(n) for n in avoided) if isinstance(avoided, list | tuple) else ()
         problems = values.get("storage_problems")
@@ -309,7 +311,7 @@ def _progress(points: Any) -> tuple[tuple[int, float | None], ...]:
 
 
 def _replace(summary: AttemptSummary, **changes: Any) -> AttemptSummary:
-    return AttemptSummary(**{**asdict(summary), **changes})
+    return replace(summary, **changes)
 
 
 class AttemptFailed(Exception):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 
 from trainguard.core.taxonomy import INFO, Category
@@ -122,21 +122,11 @@ class RetryDecision:
     memory_factor: float = 1.0  # the next attempt's memory scale (see RetryPolicy.host_oom_memory_factor)
     without_progress: int | None = None  # the attempts in a row, the decided one included, that made none
     total_budget: int | None = None  # the run's attempts in all (RetryPolicy.max_total_attempts), None: no bound
+    planned: str | None = None  # the reason of a retry this decision planned that was never made (a stop came first)
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form, for flow results, events and reports."""
-        return {
-            "retry": self.retry,
-            "reason": self.reason,
-            "next_attempt": self.next_attempt,
-            "delay_seconds": self.delay_seconds,
-            "resume_from": self.resume_from,
-            "avoid_nodes": list(self.avoid_nodes),
-            "budget": self.budget,
-            "without_progress": self.without_progress,
-            "total_budget": self.total_budget,
-            "memory_factor": self.memory_factor,
-        }
+        return {**asdict(self), "avoid_nodes": list(self.avoid_nodes)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> RetryDecision:
@@ -158,6 +148,7 @@ class RetryDecision:
             without_progress=_count(data.get("without_progress")),
             total_budget=_count(data.get("total_budget")),
             memory_factor=float(factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else 1.0,
+            planned=str(planned) if (planned := data.get("planned")) is not None else None,
         )
 
 

@@ -163,8 +163,8 @@ def retry_not_made(store: EvidenceStore, summary: AttemptSummary, why: str) -> A
         summary: The attempt's recorded verdict, whose decision was to retry.
         why: What stopped the retry and how to continue the run.
     """
-    planned = summary.decision.get("reason")
-    decision = {**summary.decision, "retry": False, "reason": why, "planned": planned}
+    planned = summary.decision or RetryDecision(retry=False, reason="")
+    decision = replace(planned, retry=False, reason=why, planned=planned.reason or None)
     return verdicts.keep(store, replace(summary, decision=decision), "cli").summary
 
 

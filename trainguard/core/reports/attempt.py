@@ -113,9 +113,10 @@ def _evidence_cell(summary: AttemptSummary) -> str:
     return f"{where}\nSTORAGE FAILED: {_shorten(problem, 160)}" if problem else where
 
 
-def _count(decision: Mapping[str, Any], key: str) -> int | None:
-    value = decision.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _budget(summary: AttemptSummary) -> tuple[int | None, int | None, int | None]:
+    """The run's budget as the decision counted it: (attempts without progress allowed, spent, in all)."""
+    decision = summary.decision
+    return (decision.budget, decision.without_progress, decision.total_budget) if decision else (None, None, None)
 
 
 def attempt_cell(summary: AttemptSummary) -> str:
@@ -125,8 +126,7 @@ def attempt_cell(summary: AttemptSummary) -> str:
     a run with a bound in all shows it before: ``7/10 (1/3 no progress)``. A verdict written before
     attempts were counted this way shows its number over its budget, as it was decided.
     """
-    decision = summary.decision or {}
-    budget, stalled, total = (_count(decision, k) for k in ("budget", "without_progress", "total_budget"))
+    budget, stalled, total = _budget(summary)
     number = f"{summary.attempt}/{total}" if total is not None else str(summary.attempt)
     if budget is not None and stalled is not None:
         return f"{number} ({stalled}/{budget} no progress)"
@@ -135,8 +135,7 @@ def attempt_cell(summary: AttemptSummary) -> str:
 
 def budget_note(summary: AttemptSummary) -> str:
     """What the attempt spent of the run's budget, in words ("" until it is decided)."""
-    decision = summary.decision or {}
-    budget, stalled, total = (_count(decision, k) for k in ("budget", "without_progress", "total_budget"))
+    budget, stalled, total = _budget(summary)
     if budget is None:
         return ""
     if stalled is None:
@@ -182,8 +181,8 @@ def render_attempt(summary: AttemptSummary, earlier: Sequence[AttemptSummary] = 
         f"| GPU-seconds | {summary.gpu_seconds:.1f} ({summary.gpus} GPU x wall time) |",
     ]
     lines += _checkpoint_rows(summary) + _placement_rows(summary) + _storage_rows(summary)
-    if decision:
-        lines.append(f"| next | {_cell(str(decision.get('reason', '-')))} |")
+    if decision is not None:
+        lines.append(f"| next | {_cell(decision.reason or '-')} |")
     if summary.signature:
         lines += ["", "## Deciding log line", "", fenced(_signature(summary))]
     lines += _stacks(summary)
@@ -302,7 +301,7 @@ def _node(summary: AttemptSummary) -> str:
     """Where the attempt ran, and whether the next attempt keeps off it (node names are untrusted too)."""
     if not summary.node:
         return "-"
-    avoided = summary.node in ((summary.decision or {}).get("avoid_nodes") or ())
+    avoided = summary.decision is not None and summary.node in summary.decision.avoid_nodes
     return _cell(summary.node) + (" (the next attempt avoids it)" if avoided else "")
 
 

@@ -63,10 +63,10 @@ def _timeline(summaries: Sequence[AttemptSummary]) -> list[str]:
 
 def _then(summary: AttemptSummary) -> str:
     """The retry decision in words, the checkpoint named by its file (its folder is the run's, and long)."""
-    if not summary.decision:
+    if summary.decision is None:
         return "-"
-    reason = str(summary.decision.get("reason", "-"))
-    if checkpoint := summary.decision.get("resume_from"):
+    reason = summary.decision.reason or "-"
+    if checkpoint := summary.decision.resume_from:
         name = PurePath(str(checkpoint)).name
         reason = reason.replace(f"the newest checkpoint {checkpoint}", name).replace(str(checkpoint), name)
     return md_text(reason, 160)
@@ -152,7 +152,7 @@ def render_run(summaries: Sequence[AttemptSummary]) -> str:
     last = summaries[-1]
     if last.succeeded:
         verdict = f"succeeded on attempt {last.attempt}"
-    elif last.decision.get("retry"):
+    elif last.decision is not None and last.decision.retry:
         verdict = f"attempt {last.attempt} failed ({md_text(last.category or 'unknown', 40)}); retrying"
     else:
         verdict = f"gave up after attempt {last.attempt} ({md_text(last.category or 'unknown', 40)})"
