@@ -108,6 +108,8 @@ def train_attempt(
         backend, store = load_backend(backend_reference(backend_block, spec)), load_evidence(evidence_block)
         retry_policy = resolve_policy(spec, retry_policy_block)
         held = afterupload.hold(store)  # S3 gets the evidence after the verdict: judging never waits on it
+        # before the attempt can fill the disk: space for the manifest and verdict that say what happened
+        unreserved = manifest.reserve_space(store, run_id, attempt)
         shared = read_avoid_list(backend, spec.nodes)  # the fleet's avoid list, when it leaves enough nodes
         launch = Launch.of(spec, run_id=run_id, attempt=attempt, resume_from=resume_from,
                            avoid_nodes=[*(avoid_nodes or ()), *shared.avoid], memory_factor=memory_factor)
@@ -118,8 +120,6 @@ def train_attempt(
             avoid_list=tuple(entry.to_dict() for entry in shared.in_force), avoid_note=shared.note,
         )
         ref, outcome, collected = None, AttemptOutcome.never_ran("training never started"), None
-        # before the attempt can fill the disk: space for the manifest and verdict that say what happened
-        unreserved = manifest.reserve_space(store, run_id, attempt)
         try:
             ref = provision_workspace(backend, run_id, attempt)
             outcome = train(backend, ref, launch, dict(spec.secret_env))
