@@ -131,6 +131,20 @@ CASES = [
     ("a_collective_that_cannot_load_nccl_is_the_environment",
      "NCCL operation ncclGetUniqueId(&id) failed: Unable to load NCCL library. Multi-GPU collectives will not "
      "work.", 1, Category.CONFIG_ERROR),
+    ("a_config_entry_without_a_type_is_configuration_not_a_bug",
+     "  File \"mmcv/utils/registry.py\", line 144, in build_from_cfg\nKeyError: '`cfg` or `default_args` must "
+     "contain the key \"type\", but got {'num_classes': 1}'", 1, Category.CONFIG_ERROR),
+    ("a_type_the_registry_lacks_is_configuration",
+     "KeyError: 'RTMDetHead2 is not in the mmdet::model registry. Please check whether the value of `RTMDetHead2` "
+     "is correct or it was registered as expected.'", 1, Category.CONFIG_ERROR),
+    ("a_missing_dict_key_in_code_is_still_a_bug",
+     "  File \"train.py\", line 40, in build\n    head = cfg['type']\nKeyError: 'type'", 1, Category.CODE_ERROR),
+    ("a_loader_with_no_valid_record_is_the_data_though_an_assertion",
+     '    assert len(dataset_dicts), "No valid data found in {}.".format(",".join(names))\n'
+     "AssertionError: No valid data found in coco_2017_train.", 1, Category.DATA_ERROR),
+    ("a_weights_check_finding_nan_is_divergence_even_as_a_warning",
+     "2023-06-14 13:04:41,744 - speechbrain.core - WARNING - Parameter is not finite: Parameter containing:\n"
+     "tensor([nan, nan, nan,  ..., nan, nan, nan], device='cuda:0', requires_grad=True)", 1, Category.DIVERGENCE),
 ]
 
 
