@@ -145,6 +145,24 @@ CASES = [
     ("a_weights_check_finding_nan_is_divergence_even_as_a_warning",
      "2023-06-14 13:04:41,744 - speechbrain.core - WARNING - Parameter is not finite: Parameter containing:\n"
      "tensor([nan, nan, nan,  ..., nan, nan, nan], device='cuda:0', requires_grad=True)", 1, Category.DIVERGENCE),
+    ("mpirun_taking_a_script_for_its_executable_is_configuration",
+     "mpirun was unable to find the specified executable file, and therefore\ndid not launch the job.  This error "
+     "was first reported for process\nrank 0; it may have occurred for other processes as well.", 1,
+     Category.CONFIG_ERROR),
+    ("ssh_refusing_the_launchers_login_is_configuration",
+     "root@trainer-worker-0.trainer-worker: Permission denied (publickey,password).", 255, Category.CONFIG_ERROR),
+    ("a_host_given_with_its_slots_to_ssh_is_configuration",
+     "ssh: Could not resolve hostname localhost:4: Name or service not known", 255, Category.CONFIG_ERROR),
+    ("a_worker_name_that_does_not_resolve_yet_is_transient",
+     "ssh: Could not resolve hostname trainer-worker-1.trainer-worker: Name or service not known", 255,
+     Category.TRANSIENT_IO),
+    ("glooks_store_waiting_in_vain_for_its_peers_is_the_collectives",
+     "terminate called after throwing an instance of 'gloo::IoException'\n  what():  "
+     "[horovod/common/gloo/http_store.cc:53] Wait timeout for key(s): 0\n*** Received signal 6 ***", 134,
+     Category.NCCL_ERROR),
+    ("mpich_printing_its_usage_for_an_open_mpi_option_is_configuration",
+     "Usage: ./mpiexec [global opts] [local opts for exec1] [exec1] [exec1 args] : [local opts for exec2] ...\n\n"
+     "Global options (passed to all executables):", 255, Category.CONFIG_ERROR),
 ]
 
 
