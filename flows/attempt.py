@@ -28,7 +28,7 @@ from tasks.report import publish_report
 from tasks.training import provision_workspace, train
 from tasks.triage import classify_failure, decide_retry, read_checkpoints
 from trainguard.core.attempt import (
-    STACKS_TABLE, AttemptFailed, AttemptSummary, Judgement, history_records, lineage_tags, new_run_id, stacks_table,
+    STACKS_TABLE, AttemptFailed, AttemptSummary, Judgement, lineage_tags, new_run_id, stacks_table,
 )
 from trainguard.core.evidence import afterupload, manifest
 from trainguard.core.backends.base import AttemptOutcome, Launch
@@ -107,6 +107,7 @@ def train_attempt(
             return _ends(lost, lost.to_dict(), decision.reason)
         backend, store = load_backend(backend_reference(backend_block, spec)), load_evidence(evidence_block)
         retry_policy = resolve_policy(spec, retry_policy_block)
+        earlier = [AttemptSummary.from_dict(item) for item in history or ()]  # read once: the policy and the report
         held = afterupload.hold(store)  # S3 gets the evidence after the verdict: judging never waits on it
         # before the attempt can fill the disk: space for the manifest and verdict that say what happened
         unreserved = manifest.reserve_space(store, run_id, attempt)
@@ -130,11 +131,10 @@ def train_attempt(
         judgement = classify_failure(backend, ref, outcome, rules_file)
         summary = checkpoints.into(outcome.into(summary))
         summary = (collected.into(summary, unreserved) if collected else summary).with_judgement(judgement)
-        decision = decide_retry(retry_policy, [*history_records(history or []), summary.record()],
-                                list(checkpoints.listing))
+        decision = decide_retry(retry_policy, [s.record() for s in (*earlier, summary)], list(checkpoints.listing))
         kept = keep_verdict(store, summary.with_decision(decision), collected.manifest if collected else None, held,
                             _whole_stacks(judgement))
-        publish_report(kept.summary, [AttemptSummary.from_dict(item) for item in history or []])
+        publish_report(kept.summary, earlier)
         events.report_attempt(kept.summary, kept.data)
         return _ends(kept.summary, kept.data, decision.reason)
 

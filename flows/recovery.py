@@ -27,7 +27,7 @@ from blocks.secrets import SecretEnvError, resolve_secret_env
 from flows import events
 from tasks.report import publish_run_report
 from trainguard.core import policy, recovery
-from trainguard.core.attempt import AttemptSummary, history_records, new_run_id
+from trainguard.core.attempt import AttemptSummary, new_run_id
 from trainguard.core.evidence import verdicts
 from trainguard.core.spec import TrainingSpec, parse_spec
 from trainguard.core.stores.base import EvidenceStore
@@ -102,7 +102,7 @@ def _recover(run: AttemptRun, flow_run: Any, state: str, source: str, stop: reco
     spec = run.spec
     _mask_secret_env(spec)
     retry_policy = resolve_policy(spec, run.params.get("retry_policy_block"))
-    history = list(run.params.get("history") or [])
+    earlier = [AttemptSummary.from_dict(item) for item in run.params.get("history") or ()]  # read once
     begun = AttemptSummary(
         run_id=run.run_id, attempt=run.attempt, max_attempts=retry_policy.max_attempts, state=state,
         flow_run_id=str(flow_run.id), flow_run_name=flow_run.name, gpus=spec.total_gpus,
@@ -111,7 +111,7 @@ def _recover(run: AttemptRun, flow_run: Any, state: str, source: str, stop: reco
     recovered = recovery.recover(
         load_backend(backend_reference(run.params.get("backend_block"), spec)), run.store, begun, judge=stop.judge,
         decide=lambda summary, checkpoints: policy.decide_retry(
-            retry_policy, [*history_records(history), summary.record()], checkpoints),
+            retry_policy, [s.record() for s in (*earlier, summary)], checkpoints),
         source=source, say=_log().info)
     if recovered.stopped:
         _log().warning("%s attempt %s: %s", run.run_id, run.attempt, recovered.stopped)
@@ -120,7 +120,7 @@ def _recover(run: AttemptRun, flow_run: Any, state: str, source: str, stop: reco
     summary = recovered.summary
     _log().info("recovered %s attempt %s: %d evidence items in %s", run.run_id, run.attempt, summary.evidence_items,
                 summary.evidence)
-    _publish_report([*(AttemptSummary.from_dict(h) for h in history), summary])
+    _publish_report([*earlier, summary])
     events.report_attempt(summary, recovered.kept.data)
     return summary
 

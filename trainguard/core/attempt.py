@@ -331,11 +331,6 @@ def new_run_id(name: str, seed: uuid.UUID | str | None = None) -> str:
     return f"{name}-{token}"
 
 
-def history_records(history: Sequence[Mapping[str, Any]]) -> list[AttemptRecord]:
-    """The policy records of earlier attempts carried in flow parameters."""
-    return [AttemptSummary.from_dict(item).record() for item in history]
-
-
 def next_parameters(
     parameters: Mapping[str, Any], summary: AttemptSummary, decision: RetryDecision, flow_run_id: str
 ) -> dict[str, Any]:
