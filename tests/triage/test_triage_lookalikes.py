@@ -163,6 +163,24 @@ CASES = [
     ("mpich_printing_its_usage_for_an_open_mpi_option_is_configuration",
      "Usage: ./mpiexec [global opts] [local opts for exec1] [exec1] [exec1 args] : [local opts for exec2] ...\n\n"
      "Global options (passed to all executables):", 255, Category.CONFIG_ERROR),
+    ("a_vocabulary_the_tensor_parallel_ranks_do_not_divide_is_configuration",
+     "    ensure_divisibility(numerator, denominator)\n  File \"megatron/core/utils.py\", line 24, in "
+     "ensure_divisibility\nAssertionError: 151851 is not divisible by 4", 1, Category.CONFIG_ERROR),
+    ("heads_the_tensor_parallel_ranks_do_not_divide_is_configuration",
+     "AssertionError: num_attention_heads (14) must be divisible by tensor_model_parallel_size (4)", 1,
+     Category.CONFIG_ERROR),
+    ("a_programs_own_divisibility_assertion_is_still_a_bug",
+     "    assert len(batch) % 3 == 0, 'len(batch) is not divisible by 3'\nAssertionError: len(batch) is not "
+     "divisible by 3", 1, Category.CODE_ERROR),
+    ("a_tar_shard_cut_short_is_the_data",
+     "tarfile.ReadError: (\"unexpected end of data @ <_io.BufferedReader name='train/00000022.tar'>\", "
+     "{'__url__': 'train/00000022.tar'})", 1, Category.DATA_ERROR),
+    ("nvjpeg_on_a_bad_jpeg_is_the_data",
+     "RuntimeError: Critical error in pipeline: Error in thread 0: [/opt/dali/dali/pipeline/operators/decoder/"
+     "nvjpeg_decoder.h:331] NVJPEG error \"3\"\nCurrent pipeline object is no longer valid.", 1, Category.DATA_ERROR),
+    ("nvjpeg_failing_for_another_reason_names_no_data",
+     "Critical error in pipeline: Error in thread 0: [/opt/dali/dali/pipeline/operators/decoder/"
+     "nvjpeg_decoder.h:331] NVJPEG error \"6\"\nCurrent pipeline object is no longer valid.", 1, None),
 ]
 
 
