@@ -5,9 +5,10 @@ lost it (a closed connection, a collective timeout) and the workers their launch
 failed. Every candidate is first given the rank and time torchrun's failure report and the error
 files say it belongs to (``attribute``). Then (``choose``) a rank is a victim when its strongest
 own evidence comes from a ``victim`` rule (or shares its line with one), or when its agent's
-closing signal killed it; the root cause is the strongest evidence of the others, the earliest
-failing rank among equals. With only victims, the culprit is undetermined and the strongest
-victim evidence names the category. Rules and scanning are elsewhere; this only chooses.
+closing signal killed it before it had failed on its own; the root cause is the strongest
+evidence of the others, the earliest failing rank among equals. With only victims, the culprit
+is undetermined and the strongest victim evidence names the category. Rules and scanning are
+elsewhere; this only chooses.
 """
 
 from __future__ import annotations
@@ -220,16 +221,16 @@ def _on_line(c: Candidate, lines: Mapping[Line, int]) -> bool:
 
 def _victims(candidates: Sequence[Candidate], rules: RuleSet, report: AgentReport,
              alone: bool) -> tuple[Victim, ...]:
-    """Ranks killed by their agent's closing signal, and ranks whose strongest own evidence is
-    a victim rule's (``alone``: the whole log is one unnamed rank's)."""
+    """Ranks killed by their agent's closing signal (unless they had failed on their own first), and ranks
+    whose strongest own evidence is a victim rule's (``alone``: the whole log is one unnamed rank's)."""
     found: dict[int | None, Victim] = {}
+    lines = _victim_lines(candidates, rules)
     for failure in report.failures:
         signal = report.closed_by_agent(failure)
-        if signal is not None:
+        if signal is not None and not _failed_first(failure.rank, candidates, rules, lines):
             found[failure.rank] = Victim(
                 failure.rank, f"its torchrun agent killed it with a closing signal ({signal}) "
                               "once a failure had happened", CLOSED_BY_AGENT)
-    lines = _victim_lines(candidates, rules)
     by_rank: dict[int | None, list[Candidate]] = {}
     for c in candidates:
         if c.rank is not None or alone:
@@ -244,6 +245,21 @@ def _victims(candidates: Sequence[Candidate], rules: RuleSet, report: AgentRepor
             found[rank] = Victim(rank, f"its own error only reports a lost peer: "
                                        f"{signature_of(best.signature)}", victim_rule.id)
     return tuple(found[r] for r in sorted(found, key=lambda r: -1 if r is None else r))
+
+
+def _failed_first(rank: int | None, candidates: Sequence[Candidate], rules: RuleSet,
+                  lines: Mapping[Line, int]) -> bool:
+    """Whether a rank its agent's closing signal ended had failed on its own before the signal came.
+
+    Its traceback (in its error file, which `@record` writes as the exception leaves the worker)
+    holds an error of its own: not a lost peer, not a stop, and more than a hint. The worker was
+    still tearing down (its process group's destructors) when a victim's exit made the agent
+    close the rest; the signal ended a process that had already failed.
+    """
+    if rank is None:
+        return False
+    return any(c.rank == rank and c.strength >= STRENGTHS["error"] and not rules.rules[c.rule].victim
+               and not _on_line(c, lines) and rules.rules[c.rule].category not in STOPS for c in candidates)
 
 
 def _victim_rule_on(c: Candidate, candidates: Sequence[Candidate], rules: RuleSet) -> Rule:
