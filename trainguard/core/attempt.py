@@ -194,19 +194,17 @@ class AttemptSummary:
                            "rule_id": v.rule_id} for v in diagnosis.victims),
         )
 
-    def with_evidence(self, location: str | None, items: int, missing: int, *, upload: UploadStatus | None = None,
-                      problems: Sequence[str] = (), unreserved: str | None = None) -> AttemptSummary:
+    def with_evidence(self, location: str | None, items: int, missing: int, *, problems: Sequence[str] = (),
+                      unreserved: str | None = None) -> AttemptSummary:
         """This summary with what evidence collection kept (None ``location``: nothing was collected).
 
         Args:
             location, items, missing: Where the bundle is, the items kept and those that could have been there.
-            upload: What is still spooled and the links, where the store says.
             problems: What the store failed to take, one line each.
             unreserved: Why space could not be set aside for the manifest and verdict beforehand; it
                 matters only when the store then failed to take something.
         """
         kept = _replace(self, evidence=location, evidence_items=items, evidence_missing=missing)
-        kept = kept.with_upload(upload) if upload is not None else kept
         return kept.with_storage_problems(*problems, unreserved if problems and unreserved else None)
 
     def with_progress(self, points: Sequence[tuple[int, float | None]], newest_checkpoint: str | None) -> AttemptSummary:
