@@ -60,7 +60,7 @@ def report_attempt(summary: AttemptSummary, data: Mapping[str, Any]) -> None:
     _emit(ATTEMPT_FINISHED, summary, f"{summary.run_id}/{summary.attempt}", data)
     if summary.succeeded:
         _emit(RUN_SUCCEEDED, summary, summary.run_id, {"attempts": summary.attempt, "summary": data})
-    elif summary.decision is None or not summary.decision.retry:
+    elif not summary.retried:
         _emit(RUN_GAVE_UP, summary, summary.run_id, {
             "attempts": summary.attempt, "reason": summary.decision.reason if summary.decision else None,
             "summary": data})

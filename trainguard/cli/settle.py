@@ -101,7 +101,7 @@ def stopped(spec: TrainingSpec, run_id: str, blocks: dict[str, Any], signum: int
             last = _settle(backend, store, run_id, attempts[-1], max_attempts, spec.total_gpus,
                            f"stopped, not retried here; resume with `{how}`", rules,
                            recovery.Stop(Category(category), rule_id, signature, f"resume with `{how}`"))
-        elif last.decision and last.decision.retry:  # stopped during the backoff: attempt N had ended on its own
+        elif last.retried:  # stopped during the backoff: attempt N had ended on its own
             last = recovery.retry_not_made(
                 store, last, f"attempt {attempts[-1] + 1} was not started: {signature} during the backoff; "
                 f"resume with `{how}`")

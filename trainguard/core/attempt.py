@@ -140,6 +140,11 @@ class AttemptSummary:
     def succeeded(self) -> bool:
         return self.state == "Completed"
 
+    @property
+    def retried(self) -> bool:
+        """Whether its retry decision was to run another attempt (False before it is decided)."""
+        return self.decision is not None and self.decision.retry
+
     def record(self) -> AttemptRecord:
         """The policy's view of this attempt."""
         return AttemptRecord(

@@ -152,7 +152,7 @@ def render_run(summaries: Sequence[AttemptSummary]) -> str:
     last = summaries[-1]
     if last.succeeded:
         verdict = f"succeeded on attempt {last.attempt}"
-    elif last.decision is not None and last.decision.retry:
+    elif last.retried:
         verdict = f"attempt {last.attempt} failed ({md_text(last.category or 'unknown', 40)}); retrying"
     else:
         verdict = f"gave up after attempt {last.attempt} ({md_text(last.category or 'unknown', 40)})"
