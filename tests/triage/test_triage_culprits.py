@@ -137,6 +137,28 @@ def test_an_unranked_abort_beside_watchdog_timeouts_is_their_teardown_not_a_cras
     assert found is not None and (found.category, found.rank) == (Category.CUDA_OOM, 1)
 
 
+# torchrun's report of the first worker to exit, where all it knows is the signal that ended it
+REPORTED = ("Root Cause (first observed failure):\n[0]:\n  time      : 2024-07-26_10:59:45\n  host      : node-1\n"
+            "  rank      : 0 (local_rank: 0)\n  exitcode  : {code} (pid: 214033)\n  error_file: <N/A>\n"
+            "  traceback : Signal {signal} ({name}) received by PID 214033\n")
+SOME_FAILED = ("[rank1]:[E726 10:59:44.365679787 ProcessGroupNCCL.cpp:621] [Rank 1] Some NCCL operations have failed "
+               "or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
+               "corrupted/incomplete data.\n")
+
+
+def test_a_rank_that_only_aborted_beside_a_collectives_failure_is_its_watchdogs_teardown() -> None:
+    """NCCL's watchdog takes every rank that saw the collective fail down with SIGABRT; the rank torchrun saw exit
+    first, with nothing of its own but that signal, is one of them, not a native crash. A rank that died of a
+    segfault did crash: it stays the culprit. (NCCL's lines are typed here: this machine has no GPU.)"""
+    aborted = triage.classify(triage.Signals(
+        exit_code=1, log=SOME_FAILED + REPORTED.format(code=-6, signal=6, name="SIGABRT")))
+    assert aborted is not None and (aborted.category, aborted.retryable) == (Category.NCCL_ERROR, True)
+    assert aborted.culprit_undetermined
+    crashed = triage.classify(triage.Signals(
+        exit_code=1, log=SOME_FAILED + REPORTED.format(code=-11, signal=11, name="SIGSEGV")))
+    assert crashed is not None and (crashed.category, crashed.rank) == (Category.NATIVE_CRASH, 0)
+
+
 def test_a_single_processs_watchdog_timeout_alone_leaves_the_culprit_undetermined() -> None:
     d = triage.classify(triage.Signals(exit_code=1, log=WATCHDOG.format(r=5)[len("[rank5]:"):]))
     assert d is not None and d.category is Category.NCCL_ERROR and d.culprit_undetermined
