@@ -181,6 +181,22 @@ CASES = [
     ("nvjpeg_failing_for_another_reason_names_no_data",
      "Critical error in pipeline: Error in thread 0: [/opt/dali/dali/pipeline/operators/decoder/"
      "nvjpeg_decoder.h:331] NVJPEG error \"6\"\nCurrent pipeline object is no longer valid.", 1, None),
+    ("a_librarys_check_of_an_installed_version_is_configuration",
+     "ImportError: transformers>=4.41.2,<=4.48.1 is required for a normal functioning of this module, but found "
+     "transformers==4.49.0.dev0.", 1, Category.CONFIG_ERROR),
+    ("a_name_the_code_imports_and_the_library_lacks_is_still_a_bug",
+     "ImportError: cannot import name 'LlamaFlashAttention2' from 'transformers.models.llama.modeling_llama'", 1,
+     Category.CODE_ERROR),
+    ("a_loader_finding_no_valid_sample_is_the_data",
+     "RuntimeError: Cannot find valid samples, check `data/README.md` for the data format.", 1, Category.DATA_ERROR),
+    ("no_valid_checkpoint_is_not_the_data",
+     "ValueError: found no valid checkpoint in /ckpt/run-3", 1, Category.CODE_ERROR),
+    ("nccls_warning_of_two_ranks_on_one_gpu_is_configuration",
+     "host:591:599 [0] init.cc:795 NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 31000\n"
+     "host:591:599 [0] NCCL INFO init.cc:1358 -> 5", None, Category.CONFIG_ERROR),
+    ("nccls_warning_of_a_refused_connection_is_still_the_collectives",
+     "host:591:599 [0] misc/socket.cc:484 NCCL WARN Net : Connect to 10.0.0.2<43817> failed : Connection refused\n"
+     "host:591:599 [0] NCCL INFO transport/net_socket.cc:334 -> 6", None, Category.NCCL_ERROR),
 ]
 
 
