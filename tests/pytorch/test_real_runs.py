@@ -32,6 +32,11 @@ def node_signals(node: NodeRun, with_error_files: bool = True) -> triage.Signals
                           error_files=error_files(node) if with_error_files else ())
 
 
+def tail(output: bytes) -> str:
+    """The end of a run's output, for an assertion's message."""
+    return output[-4000:].decode("utf-8", errors="replace")
+
+
 def judged(run: Run, node: int = 0) -> triage.Diagnosis:
     diagnosis = triage.classify(node_signals(run.nodes[node]))
     assert diagnosis is not None
@@ -63,9 +68,12 @@ def test_a_real_failure_is_judged_by_its_culprit_not_by_the_ranks_that_lost_it(
 
 @pytest.mark.scenarios("shape")
 def test_the_survivors_are_passed_over_with_the_reason_and_no_preemption_is_read(runs) -> None:
-    d = judged(runs.get("shape"))
-    assert d.category.value == "code_error" and d.rank == 1
-    assert [(v.rank, v.rule_id) for v in d.victims] == [(0, "torchrun.closing_signal")]
+    shape = runs.get("shape")
+    d = judged(shape)
+    # what torchrun printed, shown when the order of the ranks' ends was not the usual one
+    seen = (d, shape.nodes[0].agent_error, tail(shape.nodes[0].output))
+    assert d.category.value == "code_error" and d.rank == 1, seen
+    assert [(v.rank, v.rule_id) for v in d.victims] == [(0, "torchrun.closing_signal")], seen
     assert "closing signal (SIGTERM)" in d.victims[0].reason
     explanation = triage.explain(node_signals(runs.get("shape").nodes[0]))
     preempted = [e for e in explanation.evidence if e.category == "preempted"]
@@ -99,9 +107,9 @@ PEER_LOSS = ("Read error", "Connection closed by peer", "Connection reset by pee
 @pytest.mark.scenarios("shape", "sigkill")
 def test_torchelastic_writes_the_root_causes_error_and_nothing_for_a_signal_death(runs) -> None:
     shape = runs.get("shape").nodes[0]
-    assert shape.agent_error is not None
+    assert shape.agent_error is not None, tail(shape.output)
     agent = triage.parse_error_file(shape.agent_error)
-    assert agent is not None and agent.agent_copy and agent.exit_code == 1
+    assert agent is not None and agent.agent_copy and agent.exit_code == 1, (shape.agent_error, tail(shape.output))
     assert agent.message.startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied")
     assert "Traceback (most recent call last)" in agent.traceback and agent.timestamp
     # The error file alone says what failed; with the log, torchrun's report says which rank.
