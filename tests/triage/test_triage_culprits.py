@@ -149,7 +149,8 @@ SOME_FAILED = ("[rank1]:[E726 10:59:44.365679787 ProcessGroupNCCL.cpp:621] [Rank
 def test_a_rank_that_only_aborted_beside_a_collectives_failure_is_its_watchdogs_teardown() -> None:
     """NCCL's watchdog takes every rank that saw the collective fail down with SIGABRT; the rank torchrun saw exit
     first, with nothing of its own but that signal, is one of them, not a native crash. A rank that died of a
-    segfault did crash: it stays the culprit. (NCCL's lines are typed here: this machine has no GPU.)"""
+    segfault did crash: it stays the culprit, and so does an abort beside nothing but the agent's closing of the
+    rest. (NCCL's lines are typed here: this machine has no GPU.)"""
     aborted = triage.classify(triage.Signals(
         exit_code=1, log=SOME_FAILED + REPORTED.format(code=-6, signal=6, name="SIGABRT")))
     assert aborted is not None and (aborted.category, aborted.retryable) == (Category.NCCL_ERROR, True)
@@ -157,6 +158,12 @@ def test_a_rank_that_only_aborted_beside_a_collectives_failure_is_its_watchdogs_
     crashed = triage.classify(triage.Signals(
         exit_code=1, log=SOME_FAILED + REPORTED.format(code=-11, signal=11, name="SIGSEGV")))
     assert crashed is not None and (crashed.category, crashed.rank) == (Category.NATIVE_CRASH, 0)
+    # Ranks its agent closed once it aborted say nothing of a collective: the abort is its rank's own.
+    closed = "".join(f"[2024-04-06 17:34:36,014] torch.distributed.elastic.multiprocessing.api: [WARNING] Sending "
+                     f"process {pid} closing signal SIGTERM\n" for pid in (70491, 70493))
+    alone = triage.classify(triage.Signals(
+        exit_code=1, log=closed + REPORTED.format(code=-6, signal=6, name="SIGABRT")))
+    assert alone is not None and (alone.category, alone.rank) == (Category.NATIVE_CRASH, 0)
 
 
 def test_a_single_processs_watchdog_timeout_alone_leaves_the_culprit_undetermined() -> None:

@@ -114,7 +114,8 @@ def choose(candidates: Sequence[Candidate], rules: RuleSet, report: AgentReport,
 
     # An abort that names no rank, beside victims' errors, is most likely a victim's teardown
     # (the watchdog takes its process down), not a failure of its own; a ranked one is its rank's,
-    # unless aborting is all its rank did (torchrun reporting only the SIGABRT that ended it).
+    # unless aborting is all its rank did (torchrun reporting only the SIGABRT that ended it) while
+    # the victims report a collective that failed.
     # So is what else its line says no more strongly than the victims do: "terminate called after
     # throwing an instance of 'c10::DistBackendError'" names a class whose message, on the next
     # line, is the victim's; "... 'std::bad_alloc'" says more.
@@ -125,8 +126,8 @@ def choose(candidates: Sequence[Candidate], rules: RuleSet, report: AgentReport,
     def is_teardown(c: Candidate) -> bool:
         if worst is None:
             return False
-        if c.rank is not None:
-            return all(rules.rules[o.rule].wrapper for o in candidates if o.rank == c.rank)
+        if c.rank is not None:  # torchrun's closing signal alone says no collective failed
+            return worst > c.strength and all(rules.rules[o.rule].wrapper for o in candidates if o.rank == c.rank)
         return rules.rules[c.rule].wrapper or (
             (c.origin, c.line_number) in wrapped and c.strength <= worst)
 
