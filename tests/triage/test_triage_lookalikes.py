@@ -229,6 +229,22 @@ CASES = [
      "134 Killed                  | python3 train.py\nMemory usage percent: 45.10%", None, Category.UNKNOWN),
     ("memory_nearly_full_without_a_kill_names_no_failure",
      "Memory usage percent: 99.60%\nepoch 3 done", 1, None),
+    ("a_policy_whose_std_went_nan_is_divergence",
+     "RuntimeError: normal expects all elements of std >= 0.0", 1, Category.DIVERGENCE),
+    ("a_nan_check_refusing_the_policys_actions_is_divergence",
+     "ValueError: found nan in actions.", 1, Category.DIVERGENCE),
+    ("a_nan_check_refusing_the_environments_observations_is_not",
+     "ValueError: found nan in observations.", 1, Category.CODE_ERROR),
+    ("gpu_physx_refusing_device_memory_is_cuda_oom",
+     "PxgCudaDeviceMemoryAllocator fail to allocate memory 339738624 bytes!! Result = 2", 1, Category.CUDA_OOM),
+    ("rays_memory_monitor_is_host_oom",
+     "ray.exceptions.RayTaskError(RayOutOfMemoryError): ray::IMPALA.train() (pid=19168, ip=172.31.26.49)", 1,
+     Category.HOST_OOM),
+    ("a_checkpoint_naming_a_class_the_library_dropped_is_the_environment",
+     "AttributeError: Can't get attribute 'SingleAgentRLModuleSpec' on <module 'ray.rllib.core.rl_module.rl_module' "
+     "from '/env/ray/rllib/core/rl_module/rl_module.py'>", 1, Category.CONFIG_ERROR),
+    ("a_checkpoint_naming_a_class_the_script_lacks_is_a_bug",
+     "AttributeError: Can't get attribute 'Net' on <module '__main__' from 'train.py'>", 1, Category.CODE_ERROR),
 ]
 
 
