@@ -256,7 +256,11 @@ def test_rank_3_of_2x2_killed_in_step_17_resumes_at_step_16_from_a_survivors_che
                script=EXAMPLE)
     state, history = run(spec, kb, "mn-jit-1")
     assert state.is_completed(), state.message
-    first, second = history
+    first, second, *after = history
+    if after:  # gloo's teardown can abort a rank at exit once every step is done ("terminate called without an
+        # active exception"): a native crash, retried from step 20; only that may follow the attempt under test
+        assert len(after) == 1 and second["category"] == "native_crash", second
+        assert "step 24 loss" in kept(kb["evidence"], "mn-jit-1", 2, "logs/train-mn-jit-1-attempt-2.log")
     assert first["root_cause"]["index"] == 1 and first["decision"]["retry"]
     assert second["resumed_from"] == "/trainguard/checkpoints/mn-jit-1/step-000016.pt"
     folder = sim.root / "pvc" / kb["namespace"] / "trainguard-checkpoints" / "mn-jit-1"
