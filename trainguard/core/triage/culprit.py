@@ -122,12 +122,13 @@ def choose(candidates: Sequence[Candidate], rules: RuleSet, report: AgentReport,
     worst = max((c.strength for c in candidates if is_victim(c)), default=None)
     wrapped = {(c.origin, c.line_number) for c in candidates
                if c.rank is None and c.line_number is not None and rules.rules[c.rule].wrapper}
+    unwrapped = {c.rank for c in candidates if not rules.rules[c.rule].wrapper}  # ranks with more than an abort
 
     def is_teardown(c: Candidate) -> bool:
         if worst is None:
             return False
         if c.rank is not None:  # torchrun's closing signal alone says no collective failed
-            return worst > c.strength and all(rules.rules[o.rule].wrapper for o in candidates if o.rank == c.rank)
+            return worst > c.strength and c.rank not in unwrapped
         return rules.rules[c.rule].wrapper or (
             (c.origin, c.line_number) in wrapped and c.strength <= worst)
 
