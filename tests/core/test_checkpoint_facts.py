@@ -111,4 +111,7 @@ def test_the_reports_show_the_facts_and_the_run_report_where_the_time_went() -> 
     assert "140.0 s of 190.0 s of the attempts' wall time (74%) made the 200 steps that count; 20 steps were lost." in run
     assert "| steps lost (attempt 1, preempted: 20 steps redone) | 20.0 |" in run
     assert "| not training (attempt 2, preempted: no step made) | 30.0 |" in run
+    # the headline's waste is the same account: the 20 steps attempt 1 lost, and attempt 2 in full
+    assert "3 attempt(s), 190 GPU-seconds, 50 of them wasted." in run
+    assert "| 100.0 s | 100 (20) |" in run and "| 30.0 s | 30 (30) |" in run
     assert "Effective training time" not in render_run([_attempt(1, "Failed", 5.0)])  # no step recorded: not said

@@ -20,11 +20,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 
 from trainguard_entrypoint import acks
+from trainguard_entrypoint.resumable import step_number
 
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.backends.base import Backend
 from trainguard.core.backends.capabilities import CheckpointListing, ListsCheckpoints, ReadsCheckpoints
-from trainguard.core.reports.progress import checkpoint_step
 
 PERIODIC, UNKNOWN = "periodic", "unknown"
 
@@ -130,6 +130,12 @@ def facts(backend: Backend, run_id: str, attempt: int, resumed_from: str | None,
         steps_lost=max(0, progress - newest_step) if progress is not None and newest_step is not None else None,
         notice_to_ack_seconds=newest_ack.seconds_from_notice if newest_ack is not None else None,
     )
+
+
+def checkpoint_step(checkpoint: str | None) -> int | None:
+    """The step a checkpoint's name carries (`step-000020.json`, `ckpt_1200.pt`), if any: read by the
+    rule that ranks the checkpoints to resume from (`trainguard_entrypoint.resumable.step_number`)."""
+    return step_number(PurePath(checkpoint).name) if checkpoint else None
 
 
 def _entry(checkpoint: str) -> str:

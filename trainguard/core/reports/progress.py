@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 from trainguard_entrypoint import safefiles
-from trainguard_entrypoint.resumable import step_number
 
 MAX_POINTS = 48
 _PIECE = 64 * 1024
@@ -102,8 +101,3 @@ def read_progress(log: Path | str | None, limit: int = MAX_POINTS) -> list[Point
                 kept.add(point)
     return _thin(kept.result(), limit)
 
-
-def checkpoint_step(checkpoint: str | None) -> int | None:
-    """The step a checkpoint's name carries (`step-000020.json`, `ckpt_1200.pt`), if any: read by the
-    rule that ranks the checkpoints to resume from (`trainguard_entrypoint.resumable.step_number`)."""
-    return step_number(Path(checkpoint).name) if checkpoint else None

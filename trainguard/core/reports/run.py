@@ -17,7 +17,6 @@ from pathlib import PurePath
 from trainguard.core import masking
 from trainguard.core.reports import attempt as attempt_report
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.reports.progress import checkpoint_step
 
 _BARS = "▁▂▃▄▅▆▇█"
 _WIDTH = 40
@@ -35,16 +34,31 @@ def md_text(text: object, limit: int = 200) -> str:
 
 
 def wasted_gpu_seconds(summary: AttemptSummary) -> float:
-    """GPU-seconds an attempt spent on work that no checkpoint kept (all of it if it saved none)."""
+    """GPU-seconds a failed attempt spent on work that no checkpoint kept: the share of its steps it lost
+    (`steps`), all of it when it made none or its steps are not known."""
     if summary.succeeded:
         return 0.0
-    points = [step for step, _ in summary.progress]
-    kept = checkpoint_step(summary.newest_checkpoint)
-    start = checkpoint_step(summary.resumed_from) or (points[0] if points else 0)
-    if not points or kept is None or kept <= start or points[-1] <= start:
+    made_and_lost = steps(summary)
+    if made_and_lost is None or made_and_lost[0] <= 0:
         return summary.gpu_seconds
-    lost = max(0, points[-1] - kept) / (points[-1] - start)
-    return summary.gpu_seconds * min(1.0, lost)
+    made, lost = made_and_lost
+    return summary.gpu_seconds * lost / made
+
+
+def steps(summary: AttemptSummary) -> tuple[int, int] | None:
+    """The steps an attempt made past the checkpoint it resumed from, and how many of them are lost (redone
+    by the next attempt); None when its records do not say.
+
+    Read from the checkpoint facts its verdict keeps (`trainguard.core.checkpoints`), so the headline's
+    waste and the effective training time are one account. A succeeded attempt loses none.
+    """
+    if summary.progress_step is None:
+        return None
+    made = summary.progress_step - (summary.resumed_from_step or 0)
+    lost = 0 if summary.succeeded else summary.steps_lost
+    if lost is None:
+        return None if made > 0 else (made, 0)
+    return made, max(0, min(made, lost))
 
 
 def _timeline(summaries: Sequence[AttemptSummary]) -> list[str]:
@@ -118,14 +132,13 @@ def effective_time(summaries: Sequence[AttemptSummary]) -> list[str]:
     rest: dict[str, float] = {}
     for s in summaries:
         cause = md_text(s.category or ("completed" if s.succeeded else "unknown"), 40)
-        made = s.progress_step - (s.resumed_from_step or 0) if s.progress_step is not None else None
-        gone = 0 if s.succeeded else s.steps_lost
-        if made is None or (made > 0 and gone is None):
+        made_and_lost = steps(s)
+        if made_and_lost is None:
             rest[f"not known (attempt {s.attempt}, {cause}: no step record)"] = s.duration_seconds
-        elif made <= 0:
+        elif made_and_lost[0] <= 0:
             rest[f"not training (attempt {s.attempt}, {cause}: no step made)"] = s.duration_seconds
         else:
-            gone = min(made, gone or 0)
+            made, gone = made_and_lost
             counted += s.duration_seconds * (made - gone) / made
             kept, lost = kept + made - gone, lost + gone
             if gone:
