@@ -73,6 +73,19 @@ def test_gpu_hours_wasted_and_the_last_failure_per_node() -> None:
     assert row.last_failure == "2026-11-21T00:00:00Z gpu_fault"
 
 
+def test_a_failure_a_checkpoint_mostly_kept_wastes_only_the_steps_it_lost() -> None:
+    # 100 steps made past step 200, 10 of them lost: a tenth of its 8 GPUs x 1800 s
+    saved = attempt("r1", 2, "gpu-01", "gpu_fault", resumed_from_step=200, progress_step=300, steps_lost=10)
+    unknown = attempt("r2", 1, "gpu-01", "gpu_fault")  # no step record: all of it, as before
+    older = index.entry(attempt("r3", 1, "gpu-01", "gpu_fault", progress_step=50, steps_lost=0), START)
+    del older["wasted_gpu_seconds"]  # a record written before the index kept the figure: its whole GPU-seconds
+
+    (row,) = Tally().add_all([*records([(saved, START), (unknown, START)]), older]).view().nodes
+
+    assert saved.wasted_gpu_seconds == 8 * 1800 / 10
+    assert row.gpu_hours_wasted == (8 * 1800 / 10 + 2 * 8 * 1800) / 3600
+
+
 def test_the_binomial_tail_matches_the_closed_form() -> None:
     assert abs(suspects.binomial_tail(2, 3, 0.5) - 0.5) < 1e-12
     assert abs(suspects.binomial_tail(1, 10, 0.1) - (1 - 0.9 ** 10)) < 1e-12

@@ -49,7 +49,8 @@ def test_one_small_object_per_attempt_under_its_day_with_the_compact_record(stor
     assert record == {"v": 1, "run": "r1", "attempt": 1, "ended_at": "2026-11-03T10:00:00Z", "state": "Failed",
                       "category": "gpu_fault", "rule": "xid-79", "fingerprint": "f" * 16,
                       "signature": "NVRM: Xid 79, GPU has fallen off the bus", "node": "gpu-01",
-                      "nodes": ["gpu-01"], "gpu_seconds": 28800.0, "retried": True, "avoid": []}
+                      "nodes": ["gpu-01"], "gpu_seconds": 28800.0, "wasted_gpu_seconds": 28800.0, "retried": True,
+                      "avoid": []}
 
 
 def test_the_culprits_node_is_where_a_multi_node_failure_is_placed(store) -> None:

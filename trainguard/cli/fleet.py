@@ -90,7 +90,7 @@ def _report_reading(reader: index.IndexReader, where: str) -> None:
 def _tables(view: FleetView, title: str) -> None:
     say(plain(title, "bold"))
     say(f"{view.attempts} attempts, {view.failures} failed ({view.hardware_failures} on hardware), "
-        f"{view.gpu_hours_wasted:,.1f} GPU-hours on failed attempts")
+        f"{view.gpu_hours_wasted:,.1f} GPU-hours of failed attempts that no checkpoint kept")
     suggested = Table(title="suggested actions")
     for column in ("avoid node", "evidence", "latest failures"):
         suggested.add_column(column, overflow="fold")

@@ -137,6 +137,30 @@ class AttemptSummary:
         return self.gpus * self.duration_seconds
 
     @property
+    def steps(self) -> tuple[int, int] | None:
+        """The steps it made past the checkpoint it resumed from, and how many of them are lost (redone by the
+        next attempt); None when its checkpoint facts do not say. A succeeded attempt loses none."""
+        if self.progress_step is None:
+            return None
+        made = self.progress_step - (self.resumed_from_step or 0)
+        lost = 0 if self.succeeded else self.steps_lost
+        if lost is None:
+            return None if made > 0 else (made, 0)
+        return made, max(0, min(made, lost))
+
+    @property
+    def wasted_gpu_seconds(self) -> float:
+        """GPU-seconds of a failed attempt that no checkpoint kept: the share of its steps it lost, all of it
+        when it made none or its steps are not known. The run report and the fleet view both count this."""
+        if self.succeeded:
+            return 0.0
+        steps = self.steps
+        if steps is None or steps[0] <= 0:
+            return self.gpu_seconds
+        made, lost = steps
+        return self.gpu_seconds * lost / made
+
+    @property
     def succeeded(self) -> bool:
         return self.state == "Completed"
 

@@ -49,6 +49,7 @@ def entry(summary: AttemptSummary, recorded_at: datetime) -> dict[str, Any]:
         "node": _bounded(culprit, NODE_LIMIT) if culprit else None,
         "nodes": sorted({_bounded(n, NODE_LIMIT) for n in named if isinstance(n, str) and n}),
         "gpu_seconds": round(summary.gpu_seconds, 1),
+        "wasted_gpu_seconds": round(summary.wasted_gpu_seconds, 1),
         "retried": summary.retried,
         "avoid": [masking.mask_tree(dict(e)) for e in summary.avoid_list[:AVOID_LIMIT]],
     }

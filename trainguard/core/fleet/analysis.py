@@ -8,6 +8,7 @@ and text is left for the renderers to escape.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,8 +143,7 @@ class Tally:
 
     def _fail(self, node: _Node, record: Mapping[str, Any], category: str) -> None:
         node.failures[category] = node.failures.get(category, 0) + 1
-        gpu_seconds = record.get("gpu_seconds")
-        node.wasted_seconds += float(gpu_seconds) if isinstance(gpu_seconds, int | float) else 0.0
+        node.wasted_seconds += _wasted(record)
         ended = str(record["ended_at"])
         if node.last_failure is None or ended >= node.last_failure[0]:
             node.last_failure = (ended, category)
@@ -224,3 +224,13 @@ def _example(record: Mapping[str, Any], category: str) -> dict[str, Any]:
 def _text(value: object) -> str:
     """A record's text field, or "" when it is missing or not text."""
     return value if isinstance(value, str) else ""
+
+
+def _wasted(record: Mapping[str, Any]) -> float:
+    """The failed attempt's GPU-seconds no checkpoint kept (`AttemptSummary.wasted_gpu_seconds`); a record
+    written before the index kept that figure counts its whole GPU-seconds, as it was counted then."""
+    for key in ("wasted_gpu_seconds", "gpu_seconds"):
+        value = record.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+            return float(value)
+    return 0.0

@@ -69,7 +69,8 @@ def markdown(view: FleetView, title: str) -> str:
     """The Markdown report: totals, suggested actions, nodes, recurring fingerprints."""
     lines = [f"# {md_text(title)}", "",
              f"{view.attempts} attempts, {view.failures} failed ({view.hardware_failures} on hardware), "
-             f"{view.gpu_hours_wasted:,.1f} GPU-hours on failed attempts.", "", "## Suggested actions", ""]
+             f"{view.gpu_hours_wasted:,.1f} GPU-hours of failed attempts that no checkpoint kept.", "",
+             "## Suggested actions", ""]
     if not view.suspects:
         lines.append("No node fails on hardware well above the fleet (rule: at least "
                      f"{view.rule.min_failures} failures, {view.rule.min_ratio:g}x the fleet's rate, one-sided "

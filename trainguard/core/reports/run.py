@@ -33,34 +33,6 @@ def md_text(text: object, limit: int = 200) -> str:
     return _MARKDOWN.sub(lambda m: _MARKUP.get(m.group(1), "\\" + m.group(1)), flat)
 
 
-def wasted_gpu_seconds(summary: AttemptSummary) -> float:
-    """GPU-seconds a failed attempt spent on work that no checkpoint kept: the share of its steps it lost
-    (`steps`), all of it when it made none or its steps are not known."""
-    if summary.succeeded:
-        return 0.0
-    made_and_lost = steps(summary)
-    if made_and_lost is None or made_and_lost[0] <= 0:
-        return summary.gpu_seconds
-    made, lost = made_and_lost
-    return summary.gpu_seconds * lost / made
-
-
-def steps(summary: AttemptSummary) -> tuple[int, int] | None:
-    """The steps an attempt made past the checkpoint it resumed from, and how many of them are lost (redone
-    by the next attempt); None when its records do not say.
-
-    Read from the checkpoint facts its verdict keeps (`trainguard.core.checkpoints`), so the headline's
-    waste and the effective training time are one account. A succeeded attempt loses none.
-    """
-    if summary.progress_step is None:
-        return None
-    made = summary.progress_step - (summary.resumed_from_step or 0)
-    lost = 0 if summary.succeeded else summary.steps_lost
-    if lost is None:
-        return None if made > 0 else (made, 0)
-    return made, max(0, min(made, lost))
-
-
 def _timeline(summaries: Sequence[AttemptSummary]) -> list[str]:
     rows = ["| attempt | flow run | state | category | duration | GPU-seconds (wasted) | resumed from | then |",
             "|---|---|---|---|---|---|---|---|"]
@@ -70,7 +42,7 @@ def _timeline(summaries: Sequence[AttemptSummary]) -> list[str]:
         rows.append(
             f"| {attempt_report.attempt_cell(s)} | {md_text(s.flow_run_name or s.flow_run_id or '-', 80)} | "
             f"**{md_text(s.state, 20)}** | {md_text(s.category or '-', 40)} | {s.duration_seconds:.1f} s | "
-            f"{s.gpu_seconds:.0f} ({wasted_gpu_seconds(s):.0f}) | {resumed} | {then} |"
+            f"{s.gpu_seconds:.0f} ({s.wasted_gpu_seconds:.0f}) | {resumed} | {then} |"
         )
     return rows
 
@@ -132,7 +104,7 @@ def effective_time(summaries: Sequence[AttemptSummary]) -> list[str]:
     rest: dict[str, float] = {}
     for s in summaries:
         cause = md_text(s.category or ("completed" if s.succeeded else "unknown"), 40)
-        made_and_lost = steps(s)
+        made_and_lost = s.steps
         if made_and_lost is None:
             rest[f"not known (attempt {s.attempt}, {cause}: no step record)"] = s.duration_seconds
         elif made_and_lost[0] <= 0:
@@ -170,7 +142,7 @@ def render_run(summaries: Sequence[AttemptSummary]) -> str:
     else:
         verdict = f"gave up after attempt {last.attempt} ({md_text(last.category or 'unknown', 40)})"
     total = sum(s.gpu_seconds for s in summaries)
-    wasted = sum(wasted_gpu_seconds(s) for s in summaries)
+    wasted = sum(s.wasted_gpu_seconds for s in summaries)
     lines = [f"# Run {md_text(last.run_id, 128)}: {verdict}", "",
              f"{len(summaries)} attempt(s), {total:.0f} GPU-seconds, {wasted:.0f} of them wasted.", "",
              *_storage(summaries), "## Timeline", "", *_timeline(summaries)]
