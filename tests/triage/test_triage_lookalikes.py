@@ -245,6 +245,33 @@ CASES = [
      "from '/env/ray/rllib/core/rl_module/rl_module.py'>", 1, Category.CONFIG_ERROR),
     ("a_checkpoint_naming_a_class_the_script_lacks_is_a_bug",
      "AttributeError: Can't get attribute 'Net' on <module '__main__' from 'train.py'>", 1, Category.CODE_ERROR),
+    ("the_interpreter_aborting_on_its_own_fatal_error_is_a_native_crash",
+     "Fatal Python error: none_dealloc: deallocating None\nPython runtime state: initialized", 1,
+     Category.NATIVE_CRASH),
+    ("a_step_skipped_for_overflow_now_and_then_is_routine",
+     "Skipped 1 iterations due to Overflow; loss scale now 32768", 1, None),
+    ("an_overflow_monitor_giving_up_is_divergence",
+     "Exception: Skipped 50 iterations in a row due to Overflow - Exiting training.", 1, Category.DIVERGENCE),
+    ("an_optimizer_clipping_its_gradients_by_half_is_routine",
+     "WARNING [optim.py:385] Scaling gradients by 0.4173, model_norm_threshold=911.53", 1, None),
+    ("an_optimizer_scaling_nan_gradients_to_zero_is_divergence",
+     "WARNING [optim.py:385] Scaling gradients by 0.0, model_norm_threshold=911.5296020507812", 1,
+     Category.DIVERGENCE),
+    ("bf16_code_for_a_gpu_before_ampere_is_the_environment",
+     "ptxas /tmp/tmpssw0idjk.ptx, line 90; error   : Feature '.bf16' requires .target sm_80 or higher", 1,
+     Category.CONFIG_ERROR),
+    ("a_tpu_kernel_refusing_a_data_type_its_units_lack_is_the_environment",
+     "jaxlib.xla_extension.XlaRuntimeError: INVALID_ARGUMENT: Failed to compile a Mosaic module: 'tpu.matmul' op "
+     "Unsupported input data type in matrix multiplication.", 1, Category.CONFIG_ERROR),
+    ("a_tpu_kernel_that_fails_to_compile_for_its_own_shapes_is_a_bug",
+     "jaxlib.xla_extension.XlaRuntimeError: INVALID_ARGUMENT: Failed to compile a Mosaic module: 'vector.broadcast' "
+     "op Not implemented", 1, Category.CODE_ERROR),
+    ("nccls_socket_refused_between_nodes_is_a_collectives_failure",
+     "node2: Net : Call to recv from 10.0.0.2<56843> failed : Connection refused", 1, Category.NCCL_ERROR),
+    ("a_refused_connection_to_a_web_service_stays_a_network_hiccup",
+     "WARNING: Call to recv from api.example.com failed : Connection refused", 1, Category.TRANSIENT_IO),
+    ("skypilots_node_prefix_hides_no_exception",
+     "(head, rank=0, pid=4773) AssertionError", 1, Category.CODE_ERROR),
 ]
 
 

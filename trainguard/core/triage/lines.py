@@ -29,6 +29,9 @@ _PREFIXES = (
     re.compile(r"^\[\d+\] (?=\[)"),  # a pid in brackets before another prefix
     # Ray prefixes every worker's output with its actor and pid: "(RayTrainWorker pid=41, ip=...)".
     re.compile(r"^\((?:[\w.-]+ )?pid=\d+(?:, [\w-]+=[^,)\s]+)*\) ?|^\(raylet\) ?"),
+    # SkyPilot names each node's output "(head, rank=0, pid=4773)" or "(node-0, worker1, rank=1, pid=..., ip=...)":
+    # its rank is the node's, not a process's, so it names no rank here.
+    re.compile(r"^\((?:[\w.-]+, )?(?:head|worker\d+), rank=\d+, pid=\d+(?:, ?[\w-]+=[^,)\s]+)*\) ?"),
     re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z?: ?"),
     # Determined-style "[2022-05-31T14:29:44.164Z] dc5b74e6 [rank=0] || ".
     re.compile(r"^\[\d{4}-\d\d-\d\dT[\d:.]+Z?\] (?:\w+ )?(?:\[rank=(\d+)\] )?\|\| ?"),
