@@ -272,6 +272,40 @@ CASES = [
      "WARNING: Call to recv from api.example.com failed : Connection refused", 1, Category.TRANSIENT_IO),
     ("skypilots_node_prefix_hides_no_exception",
      "(head, rank=0, pid=4773) AssertionError", 1, Category.CODE_ERROR),
+    ("a_c_assert_aborting_the_process_is_a_native_crash",
+     "python: ../src/sampler.c:212: draw: Assertion `n > 0' failed.", 1, Category.NATIVE_CRASH),
+    ("a_metal_kernels_failed_assertion_is_a_native_crash",
+     "/AppleInternal/Library/BuildRoots/91a3/MPSNDArray/Kernels/MPSNDArrayGatherND.mm:256: failed assertion "
+     "`Rank of updates array (1) must be greater than or equal to inner-most dimension of indices array (300)'", 1,
+     Category.NATIVE_CRASH),
+    ("a_cuda_kernels_assertion_stays_the_device_side_assert",
+     "/pytorch/aten/src/ATen/native/cuda/Loss.cu:242: nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], "
+     "thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed.", 1, Category.CODE_ERROR),
+    ("a_program_missing_from_path_is_the_environment",
+     '  File "/usr/lib/python3.10/subprocess.py", line 1863, in _execute_child\n'
+     "    raise child_exception_type(errno_num, err_msg, err_filename)\n"
+     "FileNotFoundError: [Errno 2] No such file or directory: 'git'", 1, Category.CONFIG_ERROR),
+    ("a_dataset_file_missing_stays_data",
+     '  File "/app/train.py", line 40, in load\n    with open(path) as f:\n'
+     "FileNotFoundError: [Errno 2] No such file or directory: '/data/train.jsonl'", 1, Category.DATA_ERROR),
+    ("a_script_refusing_the_mode_it_was_launched_in_is_the_configuration",
+     "NotImplementedError: Only DistributedDataParallel is supported.", 1, Category.CONFIG_ERROR),
+    ("an_operator_missing_on_the_mps_device_is_the_configuration",
+     "NotImplementedError: The operator 'aten::_linalg_solve_ex.result' is not currently implemented for the MPS "
+     "device.", 1, Category.CONFIG_ERROR),
+    ("an_abstract_method_left_unwritten_stays_a_bug",
+     "NotImplementedError", 1, Category.CODE_ERROR),
+    ("a_version_check_that_cannot_read_a_pre_release_is_a_bug",
+     "ValueError: invalid literal for int() with base 10: '0a0'", 1, Category.CODE_ERROR),
+    ("a_record_with_a_word_where_a_number_belongs_stays_data",
+     "ValueError: invalid literal for int() with base 10: 'label'", 1, Category.DATA_ERROR),
+    ("a_named_loss_term_gone_nan_is_divergence",
+     "02:31:56: train iter: 100 loss_net: nan loss_scale: 785.4200 norm: nan", 1, Category.DIVERGENCE),
+    ("the_loss_scalers_own_value_is_no_loss",
+     "step 10 loss_scale: inf", 1, None),
+    ("spawn_reimporting_a_script_without_its_main_guard_is_a_bug",
+     "        An attempt has been made to start a new process before the\n"
+     "        current process has finished its bootstrapping phase.", 1, Category.CODE_ERROR),
 ]
 
 
