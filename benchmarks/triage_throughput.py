@@ -118,8 +118,8 @@ def generate(path: Path, size_mib: int, ranks: int, noise: float) -> int:
 
 
 def to_ere(pattern: str) -> str | None:
-    """A Python regex as GNU ERE; None where ERE has no equivalent (look-arounds)."""
-    if re.search(r"\(\?[=!<]", pattern):
+    """A Python regex as GNU ERE; None where ERE has no equivalent (look-arounds, a flag for a part only)."""
+    if re.search(r"\(\?(?:[=!<]|[a-zA-Z]+:)", pattern):
         return None
     pattern = pattern.replace("(?:", "(").replace("(?i)", "")
     return pattern.replace(r"\d", "[0-9]").replace(r"\D", "[^0-9]")
