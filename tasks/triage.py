@@ -8,7 +8,7 @@ from prefect.cache_policies import NO_CACHE
 
 from trainguard.core import checkpoints, judging, policy, triage
 from trainguard.core.attempt import Judgement
-from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, progress_points
+from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend
 from trainguard.core.backends.waits import said_while, span
 
 
@@ -17,7 +17,7 @@ def read_checkpoints(backend: Backend, ref: AttemptRef | None, outcome: AttemptO
     """The attempt's progress (its log's (step, loss) points) and the run's checkpoints after it, newest first,
     with the facts its verdict records (`checkpoints.read`); listing them may take a pod of its own
     (Kubernetes): said if slow."""
-    logged = progress_points(backend, ref, outcome) if ref is not None else []
+    logged = checkpoints.logged_points(backend, ref, outcome) if ref is not None else []
     with said_while(get_run_logger().info, lambda waited: f"trainguard: waiting {span(waited)} for the {backend.kind} "
                     "backend to list the run's checkpoints"):
         return checkpoints.read(backend, run_id, attempt, resumed_from, logged)

@@ -22,8 +22,9 @@ from pathlib import Path, PurePath
 from trainguard_entrypoint import acks
 from trainguard_entrypoint.resumable import step_number
 
+from trainguard.core import progress
 from trainguard.core.attempt import AttemptSummary
-from trainguard.core.backends.base import Backend
+from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend
 from trainguard.core.backends.capabilities import CheckpointListing, ListsCheckpoints, ReadsCheckpoints
 
 PERIODIC, UNKNOWN = "periodic", "unknown"
@@ -79,6 +80,18 @@ class CheckpointReading:
     def into(self, summary: AttemptSummary) -> AttemptSummary:
         """``summary`` with its progress, the run's newest checkpoint and the checkpoint facts."""
         return self.facts.into(summary.with_progress(self.points, self.newest))
+
+
+def logged_points(backend: Backend, ref: AttemptRef, outcome: AttemptOutcome) -> list[progress.Point]:
+    """The (step, loss) points the attempt's log shows, as the backend gives the log: the run report's chart,
+    and the attempt's progress where the helper kept none; [] when the backend cannot say (never stops a verdict)."""
+    try:
+        log = backend.log(ref, outcome)
+    except Exception:
+        return []
+    if isinstance(log, bytes):
+        log = log.decode("utf-8", errors="replace")
+    return progress.read_progress(log if isinstance(log, str | Path) else None)
 
 
 def read(backend: Backend, run_id: str, attempt: int, resumed_from: str | None,

@@ -26,7 +26,7 @@ from trainguard_entrypoint.files import read_json_object
 from trainguard.core import checkpoints, judging, triage
 from trainguard.core.attempt import AttemptSummary, Judgement
 from trainguard.core.backends import workspace
-from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, CollectedEvidence, progress_points
+from trainguard.core.backends.base import AttemptOutcome, AttemptRef, Backend, CollectedEvidence
 from trainguard.core.backends.capabilities import StopsOrphans, Supervises
 from trainguard.core.backends.waits import said_while, span
 from trainguard.core.evidence import verdicts
@@ -126,7 +126,7 @@ def recover(backend: Backend, store: EvidenceStore, begun: AttemptSummary, *, ju
     outcome = backend.lost_outcome(ref)
     with said("collect the evidence of {}"):
         collected = _evidence(backend, ref, store, outcome)
-    points = progress_points(backend, ref, outcome)  # from the log the evidence kept, before any stop
+    points = checkpoints.logged_points(backend, ref, outcome)  # from the log the evidence kept, before any stop
     if evidence_first:
         with said("stop what {} left running"):
             stopped = _stop_orphan(backend, ref, warnings)

@@ -16,7 +16,7 @@ from hostile import within
 from trainguard.core import judging
 from trainguard.core.backends.base import Launch
 from trainguard.core.backends.local.backend import LocalBackend
-from trainguard.core.reports import progress
+from trainguard.core import progress
 
 
 @pytest.mark.parametrize("mode", ["amplify", "nested"])

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from trainguard_entrypoint.notice import NOTICE_GRACE_ENV
@@ -25,7 +24,6 @@ from trainguard.core.backends import workspace as workspace_files
 from trainguard.core.backends.forensics import StackCapture, capture_env, flight_recorder_env
 from trainguard.core.attempt import AttemptSummary
 from trainguard.core.evidence.manifest import Manifest, storage_failures
-from trainguard.core.reports import progress
 from trainguard.core.spec import TrainingSpec
 from trainguard.core.stores.base import EvidenceStore
 from trainguard.core.triage.signals import LogSource, Signals
@@ -344,15 +342,3 @@ def container_env(
     if launch.notice_grace_seconds:  # a backend whose stop gives another grace sets its own
         env[NOTICE_GRACE_ENV] = f"{launch.notice_grace_seconds:g}"
     return env
-
-
-def progress_points(backend: Backend, ref: AttemptRef, outcome: AttemptOutcome) -> list[tuple[int, float | None]]:
-    """(step, loss) points from the attempt's log as the backend gives it, for the run report's chart;
-    [] when the backend cannot say (the chart is a nicety: it never stops a verdict)."""
-    try:
-        log = backend.log(ref, outcome)
-    except Exception:
-        return []
-    if isinstance(log, bytes):
-        log = log.decode("utf-8", errors="replace")
-    return progress.read_progress(log if isinstance(log, str | Path) else None)

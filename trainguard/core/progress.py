@@ -1,4 +1,5 @@
-"""Training progress read from an attempt's log: (step, loss) points for the run report's chart.
+"""Training progress read from an attempt's log: (step, loss) points for the run report's chart and, where the
+training-side helper kept no progress of its own, the last step the attempt completed (`checkpoints`).
 
 Frameworks print progress in many shapes; what they share is a step number and, often, a loss
 (`step 120/400 loss 0.5312`, `{'loss': 0.53, 'step': 120}`, `Epoch 3 | step 120 | loss=0.53`). The
