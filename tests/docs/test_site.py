@@ -108,6 +108,28 @@ def test_the_architecture_page_lists_every_import_linter_contract_of_pyproject(s
         assert contract["name"] in architecture
 
 
+def layout_rows(markdown: str) -> dict[str, str]:
+    """The architecture page's layout table: each folder's row, by folder."""
+    return {m[1]: m[2] for m in re.finditer(r"^\| `([^`]+)/` \| (.*) \|$", markdown, re.M)}
+
+
+def unnamed_modules(folder: Path, row: str) -> list[str]:
+    """The modules of ``folder`` its row leaves out, where the row names any: a row lists all, or describes."""
+    named = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", row))
+    modules = sorted(f.stem for f in folder.glob("*.py") if f.stem not in ("__init__", "__main__"))
+    return [m for m in modules if m not in named] if named & set(modules) else []
+
+
+def test_a_layout_row_that_names_its_folders_modules_names_every_one() -> None:
+    rows = layout_rows((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    assert "trainguard/core/backends/slurm" in rows
+    unnamed = {folder: left for folder, row in rows.items() if (left := unnamed_modules(ROOT / folder, row))}
+    assert not unnamed, f"docs/architecture.md's layout leaves out modules: {unnamed}"
+    # the rule bites: a module left out of a row that lists its folder's modules is named
+    assert unnamed_modules(ROOT / "trainguard/core/backends/slurm", "`backend`, `client`") == [
+        "continuation", "evidence", "job", "nodes", "supervise", "tail"]
+
+
 def test_a_broken_link_an_unknown_anchor_and_a_page_left_out_of_the_navigation_fail_the_build(tmp_path: Path) -> None:
     """The strict build is not a formality: each of these three fails it, by name."""
     docs = tmp_path / "docs"
