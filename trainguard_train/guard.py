@@ -59,13 +59,16 @@ _WARMUP_STEPS = 10
 _SLURM_NOTICE_WAIT_SECONDS = 5.0  # at most this (and a quarter of the grace) for the entrypoint's notice
 
 
-# The agreement's tensor lives as long as the process: gloo's worker thread lets go of its last
-# all-reduce a moment after the caller's wait returns. If the tensor's Python object died first (the
-# guard freed when the loop's function returns), that late release deallocates it and must take the
-# GIL; when the interpreter is already finalizing, the thread exits there and the process aborts
-# ("terminate called without an active exception") after a training that completed.
+# Every tensor the guard all-reduces lives as long as the process: gloo's worker thread lets go of an
+# all-reduce a moment after the caller's wait returns (later on a loaded machine). If the tensor's
+# Python object died first (the guard freed when the loop's function returns, a local of the call),
+# that late release deallocates it and must take the GIL; when the interpreter is already
+# finalizing, the thread exits there and the process aborts ("terminate called without an active
+# exception") after a training that completed. The cadence's proposal, agreed on a few steps before
+# the end of a resumed run, did so.
 @functools.cache
-def _agreement_flag() -> torch.Tensor:
+def _collective_tensor(purpose: str) -> torch.Tensor:
+    """The one tensor the guard all-reduces for ``purpose`` ("agreement", "cadence"), for the process's life."""
     return torch.zeros(1)
 
 
@@ -169,7 +172,7 @@ class Guard:
         self.agree_every = agree_every
         self._fixed_cadence = agree_every is not None
         self._previous: dict[int, Any] = {}
-        self._flag = _agreement_flag()
+        self._flag = _collective_tensor("agreement")
         self._last_progress = 0.0
         self._last_boundary: float | None = None
         self._step_seconds: list[float] = []
@@ -335,7 +338,7 @@ class Guard:
         check = sorted(self._agree_seconds)[len(self._agree_seconds) // 2]
         wanted = max(1, math.ceil(check / (_CHECK_COST * max(step, 1e-9))))
         bound = max(1, int(_CHECK_LATENCY_SECONDS / max(step, 1e-9)))
-        proposal = torch.tensor([float(min(wanted, bound))])
+        proposal = _collective_tensor("cadence").fill_(float(min(wanted, bound)))
         dist.all_reduce(proposal, op=dist.ReduceOp.MAX)
         return int(proposal.item())
 

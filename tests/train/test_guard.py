@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from services.ports import rendezvous_port
 
 import trainguard_train as tg
 from trainguard.core.backends import entrypoint_archive
@@ -246,6 +247,46 @@ def test_a_survivor_that_learns_late_of_a_claimed_replica_writes_no_shard(
     assert late._just_in_time_shards(shards.Layout((2, 2), ((0, 1), (2, 3))), 5, "Connection reset by peer",
                                       time.time()) is None
     assert written == [] and not list(env.glob(".step-000005.jit-*")) and not list(env.glob("step-*"))
+
+
+# Two real gloo ranks: every tensor the guard hands dist.all_reduce, watched through a weak reference.
+_COLLECTIVES = """
+import gc, sys, weakref
+import torch, torch.distributed as dist
+import trainguard_train as tg
+dist.init_process_group("gloo")
+handed, all_reduce = [], dist.all_reduce
+def watched(tensor, *args, **kwargs):
+    handed.append(weakref.ref(tensor))
+    return all_reduce(tensor, *args, **kwargs)
+dist.all_reduce = watched
+model = torch.nn.Linear(4, 2)
+guard = tg.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1))
+for _ in guard.steps(0, 14):  # ten agreements to measure them, then the ranks agree on a cadence
+    pass
+gc.collect()
+print(len(handed), sum(ref() is None for ref in handed), guard.agree_every)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_every_tensor_the_guard_all_reduces_outlives_the_call(tmp_path: Path) -> None:
+    # gloo's worker thread lets go of an all-reduce's tensor a moment after the caller's wait returns
+    # (later on a loaded machine). A tensor whose Python object died first is freed there; when the
+    # interpreter is finalizing by then, the thread must take the GIL, exits instead, and the process
+    # aborts ("terminate called without an active exception") after its training completed. That
+    # happened when the cadence was agreed on a few steps before the end (a resumed run's last steps).
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous_port()), "WORLD_SIZE": "2",
+           "TRAINGUARD_CHECKPOINT_DIR": str(tmp_path / "ck"), "PYTHONPATH": str(ROOT)}
+    ranks = [subprocess.Popen([sys.executable, "-c", _COLLECTIVES], env={**env, "RANK": str(rank)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    ended = [rank.communicate(timeout=120) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], ended
+    for out, _ in ended:
+        handed, freed, cadence = out.split()
+        assert int(handed) >= 11 and int(cadence) >= 1, out
+        assert freed == "0", f"{freed} of {handed} all-reduced tensors died with the call that handed them"
 
 
 def test_the_helper_travels_in_the_zipapp_and_beside_a_source_tree_without_trainguard(tmp_path: Path) -> None:
