@@ -25,7 +25,7 @@ from prefect.logging import get_logger, get_run_logger
 from blocks import backend_reference, load_backend, load_evidence, resolve_policy
 from blocks.secrets import SecretEnvError, resolve_secret_env
 from flows import events
-from tasks.report import publish_run_report
+from tasks.report import publish_attempt
 from trainguard.core import policy, recovery
 from trainguard.core.attempt import AttemptSummary, new_run_id
 from trainguard.core.evidence import verdicts
@@ -120,7 +120,7 @@ def _recover(run: AttemptRun, flow_run: Any, state: str, source: str, stop: reco
     summary = recovered.summary
     _log().info("recovered %s attempt %s: %d evidence items in %s", run.run_id, run.attempt, summary.evidence_items,
                 summary.evidence)
-    _publish_report([*earlier, summary])
+    _publish_reports(summary, earlier)
     events.report_attempt(summary, recovered.kept.data)
     return summary
 
@@ -134,12 +134,13 @@ def _mask_secret_env(spec: TrainingSpec) -> None:
         _log().warning("secret_env could not be resolved to mask it in the recovered evidence: %s", exc)
 
 
-def _publish_report(summaries: list[AttemptSummary]) -> None:
-    """The run's report with the dead attempt in its timeline (its own flow could not publish it)."""
+def _publish_reports(summary: AttemptSummary, earlier: list[AttemptSummary]) -> None:
+    """The reports its own flow would have published (the run's timeline, the attempt's report, the table of
+    attempts), on the dead attempt's flow run."""
     try:
-        publish_run_report(summaries)
+        publish_attempt(summary, earlier)
     except Exception as exc:  # the verdict and the retry matter more than the picture of them
-        logger.warning("could not publish the report of %s: %s", summaries[-1].run_id, exc)
+        logger.warning("could not publish the reports of %s attempt %s: %s", summary.run_id, summary.attempt, exc)
 
 
 def _run_seconds(flow_run: Any) -> float:

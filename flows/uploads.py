@@ -18,7 +18,7 @@ from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_logger
 
-from tasks.report import publish_report
+from tasks.report import publish_attempt
 from trainguard.core.evidence import afterupload, bundles
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, UploadStatus
 from trainguard.core.evidence.manifest import Manifest
@@ -50,7 +50,7 @@ def finish(run_id: str, summaries: list[AttemptSummary], only: int | None = None
             updated[i] = updated[i].with_upload(status)
         _say(updated[i], upload.store)
         try:
-            publish_report.fn(updated[i], updated[:i])
+            publish_attempt(updated[i], updated[:i])
         except Exception as exc:  # the report is how people see it: say so, plainly
             _logger().warning("could not publish the updated report of attempt %s: %s: %s",
                               upload.attempt, type(exc).__name__, exc)

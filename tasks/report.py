@@ -33,15 +33,21 @@ def publish_run_report(summaries: list[AttemptSummary], on: str | None = None) -
              run_report.render_run(summaries), f"trainguard run {last.run_id}: timeline of attempts")
 
 
-@task(name="publish_report", cache_policy=NO_CACHE)
-def publish_report(summary: AttemptSummary, earlier: list[AttemptSummary]) -> None:
-    """The run's report, one Markdown artifact per attempt and one table of all attempts, keyed by run."""
+def publish_attempt(summary: AttemptSummary, earlier: list[AttemptSummary]) -> None:
+    """The run's report, one Markdown artifact per attempt and one table of all attempts, keyed by run, on the
+    attempt's own flow run: what the attempt flow publishes, and the recovery of an attempt whose flow died."""
     key, on = artifact_key(summary.run_id), summary.flow_run_id
     publish_run_report([*earlier, summary])
     _publish(on, "markdown", f"{key}-attempt-{summary.attempt}", attempt_report.render_attempt(summary, earlier),
              f"trainguard attempt {summary.attempt} of {summary.run_id}")
     table = [attempt_report.table_row(s) for s in [*earlier, summary]]
     _publish(on, "table", f"{key}-attempts", json.dumps(table), f"All attempts of trainguard run {summary.run_id}")
+
+
+@task(name="publish_report", cache_policy=NO_CACHE)
+def publish_report(summary: AttemptSummary, earlier: list[AttemptSummary]) -> None:
+    """`publish_attempt` as the attempt flow's step."""
+    publish_attempt(summary, earlier)
 
 
 def _publish(flow_run_id: str | None, kind: str, key: str, data: str, description: str) -> None:

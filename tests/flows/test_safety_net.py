@@ -206,9 +206,13 @@ def test_a_run_forced_crashed_with_the_hook_and_controllers_firing_at_once_gets_
 
     assert [r.id for r in successors("race-1")] == [UUID(answers["controller"]["next_flow_run_id"])]
     with get_client(sync_client=True) as client:
-        reports = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["race-1-report"])))
-    assert len(reports) == 1, "the dead attempt is judged, kept and reported once"
-    assert reports[0].flow_run_id == run.id, "the report shows on the dead attempt's own flow run"
+        reports = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["race-1-report", "race-1-attempt-1", "race-1-attempts"])))
+    # what its own flow would have published: the run's timeline, the attempt's report, the table of attempts
+    keys = sorted(r.key for r in reports)
+    assert keys == ["race-1-attempt-1", "race-1-attempts", "race-1-report"], "judged, kept and reported once"
+    assert {r.flow_run_id for r in reports} == {run.id}, "the reports show on the dead attempt's own flow run"
+    assert "preempted" in next(r for r in reports if r.key == "race-1-attempt-1").data
     assert (attempt_dir(blocks["evidence"], "race-1", 1) / "manifest.json").exists()
     verdict = (attempt_dir(blocks["evidence"], "race-1", 1) / "verdict.json").read_text()
     assert '"state": "Crashed"' in verdict and "the node was lost" in verdict
