@@ -251,7 +251,7 @@ def test_a_survivor_that_learns_late_of_a_claimed_replica_writes_no_shard(
 
 # Two real gloo ranks: every tensor the guard hands dist.all_reduce, watched through a weak reference.
 _COLLECTIVES = """
-import gc, sys, weakref
+import gc, weakref
 import torch, torch.distributed as dist
 import trainguard_train as tg
 dist.init_process_group("gloo")
@@ -281,7 +281,12 @@ def test_every_tensor_the_guard_all_reduces_outlives_the_call(tmp_path: Path) ->
            "TRAINGUARD_CHECKPOINT_DIR": str(tmp_path / "ck"), "PYTHONPATH": str(ROOT)}
     ranks = [subprocess.Popen([sys.executable, "-c", _COLLECTIVES], env={**env, "RANK": str(rank)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-    ended = [rank.communicate(timeout=120) for rank in ranks]
+    try:
+        ended = [rank.communicate(timeout=120) for rank in ranks]
+    finally:  # a rank that never met its peer is not left waiting for it
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
     assert [rank.returncode for rank in ranks] == [0, 0], ended
     for out, _ in ended:
         handed, freed, cadence = out.split()
