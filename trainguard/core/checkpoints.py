@@ -91,7 +91,7 @@ def logged_points(backend: Backend, ref: AttemptRef, outcome: AttemptOutcome) ->
         return []
     if isinstance(log, bytes):
         log = log.decode("utf-8", errors="replace")
-    return progress.read_progress(log if isinstance(log, str | Path) else None)
+    return progress.read_points(log if isinstance(log, str | Path) else None)
 
 
 def read(backend: Backend, run_id: str, attempt: int, resumed_from: str | None,

@@ -78,7 +78,7 @@ def _thin(points: list[Point], limit: int) -> list[Point]:
     return [*kept, points[-1]]  # the last point is where the attempt got to: always shown
 
 
-def read_progress(log: Path | str | None, limit: int = MAX_POINTS) -> list[Point]:
+def read_points(log: Path | str | None, limit: int = MAX_POINTS) -> list[Point]:
     """Progress points of a log file (or of log text), oldest first, at most `limit` of them.
 
     Args:

@@ -31,6 +31,6 @@ def test_a_forging_job_is_judged_a_code_error_its_stacks_read_once(mode: str, tm
     judged = within(60, lambda: judging.judge(backend, ref, outcome), "the judgement")
     assert judged.diagnosis is not None and judged.diagnosis.category == "code_error", judged.diagnosis
     log = backend.log(ref, outcome)
-    assert isinstance(log, Path) and [step for step, _ in progress.read_progress(log)] == list(range(8))
+    assert isinstance(log, Path) and [step for step, _ in progress.read_points(log)] == list(range(8))
     if mode == "amplify":
         check_amplified(backend.signals(ref, outcome).stacks)
