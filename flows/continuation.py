@@ -66,7 +66,7 @@ def continue_run(dead: FlowRun) -> tuple[FlowRun | None, str]:
         state = Crashed(message=f"its training-run flow run {dead.name} died while it ran: {dead.state_name}")
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(attempt_run.id, state, force=True)
-    plan = plan_after(run, attempt_run, state, run.kept_verdict() if state.is_failed() else None)
+    plan = plan_after(run, attempt_run, state)
     if plan is None:
         return None, f"attempt {params.get('attempt')} of {dead.name} left no verdict; nothing to continue"
     summary, decision = plan

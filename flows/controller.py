@@ -51,8 +51,7 @@ def carry_on_after(flow_run_id: str) -> str | None:
     with get_client(sync_client=True) as client:  # a FlowRun cannot be a task argument: read it here
         run = client.read_flow_run(UUID(flow_run_id))
     dead = AttemptRun(bound_parameters(train_attempt, dict(run.parameters)), run.id)
-    known = dead.kept_verdict() if run.state is not None and run.state.is_failed() else None
-    next_run = carry_on(dead, run, run.state, known)
+    next_run = carry_on(dead, run, run.state, None)
     if next_run is not None:
         get_run_logger().info("%s attempt %s: the next attempt is flow run %s (%s)", dead.run_id, dead.attempt,
                               next_run.id, next_run.name)

@@ -22,7 +22,7 @@ from prefect.states import Crashed
 
 from flows import recovery
 from flows.scheduling import schedule_run
-from trainguard.core import policy, recovery as core_recovery
+from trainguard.core import policy
 from trainguard.core.attempt import AttemptFailed, AttemptSummary, lineage_tags, next_parameters
 
 logger = get_logger("trainguard.hooks")
@@ -52,13 +52,10 @@ def plan_after(
         run: the attempt's flow run parameters, read once (`recovery.AttemptRun`).
         flow_run: the attempt's flow run.
         state: its final state.
-        known: the attempt's own verdict, when it reached one (the Failed state's data, or the
-            verdict kept with its evidence); otherwise a Crashed attempt is judged here.
+        known: the attempt's own verdict when the caller has it at hand (the Failed state's data);
+            otherwise it is found as every caller finds it (`recovery.verdict_of`).
     """
-    if known is None and state.is_crashed():
-        with core_recovery.attempt_lock(run.run_id, run.attempt):  # a hook and the controller at once
-            # it may have judged itself before the process died, or another recovery just did
-            known = run.kept_verdict() or recovery.recover_crashed(run, flow_run, (state.message or "flow run crashed")[:300])
+    known = known or recovery.verdict_of(run, flow_run, state)
     if known is not None:
         return known, known.decision or policy.RetryDecision(retry=False, reason="")
     return None  # failed before an attempt existed (bad parameters, blocks): nothing to retry
@@ -108,10 +105,9 @@ def keep_cancelled_verdict(flow: Any, flow_run: Any, state: Any) -> None:
     what the attempt left running is stopped. Nothing is scheduled: a cancel is a person's decision.
     """
     run = recovery.AttemptRun(bound_parameters(flow, dict(flow_run.parameters)), flow_run.id)
-    with core_recovery.attempt_lock(run.run_id, run.attempt):  # the worker's hook and the flow's at once
-        if run.kept_verdict() is None:
-            summary = recovery.recover_cancelled(run, flow_run, (state.message or "flow run cancelled")[:300])
-            logger.info("%s attempt %s was cancelled: %s; not retried", run.run_id, run.attempt, summary.signature)
+    # the worker's hook and the flow's may both get here: the second finds the first one's verdict
+    summary = recovery.recover_cancelled(run, flow_run, (state.message or "flow run cancelled")[:300])
+    logger.info("%s attempt %s was cancelled: %s; not retried", run.run_id, run.attempt, summary.signature)
 
 
 def carry_on(run: recovery.AttemptRun, flow_run: Any, state: Any, known: AttemptSummary | None) -> Any | None:

@@ -1,9 +1,10 @@
 """What is left of an attempt whose flow process died: the crash hook's and the retry controller's side of it.
 
-Used by the crash hook and the retry controller alike, so whichever gets there first does the work
-and the other finds it done (`recovery.attempt_lock` makes them take turns when they fire at the
-same moment on one machine): the verdict the flow kept beside its evidence is read back; without
-one, the attempt is recovered through the core's one recovery path (`trainguard.core.recovery`):
+Used by the crash hook, the failure hook, the cancel hook and the retry controller alike: a finished
+attempt's verdict is found by `verdict_of`. Whichever gets there first does the work and the other
+finds it done (`attempt_lock` makes them take turns when they fire at the same moment on one
+machine): the verdict the flow kept beside its evidence is read back; without one, an attempt whose
+flow process died is recovered through the core's one recovery path (`trainguard.core.recovery`):
 what it left running stopped, its evidence collected through the backend's own collector, masked
 with the run's secret_env resolved again, judged preempted, its retry decided by the run's policy
 and its verdict kept. The backend is the one the attempt ran on (`blocks.backend_reference`). The
@@ -12,11 +13,16 @@ dead run's parameters are read once (`AttemptRun`): its spec parsed once, its ev
 
 from __future__ import annotations
 
+import fcntl
 import logging
-from collections.abc import Mapping
+import re
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from prefect.exceptions import MissingContextError
@@ -82,20 +88,58 @@ class AttemptRun:
         return known if known is not None and known.decision is not None else None
 
 
+def verdict_of(run: AttemptRun, flow_run: Any, state: Any) -> AttemptSummary | None:
+    """The finished attempt's verdict, however it ended; None when it failed before an attempt existed.
+
+    Failed: the verdict it kept beside its evidence. Crashed: that verdict when it kept one before its
+    process died, else the attempt recovered now (`recover_crashed`).
+    """
+    if state is not None and state.is_crashed():
+        return recover_crashed(run, flow_run, (state.message or "flow run crashed")[:300])
+    return run.kept_verdict() if state is not None and state.is_failed() else None
+
+
 def recover_crashed(run: AttemptRun, flow_run: Any, why: str) -> AttemptSummary:
-    """Recover the attempt of a flow run that died without a verdict, judged preempted; its verdict as kept."""
+    """The verdict of an attempt whose flow process died: the one it kept, else recovered now, judged preempted."""
     category = Category.PREEMPTED  # the process was terminated from outside (SIGTERM, kill)
-    return _recover(run, flow_run, "Crashed", "retry-controller", recovery.Stop(
+    return _settle(run, flow_run, "Crashed", "retry-controller", recovery.Stop(
         category, "flow.crashed", why, INFO[category].remediation, "crashed:terminated"))
 
 
 def recover_cancelled(run: AttemptRun, flow_run: Any, why: str) -> AttemptSummary:
-    """Keep the verdict of an attempt a person cancelled (the UI's Cancel, `prefect flow-run cancel`):
-    `user_cancelled`, never retried; what it left is collected as after a crash. Its verdict as kept."""
+    """The verdict of an attempt a person cancelled (the UI's Cancel, `prefect flow-run cancel`): the one it
+    kept, else `user_cancelled`, never retried, with what it left collected as after a crash."""
     category = Category.USER_CANCELLED
-    return _recover(run, flow_run, "Cancelled", "flow", recovery.Stop(
+    return _settle(run, flow_run, "Cancelled", "flow", recovery.Stop(
         category, "flow.cancelled", why, "cancelled on purpose; to continue from its newest checkpoint, run the "
         "deployment again with resume_from set, or `trainguard run SPEC --resume RUN_ID`", "cancelled:flow-run"))
+
+
+@contextmanager
+def attempt_lock(run_id: str, attempt: int) -> Iterator[None]:
+    """Let one recovery of an attempt at a time go on, on this machine.
+
+    The crash hook and the retry controller may fire at the same moment; the second waits here and
+    then finds the first one's verdict, so the attempt is judged, collected and reported once. The
+    lock is a file lock in the temporary folder: it covers the hook and the controller of one host
+    (the served deployments, one worker). Across hosts the scheduling itself still happens once (the
+    idempotency key); only the recovery could then run twice.
+    """
+    folder = Path(tempfile.gettempdir()) / "trainguard-recovery"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:200]
+    with (folder / f"{name}-attempt-{attempt}.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _settle(run: AttemptRun, flow_run: Any, state: str, source: str, stop: recovery.Stop) -> AttemptSummary:
+    with attempt_lock(run.run_id, run.attempt):  # a hook and the controller at once
+        # it may have judged itself before the process died, or another recovery just did
+        return run.kept_verdict() or _recover(run, flow_run, state, source, stop)
 
 
 def _recover(run: AttemptRun, flow_run: Any, state: str, source: str, stop: recovery.Stop) -> AttemptSummary:

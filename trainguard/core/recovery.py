@@ -12,11 +12,8 @@ Running attempts belongs to the flows; no Prefect here.
 
 from __future__ import annotations
 
-import fcntl
-import re
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -50,27 +47,6 @@ def attempts_of(backend: Backend, store: EvidenceStore, run_id: str) -> list[int
     if isinstance(backend, Supervises):
         found |= set(backend.attempts(run_id))
     return sorted(found)
-
-
-@contextmanager
-def attempt_lock(run_id: str, attempt: int) -> Iterator[None]:
-    """Let one recovery of an attempt at a time go on, on this machine.
-
-    The crash hook and the retry controller may fire at the same moment; the second waits here and
-    then finds the first one's verdict, so the attempt is judged, collected and reported once. The
-    lock is a file lock in the temporary folder: it covers the hook and the controller of one host
-    (the served deployments, one worker). Across hosts the scheduling itself still happens once (the
-    idempotency key); only the recovery could then run twice.
-    """
-    folder = Path(tempfile.gettempdir()) / "trainguard-recovery"
-    folder.mkdir(parents=True, exist_ok=True)
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:200]
-    with (folder / f"{name}-attempt-{attempt}.lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)
