@@ -107,7 +107,8 @@ def keep_cancelled_verdict(flow: Any, flow_run: Any, state: Any) -> None:
     run = recovery.AttemptRun(bound_parameters(flow, dict(flow_run.parameters)), flow_run.id)
     # the worker's hook and the flow's may both get here: the second finds the first one's verdict
     summary = recovery.recover_cancelled(run, flow_run, (state.message or "flow run cancelled")[:300])
-    logger.info("%s attempt %s was cancelled: %s; not retried", run.run_id, run.attempt, summary.signature)
+    logger.info("%s attempt %s was cancelled; its verdict: %s (%s); not retried",
+                run.run_id, run.attempt, summary.category, summary.signature)
 
 
 def carry_on(run: recovery.AttemptRun, flow_run: Any, state: Any, known: AttemptSummary | None) -> Any | None:
