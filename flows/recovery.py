@@ -94,9 +94,11 @@ def verdict_of(run: AttemptRun, flow_run: Any, state: Any) -> AttemptSummary | N
     Failed: the verdict it kept beside its evidence. Crashed: that verdict when it kept one before its
     process died, else the attempt recovered now (`recover_crashed`).
     """
-    if state is not None and state.is_crashed():
+    if state is None:
+        return None
+    if state.is_crashed():
         return recover_crashed(run, flow_run, (state.message or "flow run crashed")[:300])
-    return run.kept_verdict() if state is not None and state.is_failed() else None
+    return run.kept_verdict() if state.is_failed() else None
 
 
 def recover_crashed(run: AttemptRun, flow_run: Any, why: str) -> AttemptSummary:
